@@ -1,0 +1,100 @@
+//! The command line: subcommands and their flags. Parsing only; `main` hands the result to
+//! the library. Flag names here are relied upon by users and scripts: keep them.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::units::parse_duration;
+
+/// A system-wide continuous profiler: Go-style pprof profiles for every native process.
+#[derive(Debug, Parser)]
+#[command(name = "profiler", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Capture once, write one profile per process, print a summary, exit.
+    Snapshot(SnapshotArgs),
+}
+
+/// Highest sampling frequency accepted: above this the sampling itself dominates the cost.
+pub const MAX_FREQUENCY_HZ: u32 = 10_000;
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// How long to capture, with a unit (e.g. 10s, 500ms, 2m).
+    #[arg(long, default_value = "10s", value_parser = parse_capture_duration)]
+    pub duration: Duration,
+    /// Profile only this process (repeat for several). Default: every process.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// CPU sampling frequency per CPU, in Hz.
+    #[arg(long = "frequency", default_value_t = 99,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_FREQUENCY_HZ as i64))]
+    pub frequency_hz: u32,
+    /// Directory to write `<name>-<pid>/cpu.pb.gz` files into.
+    #[arg(long, default_value = "./profiles")]
+    pub output: PathBuf,
+    /// Enable kernel BPF run-time statistics and print the CPU program's cost on exit
+    /// (`bpf-stats: program=... run_count=N run_time_ns=T`), for benchmarks.
+    #[arg(long, hide = true)]
+    pub bpf_stats: bool,
+}
+
+fn parse_capture_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration < Duration::from_millis(100) {
+        return Err(format!("`{text}` is too short; capture for at least 100ms"));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("profiler").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn snapshot_defaults() {
+        let Command::Snapshot(args) = parse(&["snapshot"]).unwrap().command;
+        assert_eq!(args.duration, Duration::from_secs(10));
+        assert_eq!(args.frequency_hz, 99);
+        assert!(args.pids.is_empty());
+        assert_eq!(args.output, PathBuf::from("./profiles"));
+    }
+
+    #[test]
+    fn snapshot_flags() {
+        let cli = parse(&[
+            "snapshot", "--duration", "3s", "--pid", "1", "--pid", "42", "--frequency", "250",
+            "--output", "/tmp/p",
+        ])
+        .unwrap();
+        let Command::Snapshot(args) = cli.command;
+        assert_eq!(args.duration, Duration::from_secs(3));
+        assert_eq!(args.pids, vec![1, 42]);
+        assert_eq!(args.frequency_hz, 250);
+        assert_eq!(args.output, PathBuf::from("/tmp/p"));
+    }
+
+    #[test]
+    fn snapshot_rejects_bad_values() {
+        for bad in [
+            &["snapshot", "--duration", "abc"][..],
+            &["snapshot", "--duration", "0s"],
+            &["snapshot", "--frequency", "0"],
+            &["snapshot", "--frequency", "100000"],
+            &["snapshot", "--pid", "-1"],
+            &["snapshot", "--bogus"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The library's error type. Each variant names the object and, for errors a user can fix,
+//! what to do next. `main` prints the chain and maps it to the exit code.
+
+use std::{io, path::PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "missing privileges: {missing} not in the effective capability set; run as root or \
+         grant CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_SYSLOG (e.g. `sudo profiler ...`)"
+    )]
+    Privileges { missing: String },
+
+    #[error("no such process: pid {0} (check the pid with `ps -p {0}`)")]
+    NoSuchProcess(u32),
+
+    #[error("cannot write to output directory {}: {source}; choose another with --output", path.display())]
+    OutputDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("the kernel lacks {feature}: {detail}")]
+    KernelFeature { feature: &'static str, detail: String },
+
+    #[error("failed to load the eBPF programs")]
+    Load(#[source] aya::EbpfError),
+
+    #[error("failed to {action} the eBPF program {program}")]
+    Program {
+        action: &'static str,
+        program: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+
+    #[error("failed to {action} the BPF map {map}")]
+    Map {
+        action: &'static str,
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+
+    #[error("failed to {action}")]
+    Io {
+        action: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

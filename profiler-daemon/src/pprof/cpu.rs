@@ -1,0 +1,154 @@
+//! Encodes a [`ResolvedProfile`] as Go's CPU profile: sample types `samples/count` and
+//! `cpu/nanoseconds`, period `cpu/nanoseconds` = 1e9 / frequency, thread labels, and a
+//! comment with what was dropped or unresolved.
+
+use std::time::{Duration, SystemTime};
+
+use super::{proto::Profile, FunctionKey, MappingSpec, ProfileBuilder};
+use crate::resolve::{LocationInfo, ResolvedProfile};
+
+/// Facts about the capture that go into the profile.
+#[derive(Clone, Debug)]
+pub struct CpuProfileMeta {
+    pub frequency_hz: u32,
+    pub start: SystemTime,
+    pub duration: Duration,
+    /// Lines for the profile comment (drops and unresolved counts).
+    pub comments: Vec<String>,
+}
+
+impl CpuProfileMeta {
+    /// Nanoseconds of CPU time one sample stands for.
+    pub fn period_ns(&self) -> i64 {
+        1_000_000_000 / i64::from(self.frequency_hz.max(1))
+    }
+}
+
+pub fn cpu_profile(resolved: &ResolvedProfile, meta: &CpuProfileMeta) -> Profile {
+    let period = meta.period_ns();
+    let mut b = ProfileBuilder::new(
+        &[("samples", "count"), ("cpu", "nanoseconds")],
+        ("cpu", "nanoseconds"),
+        period,
+    );
+    let start = meta.start.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    b.set_time(start.as_nanos() as i64, meta.duration.as_nanos() as i64);
+    b.set_default_sample_type("cpu");
+
+    let mapping_ids: Vec<u64> = resolved
+        .mappings
+        .iter()
+        .map(|m| {
+            b.add_mapping(&MappingSpec {
+                start: m.start,
+                limit: m.limit,
+                offset: m.offset,
+                file: &m.path,
+                build_id: m.build_id.as_deref(),
+                has_functions: m.has_functions,
+                has_filenames: m.has_lines,
+                has_line_numbers: m.has_lines,
+                has_inline_frames: m.has_inline_frames,
+            })
+        })
+        .collect();
+    let location_ids: Vec<u64> = resolved
+        .locations
+        .iter()
+        .map(|loc| add_location(&mut b, loc, &mapping_ids))
+        .collect();
+    for sample in &resolved.samples {
+        let ids = sample.locations.iter().map(|&i| location_ids[i]).collect();
+        let count = sample.count as i64;
+        let labels = vec![b.num_label("tid", i64::from(sample.tid)), b.str_label("thread", &sample.thread)];
+        b.add_sample(ids, vec![count, count * period], labels);
+    }
+    for comment in &meta.comments {
+        b.add_comment(comment);
+    }
+    let f = resolved.frames;
+    b.add_comment(&format!(
+        "frames: {} distinct addresses, {} without symbol, {} outside known mappings",
+        f.locations, f.unsymbolized, f.unmapped
+    ));
+    b.finish()
+}
+
+fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64]) -> u64 {
+    let mapping_id = loc.mapping.map_or(0, |m| mapping_ids[m]);
+    let lines: Vec<(FunctionKey, i64)> = loc
+        .frames
+        .iter()
+        .map(|f| {
+            let key = FunctionKey { name: f.function.clone(), file: f.file.clone().unwrap_or_default() };
+            (key, i64::from(f.line))
+        })
+        .collect();
+    b.add_location(mapping_id, loc.address, &lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        pprof::{decode, encode_gzip},
+        resolve::{FrameStats, MappingInfo, ResolvedSample},
+        symbolize::Frame,
+    };
+
+    fn frame(name: &str, line: u32) -> Frame {
+        Frame { function: name.into(), file: Some("x.c".into()), line }
+    }
+
+    fn resolved() -> ResolvedProfile {
+        let mapping = MappingInfo {
+            start: 0x1000,
+            limit: 0x2000,
+            offset: 0,
+            path: "/bin/x".into(),
+            build_id: Some("abcd".into()),
+            has_functions: true,
+            has_lines: true,
+            has_inline_frames: true,
+        };
+        let loc = |address, frames| LocationInfo { address, mapping: Some(0), frames };
+        ResolvedProfile {
+            pid: 7,
+            name: "x".into(),
+            mappings: vec![mapping],
+            locations: vec![
+                loc(0x1100, vec![frame("inlined", 3), frame("hot", 10)]),
+                loc(0x1200, vec![frame("main", 20)]),
+                LocationInfo { address: 0x9, mapping: None, frames: vec![] },
+            ],
+            samples: vec![ResolvedSample { locations: vec![0, 1], count: 5, tid: 8, thread: "w".into() }],
+            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1 },
+        }
+    }
+
+    #[test]
+    fn encodes_go_cpu_profile_shape() {
+        let meta = CpuProfileMeta {
+            frequency_hz: 100,
+            start: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
+            duration: Duration::from_secs(2),
+            comments: vec!["dropped: 0".into()],
+        };
+        let p = decode(&encode_gzip(&cpu_profile(&resolved(), &meta)), "test").unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<_> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        assert_eq!(p.period, 10_000_000);
+        assert_eq!(p.time_nanos, 5_000_000_000);
+        assert_eq!(p.duration_nanos, 2_000_000_000);
+        assert_eq!(p.sample[0].value, [5, 50_000_000]);
+        let labels: Vec<_> = p.sample[0].label.iter().map(|l| (s(l.key), l.num, s(l.str))).collect();
+        assert_eq!(labels, [("tid", 8, ""), ("thread", 0, "w")]);
+        let leaf = &p.location[p.sample[0].location_id[0] as usize - 1];
+        let names: Vec<_> = leaf.line.iter().map(|l| s(p.function[l.function_id as usize - 1].name)).collect();
+        assert_eq!(names, ["inlined", "hot"], "innermost first");
+        assert_eq!(p.location[2].mapping_id, 0, "unmapped location has no mapping");
+        assert_eq!(s(p.mapping[0].build_id), "abcd");
+        assert!(p.comment.iter().any(|&c| s(c).contains("1 outside known mappings")));
+    }
+}

@@ -1,0 +1,67 @@
+//! The only module that touches the prost types of `profile.proto`: a builder that keeps the
+//! string table, ids and dedup rules right, the CPU profile encoder, and gzip encode/decode.
+//!
+//! pprof's rules kept here: `string_table[0]` is `""`; every id is nonzero and unique within
+//! its table; a sample's `location_id`s are leaf first; every `Location.mapping_id` names a
+//! mapping; the file on disk is gzip-compressed.
+
+mod builder;
+mod cpu;
+#[allow(clippy::all, missing_docs)]
+pub mod proto;
+
+use std::{
+    io::{Read, Write},
+    path::Path,
+};
+
+pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
+pub use cpu::{cpu_profile, CpuProfileMeta};
+use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+use prost::Message;
+
+/// Serializes and gzips a profile, the form `go tool pprof` reads.
+pub fn encode_gzip(profile: &proto::Profile) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    // Writing into a Vec cannot fail.
+    gz.write_all(&profile.encode_to_vec()).expect("gzip into memory");
+    gz.finish().expect("gzip into memory")
+}
+
+/// Why a file could not be read back as a profile.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("failed to read {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid profile.proto message")]
+    Proto {
+        path: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+}
+
+/// Decodes a (possibly gzipped) serialized profile.
+pub fn decode(bytes: &[u8], what: &str) -> Result<proto::Profile, DecodeError> {
+    let mut raw = Vec::new();
+    let data = if bytes.starts_with(&[0x1f, 0x8b]) {
+        GzDecoder::new(bytes)
+            .read_to_end(&mut raw)
+            .map_err(|source| DecodeError::Io { path: what.to_string(), source })?;
+        &raw[..]
+    } else {
+        bytes
+    };
+    proto::Profile::decode(data).map_err(|source| DecodeError::Proto { path: what.to_string(), source })
+}
+
+/// Reads and decodes a profile file.
+pub fn decode_file(path: &Path) -> Result<proto::Profile, DecodeError> {
+    let what = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| DecodeError::Io { path: what.clone(), source })?;
+    decode(&bytes, &what)
+}

@@ -1,0 +1,286 @@
+//! Joins one process's aggregated samples with symbols: the stage between aggregation and
+//! encoding. Its output, [`ResolvedProfile`], is what the pprof encoder consumes; it knows
+//! nothing of BPF maps, blazesym or protobuf.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    aggregate::{CpuAggregate, ProcessSamples},
+    procs::MapEntry,
+    symbolize::{self, Frames, Symbolizer},
+};
+
+/// The pseudo file name of kernel frames (the name perf and pprof tools use).
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// A mapping referenced by at least one location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappingInfo {
+    pub start: u64,
+    pub limit: u64,
+    pub offset: u64,
+    pub path: String,
+    pub build_id: Option<String>,
+    /// Some location in it got a function name.
+    pub has_functions: bool,
+    /// Some location in it got a source line.
+    pub has_lines: bool,
+    /// Some location in it has inlined frames.
+    pub has_inline_frames: bool,
+}
+
+/// One distinct address of the process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocationInfo {
+    /// The address as symbolized: the sampled pc for a leaf, return address − 1 (inside the
+    /// call instruction) for callers.
+    pub address: u64,
+    /// Index into [`ResolvedProfile::mappings`]; `None` for addresses in no known mapping.
+    pub mapping: Option<usize>,
+    /// Frames innermost first; empty when unresolved.
+    pub frames: Frames,
+}
+
+/// A stack with its sample count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedSample {
+    /// Indices into [`ResolvedProfile::locations`], leaf first (kernel, then user).
+    pub locations: Vec<usize>,
+    pub count: u64,
+    pub tid: u32,
+    pub thread: String,
+}
+
+/// How many of the profile's distinct addresses could be resolved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameStats {
+    pub locations: u64,
+    /// In a known mapping but without a symbol.
+    pub unsymbolized: u64,
+    /// In no mapping known for the process (JIT code, or the process was gone before its
+    /// mappings could be read).
+    pub unmapped: u64,
+}
+
+/// A process's samples, symbolized, ready to encode.
+#[derive(Clone, Debug, Default)]
+pub struct ResolvedProfile {
+    pub pid: u32,
+    pub name: String,
+    pub mappings: Vec<MappingInfo>,
+    pub locations: Vec<LocationInfo>,
+    pub samples: Vec<ResolvedSample>,
+    pub frames: FrameStats,
+}
+
+/// Where an address lives, before symbolization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Site {
+    Kernel,
+    /// Index into the process's captured mappings.
+    User(usize),
+    Unmapped,
+}
+
+/// Resolves one process of `agg`.
+pub fn resolve(process: &ProcessSamples, agg: &CpuAggregate, sym: &mut Symbolizer) -> ResolvedProfile {
+    let mut table = LocationTable::default();
+    let mut samples = Vec::with_capacity(process.counts.len());
+    for (key, &count) in &process.counts {
+        let kernel = agg.stack(key.kernel_stack);
+        let user = agg.stack(key.user_stack);
+        let mut locations = Vec::with_capacity(kernel.len() + user.len());
+        for (i, &ip) in kernel.iter().enumerate() {
+            locations.push(table.intern(Site::Kernel, caller_adjusted(ip, i > 0)));
+        }
+        for (i, &ip) in user.iter().enumerate() {
+            // A user pc under a kernel stack is the return point of the syscall instruction.
+            let addr = caller_adjusted(ip, i > 0 || !kernel.is_empty());
+            let site = process
+                .info
+                .as_ref()
+                .and_then(|info| info.mapping_of(addr))
+                .map_or(Site::Unmapped, Site::User);
+            locations.push(table.intern(site, addr));
+        }
+        let thread = process.threads.get(&key.tid).cloned().unwrap_or_default();
+        samples.push(ResolvedSample { locations, count, tid: key.tid, thread });
+    }
+    samples.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.locations.cmp(&b.locations)));
+    let maps = process.info.as_ref().map_or(&[][..], |info| &info.maps[..]);
+    let (mut mappings, mut locations, frames) = table.symbolize(process.pid, maps, sym);
+    let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
+    main_binary_first(&mut mappings, &mut locations, exe.as_deref());
+    ResolvedProfile { pid: process.pid, name: process.name.clone(), mappings, locations, samples, frames }
+}
+
+/// pprof tools take `mapping[0]` as the main binary (`go tool pprof` prints it as `File:`):
+/// put the executable's mappings first and the kernel last, keeping the rest in order.
+fn main_binary_first(mappings: &mut Vec<MappingInfo>, locations: &mut [LocationInfo], exe: Option<&str>) {
+    let rank = |m: &MappingInfo| match () {
+        _ if Some(m.path.as_str()) == exe => 0,
+        _ if m.path == KERNEL_MAPPING => 2,
+        _ => 1,
+    };
+    let mut order: Vec<usize> = (0..mappings.len()).collect();
+    order.sort_by_key(|&i| (rank(&mappings[i]), mappings[i].start));
+    let mut new_index = vec![0; mappings.len()];
+    for (new, &old) in order.iter().enumerate() {
+        new_index[old] = new;
+    }
+    for loc in locations.iter_mut() {
+        loc.mapping = loc.mapping.map(|m| new_index[m]);
+    }
+    let mut old: Vec<Option<MappingInfo>> = std::mem::take(mappings).into_iter().map(Some).collect();
+    *mappings = order.iter().map(|&i| old[i].take().expect("each index once")).collect();
+}
+
+fn caller_adjusted(ip: u64, is_caller: bool) -> u64 {
+    if is_caller {
+        ip.saturating_sub(1)
+    } else {
+        ip
+    }
+}
+
+#[derive(Default)]
+struct LocationTable {
+    index: HashMap<(Site, u64), usize>,
+    sites: Vec<(Site, u64)>,
+}
+
+impl LocationTable {
+    fn intern(&mut self, site: Site, addr: u64) -> usize {
+        *self.index.entry((site, addr)).or_insert_with(|| {
+            self.sites.push((site, addr));
+            self.sites.len() - 1
+        })
+    }
+
+    /// Symbolizes every location, grouped by site, and builds the mapping table.
+    fn symbolize(
+        self,
+        pid: u32,
+        maps: &[MapEntry],
+        sym: &mut Symbolizer,
+    ) -> (Vec<MappingInfo>, Vec<LocationInfo>, FrameStats) {
+        let mut by_site: BTreeMap<Site, Vec<usize>> = BTreeMap::new();
+        for (idx, (site, _)) in self.sites.iter().enumerate() {
+            by_site.entry(*site).or_default().push(idx);
+        }
+        let mut locations: Vec<LocationInfo> = self
+            .sites
+            .iter()
+            .map(|&(_, address)| LocationInfo { address, mapping: None, frames: Vec::new() })
+            .collect();
+        let mut mappings = Vec::new();
+        for (site, members) in by_site {
+            let addrs: Vec<u64> = members.iter().map(|&i| self.sites[i].1).collect();
+            let (mapping, frames) = match site {
+                Site::Kernel => (Some(kernel_mapping(&addrs)), sym.kernel(&addrs)),
+                Site::User(m) => user_site(pid, &maps[m], &addrs, sym),
+                Site::Unmapped => (None, vec![Vec::new(); addrs.len()]),
+            };
+            let mapping_idx = mapping.map(|mut mapping| {
+                mapping.has_functions = frames.iter().any(|f| !f.is_empty());
+                mapping.has_lines = frames.iter().flatten().any(|f| f.line != 0);
+                mapping.has_inline_frames = frames.iter().any(|f| f.len() > 1);
+                mappings.push(mapping);
+                mappings.len() - 1
+            });
+            for (&i, frames) in members.iter().zip(frames) {
+                locations[i].mapping = mapping_idx;
+                locations[i].frames = frames;
+            }
+        }
+        let stats = FrameStats {
+            locations: locations.len() as u64,
+            unsymbolized: locations.iter().filter(|l| l.mapping.is_some() && l.frames.is_empty()).count() as u64,
+            unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
+        };
+        (mappings, locations, stats)
+    }
+}
+
+fn kernel_mapping(addrs: &[u64]) -> MappingInfo {
+    MappingInfo {
+        start: addrs.iter().copied().min().unwrap_or(0),
+        limit: addrs.iter().copied().max().unwrap_or(0) + 1,
+        offset: 0,
+        path: KERNEL_MAPPING.to_string(),
+        build_id: None,
+        has_functions: false,
+        has_lines: false,
+        has_inline_frames: false,
+    }
+}
+
+fn user_site(pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Symbolizer) -> (Option<MappingInfo>, Vec<Frames>) {
+    let file = map.is_file().then(|| openable_path(pid, map));
+    let frames = match &file {
+        Some(path) => {
+            let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
+            sym.elf(path, &offsets)
+        }
+        None => vec![Vec::new(); addrs.len()],
+    };
+    let mapping = MappingInfo {
+        start: map.start,
+        limit: map.end,
+        offset: map.offset,
+        path: map.path.clone(),
+        build_id: file.as_deref().and_then(symbolize::build_id),
+        has_functions: false,
+        has_lines: false,
+        has_inline_frames: false,
+    };
+    (Some(mapping), frames)
+}
+
+/// The path under which we can open a process's file: its own path when that exists here,
+/// otherwise through the process's root (containers), or, for a deleted file, through
+/// `/proc/PID/map_files` (both work only while the process lives).
+fn openable_path(pid: u32, map: &MapEntry) -> PathBuf {
+    const DELETED: &str = " (deleted)";
+    if map.path.ends_with(DELETED) {
+        return PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", map.start, map.end));
+    }
+    let direct = Path::new(&map.path);
+    if direct.exists() {
+        return direct.to_path_buf();
+    }
+    PathBuf::from(format!("/proc/{pid}/root{}", map.path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(path: &str, start: u64) -> MappingInfo {
+        MappingInfo {
+            start,
+            limit: start + 1,
+            offset: 0,
+            path: path.into(),
+            build_id: None,
+            has_functions: false,
+            has_lines: false,
+            has_inline_frames: false,
+        }
+    }
+
+    #[test]
+    fn main_binary_mapping_comes_first_and_locations_follow() {
+        let mut mappings = vec![mapping(KERNEL_MAPPING, 9), mapping("/lib/libc.so.6", 5), mapping("/bin/app", 7)];
+        let loc = |m| LocationInfo { address: 0, mapping: Some(m), frames: vec![] };
+        let mut locations = vec![loc(0), loc(1), loc(2)];
+        main_binary_first(&mut mappings, &mut locations, Some("/bin/app"));
+        let paths: Vec<_> = mappings.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["/bin/app", "/lib/libc.so.6", KERNEL_MAPPING]);
+        let mapped: Vec<_> = locations.iter().map(|l| mappings[l.mapping.unwrap()].path.as_str()).collect();
+        assert_eq!(mapped, [KERNEL_MAPPING, "/lib/libc.so.6", "/bin/app"]);
+    }
+}

@@ -1,0 +1,103 @@
+//! On-CPU sampling: a perf_event program on the CPU clock of every online CPU. Each sample is
+//! counted under (process, thread, user stack, kernel stack) in the active map set.
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::perf_event,
+    maps::PerCpuHashMap,
+    programs::PerfEventContext,
+    EbpfContext,
+};
+use profiler_common::{CpuCounter, CpuSampleKey, NO_STACK};
+
+use crate::{
+    maps::{active_set, bump, wanted, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
+    stack::{capture, StackError},
+};
+
+#[perf_event]
+pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    try_cpu_sample(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_cpu_sample(ctx: &PerfEventContext) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // tid 0 is the idle task: the CPU was not running anything.
+    if tid == 0 || !wanted(tgid) {
+        return;
+    }
+    let set = active_set();
+    let (counts, stacks) = if set == 0 {
+        (&CPU_COUNTS_0, &STACKS_0)
+    } else {
+        (&CPU_COUNTS_1, &STACKS_1)
+    };
+
+    let mut truncated = false;
+    let user_stack = stack_or_count(
+        capture(ctx.as_ptr(), BPF_F_USER_STACK as u64, stacks, &mut truncated),
+        CpuCounter::UserStackFailed,
+    );
+    if truncated {
+        bump(CpuCounter::UserStackTruncated);
+    }
+    let kernel_stack = stack_or_count(
+        capture(ctx.as_ptr(), 0, stacks, &mut truncated),
+        CpuCounter::KernelStackFailed,
+    );
+
+    let key = CpuSampleKey {
+        tgid,
+        tid,
+        user_stack,
+        kernel_stack,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    if !count_sample(counts, &key) {
+        bump(CpuCounter::CountsMapFull);
+        return;
+    }
+    bump(CpuCounter::Samples);
+}
+
+/// Adds one to this CPU's count for `key`. False when the map is full.
+#[inline(always)]
+fn count_sample(counts: &PerCpuHashMap<CpuSampleKey, u64>, key: &CpuSampleKey) -> bool {
+    for _ in 0..2 {
+        if let Some(count) = counts.get_ptr_mut(key) {
+            // SAFETY: this CPU's slot of a live per-CPU map value.
+            unsafe { *count += 1 };
+            return true;
+        }
+        match counts.insert(key, &1, BPF_NOEXIST as u64) {
+            Ok(()) => return true,
+            // Another CPU created the key between the lookup and the insert: look up again.
+            Err(err) if err == -EEXIST => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+const EEXIST: i32 = 17;
+
+/// The stack hash, or [`NO_STACK`] with the failure counted.
+#[inline(always)]
+fn stack_or_count(result: Result<u64, StackError>, walk_failed: CpuCounter) -> u64 {
+    match result {
+        Ok(hash) => hash,
+        Err(StackError::Walk) => {
+            bump(walk_failed);
+            NO_STACK
+        }
+        Err(StackError::MapFull) => {
+            bump(CpuCounter::StacksMapFull);
+            NO_STACK
+        }
+    }
+}

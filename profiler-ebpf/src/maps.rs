@@ -1,0 +1,72 @@
+//! The maps and globals shared by the programs. Static names equal the constants in
+//! `profiler_common::maps` (aya names a map after its static); userspace opens them by those
+//! constants.
+#![allow(non_upper_case_globals)]
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    Global,
+};
+use profiler_common::{
+    maps::{CPU_COUNTS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
+    CpuCounter, CpuSampleKey, Stack,
+};
+
+/// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
+#[unsafe(no_mangle)]
+pub static FILTER_PIDS: Global<u8> = Global::new(0);
+
+#[map]
+pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> =
+    PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> =
+    PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+
+// Stacks are 1 KiB each: allocate on insert instead of preallocating 16 MiB per set.
+#[map]
+pub static STACKS_0: HashMap<u64, Stack> =
+    HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+pub static STACKS_1: HashMap<u64, Stack> =
+    HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCounter::COUNT, 0);
+
+#[map]
+pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
+
+#[map]
+pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one to a per-CPU counter. Per-CPU slots need no atomics: a program runs to
+/// completion on its CPU before another program on that CPU can touch the slot.
+#[inline(always)]
+pub fn bump(counter: CpuCounter) {
+    if let Some(slot) = CPU_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: the pointer is to this CPU's slot of a live array map element.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// The map set (0 or 1) the programs write to now.
+#[inline(always)]
+pub fn active_set() -> u32 {
+    match CONTROL.get(profiler_common::maps::CONTROL_ACTIVE_SET) {
+        Some(&set) => set & 1,
+        None => 0,
+    }
+}
+
+/// Whether samples of process `tgid` are recorded.
+#[inline(always)]
+pub fn wanted(tgid: u32) -> bool {
+    // SAFETY: the value is a plain u8 that is only ever read.
+    FILTER_PIDS.load() == 0 || unsafe { TARGET_PIDS.get(&tgid) }.is_some()
+}
