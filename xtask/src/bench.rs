@@ -1,0 +1,114 @@
+//! `cargo xtask bench cpu`: what continuous CPU profiling costs, the profiler next to
+//! `perf record` at the same frequency under the same load, printed as one table.
+//!
+//! A benchmark, not a test: it reports PASS/MISS against targets and exits 0 unless a run
+//! itself fails. Both tools run one after the other so neither samples the other.
+
+mod measure;
+mod report;
+mod workload;
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{setup, workspace};
+
+/// The available benchmarks.
+#[derive(clap::Subcommand, Debug)]
+pub enum Bench {
+    /// Sampling overhead of the profiler vs `perf record -a -g` on a loaded machine.
+    Cpu(CpuArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CpuArgs {
+    /// Length of each tool's run.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Sampling frequency for both tools.
+    #[arg(long = "frequency", default_value_t = 99)]
+    frequency_hz: u32,
+}
+
+/// Busy processes on top of the machine's own, enough to keep 2-4 CPUs sampled on-CPU.
+const SPINNERS: usize = 4;
+
+pub fn run(bench: Bench) -> Result<ExitCode> {
+    match bench {
+        Bench::Cpu(args) => cpu(&args).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+fn cpu(args: &CpuArgs) -> Result<()> {
+    workspace::stage("setup");
+    setup::run(setup::Needs {
+        go: false,
+        privileges: true,
+    })?;
+    workspace::build_release()?;
+    let dir = workspace::target_dir().join("xtask-bench");
+    let out = fresh_dir(&dir.join("out"))?;
+    workload::catch_interrupt();
+    let _spinners = workload::Spinners::start(&dir, SPINNERS)?;
+    let _stats = workload::BpfStats::enable();
+    let (secs, hz) = (args.seconds, args.frequency_hz);
+    workspace::stage(&format!(
+        "profiler snapshot for {secs} s at {hz} Hz ({SPINNERS} spinners running)"
+    ));
+    let profiler = measure::run(profiler_cmd(args, &out))?;
+    bail_if_interrupted()?;
+    workspace::stage(&format!("perf record for {secs} s at {hz} Hz"));
+    let perf = measure::run(perf_cmd(args, &out))?;
+    bail_if_interrupted()?;
+    report::print(&report::Row::profiler(&profiler), &report::Row::perf(&perf));
+    println!("(outputs kept in {})", out.display());
+    Ok(())
+}
+
+fn profiler_cmd(args: &CpuArgs, out: &Path) -> Command {
+    let mut cmd = Command::new(workspace::profiler_bin());
+    cmd.args(["snapshot", "--duration", &format!("{}s", args.seconds)])
+        .args([
+            "--frequency",
+            &args.frequency_hz.to_string(),
+            "--bpf-stats",
+            "--output",
+        ])
+        .arg(out);
+    cmd
+}
+
+/// `-e cpu-clock` is the software event the profiler samples: the same event on machines
+/// with a PMU too, where perf would otherwise default to hardware cycles.
+fn perf_cmd(args: &CpuArgs, out: &Path) -> Command {
+    let mut cmd = Command::new("/usr/bin/perf");
+    cmd.args([
+        "record",
+        "-e",
+        "cpu-clock",
+        "-F",
+        &args.frequency_hz.to_string(),
+        "-a",
+        "-g",
+        "-o",
+    ])
+    .arg(out.join("perf.data"))
+    .args(["--", "sleep", &args.seconds.to_string()]);
+    cmd
+}
+
+/// A run cut short by Ctrl-C measures nothing comparable, so stop instead of printing it.
+fn bail_if_interrupted() -> Result<()> {
+    if workload::interrupted() {
+        bail!("interrupted; spinners stopped and kernel.bpf_stats_enabled restored");
+    }
+    Ok(())
+}
+
+fn fresh_dir(dir: &Path) -> Result<std::path::PathBuf> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    Ok(dir.to_path_buf())
+}

@@ -1,0 +1,123 @@
+//! The benchmark's environment: CPU spinners that give both tools the same stacks to sample,
+//! and `kernel.bpf_stats_enabled` switched on for the run. Both undo themselves on drop, so
+//! an early error or panic leaves no spinner burning CPU and no sysctl changed.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{bail, Context, Result};
+
+/// Spins under a fixed-depth call chain built with frame pointers, so every sample walks a
+/// real user stack of known depth rather than one frame of a shell loop. `-fno-shrink-wrap`
+/// makes the spinning leaf set up its frame too, so the walk does not skip its caller.
+const SPINNER_C: &str = r#"
+#include <stdlib.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) static void spin(int depth) {
+    if (depth == 0)
+        for (;;) sink++;
+    spin(depth - 1);
+    sink++; /* work after the call keeps it from becoming a tail call */
+}
+int main(int argc, char **argv) {
+    spin(argc > 1 ? atoi(argv[1]) : 16);
+    return 0;
+}
+"#;
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Busy processes, killed and reaped on drop.
+pub struct Spinners(Vec<Child>);
+
+impl Spinners {
+    /// Compiles the spinner into `dir` and starts `count` copies.
+    pub fn start(dir: &Path, count: usize) -> Result<Spinners> {
+        let bin = compile(dir)?;
+        let mut spinners = Spinners(Vec::with_capacity(count));
+        for _ in 0..count {
+            let child = Command::new(&bin)
+                .spawn()
+                .with_context(|| format!("failed to start {}", bin.display()))?;
+            spinners.0.push(child);
+        }
+        Ok(spinners)
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn compile(dir: &Path) -> Result<std::path::PathBuf> {
+    let (src, bin) = (dir.join("spin.c"), dir.join("spin"));
+    std::fs::write(&src, SPINNER_C)
+        .with_context(|| format!("failed to write {}", src.display()))?;
+    let status = Command::new("gcc")
+        .args(["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap", "-o"])
+        .args([&bin, &src])
+        .status()
+        .context("failed to run gcc; run `cargo xtask setup`")?;
+    if !status.success() {
+        bail!("gcc failed to compile {} ({status})", src.display());
+    }
+    Ok(bin)
+}
+
+/// `kernel.bpf_stats_enabled=1` while alive, then the previous value again.
+pub struct BpfStats {
+    previous: String,
+}
+
+impl BpfStats {
+    /// Without it the kernel keeps no run_time_ns; failing only costs the ns/sample column.
+    pub fn enable() -> Option<BpfStats> {
+        let previous = std::fs::read_to_string(STATS_SYSCTL).ok()?;
+        match std::fs::write(STATS_SYSCTL, "1") {
+            Ok(()) => Some(BpfStats { previous }),
+            Err(err) => {
+                eprintln!(
+                    "warning: cannot enable {STATS_SYSCTL} ({err}); bpf ns/sample will be n/a"
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::write(STATS_SYSCTL, self.previous.trim()) {
+            eprintln!(
+                "warning: failed to restore {STATS_SYSCTL} to {} ({err})",
+                self.previous.trim()
+            );
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Survives Ctrl-C so the guards above still run: the children (same process group) get the
+/// SIGINT and exit, and the caller checks `interrupted()` after each run. A handler rather
+/// than SIG_IGN, because exec resets handlers while an ignored SIGINT would be inherited.
+pub fn catch_interrupt() {
+    let handler = on_interrupt as extern "C" fn(libc::c_int);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGINT, handler as libc::sighandler_t) };
+}
+
+/// Whether Ctrl-C arrived since `catch_interrupt`.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}

@@ -1,0 +1,68 @@
+//! The command line: one variant per subcommand. Pass-through ARGS take everything after the
+//! subcommand, hyphens included, with or without a `--` separator.
+
+use clap::Parser;
+
+use crate::bench;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "Set up, run, test and benchmark the profiler."
+)]
+pub enum Cli {
+    /// Check the build and run prerequisites; install what is missing when root on Debian.
+    Setup {
+        /// Also require what `cargo xtask test` needs (golang-go for `go tool pprof`).
+        #[arg(long)]
+        for_test: bool,
+    },
+    /// Build in release mode and take a snapshot; ARGS go to `profiler snapshot`.
+    Snapshot {
+        /// Passed to `profiler snapshot`, e.g. `--duration 5s --pid 1`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build in release mode and run all tests; ARGS go to the test harness.
+    Test {
+        /// Passed to the test harness after `--test-threads=1`, e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks that print a comparison table (not pass/fail tests).
+    #[command(subcommand)]
+    Bench(bench::Bench),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot_args(argv: &[&str]) -> Vec<String> {
+        match Cli::try_parse_from(argv).expect("parses") {
+            Cli::Snapshot { args } => args,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pass_through_with_and_without_separator() {
+        let expected = ["--duration", "5s", "--pid", "1"];
+        assert_eq!(
+            snapshot_args(&["x", "snapshot", "--", "--duration", "5s", "--pid", "1"]),
+            expected
+        );
+        assert_eq!(
+            snapshot_args(&["x", "snapshot", "--duration", "5s", "--pid", "1"]),
+            expected
+        );
+        assert!(snapshot_args(&["x", "snapshot"]).is_empty());
+    }
+
+    #[test]
+    fn bench_cpu_defaults() {
+        let cli = Cli::try_parse_from(["x", "bench", "cpu", "--seconds", "5"]).expect("parses");
+        assert!(matches!(cli, Cli::Bench(bench::Bench::Cpu(_))));
+    }
+}

@@ -1,0 +1,34 @@
+//! Developer orchestration for the profiler: `cargo xtask setup | snapshot | test | bench`.
+//!
+//! Each subcommand lives in its own module; this file only parses and maps errors to an exit
+//! code once.
+
+mod bench;
+mod cli;
+mod setup;
+mod snapshot;
+mod test;
+mod workspace;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::Cli;
+
+fn main() -> ExitCode {
+    let result = match Cli::parse() {
+        Cli::Setup { for_test } => setup::run(setup::Needs {
+            go: for_test,
+            privileges: false,
+        })
+        .map(|()| ExitCode::SUCCESS),
+        Cli::Snapshot { args } => snapshot::run(&args),
+        Cli::Test { args } => test::run(&args),
+        Cli::Bench(bench) => bench::run(bench),
+    };
+    result.unwrap_or_else(|err| {
+        eprintln!("error: {err:#}");
+        ExitCode::FAILURE
+    })
+}

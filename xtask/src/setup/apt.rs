@@ -1,0 +1,92 @@
+//! Debian packages: probed by what the build actually uses (a file or a working command), so
+//! a machine that has the tool from elsewhere passes; installed with apt-get only as root.
+
+use std::path::Path;
+use std::process::Command;
+
+use super::{probe, Host, Report, Status};
+
+/// One apt package and how to tell it is usable.
+pub struct Package {
+    pub name: &'static str,
+    /// Why the project needs it, shown in the report line.
+    pub why: &'static str,
+    pub present: fn() -> bool,
+}
+
+/// The packages for the build, plus golang-go when the tests will run.
+pub fn packages(go: bool) -> Vec<Package> {
+    let mut packages = vec![
+        Package {
+            name: "llvm-22-dev",
+            why: "libLLVM for building bpf-linker",
+            // bpf-linker's build links `-lLLVM`, which is this unversioned symlink.
+            present: || Path::new("/usr/lib/llvm-22/lib/libLLVM.so").exists(),
+        },
+        Package {
+            name: "gcc",
+            why: "linker for Rust and the bench spinner",
+            present: || probe(Command::new("gcc").arg("--version")).is_some(),
+        },
+    ];
+    if go {
+        packages.push(Package {
+            name: "golang-go",
+            why: "`go tool pprof` for the end-to-end tests",
+            present: || probe(Command::new("go").arg("version")).is_some(),
+        });
+    }
+    packages
+}
+
+/// Installs whatever is missing in one apt-get run (when allowed), then reports each package.
+pub fn check(host: &Host, packages: &[Package], report: &mut Report) {
+    let missing: Vec<&str> = packages
+        .iter()
+        .filter(|p| !(p.present)())
+        .map(|p| p.name)
+        .collect();
+    let attempted = !missing.is_empty() && host.root && host.apt;
+    if attempted {
+        install(&missing);
+    }
+    for package in packages {
+        report.add(status(host, package, &missing, attempted));
+    }
+}
+
+fn status(host: &Host, package: &Package, missing: &[&str], attempted: bool) -> Status {
+    let what = format!("{} ({})", package.name, package.why);
+    if !missing.contains(&package.name) {
+        Status::Ok(what)
+    } else if attempted && (package.present)() {
+        Status::Installed(what)
+    } else {
+        Status::Missing {
+            what,
+            fix: install_command(host, package.name),
+        }
+    }
+}
+
+/// `apt-get update` only here, so an all-present machine never touches the network. Failures
+/// are not fatal here: the re-probe afterwards decides, and reports the command to retry.
+fn install(names: &[&str]) {
+    println!(
+        "installing: {} (apt-get update && apt-get install)",
+        names.join(" ")
+    );
+    let _ = Command::new("apt-get").arg("update").status();
+    let _ = Command::new("apt-get")
+        .args(["install", "-y"])
+        .args(names)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status();
+}
+
+fn install_command(host: &Host, name: &str) -> String {
+    let sudo = host.sudo();
+    format!(
+        "{sudo}apt-get update && {sudo}DEBIAN_FRONTEND=noninteractive apt-get install -y {name}"
+    )
+}
