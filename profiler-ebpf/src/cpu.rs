@@ -2,7 +2,7 @@
 //! counted under (process, thread, user stack, kernel stack) in the active map set.
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::perf_event,
     maps::PerCpuHashMap,
@@ -13,7 +13,7 @@ use profiler_common::{CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
     maps::{active_set, bump, wanted, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
-    stack::{capture, StackError},
+    stack::{capture_kernel, capture_user, StackError},
 };
 
 #[perf_event]
@@ -39,17 +39,12 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     };
 
     let mut truncated = false;
-    let user_stack = stack_or_count(
-        capture(ctx.as_ptr(), BPF_F_USER_STACK as u64, stacks, &mut truncated),
-        CpuCounter::UserStackFailed,
-    );
+    let user_stack = stack_or_count(capture_user(stacks, &mut truncated), CpuCounter::UserStackFailed);
     if truncated {
         bump(CpuCounter::UserStackTruncated);
     }
-    let kernel_stack = stack_or_count(
-        capture(ctx.as_ptr(), 0, stacks, &mut truncated),
-        CpuCounter::KernelStackFailed,
-    );
+    let kernel_stack =
+        stack_or_count(capture_kernel(ctx.as_ptr(), stacks), CpuCounter::KernelStackFailed);
 
     let key = CpuSampleKey {
         tgid,

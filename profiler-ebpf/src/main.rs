@@ -8,6 +8,7 @@
 mod cpu;
 mod maps;
 mod stack;
+mod user_stack;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -12,7 +12,7 @@ use profiler_common::{
     Stack, MAX_STACK_DEPTH, NO_STACK,
 };
 
-use crate::maps::STACK_SCRATCH;
+use crate::{maps::STACK_SCRATCH, user_stack};
 
 /// Why a stack is missing from a sample.
 pub enum StackError {
@@ -24,36 +24,50 @@ pub enum StackError {
 
 const EEXIST: i32 = 17;
 
-/// Walks the stack selected by `flags` (0 = kernel, `BPF_F_USER_STACK` = user) and stores it in
-/// `stacks`. Returns its hash, or [`NO_STACK`] when there is none (user mode has no kernel
-/// stack; kernel threads have no user stack). `truncated` is set when the walk hit the depth
-/// limit.
+/// Walks the kernel stack of the sample (empty when it hit user mode) and stores it in
+/// `stacks`. Returns its hash, or [`NO_STACK`] when there is none.
 #[inline(always)]
-pub fn capture(
-    ctx: *mut c_void,
-    flags: u64,
-    stacks: &HashMap<u64, Stack>,
-    truncated: &mut bool,
-) -> Result<u64, StackError> {
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return Err(StackError::Walk);
-    };
-    // SAFETY: `scratch` points to this CPU's slot of the scratch array, which nothing else
-    // touches while this program runs.
-    let scratch = unsafe { &mut *scratch };
+pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>) -> Result<u64, StackError> {
+    let scratch = scratch()?;
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: the buffer is `size` bytes of map memory owned by this program for now.
-    let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, flags) };
+    let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, 0) };
     if ret < 0 {
         return Err(StackError::Walk);
     }
     let len = (ret as usize / 8).min(MAX_STACK_DEPTH);
+    scratch.len = len as u32;
+    scratch.truncated = (len == MAX_STACK_DEPTH) as u32;
+    store(scratch, stacks)
+}
+
+/// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
+/// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
+#[inline(always)]
+pub fn capture_user(stacks: &HashMap<u64, Stack>, truncated: &mut bool) -> Result<u64, StackError> {
+    let scratch = scratch()?;
+    if !user_stack::walk(scratch) {
+        return Ok(NO_STACK);
+    }
+    *truncated = scratch.truncated != 0;
+    store(scratch, stacks)
+}
+
+#[inline(always)]
+fn scratch() -> Result<&'static mut Stack, StackError> {
+    let ptr = STACK_SCRATCH.get_ptr_mut(0).ok_or(StackError::Walk)?;
+    // SAFETY: this CPU's slot of the scratch array, which nothing else touches while this
+    // program runs (programs do not nest on a CPU for this attach type).
+    Ok(unsafe { &mut *ptr })
+}
+
+/// Hashes the frames of `scratch` and inserts them into `stacks` unless already there.
+#[inline(always)]
+fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, StackError> {
+    let len = (scratch.len as usize).min(MAX_STACK_DEPTH);
     if len == 0 {
         return Ok(NO_STACK);
     }
-    scratch.len = len as u32;
-    scratch.truncated = (len == MAX_STACK_DEPTH) as u32;
-    *truncated = len == MAX_STACK_DEPTH;
 
     let mut hash = hash_seed(len as u32);
     for i in 0..MAX_STACK_DEPTH {
