@@ -1,0 +1,98 @@
+//! Assertions more than one test makes about a profile: the format the profiler promises for
+//! every CPU profile, and what a single-threaded fixture's samples must be labelled with.
+
+use std::path::{Path, PathBuf};
+
+use crate::pprof::Profile;
+use crate::run::{listing, profile_path};
+
+/// The sample value types, in order, of every CPU profile.
+pub const SAMPLE_TYPES: [(&str, &str); 2] = [("samples", "count"), ("cpu", "nanoseconds")];
+
+/// Sample types, period type, period = 1e9 / `frequency_hz`, cpu value = samples × period in
+/// every sample, and comments that report dropped samples and unsymbolized frames.
+pub fn cpu_profile_format(profile: &Profile, frequency_hz: i64) {
+    let types: Vec<(&str, &str)> = profile
+        .sample_types
+        .iter()
+        .map(|(t, u)| (t.as_str(), u.as_str()))
+        .collect();
+    assert_eq!(types, SAMPLE_TYPES, "sample_type");
+    let period_type = profile
+        .period_type
+        .as_ref()
+        .map(|(t, u)| (t.as_str(), u.as_str()));
+    assert_eq!(period_type, Some(("cpu", "nanoseconds")), "period_type");
+    let period = 1_000_000_000 / frequency_hz;
+    assert_eq!(profile.period, period, "period for {frequency_hz} Hz");
+    let (count, cpu) = (profile.value_index("samples"), profile.value_index("cpu"));
+    for sample in &profile.samples {
+        assert_eq!(
+            sample.values.len(),
+            2,
+            "values of sample {:?}",
+            sample.names()
+        );
+        assert!(
+            sample.values[count] > 0,
+            "sample with count {} at {:?}",
+            sample.values[count],
+            sample.names()
+        );
+        assert_eq!(
+            sample.values[cpu],
+            sample.values[count] * period,
+            "cpu ns of sample {:?}",
+            sample.names()
+        );
+    }
+    let comments = profile.comments.join("\n").to_lowercase();
+    let reports_unresolved = comments.contains("unresolved") || comments.contains("without symbol");
+    assert!(
+        comments.contains("dropped") && reports_unresolved,
+        "comments should report dropped samples and unresolved frames: {:?}",
+        profile.comments
+    );
+}
+
+/// Every sample of a single-threaded process carries `tid` = its pid and `thread` = its comm.
+pub fn single_thread_labels(profile: &Profile, pid: u32, comm: &str) {
+    for sample in &profile.samples {
+        assert_eq!(
+            sample.label_num("tid"),
+            Some(i64::from(pid)),
+            "tid label of {:?}",
+            sample.labels
+        );
+        assert_eq!(
+            sample.label_str("thread"),
+            Some(comm),
+            "thread label of {:?}",
+            sample.labels
+        );
+    }
+}
+
+/// The number of samples is what `seconds` of one busy thread at `frequency_hz` gives: not
+/// fewer than 60% (samples lost) nor more than 110% (samples counted twice).
+pub fn busy_thread_sample_count(profile: &Profile, seconds: u32, frequency_hz: i64) {
+    let expected = f64::from(seconds) * frequency_hz as f64;
+    let got = profile.total("samples") as f64;
+    assert!(
+        (0.6 * expected..=1.1 * expected).contains(&got),
+        "{got} samples for {seconds} s of one busy thread at {frequency_hz} Hz (expected ~{expected})"
+    );
+}
+
+/// The profile of `comm`/`pid` exists where the profiler promises (`DIR/<comm>-<pid>/cpu.pb.gz`);
+/// returns its path.
+pub fn profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
+    let path = profile_path(out_dir, comm, pid);
+    assert!(
+        path.is_file(),
+        "no profile at {}; output holds:\n{}",
+        path.display(),
+        listing(out_dir)
+    );
+    path
+}

@@ -1,0 +1,42 @@
+//! End-to-end test support: runs the real `profiler` release binary against fixture programs
+//! with known CPU costs and reads back the pprof it writes.
+//!
+//! Owns: building the fixtures (`fixture`), running the binary with a timeout (`run`), looking
+//! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
+//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), and the
+//! assertions several tests share (`expect`).
+//! Does not own: any profiler logic. When the machine is not fit (not root, no compiler, no
+//! Go) it panics with a message saying what to do.
+
+pub mod expect;
+pub mod fixture;
+pub mod go_pprof;
+pub mod pprof;
+pub mod preflight;
+pub mod run;
+
+pub use fixture::{Fixture, FixtureKind};
+pub use pprof::{name_matches, Frame, Profile};
+pub use preflight::preflight;
+pub use run::{
+    assert_success, listing, profile_path, run_profiler, run_profiler_as_nobody, TempDir,
+};
+
+use std::path::PathBuf;
+
+/// The workspace root (the parent of this crate's manifest directory).
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root().join("target"),
+    }
+}

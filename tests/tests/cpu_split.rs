@@ -1,0 +1,165 @@
+//! CPU-time attribution against fixtures whose split is known by construction: `cpu_split`
+//! (C) and `cpu_split_rs` (Rust) spend 75% of their thread CPU time in `hot_a` and 25% in
+//! `hot_b`, both called from `work_loop` from `main`. Checks the pprof file's place and format,
+//! the 75/25 share within ±6 points, the call chain, the labels, and that Go's pprof reads the
+//! file and sees the same share. Also: a process that exits mid-capture is still profiled.
+
+use profiler_tests::{assert_success, expect, go_pprof, preflight, run_profiler};
+use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
+
+const FREQUENCY_HZ: i64 = 199;
+const CAPTURE_S: u32 = 5;
+/// Long enough to outlast profiler startup plus the capture; the guard kills it after.
+const FIXTURE_S: u32 = 10;
+/// hot_a's share of hot_a + hot_b, by construction of the fixtures.
+const HOT_A_SHARE: f64 = 0.75;
+/// ±6 points: over 4 standard deviations of a binomial share at ~1000 samples.
+const SHARE_TOLERANCE: f64 = 0.06;
+/// Frame-pointer unwinding loses the chain only for samples in a prologue or in libc's
+/// clock_gettime; those are ~1% of the fixture's time.
+const MIN_CHAIN_SHARE: f64 = 0.90;
+
+/// C fixture: 75/25 split, chain hot_X → work_loop → main, format, labels, go tool pprof.
+#[test]
+fn c_split_matches_ground_truth() {
+    if !preflight() {
+        return;
+    }
+    check_split(FixtureKind::CpuSplitC);
+}
+
+/// Rust fixture: the same, with demangled names such as `cpu_split_rs::hot_a`.
+#[test]
+fn rust_split_matches_ground_truth() {
+    if !preflight() {
+        return;
+    }
+    check_split(FixtureKind::CpuSplitRust);
+}
+
+/// A fixture that exits (and is reaped) 2 s into a 5 s capture: the profiler exits 0 and
+/// still writes its profile, with hot_a symbolized by name although the process is gone.
+#[test]
+fn process_exiting_during_capture_is_still_profiled() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("exit");
+    let mut fixture = Fixture::spawn(FixtureKind::CpuSplitC, 2);
+    let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
+    let output = std::thread::scope(|scope| {
+        let args = [
+            "snapshot",
+            "--pid",
+            &pid,
+            "--duration",
+            "5s",
+            "--output",
+            &out_arg,
+        ];
+        let profiler = scope.spawn(move || run_profiler(&args));
+        // Reap the fixture as soon as it exits, as its parent would: the profiler must not
+        // depend on /proc/PID outliving the process.
+        let status = fixture.wait();
+        assert!(status.success(), "fixture exited with {status}");
+        profiler.join().expect("profiler runner panicked")
+    });
+    assert_success(&output, "snapshot of a process that exits mid-capture");
+    let path = expect::profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    assert!(
+        profile.samples.iter().any(|s| s.contains("hot_a")),
+        "no sample names hot_a; functions: {:?}",
+        profile.function_names()
+    );
+}
+
+fn check_split(kind: FixtureKind) {
+    let out = TempDir::new(kind.comm());
+    let fixture = Fixture::spawn(kind, FIXTURE_S);
+    let pid = fixture.pid().to_string();
+    let frequency = FREQUENCY_HZ.to_string();
+    let output = run_profiler(&[
+        "snapshot",
+        "--pid",
+        &pid,
+        "--duration",
+        &format!("{CAPTURE_S}s"),
+        "--frequency",
+        &frequency,
+        "--output",
+        &out.path_arg(),
+    ]);
+    assert_success(&output, "snapshot --pid");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(kind.comm()) && stdout.contains("hot_a"),
+        "the summary should name {} and its hottest function hot_a:\n{stdout}",
+        kind.comm()
+    );
+
+    let path = expect::profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    expect::cpu_profile_format(&profile, FREQUENCY_HZ);
+    expect::single_thread_labels(&profile, fixture.pid(), fixture.comm());
+    expect::busy_thread_sample_count(&profile, CAPTURE_S, FREQUENCY_HZ);
+    check_share(&profile);
+    check_chains(&profile);
+    check_go_pprof(&path);
+}
+
+/// hot_a / (hot_a + hot_b) by sample count, over stacks containing each.
+fn check_share(profile: &Profile) {
+    let in_fn = |f: &str| profile.value_where("samples", |s| s.contains(f)) as f64;
+    let (a, b) = (in_fn("hot_a"), in_fn("hot_b"));
+    let total = profile.total("samples") as f64;
+    assert!(
+        a + b >= 0.9 * total,
+        "only {a} + {b} of {total} samples are in hot_a/hot_b; functions: {:?}",
+        profile.function_names()
+    );
+    let share = a / (a + b);
+    assert!(
+        (share - HOT_A_SHARE).abs() <= SHARE_TOLERANCE,
+        "hot_a share {share:.3} ({a} of {} samples), expected {HOT_A_SHARE} ± {SHARE_TOLERANCE}",
+        a + b
+    );
+}
+
+/// Samples in hot_X carry hot_X → work_loop → main.
+fn check_chains(profile: &Profile) {
+    for hot in ["hot_a", "hot_b"] {
+        let chain = [hot, "work_loop", "main"];
+        let inside = profile.value_where("samples", |s| s.contains(hot));
+        let chained = profile.value_where("samples", |s| s.contains(hot) && s.has_chain(&chain));
+        let broken: Vec<Vec<&str>> = profile
+            .samples
+            .iter()
+            .filter(|s| s.contains(hot) && !s.has_chain(&chain))
+            .take(5)
+            .map(|s| s.names())
+            .collect();
+        assert!(
+            chained as f64 >= MIN_CHAIN_SHARE * inside as f64,
+            "only {chained} of {inside} samples in {hot} carry {chain:?}; some that do not: {broken:?}"
+        );
+    }
+}
+
+/// Go's pprof decodes the file and attributes ~75% flat to hot_a.
+fn check_go_pprof(path: &std::path::Path) {
+    let raw = go_pprof::raw(path);
+    assert!(
+        raw.contains("hot_a") && raw.contains("work_loop"),
+        "`go tool pprof -raw` output lacks hot_a or work_loop:\n{raw}"
+    );
+    let top = go_pprof::top(path);
+    let flat = go_pprof::flat_percent(&top, "hot_a")
+        .unwrap_or_else(|| panic!("`go tool pprof -top` has no hot_a row:\n{top}"));
+    let expected = HOT_A_SHARE * 100.0;
+    let tolerance = SHARE_TOLERANCE * 100.0;
+    assert!(
+        (flat - expected).abs() <= tolerance,
+        "`go tool pprof -top` flat% of hot_a is {flat}, expected {expected} ± {tolerance}:\n{top}"
+    );
+}
