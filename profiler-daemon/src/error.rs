@@ -14,19 +14,13 @@ pub enum Error {
     #[error("no such process: pid {0} (check the pid with `ps -p {0}`)")]
     NoSuchProcess(u32),
 
-    #[error("cannot write to output directory {}: {source}; choose another with --output", path.display())]
-    OutputDir {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    // `cause` (not `source`) is part of the message, so the chain does not print it twice and
+    // the advice stays at the end.
+    #[error("cannot write to output directory {}: {cause}; choose another with --output", path.display())]
+    OutputDir { path: PathBuf, cause: io::Error },
 
-    #[error("failed to write {}: {source}", path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("failed to write {}: {cause}", path.display())]
+    Write { path: PathBuf, cause: io::Error },
 
     #[error("the kernel lacks {feature}: {detail}")]
     KernelFeature { feature: &'static str, detail: String },

@@ -22,7 +22,7 @@ pub fn process_dir_name(name: &str, pid: u32) -> String {
 
 /// Creates `dir` if needed and proves it is writable by creating and removing a file.
 pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
-    let fail = |source| Error::OutputDir { path: dir.to_path_buf(), source };
+    let fail = |cause| Error::OutputDir { path: dir.to_path_buf(), cause };
     fs::create_dir_all(dir).map_err(fail)?;
     let probe = dir.join(format!(".profiler-probe-{}", std::process::id()));
     fs::write(&probe, b"").map_err(fail)?;
@@ -31,7 +31,7 @@ pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
 
 /// Writes `bytes` to `path` atomically, creating the parent directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let fail = |source| Error::Write { path: path.to_path_buf(), source };
+    let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(fail)?;
     let tmp = temp_path(path);
