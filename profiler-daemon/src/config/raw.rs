@@ -1,0 +1,182 @@
+//! The config file as written: serde types that mirror the TOML one to one, with human units
+//! kept as written (`"60s"`, `"1GiB"`) and every default in one place (the `Default` impls
+//! below). Nothing here checks a value; `Config::try_from` turns a [`RawConfig`] into a
+//! [`super::Config`] once.
+
+use std::{fmt, path::PathBuf};
+
+use serde::{
+    de::{self, Unexpected, Visitor},
+    Deserialize, Deserializer,
+};
+
+/// The whole file. An empty file is `RawConfig::default()`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    pub output_dir: PathBuf,
+    pub interval: Quantity,
+    pub profiles: Vec<String>,
+    pub socket: RawSocket,
+    pub retention: RawRetention,
+    pub cpu: RawCpu,
+    pub processes: RawSelection,
+    pub heap: RawHeap,
+}
+
+/// `[socket]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [socket] table")]
+pub struct RawSocket {
+    pub path: PathBuf,
+    pub group: Option<String>,
+}
+
+/// `[retention]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [retention] table")]
+pub struct RawRetention {
+    pub max_age: Quantity,
+    pub max_total_bytes: Quantity,
+    pub min_free_bytes: Quantity,
+}
+
+/// `[cpu]`. Integers are read as `i64`, TOML's own integer, so that an out-of-range value is
+/// reported by validation with its key and range rather than as a serde type error.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [cpu] table")]
+pub struct RawCpu {
+    pub frequency_hz: i64,
+}
+
+/// `[processes]`: which processes are profiled at all.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [processes] table")]
+pub struct RawSelection {
+    pub include: Vec<RawMatcher>,
+    pub exclude: Vec<RawMatcher>,
+}
+
+/// `[heap]`: the heap profiler's opt-in list and sampling interval.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [heap] table")]
+pub struct RawHeap {
+    pub include: Vec<RawMatcher>,
+    pub sample_bytes: Quantity,
+}
+
+/// One entry of an include/exclude list, e.g. `{ name = "nginx" }`. Exactly one field must be
+/// set; a struct of options (not a serde enum) lets validation say which keys clashed.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table with one of pid, name, exe, cgroup or unit, e.g. { name = \"nginx\" }"
+)]
+pub struct RawMatcher {
+    pub pid: Option<i64>,
+    pub name: Option<String>,
+    pub exe: Option<String>,
+    pub cgroup: Option<String>,
+    pub unit: Option<String>,
+}
+
+/// A duration or byte size as written: a string with a unit, or a bare integer (bytes, or an
+/// error for durations, which require a unit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quantity {
+    Integer(i64),
+    Text(String),
+}
+
+impl Quantity {
+    fn text(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+
+/// As it would be written in TOML, so messages quote the user's own value: `"7 days"`, `60`.
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Integer(value) => write!(f, "{value}"),
+            Self::Text(text) => write!(f, "{text:?}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(QuantityVisitor)
+    }
+}
+
+struct QuantityVisitor;
+
+impl Visitor<'_> for QuantityVisitor {
+    type Value = Quantity;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number with a unit in a string, such as \"60s\" or \"1GiB\"")
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Quantity, E> {
+        Ok(Quantity::Integer(value))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Quantity, E> {
+        let value = i64::try_from(value).map_err(|_| E::invalid_value(Unexpected::Unsigned(value), &self))?;
+        Ok(Quantity::Integer(value))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Quantity, E> {
+        Ok(Quantity::text(text))
+    }
+}
+
+// The defaults. `config/profiler.toml` spells out the same values; a test keeps them equal.
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        Self {
+            output_dir: PathBuf::from("/var/lib/profiler"),
+            interval: Quantity::text("60s"),
+            profiles: vec!["cpu".to_owned()],
+            socket: RawSocket::default(),
+            retention: RawRetention::default(),
+            cpu: RawCpu::default(),
+            processes: RawSelection::default(),
+            heap: RawHeap::default(),
+        }
+    }
+}
+
+impl Default for RawSocket {
+    fn default() -> Self {
+        Self { path: PathBuf::from("/run/profiler/profiler.sock"), group: None }
+    }
+}
+
+impl Default for RawRetention {
+    fn default() -> Self {
+        Self {
+            max_age: Quantity::text("7d"),
+            max_total_bytes: Quantity::text("1GiB"),
+            min_free_bytes: Quantity::text("512MiB"),
+        }
+    }
+}
+
+impl Default for RawCpu {
+    /// 19 Hz: a prime, so sampling does not beat with periodic work (timers at 10, 100 or
+    /// 1000 Hz), and low enough to run continuously on every CPU.
+    fn default() -> Self {
+        Self { frequency_hz: 19 }
+    }
+}
+
+impl Default for RawHeap {
+    /// 512 KiB mean sampling interval: Go's runtime.MemProfileRate default.
+    fn default() -> Self {
+        Self { include: Vec::new(), sample_bytes: Quantity::text("512KiB") }
+    }
+}
