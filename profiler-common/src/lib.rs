@@ -9,15 +9,19 @@
 #![no_std]
 
 pub mod cpu;
+pub mod heap;
 pub mod stack;
 
-pub use cpu::{CpuSampleKey, CpuCounter};
+pub use cpu::{CpuCounter, CpuSampleKey};
+pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
 pub mod globals {
     /// `u8`: 1 when only processes listed in [`crate::maps::TARGET_PIDS`] are sampled.
     pub const FILTER_PIDS: &str = "FILTER_PIDS";
+    /// `u64`: mean bytes between heap samples; 0 or 1 records every allocation.
+    pub const HEAP_SAMPLE_BYTES: &str = "HEAP_SAMPLE_BYTES";
 }
 
 /// Map names, shared by both sides, and their sizes.
@@ -42,6 +46,30 @@ pub mod maps {
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
     /// Per-CPU scratch array of one [`crate::Stack`] (too big for the 512-byte BPF stack).
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
+
+    /// Per-CPU hash of [`crate::HeapKey`] → [`crate::HeapTotals`], for map set 0.
+    pub const HEAP_TOTALS_0: &str = "HEAP_TOTALS_0";
+    /// The same for map set 1.
+    pub const HEAP_TOTALS_1: &str = "HEAP_TOTALS_1";
+    /// Hash of [`crate::LiveKey`] → [`crate::LiveAlloc`]: sampled blocks not yet freed. Not
+    /// flipped: it is state, read in place.
+    pub const HEAP_LIVE: &str = "HEAP_LIVE";
+    /// Hash of pid_tgid (`u64`) → [`crate::PendingAlloc`]: allocator calls in flight.
+    pub const HEAP_PENDING: &str = "HEAP_PENDING";
+    /// Array of [`crate::heap::HEAP_INTERVALS_LEN`] `u64` sampling intervals drawn by userspace
+    /// from an exponential distribution (BPF has no floating point to draw them).
+    pub const HEAP_INTERVALS: &str = "HEAP_INTERVALS";
+    /// Per-CPU array of one `i64`: bytes left until the next heap sample on this CPU.
+    pub const HEAP_COUNTDOWN: &str = "HEAP_COUNTDOWN";
+    /// Per-CPU array of `u64` heap counters, indexed by [`crate::HeapCounter`].
+    pub const HEAP_COUNTERS: &str = "HEAP_COUNTERS";
+
+    /// Distinct (process, allocating stack) keys per map set.
+    pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;
+    /// Sampled live blocks tracked at once (all processes).
+    pub const HEAP_LIVE_MAX_ENTRIES: u32 = 262_144;
+    /// Threads inside an allocator call at once.
+    pub const HEAP_PENDING_MAX_ENTRIES: u32 = 16_384;
 
     /// Distinct (process, thread, stacks) keys per map set.
     pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;

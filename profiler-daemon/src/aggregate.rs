@@ -1,6 +1,6 @@
-//! The single owner of captured CPU samples: merges drained batches per process, and
-//! captures each process's mappings from `/proc` while it is alive (on first sight, and again
-//! when a sampled address is not covered, e.g. after `dlopen`).
+//! The single owner of captured data: merges drained batches per process, and captures each
+//! process's mappings from `/proc` while it is alive (on first sight, and again when a
+//! sampled address is not covered, e.g. after `dlopen`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -10,11 +10,11 @@ use std::{
 use profiler_common::NO_STACK;
 
 use crate::{
-    ebpf::CpuBatch,
+    ebpf::{Batch, LiveBlock},
     procs::{self, MapEntry, ProcessInfo},
 };
 
-/// What samples are counted under inside one process.
+/// What CPU samples are counted under inside one process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleKey {
     pub tid: u32,
@@ -22,6 +22,20 @@ pub struct SampleKey {
     pub user_stack: u64,
     /// Kernel stack hash or `NO_STACK`.
     pub kernel_stack: u64,
+}
+
+/// Sampled (unscaled) heap blocks of one stack: how many and how many bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapCount {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl HeapCount {
+    fn add(&mut self, count: u64, bytes: u64) {
+        self.count += count;
+        self.bytes += bytes;
+    }
 }
 
 /// Everything captured for one process.
@@ -33,57 +47,73 @@ pub struct ProcessSamples {
     /// Mappings captured from `/proc`; `None` when the process was gone before it could be
     /// inspected (its user frames stay unsymbolized and are counted as such).
     pub info: Option<ProcessInfo>,
+    /// CPU samples.
     pub counts: HashMap<SampleKey, u64>,
     /// Thread id → thread name.
     pub threads: HashMap<u32, String>,
-    /// Total samples.
+    /// Total CPU samples.
     pub total: u64,
+    /// Sampled allocations by allocating stack, since the probes attached.
+    pub heap_allocated: HashMap<u64, HeapCount>,
+    /// Sampled blocks still live at the last read, by allocating stack.
+    pub heap_live: HashMap<u64, HeapCount>,
 }
 
-/// All processes' samples and the stacks they reference.
+/// All processes' data and the stacks they reference.
 #[derive(Debug, Default)]
-pub struct CpuAggregate {
+pub struct Aggregate {
     processes: BTreeMap<u32, ProcessSamples>,
     stacks: HashMap<u64, Arc<[u64]>>,
-    /// Samples that referenced a stack missing from the kernel's stack map.
-    pub missing_stacks: u64,
     /// Processes that exited before their mappings could be read.
     pub uninspected_processes: u64,
 }
 
-impl CpuAggregate {
+impl Aggregate {
     /// Merges a drained batch. Runs `/proc` reads for processes seen for the first time.
-    pub fn add(&mut self, batch: CpuBatch) {
-        self.missing_stacks += batch.missing_stacks;
+    pub fn add(&mut self, batch: Batch) {
         for (hash, frames) in batch.stacks {
             self.stacks.entry(hash).or_insert_with(|| frames.into());
         }
         let mut touched = Vec::new();
-        for sample in batch.samples {
-            let process = self.processes.entry(sample.tgid).or_insert_with(|| {
-                touched.push(sample.tgid);
-                first_sight(sample.tgid, &sample.comm)
-            });
-            if !touched.contains(&sample.tgid) {
-                touched.push(sample.tgid);
-            }
+        for sample in batch.cpu {
+            let process = self.process(sample.tgid, &sample.comm);
             if sample.tid == sample.tgid && process.info.is_none() {
                 process.name.clone_from(&sample.comm);
             }
             process.threads.insert(sample.tid, sample.comm);
-            let key = SampleKey {
-                tid: sample.tid,
-                user_stack: sample.user_stack,
-                kernel_stack: sample.kernel_stack,
-            };
+            let key = SampleKey { tid: sample.tid, user_stack: sample.user_stack, kernel_stack: sample.kernel_stack };
             *process.counts.entry(key).or_default() += sample.count;
             process.total += sample.count;
+            touched.push(sample.tgid);
         }
+        for totals in batch.heap {
+            let process = self.process(totals.tgid, "");
+            process.heap_allocated.entry(totals.stack).or_default().add(totals.count, totals.bytes);
+            touched.push(totals.tgid);
+        }
+        touched.sort_unstable();
+        touched.dedup();
         for pid in touched {
             self.refresh_mappings(pid);
         }
-        self.uninspected_processes =
-            self.processes.values().filter(|p| p.info.is_none()).count() as u64;
+        self.uninspected_processes = self.processes.values().filter(|p| p.info.is_none()).count() as u64;
+    }
+
+    /// Replaces every process's live heap with `blocks` (a full read of the live map).
+    pub fn set_live(&mut self, blocks: &[LiveBlock]) {
+        for process in self.processes.values_mut() {
+            process.heap_live.clear();
+        }
+        for block in blocks {
+            let process = self.process(block.tgid, "");
+            process.heap_live.entry(block.stack).or_default().add(1, block.size);
+        }
+    }
+
+    /// Registers a process before it has data (heap profiling targets), so its mappings are
+    /// captured while it is surely alive.
+    pub fn track(&mut self, pid: u32) {
+        self.process(pid, "");
     }
 
     /// Processes by pid.
@@ -91,17 +121,21 @@ impl CpuAggregate {
         self.processes.values()
     }
 
-    /// The frames of a stack hash (leaf first); empty for `NO_STACK` or an unknown hash.
-    pub fn stack(&self, hash: u64) -> &[u64] {
+    /// The frames of a stack hash (leaf first); `None` for a hash not (yet) drained.
+    pub fn stack(&self, hash: u64) -> Option<&[u64]> {
         if hash == NO_STACK {
-            return &[];
+            return Some(&[]);
         }
-        self.stacks.get(&hash).map_or(&[], |frames| frames)
+        self.stacks.get(&hash).map(|frames| &frames[..])
     }
 
-    /// Total samples over all processes.
+    /// Total CPU samples over all processes.
     pub fn total_samples(&self) -> u64 {
         self.processes.values().map(|p| p.total).sum()
+    }
+
+    fn process(&mut self, pid: u32, comm: &str) -> &mut ProcessSamples {
+        self.processes.entry(pid).or_insert_with(|| first_sight(pid, comm))
     }
 
     /// Re-reads the mappings of a live process whose sampled user addresses are not all
@@ -111,11 +145,10 @@ impl CpuAggregate {
         let Some(process) = self.processes.get_mut(&pid) else { return };
         let Some(info) = &mut process.info else { return };
         let stacks = &self.stacks;
-        let uncovered = process.counts.keys().any(|key| {
-            stacks
-                .get(&key.user_stack)
-                .is_some_and(|frames| frames.iter().any(|&ip| info.mapping_of(ip).is_none()))
-        });
+        let user_stacks = process.counts.keys().map(|k| k.user_stack).chain(process.heap_allocated.keys().copied());
+        let uncovered = user_stacks
+            .filter_map(|hash| stacks.get(&hash))
+            .any(|frames| frames.iter().any(|&ip| info.mapping_of(ip).is_none()));
         if !uncovered {
             return;
         }
@@ -135,6 +168,8 @@ fn first_sight(pid: u32, comm: &str) -> ProcessSamples {
         counts: HashMap::new(),
         threads: HashMap::new(),
         total: 0,
+        heap_allocated: HashMap::new(),
+        heap_live: HashMap::new(),
     }
 }
 
@@ -153,43 +188,53 @@ fn merge_maps(mut fresh: Vec<MapEntry>, old: &[MapEntry]) -> Vec<MapEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ebpf::RawCpuSample;
+    use crate::ebpf::{RawCpuSample, RawHeapTotals};
 
     fn sample(tgid: u32, tid: u32, user: u64, count: u64) -> RawCpuSample {
-        RawCpuSample {
-            tgid,
-            tid,
-            comm: format!("t{tid}"),
-            user_stack: user,
-            kernel_stack: NO_STACK,
-            count,
-        }
+        RawCpuSample { tgid, tid, comm: format!("t{tid}"), user_stack: user, kernel_stack: NO_STACK, count }
     }
+
+    // pids far above pid_max: never alive, so nothing is read from /proc.
+    const PID: u32 = 0x7fff_fff0;
 
     #[test]
     fn merges_batches_per_process_and_thread() {
-        let mut agg = CpuAggregate::default();
-        // pids far above pid_max: never alive, so nothing is read from /proc.
-        let pid = 0x7fff_fff0;
+        let mut agg = Aggregate::default();
         for _ in 0..2 {
-            let mut batch = CpuBatch::default();
+            let mut batch = Batch::default();
             batch.stacks.insert(7, vec![0x10, 0x20]);
-            batch.samples.push(sample(pid, pid, 7, 3));
-            batch.samples.push(sample(pid, pid + 1, 7, 1));
-            batch.samples.push(sample(pid + 5, pid + 5, NO_STACK, 2));
+            batch.cpu.push(sample(PID, PID, 7, 3));
+            batch.cpu.push(sample(PID, PID + 1, 7, 1));
+            batch.cpu.push(sample(PID + 5, PID + 5, NO_STACK, 2));
             agg.add(batch);
         }
         let procs: Vec<_> = agg.processes().collect();
         assert_eq!(procs.len(), 2);
         assert_eq!(procs[0].total, 8);
-        assert_eq!(procs[0].name, format!("t{pid}"), "named after the main thread");
+        assert_eq!(procs[0].name, format!("t{PID}"), "named after the main thread");
         assert_eq!(procs[0].threads.len(), 2);
-        let key = SampleKey { tid: pid, user_stack: 7, kernel_stack: NO_STACK };
+        let key = SampleKey { tid: PID, user_stack: 7, kernel_stack: NO_STACK };
         assert_eq!(procs[0].counts[&key], 6);
-        assert_eq!(agg.stack(7), &[0x10, 0x20]);
-        assert!(agg.stack(NO_STACK).is_empty());
+        assert_eq!(agg.stack(7), Some(&[0x10, 0x20][..]));
+        assert_eq!(agg.stack(NO_STACK), Some(&[][..]));
+        assert_eq!(agg.stack(99), None);
         assert_eq!(agg.total_samples(), 12);
         assert_eq!(agg.uninspected_processes, 2);
+    }
+
+    #[test]
+    fn heap_totals_accumulate_and_live_is_replaced() {
+        let mut agg = Aggregate::default();
+        for _ in 0..2 {
+            let mut batch = Batch::default();
+            batch.heap.push(RawHeapTotals { tgid: PID, stack: 7, count: 2, bytes: 64 });
+            agg.add(batch);
+        }
+        agg.set_live(&[LiveBlock { tgid: PID, size: 32, stack: 7 }, LiveBlock { tgid: PID, size: 8, stack: 7 }]);
+        agg.set_live(&[LiveBlock { tgid: PID, size: 32, stack: 7 }]);
+        let p = agg.processes().next().unwrap();
+        assert_eq!(p.heap_allocated[&7], HeapCount { count: 4, bytes: 128 });
+        assert_eq!(p.heap_live[&7], HeapCount { count: 1, bytes: 32 });
     }
 
     #[test]

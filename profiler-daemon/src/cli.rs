@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::units::parse_duration;
+use crate::{config::ProfileKind, units::parse_duration};
 
 /// A system-wide continuous profiler: Go-style pprof profiles for every native process.
 #[derive(Debug, Parser)]
@@ -39,6 +39,18 @@ pub struct SnapshotArgs {
     /// Directory to write `<name>-<pid>/cpu.pb.gz` files into.
     #[arg(long, default_value = "./profiles")]
     pub output: PathBuf,
+    /// Profile types to capture, comma-separated: cpu, heap.
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    pub profiles: Vec<ProfileKind>,
+    /// Heap: mean bytes allocated between samples (1 records every allocation).
+    #[arg(long = "heap-sample-bytes", default_value_t = 512 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub heap_sample_bytes: u64,
+    /// Heap: how many sampled live blocks can be tracked; past it new samples are dropped
+    /// from the in-use view and counted.
+    #[arg(long = "heap-max-live", default_value_t = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
+    pub heap_max_live: u32,
     /// Enable kernel BPF run-time statistics and print the CPU program's cost on exit
     /// (`bpf-stats: program=... run_count=N run_time_ns=T`), for benchmarks.
     #[arg(long, hide = true)]
@@ -68,6 +80,18 @@ mod tests {
         assert_eq!(args.frequency_hz, 99);
         assert!(args.pids.is_empty());
         assert_eq!(args.output, PathBuf::from("./profiles"));
+        assert_eq!(args.profiles, [ProfileKind::Cpu]);
+        assert_eq!(args.heap_sample_bytes, 512 * 1024);
+    }
+
+    #[test]
+    fn snapshot_profiles_list() {
+        let cli = parse(&["snapshot", "--profiles", "cpu,heap", "--pid", "1", "--heap-sample-bytes", "1"]).unwrap();
+        let Command::Snapshot(args) = cli.command;
+        assert_eq!(args.profiles, [ProfileKind::Cpu, ProfileKind::Heap]);
+        assert_eq!(args.heap_sample_bytes, 1);
+        assert!(parse(&["snapshot", "--profiles", "cpu,gpu"]).is_err());
+        assert!(parse(&["snapshot", "--heap-sample-bytes", "0"]).is_err());
     }
 
     #[test]

@@ -14,6 +14,15 @@ pub enum Error {
     #[error("no such process: pid {0} (check the pid with `ps -p {0}`)")]
     NoSuchProcess(u32),
 
+    #[error(
+        "pid {0} maps no C library exporting malloc and free (statically linked, or a custom \
+         allocator?); heap profiling probes the C library's allocator"
+    )]
+    NoAllocator(u32),
+
+    #[error("{0}")]
+    Usage(String),
+
     // `cause` (not `source`) is part of the message, so the chain does not print it twice and
     // the advice stays at the end.
     #[error("cannot write to output directory {}: {cause}; choose another with --output", path.display())]

@@ -17,6 +17,7 @@ pub mod output;
 pub mod pprof;
 pub mod preflight;
 pub mod procs;
+pub mod profiles;
 pub mod resolve;
 pub mod snapshot;
 pub mod symbolize;

@@ -1,6 +1,7 @@
-//! Joins one process's aggregated samples with symbols: the stage between aggregation and
-//! encoding. Its output, [`ResolvedProfile`], is what the pprof encoder consumes; it knows
-//! nothing of BPF maps, blazesym or protobuf.
+//! Joins one process's stack samples with symbols: the stage between aggregation and
+//! encoding. Its input is a list of [`StackSample`]s (built per profile type by
+//! [`crate::profiles`]); its output, [`ResolvedProfile`], is what the pprof encoder consumes.
+//! It knows nothing of BPF maps, blazesym or protobuf.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -8,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{CpuAggregate, ProcessSamples},
+    aggregate::{Aggregate, ProcessSamples},
     procs::MapEntry,
     symbolize::{self, Frames, Symbolizer},
 };
@@ -44,14 +45,36 @@ pub struct LocationInfo {
     pub frames: Frames,
 }
 
-/// A stack with its sample count.
+/// A label value of a sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LabelValue {
+    Str(String),
+    /// A number and its unit (`bytes`), if it has one.
+    Num(i64, Option<&'static str>),
+}
+
+/// One stack and its values, before symbolization.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackSample {
+    /// User stack hash or `NO_STACK`.
+    pub user_stack: u64,
+    /// Kernel stack hash or `NO_STACK`.
+    pub kernel_stack: u64,
+    /// The user leaf is a return address (a stack taken on return from a probed function),
+    /// so it is symbolized at the call instruction like every caller frame.
+    pub user_leaf_is_return: bool,
+    /// One value per sample type of the profile.
+    pub values: Vec<i64>,
+    pub labels: Vec<(&'static str, LabelValue)>,
+}
+
+/// A stack with its values.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedSample {
     /// Indices into [`ResolvedProfile::locations`], leaf first (kernel, then user).
     pub locations: Vec<usize>,
-    pub count: u64,
-    pub tid: u32,
-    pub thread: String,
+    pub values: Vec<i64>,
+    pub labels: Vec<(&'static str, LabelValue)>,
 }
 
 /// How many of the profile's distinct addresses could be resolved.
@@ -63,6 +86,8 @@ pub struct FrameStats {
     /// In no mapping known for the process (JIT code, or the process was gone before its
     /// mappings could be read).
     pub unmapped: u64,
+    /// Samples whose stack was never drained from the kernel (kept without that stack).
+    pub missing_stacks: u64,
 }
 
 /// A process's samples, symbolized, ready to encode.
@@ -85,20 +110,32 @@ enum Site {
     Unmapped,
 }
 
-/// Resolves one process of `agg`.
-pub fn resolve(process: &ProcessSamples, agg: &CpuAggregate, sym: &mut Symbolizer) -> ResolvedProfile {
+/// Resolves `samples` of `process`, whose stacks are in `agg`.
+pub fn resolve(
+    process: &ProcessSamples,
+    agg: &Aggregate,
+    samples: Vec<StackSample>,
+    sym: &mut Symbolizer,
+) -> ResolvedProfile {
     let mut table = LocationTable::default();
-    let mut samples = Vec::with_capacity(process.counts.len());
-    for (key, &count) in &process.counts {
-        let kernel = agg.stack(key.kernel_stack);
-        let user = agg.stack(key.user_stack);
+    let mut resolved = Vec::with_capacity(samples.len());
+    let mut missing_stacks = 0;
+    for sample in samples {
+        let (kernel, user) = match (agg.stack(sample.kernel_stack), agg.stack(sample.user_stack)) {
+            (Some(k), Some(u)) => (k, u),
+            (k, u) => {
+                missing_stacks += 1;
+                (k.unwrap_or(&[]), u.unwrap_or(&[]))
+            }
+        };
         let mut locations = Vec::with_capacity(kernel.len() + user.len());
         for (i, &ip) in kernel.iter().enumerate() {
             locations.push(table.intern(Site::Kernel, caller_adjusted(ip, i > 0)));
         }
+        // A user pc under a kernel stack is the return point of the syscall instruction.
+        let leaf_returns = sample.user_leaf_is_return || !kernel.is_empty();
         for (i, &ip) in user.iter().enumerate() {
-            // A user pc under a kernel stack is the return point of the syscall instruction.
-            let addr = caller_adjusted(ip, i > 0 || !kernel.is_empty());
+            let addr = caller_adjusted(ip, i > 0 || leaf_returns);
             let site = process
                 .info
                 .as_ref()
@@ -106,15 +143,15 @@ pub fn resolve(process: &ProcessSamples, agg: &CpuAggregate, sym: &mut Symbolize
                 .map_or(Site::Unmapped, Site::User);
             locations.push(table.intern(site, addr));
         }
-        let thread = process.threads.get(&key.tid).cloned().unwrap_or_default();
-        samples.push(ResolvedSample { locations, count, tid: key.tid, thread });
+        resolved.push(ResolvedSample { locations, values: sample.values, labels: sample.labels });
     }
-    samples.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.locations.cmp(&b.locations)));
+    resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     let maps = process.info.as_ref().map_or(&[][..], |info| &info.maps[..]);
-    let (mut mappings, mut locations, frames) = table.symbolize(process.pid, maps, sym);
+    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid, maps, sym);
+    frames.missing_stacks = missing_stacks;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
-    ResolvedProfile { pid: process.pid, name: process.name.clone(), mappings, locations, samples, frames }
+    ResolvedProfile { pid: process.pid, name: process.name.clone(), mappings, locations, samples: resolved, frames }
 }
 
 /// pprof tools take `mapping[0]` as the main binary (`go tool pprof` prints it as `File:`):
@@ -200,6 +237,7 @@ impl LocationTable {
             locations: locations.len() as u64,
             unsymbolized: locations.iter().filter(|l| l.mapping.is_some() && l.frames.is_empty()).count() as u64,
             unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
+            missing_stacks: 0,
         };
         (mappings, locations, stats)
     }

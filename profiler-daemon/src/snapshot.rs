@@ -1,20 +1,21 @@
 //! `profiler snapshot`: attach, capture for a fixed time (draining every second so short-lived
-//! processes are inspected while alive), then symbolize, encode and write one CPU profile per
-//! process, and print a summary.
+//! processes are inspected while alive), then symbolize, encode and write one profile per
+//! process and type, and print a summary.
 
 use std::{
     io::{IsTerminal, Write},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant, SystemTime},
 };
 
 use crate::{
-    aggregate::CpuAggregate,
+    aggregate::{Aggregate, ProcessSamples},
     cli::SnapshotArgs,
-    ebpf::{CpuCounters, CpuSampler, CpuSamplerConfig},
-    error::Result,
-    output, pprof, preflight,
+    config::ProfileKind,
+    ebpf::{Counters, HeapAttachment, Session, SessionConfig},
+    error::{Error, Result},
+    output, pprof, preflight, procs, profiles,
     resolve::{self, ResolvedProfile},
     symbolize::Symbolizer,
 };
@@ -25,9 +26,11 @@ const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// One written profile, for the summary.
 #[derive(Debug, Clone)]
 pub struct Written {
+    pub kind: ProfileKind,
     pub pid: u32,
     pub name: String,
-    pub samples: u64,
+    /// CPU: samples. Heap: estimated live bytes.
+    pub value: u64,
     pub hottest: String,
     pub path: PathBuf,
 }
@@ -36,37 +39,77 @@ pub struct Written {
 #[derive(Debug)]
 pub struct Report {
     pub written: Vec<Written>,
-    pub counters: CpuCounters,
+    pub counters: Counters,
     pub interrupted: bool,
 }
 
 /// Runs a snapshot and prints its summary to stdout.
 pub fn run(args: &SnapshotArgs) -> Result<Report> {
+    let (cpu, heap) = chosen_profiles(args)?;
     preflight::check_privileges()?;
     preflight::check_pids(&args.pids)?;
     output::ensure_writable_dir(&args.output)?;
 
-    let config = CpuSamplerConfig { frequency_hz: args.frequency_hz, pids: args.pids.clone() };
-    let mut sampler = CpuSampler::start(&config, args.bpf_stats)?;
-    tracing::info!(frequency_hz = args.frequency_hz, pids = ?args.pids, "attached; capturing");
-    let start = SystemTime::now();
-    let (agg, interrupted) = capture(&mut sampler, args.duration)?;
-    let duration = start.elapsed().unwrap_or(args.duration);
-    let counters = sampler.counters()?;
-    if args.bpf_stats {
-        print_bpf_stats(&sampler)?;
+    let mut session = Session::load(&SessionConfig {
+        pids: args.pids.clone(),
+        heap_sample_bytes: args.heap_sample_bytes,
+        heap_max_live: args.heap_max_live,
+        enable_stats: args.bpf_stats,
+    })?;
+    let mut agg = Aggregate::default();
+    let mut attachments = Vec::new();
+    if heap {
+        for &pid in &args.pids {
+            agg.track(pid);
+            attachments.push(session.attach_heap(pid)?);
+        }
     }
-    drop(sampler);
+    if cpu {
+        session.attach_cpu(args.frequency_hz)?;
+    }
+    tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
+    let start = SystemTime::now();
+    let interrupted = capture(&mut session, &mut agg, args.duration)?;
+    if heap {
+        // Read the live blocks, then drain once more: blocks sampled since the last drain
+        // name stacks that are still in the kernel's active set.
+        agg.set_live(&session.live_blocks()?);
+        agg.add(session.drain()?);
+    }
+    let duration = start.elapsed().unwrap_or(args.duration);
+    let counters = session.counters()?;
+    if args.bpf_stats {
+        print_bpf_stats(&session, cpu, heap)?;
+    }
+    drop(session);
 
-    let meta = pprof::CpuProfileMeta {
-        frequency_hz: args.frequency_hz,
-        start,
-        duration,
-        comments: drop_comments(&counters, &agg),
-    };
-    let written = write_profiles(&agg, &meta, &args.output)?;
+    let meta = pprof::ProfileMeta { start, duration, comments: Vec::new() };
+    let mut written = Vec::new();
+    let mut sym = Symbolizer::new();
+    if cpu {
+        written.extend(write_cpu(&agg, &meta, &counters, args, &mut sym)?);
+    }
+    if heap {
+        written.extend(write_heap(&agg, &meta, &counters, args, &attachments, &mut sym)?);
+    }
     print_summary(&written, &counters, &args.output);
     Ok(Report { written, counters, interrupted })
+}
+
+/// Which of the implemented profile types were asked for, with the rules they come with.
+fn chosen_profiles(args: &SnapshotArgs) -> Result<(bool, bool)> {
+    if let Some(kind) = args.profiles.iter().find(|k| !matches!(k, ProfileKind::Cpu | ProfileKind::Heap)) {
+        return Err(Error::Usage(format!("the {kind} profile is not implemented yet; use --profiles cpu,heap")));
+    }
+    let heap = args.profiles.contains(&ProfileKind::Heap);
+    if heap && args.pids.is_empty() {
+        return Err(Error::Usage(
+            "heap profiling needs --pid: its probes slow every allocation of a probed process, \
+             so it is attached to chosen processes only"
+                .into(),
+        ));
+    }
+    Ok((args.profiles.contains(&ProfileKind::Cpu), heap))
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -76,31 +119,34 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 }
 
 /// Drains every [`DRAIN_INTERVAL`] until `duration` has passed or Ctrl-C is pressed (which
-/// ends the capture early and still writes what was captured).
-fn capture(sampler: &mut CpuSampler, duration: Duration) -> Result<(CpuAggregate, bool)> {
+/// ends the capture early and still writes what was captured). True when interrupted.
+fn capture(session: &mut Session, agg: &mut Aggregate, duration: Duration) -> Result<bool> {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
-    let mut agg = CpuAggregate::default();
     loop {
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
         if now >= deadline || interrupted {
-            agg.add(sampler.drain()?);
+            agg.add(session.drain()?);
             if progress {
                 eprint!("\r\x1b[K");
             }
-            return Ok((agg, interrupted));
+            return Ok(interrupted);
         }
         if progress {
-            let left = deadline - now;
-            let samples = sampler.counters()?.samples;
-            eprint!("\r\x1b[Kcapturing: {:>4.1}s left, {samples} samples", left.as_secs_f64());
+            let c = session.counters()?;
+            eprint!(
+                "\r\x1b[Kcapturing: {:>4.1}s left, {} cpu samples, {} heap samples",
+                (deadline - now).as_secs_f64(),
+                c.cpu.samples,
+                c.heap.sampled
+            );
             let _ = std::io::stderr().flush();
         }
         sleep_until(deadline.min(now + DRAIN_INTERVAL));
-        agg.add(sampler.drain()?);
+        agg.add(session.drain()?);
     }
 }
 
@@ -115,69 +161,153 @@ fn sleep_until(when: Instant) {
     }
 }
 
-fn print_bpf_stats(sampler: &CpuSampler) -> Result<()> {
-    let stats = sampler.program_stats()?;
-    eprintln!(
-        "bpf-stats: program=cpu_sample run_count={} run_time_ns={}",
-        stats.run_count,
-        stats.run_time.as_nanos()
-    );
+fn print_bpf_stats(session: &Session, cpu: bool, heap: bool) -> Result<()> {
+    let mut programs = Vec::new();
+    if cpu {
+        programs.push("cpu_sample");
+    }
+    if heap {
+        programs.extend(["malloc_enter", "free_enter", "alloc_exit"]);
+    }
+    for program in programs {
+        let stats = session.program_stats(program)?;
+        eprintln!(
+            "bpf-stats: program={program} run_count={} run_time_ns={}",
+            stats.run_count,
+            stats.run_time.as_nanos()
+        );
+    }
     Ok(())
 }
 
-/// Profile comment lines that say what was lost, machine-wide and for the process.
-fn drop_comments(c: &CpuCounters, agg: &CpuAggregate) -> Vec<String> {
+fn cpu_comments(c: &Counters) -> Vec<String> {
+    let c = c.cpu;
     vec![
         format!("profiler {} cpu profile (on-CPU samples of the CPU clock)", env!("CARGO_PKG_VERSION")),
         format!(
             "dropped samples (whole machine): counts map full {}; stacks without frames: stack map full {}, \
-             user stack unreadable {}, kernel stack unreadable {}, stack missing at drain {}; \
-             user stacks cut at {} frames {}",
+             user stack unreadable {}, kernel stack unreadable {}; user stacks cut at {} frames {}",
             c.counts_map_full,
             c.stacks_map_full,
             c.user_stack_failed,
             c.kernel_stack_failed,
-            agg.missing_stacks,
             profiler_common::MAX_STACK_DEPTH,
             c.user_stack_truncated
         ),
     ]
 }
 
-fn write_profiles(agg: &CpuAggregate, meta: &pprof::CpuProfileMeta, dir: &std::path::Path) -> Result<Vec<Written>> {
-    let mut sym = Symbolizer::new();
+fn heap_comments(c: &Counters, args: &SnapshotArgs, attachment: Option<&HeapAttachment>, alive: bool) -> Vec<String> {
+    let h = c.heap;
+    let mut lines = vec![
+        format!(
+            "profiler {} heap profile: inuse = sampled blocks allocated since the probes attached \
+             and not freed at the end of the capture; alloc = allocated since the probes attached",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!(
+            "sampling: one sample per {} bytes on average (Poisson), values scaled to estimates as Go does",
+            args.heap_sample_bytes
+        ),
+        format!(
+            "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
+             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
+            h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
+        ),
+    ];
+    if let Some(a) = attachment {
+        lines.push(format!("probed {} in {}", a.functions.join(", "), a.library));
+    }
+    if !alive {
+        lines.push("the process exited during the capture: inuse is what it had not freed when it exited".into());
+    }
+    lines
+}
+
+fn write_cpu(
+    agg: &Aggregate,
+    meta: &pprof::ProfileMeta,
+    counters: &Counters,
+    args: &SnapshotArgs,
+    sym: &mut Symbolizer,
+) -> Result<Vec<Written>> {
     let mut written = Vec::new();
-    for process in agg.processes() {
-        let resolved = resolve::resolve(process, agg, &mut sym);
+    for process in agg.processes().filter(|p| p.total > 0) {
+        let (shape, samples) = profiles::cpu(process, args.frequency_hz);
+        let resolved = resolve::resolve(process, agg, samples, sym);
         let mut meta = meta.clone();
+        meta.comments = cpu_comments(counters);
         if process.info.is_none() {
             meta.comments.push("process exited before its mappings could be read: user frames unsymbolized".into());
         }
-        let profile = pprof::cpu_profile(&resolved, &meta);
-        let path = dir.join(output::process_dir_name(&process.name, process.pid)).join("cpu.pb.gz");
-        output::write_atomic(&path, &pprof::encode_gzip(&profile))?;
+        let path = write(&resolved, &shape, &meta, process, ProfileKind::Cpu, &args.output)?;
         written.push(Written {
+            kind: ProfileKind::Cpu,
             pid: process.pid,
             name: process.name.clone(),
-            samples: process.total,
-            hottest: hottest_function(&resolved),
+            value: process.total,
+            hottest: hottest_function(&resolved, 0),
             path,
         });
     }
-    written.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
     Ok(written)
 }
 
-/// The function with the most self samples (the leaf frame's innermost function).
-fn hottest_function(resolved: &ResolvedProfile) -> String {
-    let mut flat = std::collections::HashMap::<String, u64>::new();
+fn write_heap(
+    agg: &Aggregate,
+    meta: &pprof::ProfileMeta,
+    counters: &Counters,
+    args: &SnapshotArgs,
+    attachments: &[HeapAttachment],
+    sym: &mut Symbolizer,
+) -> Result<Vec<Written>> {
+    let mut written = Vec::new();
+    for process in agg.processes().filter(|p| args.pids.contains(&p.pid)) {
+        let (shape, samples) = profiles::heap(process, args.heap_sample_bytes);
+        let inuse: i64 = samples.iter().map(|s| s.values[3]).sum();
+        let resolved = resolve::resolve(process, agg, samples, sym);
+        let mut meta = meta.clone();
+        let attachment = attachments.iter().find(|a| a.pid == process.pid);
+        meta.comments = heap_comments(counters, args, attachment, procs::exists(process.pid));
+        let path = write(&resolved, &shape, &meta, process, ProfileKind::Heap, &args.output)?;
+        written.push(Written {
+            kind: ProfileKind::Heap,
+            pid: process.pid,
+            name: process.name.clone(),
+            value: inuse.max(0) as u64,
+            hottest: hottest_function(&resolved, 3),
+            path,
+        });
+    }
+    Ok(written)
+}
+
+fn write(
+    resolved: &ResolvedProfile,
+    shape: &profiles::Shape,
+    meta: &pprof::ProfileMeta,
+    process: &ProcessSamples,
+    kind: ProfileKind,
+    dir: &Path,
+) -> Result<PathBuf> {
+    let profile = pprof::encode(resolved, shape, meta);
+    let path = dir.join(output::process_dir_name(&process.name, process.pid)).join(format!("{kind}.pb.gz"));
+    output::write_atomic(&path, &pprof::encode_gzip(&profile))?;
+    Ok(path)
+}
+
+/// The function with the largest self value at `value_index` (the leaf frame's innermost
+/// function).
+fn hottest_function(resolved: &ResolvedProfile, value_index: usize) -> String {
+    let mut flat = std::collections::HashMap::<String, i64>::new();
     for sample in &resolved.samples {
         let Some(&leaf) = sample.locations.first() else { continue };
         let loc = &resolved.locations[leaf];
         let name = loc.frames.first().map_or_else(|| format!("{:#x}", loc.address), |f| f.function.clone());
-        *flat.entry(name).or_default() += sample.count;
+        *flat.entry(name).or_default() += sample.values[value_index];
     }
     flat.into_iter()
+        .filter(|(_, v)| *v > 0)
         .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
         .map_or_else(|| "-".into(), |(name, _)| name)
 }
@@ -185,22 +315,33 @@ fn hottest_function(resolved: &ResolvedProfile) -> String {
 /// Rows shown before "... and N more".
 const SUMMARY_ROWS: usize = 25;
 
-fn print_summary(written: &[Written], counters: &CpuCounters, dir: &std::path::Path) {
-    println!("{:<24} {:>8} {:>9}  hottest function", "process", "pid", "samples");
-    for w in written.iter().take(SUMMARY_ROWS) {
-        let hottest: String = w.hottest.chars().take(60).collect();
-        println!("{:<24} {:>8} {:>9}  {}", truncate(&w.name, 24), w.pid, w.samples, hottest);
+fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
+    let mut cpu: Vec<&Written> = written.iter().filter(|w| w.kind == ProfileKind::Cpu).collect();
+    let heap: Vec<&Written> = written.iter().filter(|w| w.kind == ProfileKind::Heap).collect();
+    if !cpu.is_empty() {
+        cpu.sort_by(|a, b| b.value.cmp(&a.value).then(a.pid.cmp(&b.pid)));
+        println!("{:<24} {:>8} {:>9}  hottest function", "process", "pid", "samples");
+        for w in cpu.iter().take(SUMMARY_ROWS) {
+            println!("{:<24} {:>8} {:>9}  {}", truncate(&w.name, 24), w.pid, w.value, truncate(&w.hottest, 60));
+        }
+        if cpu.len() > SUMMARY_ROWS {
+            println!("... and {} more processes", cpu.len() - SUMMARY_ROWS);
+        }
     }
-    if written.len() > SUMMARY_ROWS {
-        println!("... and {} more processes", written.len() - SUMMARY_ROWS);
+    if !heap.is_empty() {
+        println!("{:<24} {:>8} {:>12}  top in-use allocation site", "process", "pid", "inuse bytes");
+        for w in &heap {
+            println!("{:<24} {:>8} {:>12}  {}", truncate(&w.name, 24), w.pid, w.value, truncate(&w.hottest, 60));
+        }
     }
-    let lost = counters.counts_map_full;
     println!(
-        "wrote {} cpu profiles to {} ({} samples, {} lost to a full map)",
+        "wrote {} profiles to {} ({} cpu samples, {} lost to a full map; {} heap samples, {} not tracked as live: map full)",
         written.len(),
         dir.display(),
-        counters.samples,
-        lost
+        counters.cpu.samples,
+        counters.cpu.counts_map_full,
+        counters.heap.sampled,
+        counters.heap.live_map_full
     );
 }
 

@@ -6,6 +6,7 @@
 #![no_main]
 
 mod cpu;
+mod heap;
 mod maps;
 mod stack;
 mod user_stack;

@@ -10,8 +10,12 @@ use aya_ebpf::{
     Global,
 };
 use profiler_common::{
-    maps::{CPU_COUNTS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
-    CpuCounter, CpuSampleKey, Stack,
+    heap::HEAP_INTERVALS_LEN,
+    maps::{
+        CPU_COUNTS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES,
+        HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
+    },
+    CpuCounter, CpuSampleKey, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc, Stack,
 };
 
 /// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
@@ -33,6 +37,35 @@ pub static STACKS_0: HashMap<u64, Stack> =
 pub static STACKS_1: HashMap<u64, Stack> =
     HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
+/// Mean bytes between heap samples; 0 or 1 samples every allocation (set at load time).
+#[unsafe(no_mangle)]
+pub static HEAP_SAMPLE_BYTES: Global<u64> = Global::new(524_288);
+
+#[map]
+pub static HEAP_TOTALS_0: PerCpuHashMap<HeapKey, HeapTotals> =
+    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+#[map]
+pub static HEAP_TOTALS_1: PerCpuHashMap<HeapKey, HeapTotals> =
+    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+
+// Sized for many live blocks; allocate entries as they come instead of preallocating.
+#[map]
+pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> =
+    HashMap::with_max_entries(HEAP_LIVE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static HEAP_PENDING: HashMap<u64, PendingAlloc> =
+    HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
+
+#[map]
+pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVALS_LEN, 0);
+
+#[map]
+pub static HEAP_COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static HEAP_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HeapCounter::COUNT, 0);
+
 #[map]
 pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 
@@ -51,6 +84,15 @@ pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 
 pub fn bump(counter: CpuCounter) {
     if let Some(slot) = CPU_COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: the pointer is to this CPU's slot of a live array map element.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Adds one to a per-CPU heap counter (see [`bump`]).
+#[inline(always)]
+pub fn bump_heap(counter: HeapCounter) {
+    if let Some(slot) = HEAP_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: this CPU's slot of a live array map element.
         unsafe { *slot += 1 };
     }
 }

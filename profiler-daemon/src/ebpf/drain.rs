@@ -1,8 +1,9 @@
-//! Draining one map set: read every (key, per-CPU counts) entry and the stacks they
-//! reference, then delete them so the set is empty when the kernel flips back to it.
+//! Draining one map set: read every CPU count and heap total and the stacks they reference,
+//! then delete them so the set is empty when the kernel flips back to it.
 //!
 //! Iterate-then-delete is safe only because the kernel writes to the other set meanwhile
-//! (see `CpuSampler::drain`).
+//! (see `Session::drain`). Stacks go to userspace with the batch, and since a stack's key is
+//! its content hash, a live heap block that names a stack drained long ago still resolves.
 
 use std::collections::HashMap as StdHashMap;
 
@@ -10,20 +11,18 @@ use aya::{
     maps::{HashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use profiler_common::{maps, CpuSampleKey, Stack, NO_STACK};
+use profiler_common::{maps, CpuSampleKey, HeapKey, HeapTotals, Stack};
 
-use super::{map_error, missing_map};
+use super::{map_error, map_mut};
 use crate::error::Result;
 
-/// One drained set: aggregated sample counts and the stacks they reference.
+/// One drained set.
 #[derive(Debug, Default)]
-pub struct CpuBatch {
-    pub samples: Vec<RawCpuSample>,
-    /// Stack hash → frames (leaf first). Hashes are content-derived, so the same stack has
-    /// the same hash in every set and every batch.
+pub struct Batch {
+    pub cpu: Vec<RawCpuSample>,
+    pub heap: Vec<RawHeapTotals>,
+    /// Stack hash → frames (leaf first).
     pub stacks: StdHashMap<u64, Vec<u64>>,
-    /// Samples whose stack hash had no entry in the stack map (counted, kept without it).
-    pub missing_stacks: u64,
 }
 
 /// A (process, thread, stacks) entry with the number of samples it got.
@@ -40,33 +39,37 @@ pub struct RawCpuSample {
     pub count: u64,
 }
 
-const COUNTS: [&str; 2] = [maps::CPU_COUNTS_0, maps::CPU_COUNTS_1];
+/// Sampled allocations of one (process, stack) in the drained interval, unscaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawHeapTotals {
+    pub tgid: u32,
+    pub stack: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+const CPU_COUNTS: [&str; 2] = [maps::CPU_COUNTS_0, maps::CPU_COUNTS_1];
+const HEAP_TOTALS: [&str; 2] = [maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1];
 const STACKS: [&str; 2] = [maps::STACKS_0, maps::STACKS_1];
 
 /// Reads and empties map set `set`.
-pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<CpuBatch> {
-    let (counts_name, stacks_name) = (COUNTS[set as usize], STACKS[set as usize]);
-    let entries = drain_counts(ebpf, counts_name)?;
-    let mut batch = CpuBatch::default();
-    let stacks = drain_stacks(ebpf, stacks_name)?;
-    for (key, count) in entries {
-        let sample = raw_sample(&key, count);
-        for hash in [sample.user_stack, sample.kernel_stack] {
-            if hash != NO_STACK && !batch.stacks.contains_key(&hash) {
-                match stacks.get(&hash) {
-                    Some(frames) => {
-                        batch.stacks.insert(hash, frames.clone());
-                    }
-                    None => batch.missing_stacks += sample.count,
-                }
-            }
-        }
-        batch.samples.push(sample);
-    }
-    Ok(batch)
+pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
+    let set = set as usize;
+    let cpu = drain_per_cpu(ebpf, CPU_COUNTS[set], |values: &[u64]| values.iter().sum())?
+        .into_iter()
+        .map(|(key, count)| raw_cpu_sample(&key, count))
+        .collect();
+    let heap = drain_per_cpu(ebpf, HEAP_TOTALS[set], |values: &[HeapTotals]| {
+        values.iter().fold(HeapTotals::default(), |a, v| HeapTotals { count: a.count + v.count, bytes: a.bytes + v.bytes })
+    })?
+    .into_iter()
+    .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals { tgid: key.tgid, stack: key.stack, count: t.count, bytes: t.bytes })
+    .collect();
+    let stacks = drain_stacks(ebpf, STACKS[set])?;
+    Ok(Batch { cpu, heap, stacks })
 }
 
-fn raw_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {
+fn raw_cpu_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {
     let comm_len = key.comm.iter().position(|&b| b == 0).unwrap_or(key.comm.len());
     RawCpuSample {
         tgid: key.tgid,
@@ -78,25 +81,26 @@ fn raw_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {
     }
 }
 
-fn drain_counts(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<(CpuSampleKey, u64)>> {
-    let map = ebpf.map_mut(name).ok_or_else(|| missing_map(name))?;
-    let mut counts: PerCpuHashMap<&mut MapData, CpuSampleKey, u64> =
-        PerCpuHashMap::try_from(map).map_err(map_error("open", name))?;
-    let keys: Vec<CpuSampleKey> = counts.keys().filter_map(|k| k.ok()).collect();
+/// Reads every entry of a per-CPU hash (summing the CPUs with `sum`) and deletes it.
+fn drain_per_cpu<K, V, T>(ebpf: &mut Ebpf, name: &'static str, sum: impl Fn(&[V]) -> T) -> Result<Vec<(K, T)>>
+where
+    K: aya::Pod,
+    V: aya::Pod,
+{
+    let mut map: PerCpuHashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
+    let keys: Vec<K> = map.keys().filter_map(|k| k.ok()).collect();
     let mut entries = Vec::with_capacity(keys.len());
     for key in keys {
-        if let Ok(values) = counts.get(&key, 0) {
-            entries.push((key, values.iter().sum()));
+        if let Ok(values) = map.get(&key, 0) {
+            entries.push((key, sum(&values)));
         }
-        counts.remove(&key).map_err(map_error("clear", name))?;
+        map.remove(&key).map_err(map_error("clear", name))?;
     }
     Ok(entries)
 }
 
 fn drain_stacks(ebpf: &mut Ebpf, name: &'static str) -> Result<StdHashMap<u64, Vec<u64>>> {
-    let map = ebpf.map_mut(name).ok_or_else(|| missing_map(name))?;
-    let mut stacks: HashMap<&mut MapData, u64, Stack> =
-        HashMap::try_from(map).map_err(map_error("open", name))?;
+    let mut stacks: HashMap<&mut MapData, u64, Stack> = map_mut(ebpf, name)?;
     let keys: Vec<u64> = stacks.keys().filter_map(|k| k.ok()).collect();
     let mut out = StdHashMap::with_capacity(keys.len());
     for hash in keys {

@@ -1,12 +1,13 @@
 //! The only module that touches the prost types of `profile.proto`: a builder that keeps the
-//! string table, ids and dedup rules right, the CPU profile encoder, and gzip encode/decode.
+//! string table, ids and dedup rules right, the encoder of resolved profiles, and gzip
+//! encode/decode.
 //!
 //! pprof's rules kept here: `string_table[0]` is `""`; every id is nonzero and unique within
 //! its table; a sample's `location_id`s are leaf first; every `Location.mapping_id` names a
 //! mapping; the file on disk is gzip-compressed.
 
 mod builder;
-mod cpu;
+mod encode;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
 
@@ -16,7 +17,7 @@ use std::{
 };
 
 pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
-pub use cpu::{cpu_profile, CpuProfileMeta};
+pub use encode::{encode, ProfileMeta};
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use prost::Message;
 

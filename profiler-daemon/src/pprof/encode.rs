@@ -1,39 +1,28 @@
-//! Encodes a [`ResolvedProfile`] as Go's CPU profile: sample types `samples/count` and
-//! `cpu/nanoseconds`, period `cpu/nanoseconds` = 1e9 / frequency, thread labels, and a
-//! comment with what was dropped or unresolved.
+//! Encodes a [`ResolvedProfile`] with a profile type's [`Shape`]: mappings, locations with
+//! inlined lines, samples with labels, and comments saying what was dropped or unresolved.
 
 use std::time::{Duration, SystemTime};
 
-use super::{proto::Profile, FunctionKey, MappingSpec, ProfileBuilder};
-use crate::resolve::{LocationInfo, ResolvedProfile};
+use super::{proto::{Label, Profile}, FunctionKey, MappingSpec, ProfileBuilder};
+use crate::{
+    profiles::Shape,
+    resolve::{LabelValue, LocationInfo, ResolvedProfile},
+};
 
 /// Facts about the capture that go into the profile.
 #[derive(Clone, Debug)]
-pub struct CpuProfileMeta {
-    pub frequency_hz: u32,
+pub struct ProfileMeta {
     pub start: SystemTime,
     pub duration: Duration,
-    /// Lines for the profile comment (drops and unresolved counts).
+    /// Lines for the profile comment (drops and caveats).
     pub comments: Vec<String>,
 }
 
-impl CpuProfileMeta {
-    /// Nanoseconds of CPU time one sample stands for.
-    pub fn period_ns(&self) -> i64 {
-        1_000_000_000 / i64::from(self.frequency_hz.max(1))
-    }
-}
-
-pub fn cpu_profile(resolved: &ResolvedProfile, meta: &CpuProfileMeta) -> Profile {
-    let period = meta.period_ns();
-    let mut b = ProfileBuilder::new(
-        &[("samples", "count"), ("cpu", "nanoseconds")],
-        ("cpu", "nanoseconds"),
-        period,
-    );
+pub fn encode(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta) -> Profile {
+    let mut b = ProfileBuilder::new(shape.sample_types, shape.period_type, shape.period);
     let start = meta.start.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     b.set_time(start.as_nanos() as i64, meta.duration.as_nanos() as i64);
-    b.set_default_sample_type("cpu");
+    b.set_default_sample_type(shape.default_sample_type);
 
     let mapping_ids: Vec<u64> = resolved
         .mappings
@@ -52,26 +41,35 @@ pub fn cpu_profile(resolved: &ResolvedProfile, meta: &CpuProfileMeta) -> Profile
             })
         })
         .collect();
-    let location_ids: Vec<u64> = resolved
-        .locations
-        .iter()
-        .map(|loc| add_location(&mut b, loc, &mapping_ids))
-        .collect();
+    let location_ids: Vec<u64> =
+        resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids)).collect();
     for sample in &resolved.samples {
         let ids = sample.locations.iter().map(|&i| location_ids[i]).collect();
-        let count = sample.count as i64;
-        let labels = vec![b.num_label("tid", i64::from(sample.tid)), b.str_label("thread", &sample.thread)];
-        b.add_sample(ids, vec![count, count * period], labels);
+        let labels = sample.labels.iter().map(|(key, value)| label(&mut b, key, value)).collect();
+        b.add_sample(ids, sample.values.clone(), labels);
     }
     for comment in &meta.comments {
         b.add_comment(comment);
     }
     let f = resolved.frames;
     b.add_comment(&format!(
-        "frames: {} distinct addresses, {} without symbol, {} outside known mappings",
-        f.locations, f.unsymbolized, f.unmapped
+        "frames: {} distinct addresses, {} without symbol, {} outside known mappings; {} samples whose stack was lost",
+        f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
     b.finish()
+}
+
+fn label(b: &mut ProfileBuilder, key: &str, value: &LabelValue) -> Label {
+    match value {
+        LabelValue::Str(s) => b.str_label(key, s),
+        LabelValue::Num(n, unit) => {
+            let mut label = b.num_label(key, *n);
+            if let Some(unit) = unit {
+                label.num_unit = b.string(unit);
+            }
+            label
+        }
+    }
 }
 
 fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64]) -> u64 {
@@ -121,34 +119,50 @@ mod tests {
                 loc(0x1200, vec![frame("main", 20)]),
                 LocationInfo { address: 0x9, mapping: None, frames: vec![] },
             ],
-            samples: vec![ResolvedSample { locations: vec![0, 1], count: 5, tid: 8, thread: "w".into() }],
-            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1 },
+            samples: vec![ResolvedSample {
+                locations: vec![0, 1],
+                values: vec![5, 50_000_000],
+                labels: vec![
+                    ("tid", LabelValue::Num(8, None)),
+                    ("thread", LabelValue::Str("w".into())),
+                    ("bytes", LabelValue::Num(64, Some("bytes"))),
+                ],
+            }],
+            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0 },
         }
     }
 
     #[test]
-    fn encodes_go_cpu_profile_shape() {
-        let meta = CpuProfileMeta {
-            frequency_hz: 100,
+    fn encodes_shape_samples_labels_and_comments() {
+        let shape = Shape {
+            sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+            period_type: ("cpu", "nanoseconds"),
+            period: 10_000_000,
+            default_sample_type: "cpu",
+        };
+        let meta = ProfileMeta {
             start: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
             duration: Duration::from_secs(2),
             comments: vec!["dropped: 0".into()],
         };
-        let p = decode(&encode_gzip(&cpu_profile(&resolved(), &meta)), "test").unwrap();
+        let p = decode(&encode_gzip(&encode(&resolved(), &shape, &meta)), "test").unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         let types: Vec<_> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
         assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        assert_eq!(s(p.default_sample_type), "cpu");
         assert_eq!(p.period, 10_000_000);
         assert_eq!(p.time_nanos, 5_000_000_000);
         assert_eq!(p.duration_nanos, 2_000_000_000);
         assert_eq!(p.sample[0].value, [5, 50_000_000]);
-        let labels: Vec<_> = p.sample[0].label.iter().map(|l| (s(l.key), l.num, s(l.str))).collect();
-        assert_eq!(labels, [("tid", 8, ""), ("thread", 0, "w")]);
+        let labels: Vec<_> =
+            p.sample[0].label.iter().map(|l| (s(l.key), l.num, s(l.str), s(l.num_unit))).collect();
+        assert_eq!(labels, [("tid", 8, "", ""), ("thread", 0, "w", ""), ("bytes", 64, "", "bytes")]);
         let leaf = &p.location[p.sample[0].location_id[0] as usize - 1];
         let names: Vec<_> = leaf.line.iter().map(|l| s(p.function[l.function_id as usize - 1].name)).collect();
         assert_eq!(names, ["inlined", "hot"], "innermost first");
         assert_eq!(p.location[2].mapping_id, 0, "unmapped location has no mapping");
         assert_eq!(s(p.mapping[0].build_id), "abcd");
         assert!(p.comment.iter().any(|&c| s(c).contains("1 outside known mappings")));
+        assert!(p.comment.iter().any(|&c| s(c) == "dropped: 0"));
     }
 }

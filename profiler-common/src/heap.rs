@@ -1,0 +1,108 @@
+//! The heap profile's map layout: sampled allocations in flight, live, and allocated totals.
+
+/// Key of the live-allocation map: one entry per sampled, not yet freed block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    /// The block's address in the process.
+    pub addr: u64,
+}
+
+/// A sampled live block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveAlloc {
+    /// Requested size in bytes.
+    pub size: u64,
+    /// Hash of the allocating user stack (in the stack maps), or `NO_STACK`.
+    pub stack: u64,
+}
+
+/// Key of the allocated-totals map: (process, allocating stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeapKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub stack: u64,
+}
+
+/// Sampled allocations under one key, unscaled (userspace scales them to estimates).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapTotals {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// An allocator call between its entry and its return, per thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingAlloc {
+    /// Requested size in bytes (n × size for calloc).
+    pub size: u64,
+    /// realloc's old block, or 0.
+    pub old_ptr: u64,
+    /// posix_memalign's `void **memptr`, or 0.
+    pub out_ptr: u64,
+    /// User stack pointer at entry: the return lands at `entry_sp + 8`, which tells this
+    /// call's return from the return of an allocator function it calls internally.
+    pub entry_sp: u64,
+    /// 1 when the byte sampler picked this allocation.
+    pub sampled: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
+const _: () = assert!(core::mem::size_of::<LiveAlloc>() == 16);
+const _: () = assert!(core::mem::size_of::<HeapKey>() == 16);
+const _: () = assert!(core::mem::size_of::<HeapTotals>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingAlloc>() == 40);
+
+/// Indices into the `HEAP_COUNTERS` per-CPU array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeapCounter {
+    /// Allocations picked by the sampler and recorded.
+    Sampled = 0,
+    /// Sampled allocations not tracked as live because the live map was full.
+    LiveMapFull = 1,
+    /// Sampled allocations lost because the totals map was full.
+    TotalsMapFull = 2,
+    /// Sampled allocations whose stack was not stored (stack map full or unreadable).
+    StackLost = 3,
+    /// Allocator calls not followed because the in-flight map was full.
+    PendingMapFull = 4,
+    /// Frees of sampled blocks (removed from the live map).
+    Freed = 5,
+    /// posix_memalign results that could not be read back from user memory.
+    OutPtrUnreadable = 6,
+}
+
+impl HeapCounter {
+    pub const COUNT: u32 = 7;
+    pub const ALL: [HeapCounter; Self::COUNT as usize] = [
+        HeapCounter::Sampled,
+        HeapCounter::LiveMapFull,
+        HeapCounter::TotalsMapFull,
+        HeapCounter::StackLost,
+        HeapCounter::PendingMapFull,
+        HeapCounter::Freed,
+        HeapCounter::OutPtrUnreadable,
+    ];
+}
+
+/// Number of precomputed sampling intervals in `HEAP_INTERVALS` (a power of two).
+pub const HEAP_INTERVALS_LEN: u32 = 1024;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all repr(C) integer structs without implicit padding (sizes asserted above).
+    unsafe impl aya::Pod for super::LiveKey {}
+    unsafe impl aya::Pod for super::LiveAlloc {}
+    unsafe impl aya::Pod for super::HeapKey {}
+    unsafe impl aya::Pod for super::HeapTotals {}
+    unsafe impl aya::Pod for super::PendingAlloc {}
+}

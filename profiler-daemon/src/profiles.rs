@@ -1,0 +1,113 @@
+//! What each profile type is: which stacks and values it takes from a process's aggregated
+//! data, and its pprof shape (sample types, period), following Go's runtime/pprof.
+
+use crate::{
+    aggregate::{HeapCount, ProcessSamples},
+    resolve::{LabelValue, StackSample},
+};
+use profiler_common::NO_STACK;
+
+/// The pprof header of a profile type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `(type, unit)` per sample value.
+    pub sample_types: &'static [(&'static str, &'static str)],
+    pub period_type: (&'static str, &'static str),
+    pub period: i64,
+    pub default_sample_type: &'static str,
+}
+
+/// Go's CPU profile: `samples/count`, `cpu/nanoseconds`; period = 1e9 / frequency.
+pub fn cpu(process: &ProcessSamples, frequency_hz: u32) -> (Shape, Vec<StackSample>) {
+    let period = 1_000_000_000 / i64::from(frequency_hz.max(1));
+    let shape = Shape {
+        sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+        period_type: ("cpu", "nanoseconds"),
+        period,
+        default_sample_type: "cpu",
+    };
+    let samples = process
+        .counts
+        .iter()
+        .map(|(key, &count)| StackSample {
+            user_stack: key.user_stack,
+            kernel_stack: key.kernel_stack,
+            user_leaf_is_return: false,
+            values: vec![count as i64, count as i64 * period],
+            labels: vec![
+                ("tid", LabelValue::Num(i64::from(key.tid), None)),
+                ("thread", LabelValue::Str(process.threads.get(&key.tid).cloned().unwrap_or_default())),
+            ],
+        })
+        .collect();
+    (shape, samples)
+}
+
+/// Go's heap profile: allocated and live objects and bytes per allocating stack, scaled from
+/// the byte-sampled counts to unbiased estimates; period = the mean sampling interval.
+pub fn heap(process: &ProcessSamples, sample_bytes: u64) -> (Shape, Vec<StackSample>) {
+    let shape = Shape {
+        sample_types: &[
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ],
+        period_type: ("space", "bytes"),
+        period: sample_bytes as i64,
+        default_sample_type: "inuse_space",
+    };
+    let mut stacks: Vec<u64> = process.heap_allocated.keys().chain(process.heap_live.keys()).copied().collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    let samples = stacks
+        .into_iter()
+        .map(|stack| {
+            let alloc = process.heap_allocated.get(&stack).copied().unwrap_or_default();
+            let live = process.heap_live.get(&stack).copied().unwrap_or_default();
+            let (alloc_objects, alloc_space) = scale_heap(alloc, sample_bytes);
+            let (inuse_objects, inuse_space) = scale_heap(live, sample_bytes);
+            let sizes = if alloc.count > 0 { alloc } else { live };
+            StackSample {
+                user_stack: stack,
+                kernel_stack: NO_STACK,
+                // Taken on return from the allocator: the leaf is the return address into
+                // the allocating function.
+                user_leaf_is_return: stack != NO_STACK,
+                values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
+                labels: vec![("bytes", LabelValue::Num((sizes.bytes / sizes.count.max(1)) as i64, Some("bytes")))],
+            }
+        })
+        .collect();
+    (shape, samples)
+}
+
+/// Go's `scaleHeapSample`: a block of average size `s` is sampled with probability
+/// `1 − e^(−s/rate)`, so each sampled block stands for `1 / (1 − e^(−s/rate))` blocks.
+/// With a rate of 1 byte every allocation was recorded and nothing is scaled.
+pub fn scale_heap(sampled: HeapCount, rate: u64) -> (i64, i64) {
+    if sampled.count == 0 || sampled.bytes == 0 || rate <= 1 {
+        return (sampled.count as i64, sampled.bytes as i64);
+    }
+    let avg = sampled.bytes as f64 / sampled.count as f64;
+    let scale = 1.0 / (1.0 - (-avg / rate as f64).exp());
+    ((sampled.count as f64 * scale).round() as i64, (sampled.bytes as f64 * scale).round() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_matches_go() {
+        // Every allocation recorded: unscaled.
+        assert_eq!(scale_heap(HeapCount { count: 3, bytes: 300 }, 1), (3, 300));
+        // Blocks much larger than the rate are always sampled: scale ~1.
+        assert_eq!(scale_heap(HeapCount { count: 2, bytes: 2 << 30 }, 512 << 10), (2, 2 << 30));
+        // 1 sampled 512 KiB block at rate 512 KiB: scale 1/(1-1/e) = 1.582.
+        let (objects, bytes) = scale_heap(HeapCount { count: 1, bytes: 512 << 10 }, 512 << 10);
+        assert_eq!(objects, 2);
+        assert!((bytes as f64 / (512 << 10) as f64 - 1.582).abs() < 0.001);
+        assert_eq!(scale_heap(HeapCount::default(), 512 << 10), (0, 0));
+    }
+}

@@ -1,0 +1,305 @@
+//! Heap sampling: uprobes on the C allocator's entry points and one uretprobe for all of them.
+//!
+//! Entry probes decide, with a per-CPU byte countdown over exponentially distributed
+//! intervals (Poisson sampling, as Go and jemalloc do), whether the allocation is sampled.
+//! Only then (or for a realloc of a tracked block) is the call remembered in `HEAP_PENDING`;
+//! the return probe takes the allocating stack there, where the frame chain is intact (at the
+//! entry of `malloc` a frame-pointer walk skips the caller), and records the block.
+//!
+//! Allocator functions call each other inside libc (`realloc(NULL, n)` calls `malloc`,
+//! `realloc(p, 0)` calls `free`). A call made while an outer allocator call of the same thread
+//! is in flight is left to the outer one; returns are matched to their entries by stack
+//! pointer, so an inner call's return never completes the outer call.
+
+use aya_ebpf::{
+    bindings::BPF_ANY,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_prandom_u32},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use profiler_common::{heap::HEAP_INTERVALS_LEN, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
+
+use crate::{
+    maps::{
+        active_set, bump_heap, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
+        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, STACKS_0, STACKS_1,
+    },
+    stack::capture_user,
+};
+
+const PAGE_SIZE: u64 = 4096;
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    // malloc(size), valloc(size)
+    let size: u64 = ctx.arg(0).unwrap_or(0);
+    on_entry(&ctx, size, 0, 0);
+    0
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    // pvalloc(size) rounds the size up to whole pages.
+    let size: u64 = ctx.arg(0).unwrap_or(0);
+    on_entry(&ctx, size.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE, 0, 0);
+    0
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    let n: u64 = ctx.arg(0).unwrap_or(0);
+    let size: u64 = ctx.arg(1).unwrap_or(0);
+    // An overflowing n × size makes calloc fail (NULL), which records nothing.
+    on_entry(&ctx, mul_or_max(n, size), 0, 0);
+    0
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    // memalign(alignment, size), aligned_alloc(alignment, size)
+    let size: u64 = ctx.arg(1).unwrap_or(0);
+    on_entry(&ctx, size, 0, 0);
+    0
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    // posix_memalign(void **memptr, alignment, size): the block comes back through memptr.
+    let out: u64 = ctx.arg(0).unwrap_or(0);
+    let size: u64 = ctx.arg(2).unwrap_or(0);
+    if out != 0 {
+        on_entry(&ctx, size, 0, out);
+    }
+    0
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    let old: u64 = ctx.arg(0).unwrap_or(0);
+    let size: u64 = ctx.arg(1).unwrap_or(0);
+    on_entry(&ctx, size, old, 0);
+    0
+}
+
+#[uprobe]
+pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    let old: u64 = ctx.arg(0).unwrap_or(0);
+    let n: u64 = ctx.arg(1).unwrap_or(0);
+    let size: u64 = ctx.arg(2).unwrap_or(0);
+    on_entry(&ctx, mul_or_max(n, size), old, 0);
+    0
+}
+
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let ptr: u64 = ctx.arg(0).unwrap_or(0);
+    if ptr == 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if in_outer_call(pid_tgid, stack_pointer(&ctx.regs)) {
+        return 0;
+    }
+    forget(pid_tgid, ptr);
+    0
+}
+
+#[uretprobe]
+pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: a plain value read of this thread's entry, copied out before any map update.
+    let Some(pending) = (unsafe { HEAP_PENDING.get(&pid_tgid) }).copied() else { return 0 };
+    let sp = stack_pointer(&ctx.regs);
+    if sp != pending.entry_sp + 8 {
+        // The return of an allocator call made inside the pending one: not ours.
+        return 0;
+    }
+    let _ = HEAP_PENDING.remove(&pid_tgid);
+    let ret: u64 = ctx.ret();
+    let ptr = if pending.out_ptr != 0 { read_out_ptr(ret, pending.out_ptr) } else { ret };
+    // realloc: the old block is gone when a new one came back, or when size 0 freed it.
+    if pending.old_ptr != 0 && (ptr != 0 || pending.size == 0) {
+        forget(pid_tgid, pending.old_ptr);
+    }
+    if ptr != 0 && pending.sampled != 0 {
+        record(pid_tgid, ptr, pending.size);
+    }
+    0
+}
+
+/// n × size, or `u64::MAX` on overflow, in 32-bit halves: LLVM turns `saturating_mul` and
+/// division-based checks into a 128-bit multiply, which BPF lacks.
+#[inline(always)]
+fn mul_or_max(n: u64, size: u64) -> u64 {
+    let (n_hi, n_lo, s_hi, s_lo) = (n >> 32, n & 0xffff_ffff, size >> 32, size & 0xffff_ffff);
+    if n_hi != 0 && s_hi != 0 {
+        return u64::MAX;
+    }
+    // One of the two cross terms is zero, so the sum cannot overflow.
+    let cross = n_hi * s_lo + s_hi * n_lo;
+    if cross >> 32 != 0 {
+        return u64::MAX;
+    }
+    let low = n_lo * s_lo;
+    let product = (cross << 32).wrapping_add(low);
+    if product < low {
+        u64::MAX
+    } else {
+        product
+    }
+}
+
+/// Remembers an allocator call for its return probe when it is sampled or frees a tracked
+/// block; everything else costs only the countdown update.
+#[inline(always)]
+fn on_entry(ctx: &ProbeContext, size: u64, old_ptr: u64, out_ptr: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let sp = stack_pointer(&ctx.regs);
+    if in_outer_call(pid_tgid, sp) {
+        return;
+    }
+    let sampled = take_sample(size);
+    let tracked_old = old_ptr != 0 && is_live(pid_tgid, old_ptr);
+    if !sampled && !tracked_old {
+        return;
+    }
+    let pending = PendingAlloc { size, old_ptr, out_ptr, entry_sp: sp, sampled: sampled as u32, _pad: 0 };
+    if HEAP_PENDING.insert(&pid_tgid, &pending, BPF_ANY as u64).is_err() {
+        bump_heap(HeapCounter::PendingMapFull);
+    }
+}
+
+/// Whether this thread is inside an allocator call entered at a higher stack address (the
+/// stack grows down). An entry at the same or a lower depth is stale (a call that never
+/// returned, e.g. a longjmp out of a malloc hook) and does not count.
+#[inline(always)]
+fn in_outer_call(pid_tgid: u64, sp: u64) -> bool {
+    // SAFETY: a plain value read.
+    match unsafe { HEAP_PENDING.get(&pid_tgid) } {
+        Some(p) => p.entry_sp > sp,
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn stack_pointer(regs: &*mut aya_ebpf::bindings::pt_regs) -> u64 {
+    // SAFETY: the probe context's registers, readable for the whole program.
+    unsafe { (**regs).rsp }
+}
+
+/// The byte sampler: counts `size` down from an exponentially distributed interval and picks
+/// the allocation that crosses zero. Every allocation when the interval is 0 or 1 byte.
+#[inline(always)]
+fn take_sample(size: u64) -> bool {
+    if HEAP_SAMPLE_BYTES.load() <= 1 {
+        return true;
+    }
+    let Some(left) = HEAP_COUNTDOWN.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's slot; programs do not nest on a CPU for uprobes.
+    let left = unsafe { &mut *left };
+    if *left == 0 {
+        // First use on this CPU: start from a random point, not from a sample.
+        *left = next_interval();
+    }
+    *left -= size.min(i64::MAX as u64) as i64;
+    if *left > 0 {
+        return false;
+    }
+    *left = next_interval();
+    true
+}
+
+#[inline(always)]
+fn next_interval() -> i64 {
+    // SAFETY: a helper without arguments.
+    let idx = unsafe { bpf_get_prandom_u32() } & (HEAP_INTERVALS_LEN - 1);
+    match HEAP_INTERVALS.get(idx) {
+        Some(&interval) if interval > 0 => interval.min(i64::MAX as u64) as i64,
+        _ => HEAP_SAMPLE_BYTES.load().max(1) as i64,
+    }
+}
+
+#[inline(always)]
+fn live_key(pid_tgid: u64, addr: u64) -> LiveKey {
+    LiveKey { tgid: (pid_tgid >> 32) as u32, _pad: 0, addr }
+}
+
+#[inline(always)]
+fn is_live(pid_tgid: u64, addr: u64) -> bool {
+    // SAFETY: a presence check only.
+    unsafe { HEAP_LIVE.get(&live_key(pid_tgid, addr)) }.is_some()
+}
+
+/// Drops a block from the live map; a block that was never sampled costs one lookup.
+#[inline(always)]
+fn forget(pid_tgid: u64, addr: u64) {
+    if HEAP_LIVE.remove(&live_key(pid_tgid, addr)).is_ok() {
+        bump_heap(HeapCounter::Freed);
+    }
+}
+
+#[inline(always)]
+fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
+    // posix_memalign returns 0 on success and an errno value on failure.
+    if ret != 0 {
+        return 0;
+    }
+    // SAFETY: a fault-safe read of the caller's `void *` that posix_memalign just wrote.
+    match unsafe { bpf_probe_read_user(out_ptr as *const u64) } {
+        Ok(ptr) => ptr,
+        Err(_) => {
+            bump_heap(HeapCounter::OutPtrUnreadable);
+            0
+        }
+    }
+}
+
+/// Records a sampled block: its allocating stack, the per-stack totals, the live entry.
+#[inline(always)]
+fn record(pid_tgid: u64, ptr: u64, size: u64) {
+    let set = active_set();
+    let (totals, stacks) = if set == 0 { (&HEAP_TOTALS_0, &STACKS_0) } else { (&HEAP_TOTALS_1, &STACKS_1) };
+    let mut truncated = false;
+    let stack = match capture_user(stacks, &mut truncated) {
+        Ok(hash) => hash,
+        Err(_) => {
+            bump_heap(HeapCounter::StackLost);
+            profiler_common::NO_STACK
+        }
+    };
+    let tgid = (pid_tgid >> 32) as u32;
+    let key = HeapKey { tgid, _pad: 0, stack };
+    if !add_totals(totals, &key, size) {
+        bump_heap(HeapCounter::TotalsMapFull);
+    }
+    let live = LiveAlloc { size, stack };
+    if HEAP_LIVE.insert(&live_key(pid_tgid, ptr), &live, BPF_ANY as u64).is_err() {
+        bump_heap(HeapCounter::LiveMapFull);
+    }
+    bump_heap(HeapCounter::Sampled);
+}
+
+#[inline(always)]
+fn add_totals(
+    totals: &aya_ebpf::maps::PerCpuHashMap<HeapKey, HeapTotals>,
+    key: &HeapKey,
+    size: u64,
+) -> bool {
+    for _ in 0..2 {
+        if let Some(t) = totals.get_ptr_mut(key) {
+            // SAFETY: this CPU's slot of a live per-CPU value.
+            unsafe {
+                (*t).count += 1;
+                (*t).bytes += size;
+            }
+            return true;
+        }
+        let first = HeapTotals { count: 1, bytes: size };
+        match totals.insert(key, &first, aya_ebpf::bindings::BPF_NOEXIST as u64) {
+            Ok(()) => return true,
+            Err(err) if err == -17 => continue, // EEXIST: another CPU created it; add again.
+            Err(_) => return false,
+        }
+    }
+    false
+}
