@@ -1,10 +1,13 @@
-//! The single owner of captured data: merges drained batches per process, and captures each
-//! process's mappings from `/proc` while it is alive (on first sight, and again when a
-//! sampled address is not covered, e.g. after `dlopen`).
+//! Captured data, split by lifetime: [`Aggregate`] is what is *known* (each process's
+//! identity and mappings, captured from `/proc` while it lives; every stack drained so far,
+//! by content hash), and [`Counts`] is what was *counted* over some window (CPU samples,
+//! allocations, live blocks). A snapshot has one of each; the daemon keeps one `Aggregate` and
+//! several `Counts` (the interval, since start, on-demand windows) fed by the same batches.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use profiler_common::NO_STACK;
@@ -38,87 +41,103 @@ impl HeapCount {
     }
 }
 
-/// Everything captured for one process.
-#[derive(Debug)]
-pub struct ProcessSamples {
+/// A process as known from `/proc` (or only from its samples, if it was gone too soon).
+#[derive(Debug, Clone)]
+pub struct KnownProcess {
     pub pid: u32,
     /// The process name (its `comm`).
     pub name: String,
-    /// Mappings captured from `/proc`; `None` when the process was gone before it could be
-    /// inspected (its user frames stay unsymbolized and are counted as such).
+    /// Mappings and owner captured from `/proc`; `None` when the process was gone before it
+    /// could be inspected (its user frames stay unsymbolized and are counted as such).
     pub info: Option<ProcessInfo>,
-    /// CPU samples.
-    pub counts: HashMap<SampleKey, u64>,
-    /// Thread id → thread name.
-    pub threads: HashMap<u32, String>,
-    /// Total CPU samples.
-    pub total: u64,
-    /// Sampled allocations by allocating stack, since the probes attached.
-    pub heap_allocated: HashMap<u64, HeapCount>,
-    /// Sampled blocks still live at the last read, by allocating stack.
-    pub heap_live: HashMap<u64, HeapCount>,
+    /// When the process was last seen in a batch.
+    pub last_seen: Instant,
 }
 
-/// All processes' data and the stacks they reference.
-#[derive(Debug, Default)]
+/// Processes and stacks known so far.
+#[derive(Debug)]
 pub struct Aggregate {
-    processes: BTreeMap<u32, ProcessSamples>,
+    processes: BTreeMap<u32, KnownProcess>,
     stacks: HashMap<u64, Arc<[u64]>>,
-    /// Processes that exited before their mappings could be read.
-    pub uninspected_processes: u64,
+    max_stacks: usize,
+    /// Stacks not kept because the table was full (their samples lose their frames).
+    pub dropped_stacks: u64,
+}
+
+impl Default for Aggregate {
+    fn default() -> Self {
+        Self::with_max_stacks(usize::MAX)
+    }
 }
 
 impl Aggregate {
-    /// Merges a drained batch. Runs `/proc` reads for processes seen for the first time.
-    pub fn add(&mut self, batch: Batch) {
-        for (hash, frames) in batch.stacks {
-            self.stacks.entry(hash).or_insert_with(|| frames.into());
-        }
-        let mut touched = Vec::new();
-        for sample in batch.cpu {
-            let process = self.process(sample.tgid, &sample.comm);
-            if sample.tid == sample.tgid && process.info.is_none() {
-                process.name.clone_from(&sample.comm);
+    /// An aggregate that keeps at most `max_stacks` distinct stacks.
+    pub fn with_max_stacks(max_stacks: usize) -> Self {
+        Self { processes: BTreeMap::new(), stacks: HashMap::new(), max_stacks, dropped_stacks: 0 }
+    }
+
+    /// Learns the stacks and processes of a batch. Reads `/proc` for processes seen for the
+    /// first time, and again for those with addresses outside their known mappings.
+    pub fn learn(&mut self, batch: &Batch) {
+        for (&hash, frames) in &batch.stacks {
+            if self.stacks.contains_key(&hash) {
+                continue;
             }
-            process.threads.insert(sample.tid, sample.comm);
-            let key = SampleKey { tid: sample.tid, user_stack: sample.user_stack, kernel_stack: sample.kernel_stack };
-            *process.counts.entry(key).or_default() += sample.count;
-            process.total += sample.count;
-            touched.push(sample.tgid);
+            if self.stacks.len() >= self.max_stacks {
+                self.dropped_stacks += 1;
+                continue;
+            }
+            self.stacks.insert(hash, frames.as_slice().into());
         }
-        for totals in batch.heap {
-            let process = self.process(totals.tgid, "");
-            process.heap_allocated.entry(totals.stack).or_default().add(totals.count, totals.bytes);
-            touched.push(totals.tgid);
+        let now = Instant::now();
+        let user_stacks = batch.cpu.iter().map(|s| (s.tgid, s.user_stack, s.tid == s.tgid, s.comm.as_str()));
+        let heap_stacks = batch.heap.iter().map(|h| (h.tgid, h.stack, false, ""));
+        let mut uncovered = Vec::new();
+        for (pid, stack, main_thread, comm) in user_stacks.chain(heap_stacks) {
+            let process = self.processes.entry(pid).or_insert_with(|| first_sight(pid, comm));
+            process.last_seen = now;
+            if main_thread && process.info.is_none() && !comm.is_empty() {
+                process.name = comm.to_string();
+            }
+            let frames = batch.stacks.get(&stack).map_or(&[][..], |f| &f[..]);
+            if let Some(info) = &process.info {
+                if frames.iter().any(|&ip| info.mapping_of(ip).is_none()) {
+                    uncovered.push(pid);
+                }
+            }
         }
-        touched.sort_unstable();
-        touched.dedup();
-        for pid in touched {
+        uncovered.sort_unstable();
+        uncovered.dedup();
+        for pid in uncovered {
             self.refresh_mappings(pid);
         }
-        self.uninspected_processes = self.processes.values().filter(|p| p.info.is_none()).count() as u64;
     }
 
-    /// Replaces every process's live heap with `blocks` (a full read of the live map).
-    pub fn set_live(&mut self, blocks: &[LiveBlock]) {
-        for process in self.processes.values_mut() {
-            process.heap_live.clear();
-        }
-        for block in blocks {
-            let process = self.process(block.tgid, "");
-            process.heap_live.entry(block.stack).or_default().add(1, block.size);
-        }
-    }
-
-    /// Registers a process before it has data (heap profiling targets), so its mappings are
-    /// captured while it is surely alive.
+    /// Registers a process before it has data (heap targets), so its mappings are captured
+    /// while it is surely alive.
     pub fn track(&mut self, pid: u32) {
-        self.process(pid, "");
+        let process = self.processes.entry(pid).or_insert_with(|| first_sight(pid, ""));
+        process.last_seen = Instant::now();
     }
 
-    /// Processes by pid.
-    pub fn processes(&self) -> impl Iterator<Item = &ProcessSamples> {
+    /// A known process.
+    pub fn process(&self, pid: u32) -> Option<&KnownProcess> {
+        self.processes.get(&pid)
+    }
+
+    /// Known processes by pid.
+    pub fn processes(&self) -> impl Iterator<Item = &KnownProcess> {
         self.processes.values()
+    }
+
+    /// Processes that exited before their mappings could be read.
+    pub fn uninspected_processes(&self) -> u64 {
+        self.processes.values().filter(|p| p.info.is_none()).count() as u64
+    }
+
+    /// Number of stacks kept.
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
     }
 
     /// The frames of a stack hash (leaf first); `None` for a hash not (yet) drained.
@@ -129,48 +148,128 @@ impl Aggregate {
         self.stacks.get(&hash).map(|frames| &frames[..])
     }
 
-    /// Total CPU samples over all processes.
-    pub fn total_samples(&self) -> u64 {
-        self.processes.values().map(|p| p.total).sum()
-    }
-
-    fn process(&mut self, pid: u32, comm: &str) -> &mut ProcessSamples {
-        self.processes.entry(pid).or_insert_with(|| first_sight(pid, comm))
-    }
-
-    /// Re-reads the mappings of a live process whose sampled user addresses are not all
-    /// covered by the mappings captured so far. Old mappings that the new read no longer has
-    /// are kept (samples taken before a `dlclose` still need them).
-    fn refresh_mappings(&mut self, pid: u32) {
-        let Some(process) = self.processes.get_mut(&pid) else { return };
-        let Some(info) = &mut process.info else { return };
-        let stacks = &self.stacks;
-        let user_stacks = process.counts.keys().map(|k| k.user_stack).chain(process.heap_allocated.keys().copied());
-        let uncovered = user_stacks
-            .filter_map(|hash| stacks.get(&hash))
-            .any(|frames| frames.iter().any(|&ip| info.mapping_of(ip).is_none()));
-        if !uncovered {
-            return;
+    /// Forgets processes not seen for `grace` that no longer exist, and keeps only the
+    /// stacks that `keep` (the counts still held) reference. Returns the pids forgotten.
+    pub fn prune(&mut self, grace: Duration, keep: &[&Counts]) -> Vec<u32> {
+        let now = Instant::now();
+        let gone: Vec<u32> = self
+            .processes
+            .values()
+            .filter(|p| now.duration_since(p.last_seen) > grace && !procs::exists(p.pid))
+            .map(|p| p.pid)
+            .collect();
+        for pid in &gone {
+            self.processes.remove(pid);
         }
+        let mut live = std::collections::HashSet::new();
+        for counts in keep {
+            live.extend(counts.stack_hashes());
+        }
+        self.stacks.retain(|hash, _| live.contains(hash));
+        gone
+    }
+
+    fn refresh_mappings(&mut self, pid: u32) {
+        let Some(info) = self.processes.get_mut(&pid).and_then(|p| p.info.as_mut()) else { return };
         if let Ok(fresh) = procs::read_maps(pid) {
             info.maps = merge_maps(fresh, &info.maps);
         }
     }
 }
 
-fn first_sight(pid: u32, comm: &str) -> ProcessSamples {
+/// What one process got in a window.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessCounts {
+    /// CPU samples.
+    pub cpu: HashMap<SampleKey, u64>,
+    /// Thread id → thread name.
+    pub threads: HashMap<u32, String>,
+    /// Total CPU samples.
+    pub cpu_total: u64,
+    /// Sampled allocations by allocating stack.
+    pub heap_allocated: HashMap<u64, HeapCount>,
+    /// Sampled blocks live at the last read, by allocating stack.
+    pub heap_live: HashMap<u64, HeapCount>,
+}
+
+impl ProcessCounts {
+    /// Sampled allocations in the window.
+    pub fn heap_samples(&self) -> u64 {
+        self.heap_allocated.values().map(|h| h.count).sum()
+    }
+}
+
+/// Counts per process over one window.
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    processes: BTreeMap<u32, ProcessCounts>,
+}
+
+impl Counts {
+    /// Adds a batch's CPU samples and allocation totals.
+    pub fn add(&mut self, batch: &Batch) {
+        for sample in &batch.cpu {
+            let p = self.processes.entry(sample.tgid).or_default();
+            p.threads.insert(sample.tid, sample.comm.clone());
+            let key = SampleKey { tid: sample.tid, user_stack: sample.user_stack, kernel_stack: sample.kernel_stack };
+            *p.cpu.entry(key).or_default() += sample.count;
+            p.cpu_total += sample.count;
+        }
+        for totals in &batch.heap {
+            let p = self.processes.entry(totals.tgid).or_default();
+            p.heap_allocated.entry(totals.stack).or_default().add(totals.count, totals.bytes);
+        }
+    }
+
+    /// Replaces the live heap of the processes in `pids` with their blocks in `blocks` (a
+    /// full read of the live map).
+    pub fn set_live(&mut self, pids: &[u32], blocks: &[LiveBlock]) {
+        for &pid in pids {
+            self.processes.entry(pid).or_default().heap_live.clear();
+        }
+        for block in blocks.iter().filter(|b| pids.contains(&b.tgid)) {
+            self.processes.entry(block.tgid).or_default().heap_live.entry(block.stack).or_default().add(1, block.size);
+        }
+    }
+
+    /// Counts of one process.
+    pub fn process(&self, pid: u32) -> Option<&ProcessCounts> {
+        self.processes.get(&pid)
+    }
+
+    /// (pid, counts) pairs by pid.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &ProcessCounts)> {
+        self.processes.iter().map(|(&pid, c)| (pid, c))
+    }
+
+    /// Drops the counts of these processes.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for pid in pids {
+            self.processes.remove(pid);
+        }
+    }
+
+    /// Total CPU samples over all processes.
+    pub fn cpu_total(&self) -> u64 {
+        self.processes.values().map(|p| p.cpu_total).sum()
+    }
+
+    /// Every stack hash referenced.
+    pub fn stack_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.processes.values().flat_map(|p| {
+            p.cpu
+                .keys()
+                .flat_map(|k| [k.user_stack, k.kernel_stack])
+                .chain(p.heap_allocated.keys().copied())
+                .chain(p.heap_live.keys().copied())
+        })
+    }
+}
+
+fn first_sight(pid: u32, comm: &str) -> KnownProcess {
     let info = procs::read_process(pid).ok();
     let name = info.as_ref().map_or_else(|| comm.to_string(), |i| i.name.clone());
-    ProcessSamples {
-        pid,
-        name,
-        info,
-        counts: HashMap::new(),
-        threads: HashMap::new(),
-        total: 0,
-        heap_allocated: HashMap::new(),
-        heap_live: HashMap::new(),
-    }
+    KnownProcess { pid, name, info, last_seen: Instant::now() }
 }
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, sorted by address.
@@ -197,44 +296,64 @@ mod tests {
     // pids far above pid_max: never alive, so nothing is read from /proc.
     const PID: u32 = 0x7fff_fff0;
 
+    fn batch() -> Batch {
+        let mut batch = Batch::default();
+        batch.stacks.insert(7, vec![0x10, 0x20]);
+        batch.cpu.push(sample(PID, PID, 7, 3));
+        batch.cpu.push(sample(PID, PID + 1, 7, 1));
+        batch.cpu.push(sample(PID + 5, PID + 5, NO_STACK, 2));
+        batch
+    }
+
     #[test]
-    fn merges_batches_per_process_and_thread() {
-        let mut agg = Aggregate::default();
+    fn learns_processes_and_counts_per_thread() {
+        let (mut agg, mut counts) = (Aggregate::default(), Counts::default());
         for _ in 0..2 {
-            let mut batch = Batch::default();
-            batch.stacks.insert(7, vec![0x10, 0x20]);
-            batch.cpu.push(sample(PID, PID, 7, 3));
-            batch.cpu.push(sample(PID, PID + 1, 7, 1));
-            batch.cpu.push(sample(PID + 5, PID + 5, NO_STACK, 2));
-            agg.add(batch);
+            let b = batch();
+            agg.learn(&b);
+            counts.add(&b);
         }
-        let procs: Vec<_> = agg.processes().collect();
-        assert_eq!(procs.len(), 2);
-        assert_eq!(procs[0].total, 8);
-        assert_eq!(procs[0].name, format!("t{PID}"), "named after the main thread");
-        assert_eq!(procs[0].threads.len(), 2);
-        let key = SampleKey { tid: PID, user_stack: 7, kernel_stack: NO_STACK };
-        assert_eq!(procs[0].counts[&key], 6);
+        assert_eq!(agg.processes().count(), 2);
+        assert_eq!(agg.process(PID).unwrap().name, format!("t{PID}"), "named after the main thread");
+        assert_eq!(agg.uninspected_processes(), 2);
+        let p = counts.process(PID).unwrap();
+        assert_eq!(p.cpu_total, 8);
+        assert_eq!(p.threads.len(), 2);
+        assert_eq!(p.cpu[&SampleKey { tid: PID, user_stack: 7, kernel_stack: NO_STACK }], 6);
         assert_eq!(agg.stack(7), Some(&[0x10, 0x20][..]));
         assert_eq!(agg.stack(NO_STACK), Some(&[][..]));
         assert_eq!(agg.stack(99), None);
-        assert_eq!(agg.total_samples(), 12);
-        assert_eq!(agg.uninspected_processes, 2);
+        assert_eq!(counts.cpu_total(), 12);
+    }
+
+    #[test]
+    fn stack_table_is_capped_and_pruned() {
+        let mut agg = Aggregate::with_max_stacks(1);
+        let mut b = batch();
+        b.stacks.insert(8, vec![0x30]);
+        agg.learn(&b);
+        assert_eq!((agg.stack_count(), agg.dropped_stacks), (1, 1));
+        let counts = Counts::default();
+        let gone = agg.prune(Duration::ZERO, &[&counts]);
+        assert_eq!(agg.stack_count(), 0, "no counts reference the stack");
+        assert_eq!(gone.len(), 2, "neither pid exists");
     }
 
     #[test]
     fn heap_totals_accumulate_and_live_is_replaced() {
-        let mut agg = Aggregate::default();
+        let mut counts = Counts::default();
         for _ in 0..2 {
             let mut batch = Batch::default();
             batch.heap.push(RawHeapTotals { tgid: PID, stack: 7, count: 2, bytes: 64 });
-            agg.add(batch);
+            counts.add(&batch);
         }
-        agg.set_live(&[LiveBlock { tgid: PID, size: 32, stack: 7 }, LiveBlock { tgid: PID, size: 8, stack: 7 }]);
-        agg.set_live(&[LiveBlock { tgid: PID, size: 32, stack: 7 }]);
-        let p = agg.processes().next().unwrap();
+        let block = |size| LiveBlock { tgid: PID, size, stack: 7 };
+        counts.set_live(&[PID], &[block(32), block(8), LiveBlock { tgid: 1, size: 1, stack: 7 }]);
+        counts.set_live(&[PID], &[block(32)]);
+        let p = counts.process(PID).unwrap();
         assert_eq!(p.heap_allocated[&7], HeapCount { count: 4, bytes: 128 });
         assert_eq!(p.heap_live[&7], HeapCount { count: 1, bytes: 32 });
+        assert!(counts.process(1).is_none(), "only the listed pids");
     }
 
     #[test]

@@ -19,6 +19,46 @@ pub struct Cli {
 pub enum Command {
     /// Capture once, write one profile per process, print a summary, exit.
     Snapshot(SnapshotArgs),
+    /// Run as a daemon: periodic per-process dumps and a /debug/pprof/ unix socket.
+    Run(RunArgs),
+    /// Validate a configuration file without running.
+    CheckConfig(CheckConfigArgs),
+    /// Show the running daemon's status (its /status).
+    Status(ClientArgs),
+    /// List the processes the running daemon profiles (its /debug/pprof/ index).
+    Ps(ClientArgs),
+}
+
+/// The daemon's socket when neither the flag nor the configuration says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/profiler/profiler.sock";
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Configuration file [default: /etc/profiler/profiler.toml, optional]. Flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory for the periodic dumps [default: from the config, /var/lib/profiler].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Unix socket to serve /debug/pprof/ on [default: from the config, /run/profiler/profiler.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Time between dumps, with a unit [default: from the config, 60s].
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// The configuration file to validate.
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The daemon's socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
 }
 
 /// Highest sampling frequency accepted: above this the sampling itself dominates the cost.
@@ -74,8 +114,22 @@ mod tests {
     }
 
     #[test]
+    fn run_flags_are_optional_overrides() {
+        let Command::Run(args) = parse(&["run"]).unwrap().command else { panic!("not run") };
+        assert!(args.config.is_none() && args.output.is_none() && args.interval.is_none());
+        let cli = parse(&["run", "--config", "/c.toml", "--output", "/o", "--socket", "/s", "--interval", "5s"]).unwrap();
+        let Command::Run(args) = cli.command else { panic!("not run") };
+        assert_eq!(args.interval, Some(Duration::from_secs(5)));
+        assert_eq!(args.socket.as_deref(), Some(std::path::Path::new("/s")));
+        assert!(parse(&["run", "--interval", "soon"]).is_err());
+        assert!(parse(&["check-config"]).is_err(), "needs a file");
+        let Command::Status(args) = parse(&["status"]).unwrap().command else { panic!("not status") };
+        assert_eq!(args.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
     fn snapshot_defaults() {
-        let Command::Snapshot(args) = parse(&["snapshot"]).unwrap().command;
+        let Command::Snapshot(args) = parse(&["snapshot"]).unwrap().command else { panic!("not snapshot") };
         assert_eq!(args.duration, Duration::from_secs(10));
         assert_eq!(args.frequency_hz, 99);
         assert!(args.pids.is_empty());
@@ -87,7 +141,7 @@ mod tests {
     #[test]
     fn snapshot_profiles_list() {
         let cli = parse(&["snapshot", "--profiles", "cpu,heap", "--pid", "1", "--heap-sample-bytes", "1"]).unwrap();
-        let Command::Snapshot(args) = cli.command;
+        let Command::Snapshot(args) = cli.command else { panic!("not snapshot") };
         assert_eq!(args.profiles, [ProfileKind::Cpu, ProfileKind::Heap]);
         assert_eq!(args.heap_sample_bytes, 1);
         assert!(parse(&["snapshot", "--profiles", "cpu,gpu"]).is_err());
@@ -101,7 +155,7 @@ mod tests {
             "--output", "/tmp/p",
         ])
         .unwrap();
-        let Command::Snapshot(args) = cli.command;
+        let Command::Snapshot(args) = cli.command else { panic!("not snapshot") };
         assert_eq!(args.duration, Duration::from_secs(3));
         assert_eq!(args.pids, vec![1, 42]);
         assert_eq!(args.frequency_hz, 250);

@@ -9,8 +9,11 @@
 //! protobuf types. [`snapshot`] wires the stages for the one-shot command.
 
 pub mod aggregate;
+pub mod api;
 pub mod cli;
+pub mod client;
 pub mod config;
+pub mod daemon;
 pub mod ebpf;
 pub mod error;
 pub mod output;

@@ -4,44 +4,50 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use profiler_daemon::cli::{Cli, Command};
+use profiler_daemon::{
+    cli::{Cli, Command},
+    error::chain,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    let result = match &cli.command {
-        Command::Snapshot(args) => profiler_daemon::snapshot::run(args).map(|_| ()),
+    init_tracing(matches!(cli.command, Command::Run(_)));
+    let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {
+        Command::Snapshot(args) => profiler_daemon::snapshot::run(args).map(|_| ()).map_err(Into::into),
+        Command::Run(args) => profiler_daemon::daemon::run(args).map_err(Into::into),
+        Command::CheckConfig(args) => print(profiler_daemon::config::check(&args.file)),
+        Command::Status(args) => print(profiler_daemon::client::status(&args.socket)),
+        Command::Ps(args) => print(profiler_daemon::client::ps(&args.socket)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {}", error_chain(&err));
+            eprintln!("error: {}", chain(&*err));
             ExitCode::FAILURE
         }
     }
 }
 
-/// Logs to stderr, without colour unless stderr is a terminal; `RUST_LOG` overrides the
-/// default level (warn).
-fn init_tracing() {
+/// Prints a command's text result.
+fn print<E: std::error::Error + 'static>(result: Result<String, E>) -> Result<(), Box<dyn std::error::Error>> {
+    let text = result?;
+    print!("{text}");
+    if !text.ends_with('\n') {
+        println!();
+    }
+    Ok(())
+}
+
+/// Logs to stderr, without colour unless stderr is a terminal (journald-friendly);
+/// `RUST_LOG` overrides the default level (info for the daemon, warn otherwise).
+fn init_tracing(daemon: bool) {
     use std::io::IsTerminal;
+    let default = if daemon { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-}
-
-/// The error and its sources, joined with ": ".
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -47,6 +47,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result.map_err(fail)
 }
 
+/// `SystemTime` as a compact UTC timestamp for file names: `20261201T071500Z`.
+pub fn utc_timestamp(time: std::time::SystemTime) -> String {
+    let secs = time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (Howard Hinnant's algorithm; no date library needed for one conversion).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 fn temp_path(path: &Path) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
@@ -63,6 +85,14 @@ mod tests {
         assert_eq!(process_dir_name("a b\n", 1), "a_b_-1");
         assert_eq!(process_dir_name("..", 1), "unknown-1");
         assert_eq!(process_dir_name("", 1), "unknown-1");
+    }
+
+    #[test]
+    fn utc_timestamps() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(utc_timestamp(UNIX_EPOCH), "19700101T000000Z");
+        assert_eq!(utc_timestamp(UNIX_EPOCH + Duration::from_secs(951_782_400)), "20000229T000000Z");
+        assert_eq!(utc_timestamp(UNIX_EPOCH + Duration::from_secs(1_796_109_296)), "20261201T071456Z");
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct ProcessInfo {
     pub exe: Option<PathBuf>,
     /// Executable mappings, sorted by start address.
     pub maps: Vec<MapEntry>,
+    /// Real uid of the owner (who may see its profiles).
+    pub uid: u32,
+    /// The cgroup v2 path (`/system.slice/foo.service`), when readable.
+    pub cgroup: Option<String>,
 }
 
 impl ProcessInfo {
@@ -67,7 +71,31 @@ pub fn read_process(pid: u32) -> io::Result<ProcessInfo> {
     let name = read_comm(pid)?;
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let maps = read_maps(pid)?;
-    Ok(ProcessInfo { pid, name, exe, maps })
+    let uid = read_uid(pid)?;
+    let cgroup = read_cgroup(pid);
+    Ok(ProcessInfo { pid, name, exe, maps, uid, cgroup })
+}
+
+/// The unified (v2) cgroup path of a process: the `0::` line of `/proc/PID/cgroup`.
+pub fn read_cgroup(pid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
+}
+
+/// Every process id in `/proc` now.
+pub fn list_pids() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// The real uid of a process, from the `Uid:` line of `/proc/PID/status`.
+pub fn read_uid(pid: u32) -> io::Result<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no Uid line in /proc/{pid}/status")))
 }
 
 /// The `comm` of a process, without the trailing newline.
@@ -135,7 +163,7 @@ mod tests {
 
     #[test]
     fn finds_mapping_and_offset() {
-        let info = ProcessInfo { pid: 1, name: "x".into(), exe: None, maps: parse_maps(MAPS) };
+        let info = ProcessInfo { pid: 1, name: "x".into(), exe: None, maps: parse_maps(MAPS), uid: 0, cgroup: None };
         let idx = info.mapping_of(0x7f0000000010).unwrap();
         assert_eq!(info.maps[idx].file_offset(0x7f0000000010), 0x28010);
         assert_eq!(info.mapping_of(0x55d0c0a00500), None, "not executable");
@@ -147,6 +175,8 @@ mod tests {
     fn reads_own_process() {
         let info = read_process(std::process::id()).unwrap();
         assert!(!info.name.is_empty());
+        // SAFETY: getuid has no preconditions and cannot fail.
+        assert_eq!(info.uid, unsafe { libc::getuid() });
         let here = parse_maps_line as fn(&str) -> Option<MapEntry> as usize as u64;
         assert!(info.mapping_of(here).is_some(), "own code is mapped");
     }

@@ -2,7 +2,7 @@
 //! data, and its pprof shape (sample types, period), following Go's runtime/pprof.
 
 use crate::{
-    aggregate::{HeapCount, ProcessSamples},
+    aggregate::{HeapCount, ProcessCounts},
     resolve::{LabelValue, StackSample},
 };
 use profiler_common::NO_STACK;
@@ -18,7 +18,7 @@ pub struct Shape {
 }
 
 /// Go's CPU profile: `samples/count`, `cpu/nanoseconds`; period = 1e9 / frequency.
-pub fn cpu(process: &ProcessSamples, frequency_hz: u32) -> (Shape, Vec<StackSample>) {
+pub fn cpu(process: &ProcessCounts, frequency_hz: u32) -> (Shape, Vec<StackSample>) {
     let period = 1_000_000_000 / i64::from(frequency_hz.max(1));
     let shape = Shape {
         sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
@@ -27,7 +27,7 @@ pub fn cpu(process: &ProcessSamples, frequency_hz: u32) -> (Shape, Vec<StackSamp
         default_sample_type: "cpu",
     };
     let samples = process
-        .counts
+        .cpu
         .iter()
         .map(|(key, &count)| StackSample {
             user_stack: key.user_stack,
@@ -45,7 +45,7 @@ pub fn cpu(process: &ProcessSamples, frequency_hz: u32) -> (Shape, Vec<StackSamp
 
 /// Go's heap profile: allocated and live objects and bytes per allocating stack, scaled from
 /// the byte-sampled counts to unbiased estimates; period = the mean sampling interval.
-pub fn heap(process: &ProcessSamples, sample_bytes: u64) -> (Shape, Vec<StackSample>) {
+pub fn heap(process: &ProcessCounts, sample_bytes: u64) -> (Shape, Vec<StackSample>) {
     let shape = Shape {
         sample_types: &[
             ("alloc_objects", "count"),

@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Aggregate, ProcessSamples},
+    aggregate::{Aggregate, KnownProcess},
     procs::MapEntry,
     symbolize::{self, Frames, Symbolizer},
 };
@@ -112,7 +112,7 @@ enum Site {
 
 /// Resolves `samples` of `process`, whose stacks are in `agg`.
 pub fn resolve(
-    process: &ProcessSamples,
+    process: &KnownProcess,
     agg: &Aggregate,
     samples: Vec<StackSample>,
     sym: &mut Symbolizer,

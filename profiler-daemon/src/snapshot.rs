@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Aggregate, ProcessSamples},
+    aggregate::{Aggregate, Counts, KnownProcess},
     cli::SnapshotArgs,
     config::ProfileKind,
     ebpf::{Counters, HeapAttachment, Session, SessionConfig},
@@ -57,6 +57,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         enable_stats: args.bpf_stats,
     })?;
     let mut agg = Aggregate::default();
+    let mut counts = Counts::default();
     let mut attachments = Vec::new();
     if heap {
         for &pid in &args.pids {
@@ -69,12 +70,14 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
-    let interrupted = capture(&mut session, &mut agg, args.duration)?;
+    let interrupted = capture(&mut session, &mut agg, &mut counts, args.duration)?;
     if heap {
         // Read the live blocks, then drain once more: blocks sampled since the last drain
         // name stacks that are still in the kernel's active set.
-        agg.set_live(&session.live_blocks()?);
-        agg.add(session.drain()?);
+        counts.set_live(&args.pids, &session.live_blocks()?);
+        let batch = session.drain()?;
+        agg.learn(&batch);
+        counts.add(&batch);
     }
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = session.counters()?;
@@ -87,10 +90,10 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     let mut written = Vec::new();
     let mut sym = Symbolizer::new();
     if cpu {
-        written.extend(write_cpu(&agg, &meta, &counters, args, &mut sym)?);
+        written.extend(write_cpu(&agg, &counts, &meta, &counters, args, &mut sym)?);
     }
     if heap {
-        written.extend(write_heap(&agg, &meta, &counters, args, &attachments, &mut sym)?);
+        written.extend(write_heap(&agg, &counts, &meta, &counters, args, &attachments, &mut sym)?);
     }
     print_summary(&written, &counters, &args.output);
     Ok(Report { written, counters, interrupted })
@@ -120,7 +123,7 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 
 /// Drains every [`DRAIN_INTERVAL`] until `duration` has passed or Ctrl-C is pressed (which
 /// ends the capture early and still writes what was captured). True when interrupted.
-fn capture(session: &mut Session, agg: &mut Aggregate, duration: Duration) -> Result<bool> {
+fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, duration: Duration) -> Result<bool> {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
@@ -129,7 +132,7 @@ fn capture(session: &mut Session, agg: &mut Aggregate, duration: Duration) -> Re
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
         if now >= deadline || interrupted {
-            agg.add(session.drain()?);
+            drain_into(session, agg, counts)?;
             if progress {
                 eprint!("\r\x1b[K");
             }
@@ -146,8 +149,15 @@ fn capture(session: &mut Session, agg: &mut Aggregate, duration: Duration) -> Re
             let _ = std::io::stderr().flush();
         }
         sleep_until(deadline.min(now + DRAIN_INTERVAL));
-        agg.add(session.drain()?);
+        drain_into(session, agg, counts)?;
     }
+}
+
+fn drain_into(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts) -> Result<()> {
+    let batch = session.drain()?;
+    agg.learn(&batch);
+    counts.add(&batch);
+    Ok(())
 }
 
 /// Sleeps in short steps so Ctrl-C is noticed promptly.
@@ -226,14 +236,16 @@ fn heap_comments(c: &Counters, args: &SnapshotArgs, attachment: Option<&HeapAtta
 
 fn write_cpu(
     agg: &Aggregate,
+    counts: &Counts,
     meta: &pprof::ProfileMeta,
     counters: &Counters,
     args: &SnapshotArgs,
     sym: &mut Symbolizer,
 ) -> Result<Vec<Written>> {
     let mut written = Vec::new();
-    for process in agg.processes().filter(|p| p.total > 0) {
-        let (shape, samples) = profiles::cpu(process, args.frequency_hz);
+    for (pid, process_counts) in counts.iter().filter(|(_, c)| c.cpu_total > 0) {
+        let Some(process) = agg.process(pid) else { continue };
+        let (shape, samples) = profiles::cpu(process_counts, args.frequency_hz);
         let resolved = resolve::resolve(process, agg, samples, sym);
         let mut meta = meta.clone();
         meta.comments = cpu_comments(counters);
@@ -243,9 +255,9 @@ fn write_cpu(
         let path = write(&resolved, &shape, &meta, process, ProfileKind::Cpu, &args.output)?;
         written.push(Written {
             kind: ProfileKind::Cpu,
-            pid: process.pid,
+            pid,
             name: process.name.clone(),
-            value: process.total,
+            value: process_counts.cpu_total,
             hottest: hottest_function(&resolved, 0),
             path,
         });
@@ -255,6 +267,7 @@ fn write_cpu(
 
 fn write_heap(
     agg: &Aggregate,
+    counts: &Counts,
     meta: &pprof::ProfileMeta,
     counters: &Counters,
     args: &SnapshotArgs,
@@ -262,17 +275,19 @@ fn write_heap(
     sym: &mut Symbolizer,
 ) -> Result<Vec<Written>> {
     let mut written = Vec::new();
-    for process in agg.processes().filter(|p| args.pids.contains(&p.pid)) {
-        let (shape, samples) = profiles::heap(process, args.heap_sample_bytes);
+    let empty = Default::default();
+    for &pid in &args.pids {
+        let Some(process) = agg.process(pid) else { continue };
+        let (shape, samples) = profiles::heap(counts.process(pid).unwrap_or(&empty), args.heap_sample_bytes);
         let inuse: i64 = samples.iter().map(|s| s.values[3]).sum();
         let resolved = resolve::resolve(process, agg, samples, sym);
         let mut meta = meta.clone();
-        let attachment = attachments.iter().find(|a| a.pid == process.pid);
-        meta.comments = heap_comments(counters, args, attachment, procs::exists(process.pid));
+        let attachment = attachments.iter().find(|a| a.pid == pid);
+        meta.comments = heap_comments(counters, args, attachment, procs::exists(pid));
         let path = write(&resolved, &shape, &meta, process, ProfileKind::Heap, &args.output)?;
         written.push(Written {
             kind: ProfileKind::Heap,
-            pid: process.pid,
+            pid,
             name: process.name.clone(),
             value: inuse.max(0) as u64,
             hottest: hottest_function(&resolved, 3),
@@ -286,7 +301,7 @@ fn write(
     resolved: &ResolvedProfile,
     shape: &profiles::Shape,
     meta: &pprof::ProfileMeta,
-    process: &ProcessSamples,
+    process: &KnownProcess,
     kind: ProfileKind,
     dir: &Path,
 ) -> Result<PathBuf> {

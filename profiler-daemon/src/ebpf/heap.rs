@@ -6,7 +6,10 @@ use std::num::NonZeroU32;
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{uprobe::UProbeScope, UProbe},
+    programs::{
+        uprobe::{UProbeError, UProbeScope},
+        ProgramError, UProbe,
+    },
     Ebpf,
 };
 use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, HeapCounter, LiveAlloc, LiveKey};
@@ -93,10 +96,14 @@ pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
     let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(pid))?);
     let mut functions = Vec::new();
     for (function, entry) in ENTRY_POINTS {
-        // Not every C library exports every function (reallocarray, pvalloc): skip those.
-        if uprobe(ebpf, entry)?.attach(function, &target, scope).is_err() {
-            tracing::debug!(pid, function, library, "not exported; not probed");
-            continue;
+        match uprobe(ebpf, entry)?.attach(function, &target, scope) {
+            Ok(_) => {}
+            // Not every C library exports every function (reallocarray, pvalloc): skip those.
+            Err(ProgramError::UProbeError(UProbeError::SymbolError { .. })) => {
+                tracing::debug!(pid, function, library, "not exported; not probed");
+                continue;
+            }
+            Err(source) => return Err(attach_error(pid, function, source)),
         }
         if function != "free" {
             uprobe(ebpf, EXIT_PROGRAM)?
@@ -109,6 +116,23 @@ pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
         return Err(Error::NoAllocator(pid));
     }
     Ok(HeapAttachment { pid, library, functions })
+}
+
+/// An attach failure; permission errors get the capability that fixes them (since Linux
+/// 6.16, and in stable backports, uprobes through perf need CAP_SYS_ADMIN again).
+fn attach_error(pid: u32, function: &'static str, source: ProgramError) -> Error {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&source);
+    let mut denied = false;
+    while let Some(err) = cause {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            denied |= matches!(io.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+        }
+        cause = err.source();
+    }
+    if denied {
+        return Error::Privileges { missing: format!("CAP_SYS_ADMIN (needed to put uprobes on {function} in pid {pid})") };
+    }
+    Error::Program { action: "attach (uprobe)", program: "heap probes", source }
 }
 
 /// The C library a process maps: glibc's `libc.so.6` or musl's `libc.musl-*`/`ld-musl-*`.

@@ -10,6 +10,7 @@ mod builder;
 mod encode;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
+mod text;
 
 use std::{
     io::{Read, Write},
@@ -18,6 +19,7 @@ use std::{
 
 pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
 pub use encode::{encode, ProfileMeta};
+pub use text::legacy_text;
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use prost::Message;
 

@@ -1,0 +1,196 @@
+//! The socket's request grammar: [`ApiRequest::parse`] turns a method, a path and a query
+//! string into one of the few requests the daemon answers, or a [`BadRequest`] with the HTTP
+//! status and a one-line reason. Pure: no I/O, no collector, so it can be fuzzed.
+//!
+//! It is strict on purpose: an unknown, duplicated or malformed parameter is an error rather
+//! than ignored, so a typo (`?pid=1&second=5`) never silently turns into a 30-second default.
+
+use std::fmt;
+
+use crate::config::PID_MAX_LIMIT;
+use crate::daemon::command::QueryKind;
+
+use super::query::{ParamError, Params};
+
+/// The longest window a client may ask for, in seconds: long enough for any interactive look,
+/// short enough that a forgotten `curl` does not pin a connection slot for long.
+pub const MAX_SECONDS: u64 = 300;
+
+/// The CPU window when `seconds` is absent, as in Go's `net/http/pprof`.
+pub const DEFAULT_CPU_SECONDS: u64 = 30;
+
+/// Where the index lives; everything profile-related is under it.
+pub const PPROF_PREFIX: &str = "/debug/pprof/";
+
+/// A request the daemon answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiRequest {
+    /// `GET /debug/pprof/`: the processes the viewer may see, with their profiles.
+    Index,
+    /// `GET /debug/pprof/profile?pid=P[&seconds=S]`: CPU over the next `seconds`.
+    Profile { pid: u32, seconds: u64 },
+    /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`.
+    Named {
+        kind: QueryKind,
+        pid: u32,
+        /// A delta over the next `seconds`; `None` = since the daemon started (heap: live now).
+        seconds: Option<u64>,
+        /// Go's legacy text form instead of gzipped protobuf.
+        debug: bool,
+    },
+    /// `GET /status`: the daemon's health as JSON.
+    Status,
+}
+
+/// Why a request was refused: a 4xx status and a one-line reason for the body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRequest {
+    pub status: u16,
+    pub reason: String,
+}
+
+impl BadRequest {
+    fn new(status: u16, reason: impl Into<String>) -> Self {
+        Self { status, reason: reason.into() }
+    }
+
+    fn bad(reason: impl Into<String>) -> Self {
+        Self::new(400, reason)
+    }
+}
+
+impl fmt::Display for BadRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.status, self.reason)
+    }
+}
+
+impl std::error::Error for BadRequest {}
+
+impl From<ParamError> for BadRequest {
+    fn from(err: ParamError) -> Self {
+        Self::bad(err.to_string())
+    }
+}
+
+/// The routes, before their parameters are read.
+#[derive(Clone, Copy)]
+enum Route {
+    Index,
+    Status,
+    Cpu,
+    Named(QueryKind),
+}
+
+impl ApiRequest {
+    /// Parses a request line's parts: `query` is the raw text after `?`, still
+    /// percent-encoded. HEAD is accepted wherever GET is (hyper omits the body).
+    pub fn parse(method: &str, path: &str, query: Option<&str>) -> Result<Self, BadRequest> {
+        let route = route(path)?;
+        if method != "GET" && method != "HEAD" {
+            return Err(BadRequest::new(405, format!("method {method} is not allowed on {path}; use GET")));
+        }
+        let params = Params::parse(query.unwrap_or(""))?;
+        match route {
+            Route::Index => params.only(path, &[]).map(|()| Self::Index).map_err(Into::into),
+            Route::Status => params.only(path, &[]).map(|()| Self::Status).map_err(Into::into),
+            Route::Cpu => cpu(path, &params),
+            Route::Named(kind) => named(path, kind, &params),
+        }
+    }
+
+    /// The collector-side kind this request asks for, if it asks for a profile.
+    pub fn kind(self) -> Option<QueryKind> {
+        match self {
+            Self::Profile { .. } => Some(QueryKind::Cpu),
+            Self::Named { kind, .. } => Some(kind),
+            Self::Index | Self::Status => None,
+        }
+    }
+}
+
+/// The last path segment under `/debug/pprof/` for a kind, as Go names it.
+pub fn endpoint(kind: QueryKind) -> &'static str {
+    match kind {
+        QueryKind::Cpu => "profile",
+        QueryKind::Heap => "heap",
+        QueryKind::Allocs => "allocs",
+        QueryKind::Block => "block",
+        QueryKind::Mutex => "mutex",
+        QueryKind::ThreadCreate => "threadcreate",
+    }
+}
+
+const NAMED: [QueryKind; 5] =
+    [QueryKind::Heap, QueryKind::Allocs, QueryKind::Block, QueryKind::Mutex, QueryKind::ThreadCreate];
+
+fn route(path: &str) -> Result<Route, BadRequest> {
+    if path == "/status" {
+        return Ok(Route::Status);
+    }
+    if path == PPROF_PREFIX || path == PPROF_PREFIX.trim_end_matches('/') {
+        return Ok(Route::Index);
+    }
+    let name = path.strip_prefix(PPROF_PREFIX).unwrap_or_default();
+    if name == endpoint(QueryKind::Cpu) {
+        return Ok(Route::Cpu);
+    }
+    match NAMED.into_iter().find(|&kind| endpoint(kind) == name) {
+        Some(kind) => Ok(Route::Named(kind)),
+        None => Err(BadRequest::new(404, format!("no such endpoint {path}; see {PPROF_PREFIX} or /status"))),
+    }
+}
+
+fn cpu(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
+    params.only(path, &["pid", "seconds"])?;
+    let pid = pid(params)?;
+    let seconds = seconds(params)?.unwrap_or(DEFAULT_CPU_SECONDS);
+    Ok(ApiRequest::Profile { pid, seconds })
+}
+
+fn named(path: &str, kind: QueryKind, params: &Params) -> Result<ApiRequest, BadRequest> {
+    params.only(path, &["pid", "seconds", "debug"])?;
+    let pid = pid(params)?;
+    let seconds = seconds(params)?;
+    let debug = match params.get("debug") {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => return Err(BadRequest::bad(format!("debug must be 0 or 1, got {other:?}"))),
+    };
+    Ok(ApiRequest::Named { kind, pid, seconds, debug })
+}
+
+fn pid(params: &Params) -> Result<u32, BadRequest> {
+    let text = params.get("pid").ok_or_else(|| BadRequest::bad("missing pid parameter"))?;
+    match digits(text) {
+        Some(pid @ 1..) if pid <= u64::from(PID_MAX_LIMIT) => Ok(pid as u32),
+        _ => {
+            Err(BadRequest::bad(format!("pid must be a process id from 1 to {PID_MAX_LIMIT}, got {text:?}")))
+        }
+    }
+}
+
+fn seconds(params: &Params) -> Result<Option<u64>, BadRequest> {
+    let Some(text) = params.get("seconds") else { return Ok(None) };
+    match digits(text) {
+        None => Err(BadRequest::bad(format!("seconds must be a whole number of seconds, got {text:?}"))),
+        Some(0) => Err(BadRequest::bad("seconds must be at least 1")),
+        Some(n) if n > MAX_SECONDS => {
+            Err(BadRequest::bad(format!("seconds={n} is over the cap of {MAX_SECONDS} seconds")))
+        }
+        Some(n) => Ok(Some(n)),
+    }
+}
+
+/// A plain decimal number: ASCII digits only (no sign, no spaces), saturating on overflow so
+/// that a huge value reads as "over the cap" rather than "not a number".
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(text.bytes().fold(0u64, |n, b| n.saturating_mul(10).saturating_add(u64::from(b - b'0'))))
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

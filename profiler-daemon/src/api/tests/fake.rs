@@ -1,0 +1,69 @@
+//! A collector stand-in that answers [`Command`]s from fixed data, so the server is tested
+//! without BPF. Which pid and kind are asked for decides the answer.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::euid;
+use crate::{
+    config::ProfileKind,
+    daemon::command::{Command, IndexEntry, ProfileBody, ProfileQuery, QueryError, QueryKind, Viewer},
+    pprof::{encode_gzip, ProfileBuilder},
+};
+
+/// Has data, answers at once.
+pub const PID_OK: u32 = 4242;
+/// Owned by someone else.
+pub const PID_FORBIDDEN: u32 = 77;
+/// Answers after its window, or after [`SLOW_DEFAULT`] without one.
+pub const PID_SLOW: u32 = 9;
+pub const SLOW_DEFAULT: Duration = Duration::from_secs(10);
+pub const STATUS_JSON: &str = r#"{"version":"test","uptime_s":1}"#;
+
+pub async fn collector(mut commands: mpsc::Receiver<Command>) {
+    while let Some(command) = commands.recv().await {
+        match command {
+            Command::Index { viewer, reply } => drop(reply.send(index(viewer))),
+            Command::Status { reply } => drop(reply.send(STATUS_JSON.into())),
+            // Profiles run concurrently, as the real collector's windows do.
+            Command::Profile { query, reply } => {
+                drop(tokio::spawn(async move { reply.send(profile(query).await) }))
+            }
+            Command::Dump { reply } | Command::Shutdown { reply } => drop(reply.send(())),
+            Command::Reload { reply, .. } => drop(reply.send(Ok(()))),
+        }
+    }
+}
+
+/// Like the real collector, filters by viewer: one process is ours, one is another uid's.
+fn index(viewer: Viewer) -> Vec<IndexEntry> {
+    let ours = IndexEntry {
+        pid: PID_OK,
+        name: "fake".into(),
+        uid: euid(),
+        profiles: vec![(ProfileKind::Cpu, 10), (ProfileKind::Heap, 3)],
+    };
+    let theirs = IndexEntry { pid: PID_FORBIDDEN, name: "theirs".into(), uid: euid() + 1, profiles: vec![] };
+    [ours, theirs].into_iter().filter(|e| viewer.may_see(e.uid)).collect()
+}
+
+async fn profile(query: ProfileQuery) -> Result<ProfileBody, QueryError> {
+    match (query.pid, query.kind) {
+        (PID_FORBIDDEN, _) => return Err(QueryError::Forbidden(query.pid)),
+        (PID_SLOW, _) => tokio::time::sleep(query.window.unwrap_or(SLOW_DEFAULT)).await,
+        (PID_OK, QueryKind::Block) => return Err(QueryError::NotEnabled(ProfileKind::Block)),
+        (PID_OK, QueryKind::Mutex) => return Err(QueryError::Internal("the fake is broken".into())),
+        (PID_OK, QueryKind::ThreadCreate) => return Err(QueryError::Unavailable("shutting down".into())),
+        (PID_OK, _) => {}
+        (pid, _) => return Err(QueryError::UnknownPid(pid)),
+    }
+    if query.text {
+        // Echo the query so tests see what reached the collector.
+        let text = format!("viewer={} kind={:?} window={:?}\n", query.viewer.uid, query.kind, query.window);
+        return Ok(ProfileBody { bytes: text.into_bytes(), text: true });
+    }
+    let mut builder = ProfileBuilder::new(&[("samples", "count")], ("cpu", "nanoseconds"), 1);
+    builder.add_comment(&format!("viewer={} window={:?}", query.viewer.uid, query.window));
+    Ok(ProfileBody { bytes: encode_gzip(&builder.finish()), text: false })
+}

@@ -1,0 +1,464 @@
+//! The collector thread: the one owner of the BPF session, the aggregate, the counts and the
+//! symbolizer. It drains the kernel every second, writes a dump every interval, picks up
+//! heap targets, and answers the front's [`Command`]s. Everything here is blocking work, so
+//! it runs on its own thread, never on the async executor.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::{runtime::Handle, sync::mpsc};
+
+use super::{
+    command::{Command, IndexEntry, ProfileBody, ProfileQuery, QueryError, QueryKind, Viewer},
+    dump::{self, DumpStats},
+    render::{render, RenderSettings, Window},
+    status,
+};
+use crate::{
+    aggregate::{Aggregate, Counts, KnownProcess},
+    config::{Config, ProcessFacts, ProfileKind},
+    ebpf::{HeapAttachment, Session, SessionConfig},
+    error::Result,
+    pprof, procs,
+    symbolize::Symbolizer,
+};
+
+/// How often the kernel maps are drained.
+const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How often `/proc` is scanned for new heap targets.
+const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// Distinct stacks kept in memory; past it new stacks are counted and dropped.
+pub const MAX_STACKS: usize = 200_000;
+/// On-demand captures (`seconds=S`) in flight at once.
+const MAX_WINDOWS: usize = 16;
+/// Capacity of the live heap block map.
+const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
+
+/// A `seconds=S` query waiting for its window to end.
+struct PendingWindow {
+    query: ProfileQuery,
+    start: SystemTime,
+    deadline: Instant,
+    counts: Counts,
+    reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>,
+}
+
+pub(super) struct Collector {
+    pub(super) config: Config,
+    session: Session,
+    pub(super) agg: Aggregate,
+    interval: Counts,
+    interval_start: SystemTime,
+    pub(super) total: Counts,
+    pub(super) started: SystemTime,
+    pub(super) started_at: Instant,
+    windows: Vec<PendingWindow>,
+    pub(super) heap_pids: BTreeMap<u32, HeapAttachment>,
+    heap_failed: HashSet<u32>,
+    pub(super) live_blocks: usize,
+    sym: Symbolizer,
+    pub(super) dumps: DumpStats,
+    pub(super) last_error: Option<String>,
+    cpu_attached: bool,
+}
+
+/// Loads and attaches on a new thread; returns once attached (or with the error), leaving
+/// the thread running until `Shutdown` or until every handle is dropped.
+pub fn spawn(config: Config, rx: mpsc::Receiver<Command>, rt: Handle) -> Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name("collector".into())
+        .spawn(move || match Collector::start(config) {
+            Ok(mut collector) => {
+                let _ = ready_tx.send(Ok(()));
+                collector.run(rx, &rt);
+            }
+            Err(err) => {
+                let _ = ready_tx.send(Err(err));
+            }
+        })
+        .map_err(|source| crate::Error::Io { action: "start the collector thread".into(), source })?;
+    match ready_rx.recv() {
+        Ok(result) => result.map(|()| thread),
+        Err(_) => Err(crate::Error::Usage("the collector thread died while starting".into())),
+    }
+}
+
+impl Collector {
+    fn start(config: Config) -> Result<Self> {
+        let mut session = Session::load(&SessionConfig {
+            pids: Vec::new(),
+            heap_sample_bytes: config.heap.sample_bytes,
+            heap_max_live: HEAP_MAX_LIVE,
+            enable_stats: false,
+        })?;
+        let cpu_attached = config.is_enabled(ProfileKind::Cpu);
+        if cpu_attached {
+            session.attach_cpu(config.cpu.frequency_hz)?;
+        }
+        for kind in [ProfileKind::Block, ProfileKind::Mutex, ProfileKind::ThreadCreate] {
+            if config.is_enabled(kind) {
+                tracing::warn!(profile = %kind, "profile type not implemented yet; ignored");
+            }
+        }
+        let now = SystemTime::now();
+        Ok(Self {
+            config,
+            session,
+            agg: Aggregate::with_max_stacks(MAX_STACKS),
+            interval: Counts::default(),
+            interval_start: now,
+            total: Counts::default(),
+            started: now,
+            started_at: Instant::now(),
+            windows: Vec::new(),
+            heap_pids: BTreeMap::new(),
+            heap_failed: HashSet::new(),
+            live_blocks: 0,
+            sym: Symbolizer::new(),
+            dumps: DumpStats::default(),
+            last_error: None,
+            cpu_attached,
+        })
+    }
+
+    fn run(&mut self, mut rx: mpsc::Receiver<Command>, rt: &Handle) {
+        let mut next_drain = Instant::now() + DRAIN_INTERVAL;
+        let mut next_dump = Instant::now() + self.config.interval;
+        let mut next_scan = Instant::now();
+        loop {
+            let wake = [next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline)).min();
+            let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
+            match rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
+                Ok(Some(Command::Shutdown { reply })) => {
+                    self.drain();
+                    self.dump();
+                    let _ = reply.send(());
+                    return;
+                }
+                Ok(Some(command)) => self.handle(command),
+                // Every handle is gone: the front has stopped. Leave a final dump.
+                Ok(None) => {
+                    self.drain();
+                    self.dump();
+                    return;
+                }
+                Err(_elapsed) => {}
+            }
+            let now = Instant::now();
+            if now >= next_scan {
+                self.scan_heap_targets();
+                next_scan = now + HEAP_SCAN_INTERVAL;
+            }
+            if now >= next_drain {
+                self.drain();
+                next_drain = now + DRAIN_INTERVAL;
+            }
+            if now >= next_dump {
+                self.dump();
+                next_dump = now + self.config.interval;
+            }
+            self.finish_windows();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Index { viewer, reply } => {
+                let _ = reply.send(self.index(viewer));
+            }
+            Command::Profile { query, reply } => self.query(query, reply),
+            Command::Status { reply } => {
+                let _ = reply.send(status::render(self));
+            }
+            Command::Dump { reply } => {
+                self.drain();
+                self.dump();
+                let _ = reply.send(());
+            }
+            Command::Reload { config, reply } => {
+                let _ = reply.send(self.reload(*config));
+            }
+            Command::Shutdown { .. } => unreachable!("handled by the loop"),
+        }
+    }
+
+    /// Drains one map set into the aggregate and every open window.
+    fn drain(&mut self) {
+        let batch = match self.session.drain() {
+            Ok(batch) => batch,
+            Err(err) => return self.record_error(format!("failed to drain the BPF maps: {err}")),
+        };
+        self.agg.learn(&batch);
+        self.interval.add(&batch);
+        self.total.add(&batch);
+        for window in &mut self.windows {
+            window.counts.add(&batch);
+        }
+    }
+
+    /// Reads the live heap blocks into `counts` (then drains, so the stacks they name are
+    /// known).
+    fn refresh_live(&mut self) {
+        if self.heap_pids.is_empty() {
+            return;
+        }
+        let blocks = match self.session.live_blocks() {
+            Ok(blocks) => blocks,
+            Err(err) => return self.record_error(format!("failed to read the live heap: {err}")),
+        };
+        self.live_blocks = blocks.len();
+        let pids: Vec<u32> = self.heap_pids.keys().copied().collect();
+        self.interval.set_live(&pids, &blocks);
+        self.total.set_live(&pids, &blocks);
+        for window in &mut self.windows {
+            window.counts.set_live(&pids, &blocks);
+        }
+        self.drain();
+    }
+
+    /// Writes the interval's profiles, applies retention, forgets exited processes.
+    fn dump(&mut self) {
+        self.refresh_live();
+        let end = SystemTime::now();
+        let window = Window { start: self.interval_start, duration: end.duration_since(self.interval_start).unwrap_or_default() };
+        let interval = std::mem::take(&mut self.interval);
+        let started = Instant::now();
+        let targets = self.dump_targets(&interval);
+        let settings = self.settings();
+        let result = dump::write_interval(
+            &self.config,
+            &self.agg,
+            &interval,
+            &targets,
+            settings,
+            &window,
+            end,
+            &mut self.sym,
+            &mut self.dumps,
+        );
+        if let Err(message) = result {
+            self.record_error(message);
+        }
+        self.dumps.last_duration = started.elapsed();
+        self.interval_start = end;
+        let grace = self.config.interval.max(Duration::from_secs(60));
+        let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
+        let gone = self.agg.prune(grace, &keep);
+        self.total.forget(&gone);
+        for pid in &gone {
+            self.heap_pids.remove(pid);
+            self.heap_failed.remove(pid);
+        }
+    }
+
+    /// (pid, kinds) to write for the interval: selected processes with data.
+    fn dump_targets(&self, interval: &Counts) -> Vec<(u32, Vec<ProfileKind>)> {
+        interval
+            .iter()
+            .filter_map(|(pid, counts)| {
+                let process = self.agg.process(pid)?;
+                if !self.config.processes.matches(&facts(process)) {
+                    return None;
+                }
+                let mut kinds = Vec::new();
+                if self.cpu_attached && counts.cpu_total > 0 {
+                    kinds.push(ProfileKind::Cpu);
+                }
+                if self.heap_pids.contains_key(&pid) {
+                    kinds.push(ProfileKind::Heap);
+                }
+                (!kinds.is_empty()).then_some((pid, kinds))
+            })
+            .collect()
+    }
+
+    fn settings(&self) -> RenderSettings {
+        RenderSettings { frequency_hz: self.config.cpu.frequency_hz, heap_sample_bytes: self.config.heap.sample_bytes }
+    }
+
+    fn index(&self, viewer: Viewer) -> Vec<IndexEntry> {
+        self.total
+            .iter()
+            .filter_map(|(pid, counts)| {
+                let process = self.agg.process(pid)?;
+                let uid = process.info.as_ref().map(|i| i.uid)?;
+                if !viewer.may_see(uid) || !self.config.processes.matches(&facts(process)) {
+                    return None;
+                }
+                let mut profiles = Vec::new();
+                if self.cpu_attached {
+                    profiles.push((ProfileKind::Cpu, counts.cpu_total));
+                }
+                if self.heap_pids.contains_key(&pid) {
+                    profiles.push((ProfileKind::Heap, counts.heap_samples()));
+                }
+                Some(IndexEntry { pid, name: process.name.clone(), uid, profiles })
+            })
+            .collect()
+    }
+
+    fn query(&mut self, query: ProfileQuery, reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>) {
+        if let Err(err) = self.check_query(&query) {
+            let _ = reply.send(Err(err));
+            return;
+        }
+        match query.window {
+            Some(_) if self.windows.len() >= MAX_WINDOWS => {
+                let _ = reply.send(Err(QueryError::Unavailable(format!(
+                    "{MAX_WINDOWS} profile captures are already running; retry later"
+                ))));
+            }
+            Some(duration) => self.windows.push(PendingWindow {
+                query,
+                start: SystemTime::now(),
+                deadline: Instant::now() + duration,
+                counts: Counts::default(),
+                reply,
+            }),
+            None => {
+                if query.kind.profile_kind() == ProfileKind::Heap {
+                    self.refresh_live();
+                }
+                let window = Window { start: self.started, duration: self.started_at.elapsed() };
+                let counts = self.total.process(query.pid).cloned().unwrap_or_default();
+                let _ = reply.send(self.answer(&query, &counts, &window));
+            }
+        }
+    }
+
+    /// Whether the viewer may have this profile, and whether it exists.
+    fn check_query(&self, query: &ProfileQuery) -> std::result::Result<(), QueryError> {
+        let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?;
+        let uid = process.info.as_ref().map(|i| i.uid);
+        if !uid.is_some_and(|uid| query.viewer.may_see(uid)) && query.viewer != Viewer::ROOT {
+            return Err(QueryError::Forbidden(query.pid));
+        }
+        if !self.config.processes.matches(&facts(process)) {
+            return Err(QueryError::UnknownPid(query.pid));
+        }
+        let kind = query.kind.profile_kind();
+        let enabled = match kind {
+            ProfileKind::Cpu => self.cpu_attached,
+            ProfileKind::Heap => self.heap_pids.contains_key(&query.pid),
+            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::ThreadCreate => false,
+        };
+        if enabled {
+            Ok(())
+        } else {
+            Err(QueryError::NotEnabled(kind))
+        }
+    }
+
+    fn answer(&mut self, query: &ProfileQuery, counts: &crate::aggregate::ProcessCounts, window: &Window) -> std::result::Result<ProfileBody, QueryError> {
+        let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?.clone();
+        let comments = vec![format!("profiler {} daemon", env!("CARGO_PKG_VERSION"))];
+        let alloc_default = query.kind == QueryKind::Allocs;
+        let profile = render(&self.agg, &process, counts, query.kind.profile_kind(), alloc_default, self.settings(), window, comments, &mut self.sym)
+            .ok_or(QueryError::NotEnabled(query.kind.profile_kind()))?;
+        let bytes = if query.text { pprof::legacy_text(&profile).into_bytes() } else { pprof::encode_gzip(&profile) };
+        Ok(ProfileBody { bytes, text: query.text })
+    }
+
+    /// Answers the windows whose time is up.
+    fn finish_windows(&mut self) {
+        let now = Instant::now();
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.windows).into_iter().partition(|w| w.deadline <= now);
+        self.windows = waiting;
+        if due.is_empty() {
+            return;
+        }
+        self.drain();
+        if due.iter().any(|w| w.query.kind.profile_kind() == ProfileKind::Heap) {
+            // Updates the open windows' live state; the due ones take it below.
+            self.refresh_live();
+        }
+        for w in due {
+            let window = Window { start: w.start, duration: w.start.elapsed().unwrap_or_default() };
+            let mut counts = w.counts.process(w.query.pid).cloned().unwrap_or_default();
+            if let Some(total) = self.total.process(w.query.pid) {
+                // inuse is the state at the end of the window, whenever the block was made.
+                counts.heap_live.clone_from(&total.heap_live);
+            }
+            let _ = w.reply.send(self.answer(&w.query, &counts, &window));
+        }
+    }
+
+    fn scan_heap_targets(&mut self) {
+        if !self.config.is_enabled(ProfileKind::Heap) || self.config.heap.include.is_empty() {
+            return;
+        }
+        for pid in procs::list_pids() {
+            if self.heap_pids.contains_key(&pid) || self.heap_failed.contains(&pid) || pid == std::process::id() {
+                continue;
+            }
+            let Ok(name) = procs::read_comm(pid) else { continue };
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            let cgroup = procs::read_cgroup(pid);
+            let facts = ProcessFacts { pid, name: &name, exe: exe.as_deref(), cgroup: cgroup.as_deref() };
+            if !self.config.heap_profiles(&facts) {
+                continue;
+            }
+            self.agg.track(pid);
+            match self.session.attach_heap(pid) {
+                Ok(attachment) => {
+                    tracing::info!(pid, name, library = attachment.library, "heap probes attached");
+                    self.heap_pids.insert(pid, attachment);
+                }
+                Err(err) => {
+                    tracing::warn!(pid, name, error = %err, "cannot heap-profile this process");
+                    self.heap_failed.insert(pid);
+                }
+            }
+        }
+    }
+
+    /// Applies a new configuration. What the loaded programs fix (CPU frequency, heap
+    /// sampling rate, whether CPU sampling runs) needs a restart; everything else applies now.
+    fn reload(&mut self, config: Config) -> std::result::Result<(), String> {
+        let mut restart_needed = Vec::new();
+        if config.cpu.frequency_hz != self.config.cpu.frequency_hz {
+            restart_needed.push("cpu.frequency_hz");
+        }
+        if config.heap.sample_bytes != self.config.heap.sample_bytes {
+            restart_needed.push("heap.sample_bytes");
+        }
+        if config.is_enabled(ProfileKind::Cpu) != self.cpu_attached {
+            restart_needed.push("profiles (cpu)");
+        }
+        if !restart_needed.is_empty() {
+            tracing::warn!(keys = ?restart_needed, "these settings take effect after a restart");
+        }
+        self.config = config;
+        self.heap_failed.clear();
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    pub(super) fn record_error(&mut self, message: String) {
+        tracing::error!("{message}");
+        self.last_error = Some(message);
+    }
+
+    pub(super) fn counters(&self) -> Option<crate::ebpf::Counters> {
+        self.session.counters().ok()
+    }
+
+    pub(super) fn output_dir(&self) -> PathBuf {
+        self.config.output_dir.clone()
+    }
+}
+
+/// What the process matchers look at.
+fn facts(process: &KnownProcess) -> ProcessFacts<'_> {
+    let info = process.info.as_ref();
+    ProcessFacts {
+        pid: process.pid,
+        name: &process.name,
+        exe: info.and_then(|i| i.exe.as_deref()),
+        cgroup: info.and_then(|i| i.cgroup.as_deref()),
+    }
+}

@@ -1,0 +1,552 @@
+//! Deleting old profiles so the output directory stays within `[retention]`: profiles older
+//! than `max_age` go first, then the oldest until the directory fits in `max_total_bytes` and
+//! the file system has `min_free_bytes` free.
+//!
+//! Owns: listing `DIR/<name>-<pid>/*.pb.gz`, choosing what to delete, deleting it, and
+//! removing the per-process directories that deletion emptied. Does not own writing profiles
+//! ([`crate::output`]) nor when to run (the daemon calls [`enforce`] after each write, from
+//! the thread that writes, so removing an emptied directory never races a write into it).
+//!
+//! Nothing here panics or gives up on the first failure: a file that cannot be deleted is
+//! counted in the report and the next one is tried, and a file that vanished meanwhile is
+//! simply gone. Only this module deletes under the output directory.
+
+use std::{
+    collections::BTreeSet,
+    ffi::CString,
+    fmt, fs, io,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use crate::{config::Retention, units::format_bytes};
+
+/// The suffix of every profile file; anything else in the directory is left alone.
+const PROFILE_SUFFIX: &str = ".pb.gz";
+
+/// What one [`enforce`] pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Profiles this pass deleted, and their total size in bytes (files that vanished
+    /// meanwhile are not counted).
+    pub deleted_files: u64,
+    pub deleted_bytes: u64,
+    /// Profiles left after the pass, and their total size in bytes.
+    pub remaining_files: u64,
+    pub remaining_bytes: u64,
+    /// Per-process directories removed because the pass emptied them.
+    pub removed_dirs: u64,
+    /// Failures (listing, deleting, reading free space); the pass went on after each.
+    pub errors: u64,
+    /// The last failure, naming the file and the cause.
+    pub last_error: Option<String>,
+}
+
+impl RetentionReport {
+    fn record(&mut self, error: String) {
+        self.errors += 1;
+        self.last_error = Some(error);
+    }
+}
+
+/// One line for the log.
+impl fmt::Display for RetentionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "deleted {} profile(s) ({}), {} left ({})",
+            self.deleted_files,
+            format_bytes(self.deleted_bytes),
+            self.remaining_files,
+            format_bytes(self.remaining_bytes),
+        )?;
+        if let Some(error) = &self.last_error {
+            write!(f, "; {} error(s), last: {error}", self.errors)?;
+        }
+        Ok(())
+    }
+}
+
+/// A profile file found in the output directory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Profile {
+    // Field order is the deletion order: oldest first, then by path so ties are stable.
+    modified: SystemTime,
+    path: PathBuf,
+    bytes: u64,
+}
+
+/// Applies `policy` to the profiles under `dir` as of `now` (a parameter so tests control
+/// age). `min_free_bytes` is checked on `dir`'s file system after each deletion.
+pub fn enforce(dir: &Path, policy: &Retention, now: SystemTime) -> RetentionReport {
+    let mut report = RetentionReport::default();
+    let mut profiles = list_profiles(dir, &mut report);
+    profiles.sort();
+    let mut touched_dirs = BTreeSet::new();
+    let kept = delete_expired(
+        profiles,
+        policy.max_age,
+        now,
+        &mut report,
+        &mut touched_dirs,
+    );
+    let kept = delete_oldest_over_limits(kept, dir, policy, &mut report, &mut touched_dirs);
+    report.remaining_files = kept.len() as u64;
+    report.remaining_bytes = kept.iter().map(|profile| profile.bytes).sum();
+    remove_emptied_dirs(&touched_dirs, &mut report);
+    report
+}
+
+/// Whether `dir`'s file system has at least `min_free_bytes` available to unprivileged users.
+/// 0 is always satisfied, without asking the file system.
+pub fn free_space_ok(dir: &Path, min_free_bytes: u64) -> Result<bool, io::Error> {
+    if min_free_bytes == 0 {
+        return Ok(true);
+    }
+    Ok(available_bytes(dir)? >= min_free_bytes)
+}
+
+/// Bytes available on `dir`'s file system to unprivileged users (`f_bavail × f_frsize`). The
+/// blocks reserved for root are not counted: the daemon runs as root, but leaving them alone
+/// is what keeps the host usable when the disk fills.
+pub fn available_bytes(dir: &Path) -> Result<u64, io::Error> {
+    let name = || dir.display();
+    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} contains a NUL byte", name()),
+        )
+    })?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `stats` is writable, both live across the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        let err = io::Error::last_os_error();
+        return Err(io::Error::new(
+            err.kind(),
+            format!("failed to read free space of {}: {err}", name()),
+        ));
+    }
+    Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+}
+
+/// `dir/*/*.pb.gz`, one level of per-process directories. Names starting with `.` (the
+/// writer's temporary files, probes) and symlinks are skipped, so a pass never deletes a
+/// half-written file or anything outside `dir`.
+fn list_profiles(dir: &Path, report: &mut RetentionReport) -> Vec<Profile> {
+    let mut profiles = Vec::new();
+    for process_dir in read_dir_entries(dir, report) {
+        if is_visible(&process_dir) && process_dir.file_type().is_ok_and(|kind| kind.is_dir()) {
+            for file in read_dir_entries(&process_dir.path(), report) {
+                if let Some(profile) = profile_of(&file, report) {
+                    profiles.push(profile);
+                }
+            }
+        }
+    }
+    profiles
+}
+
+/// The entries of `dir`; a failure is recorded and yields none (a directory that vanished
+/// meanwhile yields none silently).
+fn read_dir_entries(dir: &Path, report: &mut RetentionReport) -> Vec<fs::DirEntry> {
+    let mut entries = Vec::new();
+    let fail = |err: io::Error, report: &mut RetentionReport| {
+        if err.kind() != io::ErrorKind::NotFound {
+            report.record(format!("failed to list {}: {err}", dir.display()));
+        }
+    };
+    match fs::read_dir(dir) {
+        Ok(iter) => {
+            for entry in iter {
+                match entry {
+                    Ok(entry) => entries.push(entry),
+                    Err(err) => fail(err, report),
+                }
+            }
+        }
+        Err(err) => fail(err, report),
+    }
+    entries
+}
+
+fn is_visible(entry: &fs::DirEntry) -> bool {
+    !entry.file_name().as_bytes().starts_with(b".")
+}
+
+/// The entry as a profile, if it is a regular `*.pb.gz` file that still exists.
+fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<Profile> {
+    let name = entry.file_name();
+    if !is_visible(entry) || !name.as_bytes().ends_with(PROFILE_SUFFIX.as_bytes()) {
+        return None;
+    }
+    let path = entry.path();
+    // `DirEntry::metadata` does not follow symlinks; `is_file` then rules them out.
+    match entry
+        .metadata()
+        .and_then(|meta| Ok((meta.is_file(), meta.len(), meta.modified()?)))
+    {
+        Ok((true, bytes, modified)) => Some(Profile {
+            modified,
+            path,
+            bytes,
+        }),
+        Ok((false, ..)) => None,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => None,
+        Err(err) => {
+            report.record(format!(
+                "failed to read the size and age of {}: {err}",
+                path.display()
+            ));
+            None
+        }
+    }
+}
+
+/// Deletes the profiles older than `max_age` and returns the rest, in the same order. A file
+/// stamped in the future counts as new.
+fn delete_expired(
+    profiles: Vec<Profile>,
+    max_age: Duration,
+    now: SystemTime,
+    report: &mut RetentionReport,
+    touched_dirs: &mut BTreeSet<PathBuf>,
+) -> Vec<Profile> {
+    let mut kept = Vec::with_capacity(profiles.len());
+    for profile in profiles {
+        let age = now
+            .duration_since(profile.modified)
+            .unwrap_or(Duration::ZERO);
+        if age <= max_age || !delete(&profile, report, touched_dirs) {
+            kept.push(profile);
+        }
+    }
+    kept
+}
+
+/// Deletes oldest first while the total exceeds `max_total_bytes` or the file system has less
+/// than `min_free_bytes` free; returns what is left. A file that cannot be deleted still
+/// counts towards the total, so newer files may go in its place: the limits are what the
+/// operator asked for. Deleting only ever helps, so the first file that may stay ends the
+/// pass (and free space is not asked about once per remaining file).
+fn delete_oldest_over_limits(
+    profiles: Vec<Profile>,
+    dir: &Path,
+    policy: &Retention,
+    report: &mut RetentionReport,
+    touched_dirs: &mut BTreeSet<PathBuf>,
+) -> Vec<Profile> {
+    let mut total: u64 = profiles.iter().map(|profile| profile.bytes).sum();
+    let mut free_space = FreeSpace::new(dir, policy.min_free_bytes);
+    let mut kept = Vec::with_capacity(profiles.len());
+    let mut oldest_first = profiles.into_iter();
+    for profile in oldest_first.by_ref() {
+        if total <= policy.max_total_bytes && !free_space.is_low(report) {
+            kept.push(profile);
+            break;
+        }
+        if delete(&profile, report, touched_dirs) {
+            total -= profile.bytes;
+        } else {
+            kept.push(profile);
+        }
+    }
+    kept.extend(oldest_first);
+    kept
+}
+
+/// The `min_free_bytes` check during one pass. After the first failure to read free space it
+/// stops asking (the error is recorded once) and only the size limit applies.
+struct FreeSpace<'a> {
+    dir: &'a Path,
+    min_free_bytes: u64,
+    failed: bool,
+}
+
+impl<'a> FreeSpace<'a> {
+    fn new(dir: &'a Path, min_free_bytes: u64) -> Self {
+        Self {
+            dir,
+            min_free_bytes,
+            failed: false,
+        }
+    }
+
+    fn is_low(&mut self, report: &mut RetentionReport) -> bool {
+        if self.failed {
+            return false;
+        }
+        match free_space_ok(self.dir, self.min_free_bytes) {
+            Ok(ok) => !ok,
+            Err(err) => {
+                self.failed = true;
+                report.record(err.to_string());
+                false
+            }
+        }
+    }
+}
+
+/// Deletes one profile. Returns whether it is gone, which includes having vanished already
+/// (then it is not counted as deleted by this pass).
+fn delete(
+    profile: &Profile,
+    report: &mut RetentionReport,
+    touched_dirs: &mut BTreeSet<PathBuf>,
+) -> bool {
+    match fs::remove_file(&profile.path) {
+        Ok(()) => {
+            report.deleted_files += 1;
+            report.deleted_bytes += profile.bytes;
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => {
+            report.record(format!(
+                "failed to delete old profile {}: {err}; check the output directory's permissions",
+                profile.path.display()
+            ));
+            return false;
+        }
+    }
+    if let Some(parent) = profile.path.parent() {
+        touched_dirs.insert(parent.to_path_buf());
+    }
+    true
+}
+
+/// Removes the per-process directories this pass emptied. `remove_dir` only removes empty
+/// directories, so one that still holds files (or got a new one) simply stays.
+fn remove_emptied_dirs(dirs: &BTreeSet<PathBuf>, report: &mut RetentionReport) {
+    for dir in dirs {
+        match fs::remove_dir(dir) {
+            Ok(()) => report.removed_dirs += 1,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::DirectoryNotEmpty | io::ErrorKind::NotFound
+                ) => {}
+            Err(err) => report.record(format!(
+                "failed to remove emptied directory {}: {err}",
+                dir.display()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    /// A fresh output directory, removed on drop; `now` is fixed so ages are exact.
+    struct OutputDir {
+        root: PathBuf,
+        now: SystemTime,
+    }
+
+    impl OutputDir {
+        fn new(test: &str) -> Self {
+            let root = std::env::temp_dir()
+                .join(format!("profiler-retention-{test}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&root);
+            fs::create_dir_all(&root).unwrap();
+            Self {
+                root,
+                now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            }
+        }
+
+        /// Writes `bytes` bytes at `relative`, last modified `age` before `now`.
+        fn file(&self, relative: &str, bytes: usize, age: Duration) -> PathBuf {
+            let path = self.root.join(relative);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, vec![0u8; bytes]).unwrap();
+            fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(self.now - age)
+                .unwrap();
+            path
+        }
+
+        fn enforce(&self, policy: &Retention) -> RetentionReport {
+            enforce(&self.root, policy, self.now)
+        }
+    }
+
+    impl Drop for OutputDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    fn policy(max_age: Duration, max_total_bytes: u64) -> Retention {
+        Retention {
+            max_age,
+            max_total_bytes,
+            min_free_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn deletes_expired_profiles_and_the_dirs_they_leave_empty() {
+        let out = OutputDir::new("age");
+        let old = out.file("app-1/cpu-20231101T000000Z.pb.gz", 10, 8 * DAY);
+        let new = out.file("app-1/cpu-20231113T000000Z.pb.gz", 20, DAY);
+        out.file("gone-2/cpu-20231101T000000Z.pb.gz", 30, 8 * DAY);
+        let future = out.file("app-1/heap-20231115T000000Z.pb.gz", 5, Duration::ZERO);
+        fs::File::options()
+            .write(true)
+            .open(&future)
+            .unwrap()
+            .set_modified(out.now + HOUR)
+            .unwrap();
+
+        let report = out.enforce(&policy(7 * DAY, 1 << 30));
+        assert_eq!(
+            (report.deleted_files, report.deleted_bytes),
+            (2, 40),
+            "{report:?}"
+        );
+        assert_eq!((report.remaining_files, report.remaining_bytes), (2, 25));
+        assert_eq!((report.removed_dirs, report.errors), (1, 0));
+        assert!(!old.exists() && new.exists() && future.exists());
+        assert!(
+            !out.root.join("gone-2").exists(),
+            "emptied process dir removed"
+        );
+    }
+
+    #[test]
+    fn deletes_oldest_first_until_under_the_size_limit() {
+        let out = OutputDir::new("size");
+        let oldest = out.file("a-1/cpu-1.pb.gz", 100, 3 * HOUR);
+        let tie_first = out.file("b-2/cpu-1.pb.gz", 100, 2 * HOUR);
+        let tie_second = out.file("b-2/cpu-2.pb.gz", 100, 2 * HOUR);
+        let newest = out.file("a-1/cpu-2.pb.gz", 100, HOUR);
+
+        let report = out.enforce(&policy(7 * DAY, 250));
+        assert_eq!(
+            (report.deleted_files, report.remaining_bytes),
+            (2, 200),
+            "{report:?}"
+        );
+        assert!(
+            !oldest.exists() && !tie_first.exists(),
+            "oldest, then by name"
+        );
+        assert!(tie_second.exists() && newest.exists());
+        assert_eq!(report.removed_dirs, 0, "both dirs still hold a profile");
+    }
+
+    #[test]
+    fn leaves_everything_but_profiles_alone() {
+        let out = OutputDir::new("ignore");
+        let age = 30 * DAY;
+        let ignored = [
+            out.file("app-1/.cpu-1.pb.gz.tmp-42", 10, age),
+            out.file("app-1/notes.txt", 10, age),
+            out.file("top-level.pb.gz", 10, age),
+            out.file(".hidden-1/cpu-1.pb.gz", 10, age),
+        ];
+        let outside = OutputDir::new("ignore-outside");
+        let target = outside.file("elsewhere.pb.gz", 10, age);
+        std::os::unix::fs::symlink(&target, out.root.join("app-1/link.pb.gz")).unwrap();
+        let profile = out.file("app-1/cpu-1.pb.gz", 10, age);
+
+        let report = out.enforce(&policy(DAY, 1));
+        assert_eq!(
+            (report.deleted_files, report.remaining_files, report.errors),
+            (1, 0, 0),
+            "{report:?}"
+        );
+        assert!(!profile.exists());
+        assert!(ignored.iter().all(|path| path.exists()) && target.exists());
+        assert!(
+            out.root.join("app-1").exists(),
+            "the dir still holds the temp file"
+        );
+    }
+
+    #[test]
+    fn one_failure_does_not_stop_the_pass() {
+        let out = OutputDir::new("failure");
+        let stuck = out.root.join("app-1/stuck.pb.gz");
+        fs::create_dir_all(&stuck).unwrap(); // unlink fails on a directory, even for root
+        let vanished = out.root.join("app-1/vanished.pb.gz");
+        let real = out.file("app-1/real.pb.gz", 7, 2 * DAY);
+        let then = out.now - 2 * DAY;
+        let profiles = [&stuck, &vanished, &real]
+            .map(|path| Profile {
+                modified: then,
+                path: path.clone(),
+                bytes: 7,
+            })
+            .to_vec();
+
+        let mut report = RetentionReport::default();
+        let mut touched = BTreeSet::new();
+        let kept = delete_expired(profiles, DAY, out.now, &mut report, &mut touched);
+        assert_eq!(kept.len(), 1, "only the undeletable one is kept");
+        assert_eq!(
+            (report.deleted_files, report.errors),
+            (1, 1),
+            "a vanished file is no error"
+        );
+        assert!(
+            report
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("stuck.pb.gz"),
+            "{report:?}"
+        );
+        assert!(!real.exists());
+        assert!(report.to_string().contains("1 error(s)"), "{report}");
+    }
+
+    #[test]
+    fn an_unreachable_free_space_floor_deletes_everything_and_stops() {
+        let out = OutputDir::new("free");
+        out.file("a-1/cpu-1.pb.gz", 10, HOUR);
+        out.file("b-2/cpu-1.pb.gz", 10, 2 * HOUR);
+        let floor = Retention {
+            max_age: 7 * DAY,
+            max_total_bytes: 1 << 30,
+            min_free_bytes: u64::MAX,
+        };
+        let report = out.enforce(&floor);
+        assert_eq!(
+            (
+                report.deleted_files,
+                report.remaining_files,
+                report.removed_dirs
+            ),
+            (2, 0, 2),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn free_space_is_read_from_the_file_system() {
+        let out = OutputDir::new("statvfs");
+        assert!(available_bytes(&out.root).unwrap() > 0);
+        assert!(free_space_ok(&out.root, 1).unwrap());
+        assert!(!free_space_ok(&out.root, u64::MAX).unwrap());
+        let missing = out.root.join("missing");
+        assert!(free_space_ok(&missing, 0).unwrap(), "0 disables the check");
+        let err = free_space_ok(&missing, 1).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_output_dir_is_an_empty_one() {
+        let out = OutputDir::new("missing");
+        let report = enforce(&out.root.join("nope"), &policy(DAY, 1), out.now);
+        assert_eq!(report, RetentionReport::default());
+    }
+}
