@@ -43,8 +43,12 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     if truncated {
         bump(CpuCounter::UserStackTruncated);
     }
-    let kernel_stack =
-        stack_or_count(capture_kernel(ctx.as_ptr(), stacks), CpuCounter::KernelStackFailed);
+    // A sample that interrupted user mode has no kernel stack: skip the helper call.
+    let kernel_stack = if interrupted_user_mode(ctx) {
+        NO_STACK
+    } else {
+        stack_or_count(capture_kernel(ctx.as_ptr(), stacks), CpuCounter::KernelStackFailed)
+    };
 
     let key = CpuSampleKey {
         tgid,
@@ -58,6 +62,14 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         return;
     }
     bump(CpuCounter::Samples);
+}
+
+/// Whether the sample interrupted user mode (the low two bits of the saved `cs` are the
+/// privilege level: 3 for user).
+#[inline(always)]
+fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
+    // SAFETY: the perf_event context's registers are readable for the whole program.
+    unsafe { (*ctx.ctx).regs.cs & 3 == 3 }
 }
 
 /// Adds one to this CPU's count for `key`. False when the map is full.
