@@ -249,6 +249,10 @@ impl Collector {
         let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
         let gone = self.agg.prune(grace, &keep);
         self.total.forget(&gone);
+        let heap_gone: Vec<u32> = gone.iter().copied().filter(|pid| self.heap_pids.contains_key(pid)).collect();
+        if let Err(err) = self.session.forget_processes(&heap_gone) {
+            self.record_error(format!("failed to clear the heap maps of exited processes: {err}"));
+        }
         for pid in &gone {
             self.heap_pids.remove(pid);
             self.heap_failed.remove(pid);

@@ -188,6 +188,26 @@ pub(super) fn live_blocks(ebpf: &Ebpf) -> Result<Vec<LiveBlock>> {
     Ok(blocks)
 }
 
+/// Deletes the live blocks and in-flight calls of processes that are gone, so they do not
+/// fill the maps of a long-running session. Returns the number of entries removed.
+pub(super) fn forget_processes(ebpf: &mut Ebpf, tgids: &[u32]) -> Result<usize> {
+    if tgids.is_empty() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    let mut live: HashMap<&mut MapData, LiveKey, LiveAlloc> = map_mut(ebpf, maps::HEAP_LIVE)?;
+    let dead: Vec<LiveKey> = live.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&k.tgid)).collect();
+    for key in &dead {
+        removed += usize::from(live.remove(key).is_ok());
+    }
+    let mut pending: HashMap<&mut MapData, u64, profiler_common::PendingAlloc> = map_mut(ebpf, maps::HEAP_PENDING)?;
+    let dead: Vec<u64> = pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
+    for key in &dead {
+        removed += usize::from(pending.remove(key).is_ok());
+    }
+    Ok(removed)
+}
+
 pub(super) fn counters(ebpf: &Ebpf) -> Result<HeapCounters> {
     let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, maps::HEAP_COUNTERS)?;
     let get = |c: HeapCounter| sum_counter(&array, c as u32, maps::HEAP_COUNTERS);

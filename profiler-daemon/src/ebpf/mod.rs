@@ -114,6 +114,11 @@ impl Session {
         drain::drain_set(&mut self.ebpf, drained)
     }
 
+    /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.
+    pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize> {
+        heap::forget_processes(&mut self.ebpf, tgids)
+    }
+
     /// The sampled heap blocks that are live now, read in place.
     pub fn live_blocks(&self) -> Result<Vec<LiveBlock>> {
         heap::live_blocks(&self.ebpf)
