@@ -11,10 +11,12 @@
 pub mod cpu;
 pub mod heap;
 pub mod stack;
+pub mod unwind;
 
 pub use cpu::{CpuCounter, CpuSampleKey};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
+pub use unwind::{UnwindKind, UnwindRow};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
 pub mod globals {

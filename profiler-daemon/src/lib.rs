@@ -25,5 +25,6 @@ pub mod resolve;
 pub mod snapshot;
 pub mod symbolize;
 pub mod units;
+pub mod unwind;
 
 pub use error::{Error, Result};

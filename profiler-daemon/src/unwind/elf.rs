@@ -1,0 +1,176 @@
+//! Just enough ELF to find a section by name: the 64-bit little-endian x86_64 header, the
+//! section header table and its string table. Sections are borrowed from the file's bytes,
+//! except compressed ones (`SHF_COMPRESSED`, zlib), which are inflated into an owned buffer.
+
+use std::borrow::Cow;
+use std::io::Read;
+
+use super::BuildError;
+
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+const ELFCLASS64: u8 = 2;
+const ELFDATA2LSB: u8 = 1;
+const EM_X86_64: u16 = 62;
+const SHT_NOBITS: u32 = 8;
+const SHF_EXECINSTR: u64 = 0x4;
+const SHF_COMPRESSED: u64 = 0x800;
+const ELFCOMPRESS_ZLIB: u32 = 1;
+const SHN_XINDEX: u16 = 0xffff;
+const SECTION_HEADER_LEN: usize = 64;
+const COMPRESSION_HEADER_LEN: usize = 24;
+const MAX_PREALLOCATED_BYTES: usize = 64 << 20;
+
+/// One section header, with the fields the table builder uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Section {
+    /// Virtual address when loaded (0 for sections that are not).
+    pub addr: u64,
+    offset: u64,
+    /// Size in the file (compressed size for compressed sections).
+    size: u64,
+    kind: u32,
+    flags: u64,
+    name: u32,
+}
+
+impl Section {
+    /// The address range the section occupies when loaded.
+    pub fn address_range(&self) -> std::ops::Range<u64> {
+        self.addr..self.addr.saturating_add(self.size)
+    }
+}
+
+/// The section header table of one ELF file.
+pub(crate) struct Elf<'a> {
+    bytes: &'a [u8],
+    sections: Vec<Section>,
+    names: &'a [u8],
+}
+
+impl<'a> Elf<'a> {
+    /// Reads the ELF and section headers of `bytes`.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, BuildError> {
+        if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC {
+            return Err(BuildError::NotElf);
+        }
+        let machine = u16_at(bytes, 18)?;
+        if bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB || machine != EM_X86_64 {
+            return Err(BuildError::UnsupportedElf { class: bytes[4], data: bytes[5], machine });
+        }
+        let shoff = u64_at(bytes, 0x28)?;
+        let mut count = u64::from(u16_at(bytes, 0x3c)?);
+        let mut names_index = u16_at(bytes, 0x3e)?;
+        if shoff == 0 {
+            return Ok(Elf { bytes, sections: Vec::new(), names: &[] });
+        }
+        // With many sections the real count and string-table index live in section 0.
+        let first = section_at(bytes, shoff, 0)?;
+        if count == 0 {
+            count = first.size;
+        }
+        if names_index == SHN_XINDEX {
+            names_index = u32_at(bytes, to_usize(shoff)? + 40)? as u16;
+        }
+        let sections = (0..count)
+            .map(|index| section_at(bytes, shoff, index))
+            .collect::<Result<Vec<_>, _>>()?;
+        let names = match sections.get(usize::from(names_index)) {
+            Some(table) => file_range(bytes, table.offset, table.size)?,
+            None => &[],
+        };
+        Ok(Elf { bytes, sections, names })
+    }
+
+    /// The header of the section called `name`, if there is one with contents in the file.
+    pub fn section(&self, name: &str) -> Option<Section> {
+        self.sections
+            .iter()
+            .find(|s| s.kind != SHT_NOBITS && self.name(s) == Some(name.as_bytes()))
+            .copied()
+    }
+
+    /// The address ranges of the sections holding code (with or without contents in the file).
+    pub fn executable_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        self.sections
+            .iter()
+            .filter(|s| s.flags & SHF_EXECINSTR != 0)
+            .map(Section::address_range)
+            .collect()
+    }
+
+    /// The contents of `section`, inflated if it is compressed.
+    pub fn data(&self, section: &Section) -> Result<Cow<'a, [u8]>, BuildError> {
+        let raw = file_range(self.bytes, section.offset, section.size)?;
+        if section.flags & SHF_COMPRESSED == 0 {
+            return Ok(Cow::Borrowed(raw));
+        }
+        inflate(raw).map(Cow::Owned)
+    }
+
+    fn name(&self, section: &Section) -> Option<&'a [u8]> {
+        let tail = self.names.get(to_usize(u64::from(section.name)).ok()?..)?;
+        let len = tail.iter().position(|&b| b == 0)?;
+        Some(&tail[..len])
+    }
+}
+
+/// Inflates an `SHF_COMPRESSED` section: an `Elf64_Chdr`, then a zlib stream.
+fn inflate(raw: &[u8]) -> Result<Vec<u8>, BuildError> {
+    let kind = u32_at(raw, 0)?;
+    if kind != ELFCOMPRESS_ZLIB {
+        return Err(BuildError::UnsupportedCompression(kind));
+    }
+    let size = u64_at(raw, 8)?;
+    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
+    // The declared size bounds the output, so a corrupt header cannot make it grow forever.
+    let mut out = Vec::with_capacity(to_usize(size)?.min(MAX_PREALLOCATED_BYTES));
+    flate2::read::ZlibDecoder::new(stream)
+        .take(size)
+        .read_to_end(&mut out)
+        .map_err(BuildError::Inflate)?;
+    Ok(out)
+}
+
+fn section_at(bytes: &[u8], shoff: u64, index: u64) -> Result<Section, BuildError> {
+    let start = index
+        .checked_mul(SECTION_HEADER_LEN as u64)
+        .and_then(|off| off.checked_add(shoff))
+        .ok_or(BuildError::Truncated)?;
+    let header = file_range(bytes, start, SECTION_HEADER_LEN as u64)?;
+    Ok(Section {
+        name: u32_at(header, 0)?,
+        kind: u32_at(header, 4)?,
+        flags: u64_at(header, 8)?,
+        addr: u64_at(header, 16)?,
+        offset: u64_at(header, 24)?,
+        size: u64_at(header, 32)?,
+    })
+}
+
+fn file_range(bytes: &[u8], offset: u64, len: u64) -> Result<&[u8], BuildError> {
+    let start = to_usize(offset)?;
+    let end = start.checked_add(to_usize(len)?).ok_or(BuildError::Truncated)?;
+    bytes.get(start..end).ok_or(BuildError::Truncated)
+}
+
+fn to_usize(value: u64) -> Result<usize, BuildError> {
+    usize::try_from(value).map_err(|_| BuildError::Truncated)
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Result<u16, BuildError> {
+    Ok(u16::from_le_bytes(array_at(bytes, at)?))
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Result<u32, BuildError> {
+    Ok(u32::from_le_bytes(array_at(bytes, at)?))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Result<u64, BuildError> {
+    Ok(u64::from_le_bytes(array_at(bytes, at)?))
+}
+
+fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], BuildError> {
+    let end = at.checked_add(N).ok_or(BuildError::Truncated)?;
+    let slice = bytes.get(at..end).ok_or(BuildError::Truncated)?;
+    Ok(slice.try_into().expect("slice has N bytes"))
+}

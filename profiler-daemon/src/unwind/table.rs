@@ -1,0 +1,305 @@
+//! Builds one file's [`UnwindTable`]: reads `.eh_frame` and `.debug_frame`, lays the FDEs'
+//! rules out by address with gap rows between functions, merges identical neighbours and
+//! encodes the rows for the kernel. Also the userspace lookup the tests (and any userspace
+//! walker) use, which binary-searches exactly as the kernel does.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use profiler_common::UnwindRow;
+
+use super::cfi::{self, FdeRows, SectionCfi};
+use super::elf::{Elf, Section};
+use super::rule::{gap_row, ReasonCounts, Rule};
+
+/// Why no table could be built for a file.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("not an ELF file")]
+    NotElf,
+    #[error(
+        "unsupported ELF file (class {class}, data {data}, machine {machine}): only 64-bit \
+         little-endian x86_64 files are unwound"
+    )]
+    UnsupportedElf { class: u8, data: u8, machine: u16 },
+    #[error("ELF file is truncated or its headers point outside it")]
+    Truncated,
+    #[error("unsupported section compression type {0}")]
+    UnsupportedCompression(u32),
+    #[error("failed to inflate a compressed section")]
+    Inflate(#[source] std::io::Error),
+    #[error("no .eh_frame or .debug_frame section")]
+    NoCfi,
+    #[error("failed to parse {section}")]
+    Cfi { section: &'static str, source: gimli::Error },
+    #[error("CFI spans {span:#x} bytes, more than a row's 32-bit offset can address")]
+    SpanTooLarge { span: u64 },
+}
+
+/// What building one table found and cost, for `/status` and the bench.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuildStats {
+    /// FDEs whose rules are in the table.
+    pub fdes: u64,
+    /// FDEs left out: overlapping an earlier one, or starting outside every executable
+    /// section (a linker's tombstone for a discarded function), or unparseable.
+    pub skipped_fdes: u64,
+    /// Rows before identical neighbours were merged, gap rows included.
+    pub rows_before_merge: u64,
+    /// Rows in the table, gap rows included.
+    pub rows: u64,
+    /// CFI rows (before merging) that became an `Unsupported` row, per reason.
+    pub unsupported: ReasonCounts,
+    /// Size of the rows: what a BPF array holding them needs, before map overhead.
+    pub bytes: u64,
+    /// Wall time of [`build`].
+    pub build_duration: Duration,
+}
+
+/// One file's unwind rules, sorted by address.
+#[derive(Clone, Debug)]
+pub struct UnwindTable {
+    base_address: u64,
+    rows: Vec<UnwindRow>,
+    stats: BuildStats,
+}
+
+impl UnwindTable {
+    /// The file-relative virtual address that row offsets count from.
+    pub fn base_address(&self) -> u64 {
+        self.base_address
+    }
+
+    /// The rows as the kernel will read them, sorted by `pc_offset`, ending with a gap row.
+    pub fn rows(&self) -> &[UnwindRow] {
+        &self.rows
+    }
+
+    /// What the build found and cost.
+    pub fn stats(&self) -> &BuildStats {
+        &self.stats
+    }
+
+    /// The rule at `address` (a file-relative virtual address), or `None` if no CFI covers
+    /// it. The kernel's binary search does the same: the last row starting at or before
+    /// `offset`.
+    pub fn lookup(&self, address: u64) -> Option<Rule> {
+        let offset = u32::try_from(address.checked_sub(self.base_address)?).ok()?;
+        let index = self.rows.partition_point(|row| row.pc_offset <= offset);
+        Rule::decode(self.rows.get(index.checked_sub(1)?)?)
+    }
+}
+
+/// Builds the unwind table of the ELF file `elf_bytes`.
+pub fn build(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
+    let started = Instant::now();
+    let elf = Elf::parse(elf_bytes)?;
+    // .eh_frame first: at equal starts the earlier section wins (see `assemble`).
+    let mut sections = Vec::new();
+    if let Some(header) = elf.section(".eh_frame") {
+        sections.push(read_eh_frame(&elf, &header)?);
+    }
+    if let Some(header) = elf.section(".debug_frame") {
+        sections.push(read_debug_frame(&elf, &header)?);
+    }
+    if sections.is_empty() {
+        return Err(BuildError::NoCfi);
+    }
+    let mut table = assemble(sections, &elf.executable_ranges())?;
+    table.stats.build_duration = started.elapsed();
+    Ok(table)
+}
+
+fn read_eh_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildError> {
+    let data = elf.data(header)?;
+    let mut section = EhFrame::new(&data, LittleEndian);
+    section.set_address_size(8);
+    // .eh_frame pointers are usually pc-relative; text- and data-relative ones need these.
+    let mut bases = BaseAddresses::default().set_eh_frame(header.addr);
+    if let Some(text) = elf.section(".text") {
+        bases = bases.set_text(text.addr);
+    }
+    if let Some(got) = elf.section(".got") {
+        bases = bases.set_got(got.addr);
+    }
+    cfi::read_section(&section, &bases)
+        .map_err(|source| BuildError::Cfi { section: ".eh_frame", source })
+}
+
+fn read_debug_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildError> {
+    let data = elf.data(header)?;
+    let mut section = DebugFrame::new(&data, LittleEndian);
+    section.set_address_size(8);
+    cfi::read_section(&section, &BaseAddresses::default())
+        .map_err(|source| BuildError::Cfi { section: ".debug_frame", source })
+}
+
+/// Lays the FDEs of all sections out by address and encodes them. An FDE that starts inside
+/// an earlier one is dropped; the earlier one wins (at equal starts, the earlier section).
+pub(crate) fn assemble(
+    sections: Vec<SectionCfi>,
+    executable: &[Range<u64>],
+) -> Result<UnwindTable, BuildError> {
+    let mut stats = BuildStats::default();
+    let mut fdes: Vec<(usize, FdeRows)> = Vec::new();
+    for (order, section) in sections.into_iter().enumerate() {
+        stats.skipped_fdes += section.unparsed_fdes;
+        fdes.extend(section.fdes.into_iter().map(|fde| (order, fde)));
+    }
+    fdes.sort_by_key(|(order, fde)| (fde.start, *order));
+
+    let in_code =
+        |address| executable.is_empty() || executable.iter().any(|r| r.contains(&address));
+    let mut rules: Vec<(u64, Option<Rule>)> = Vec::new();
+    let mut covered_to = 0;
+    for (_, fde) in fdes {
+        if !in_code(fde.start) || (!rules.is_empty() && fde.start < covered_to) {
+            stats.skipped_fdes += 1;
+            continue;
+        }
+        if !rules.is_empty() && fde.start > covered_to {
+            rules.push((covered_to, None));
+        }
+        rules.extend(fde.rows.into_iter().map(|(address, rule)| (address, Some(rule))));
+        covered_to = fde.end;
+        stats.fdes += 1;
+    }
+    if !rules.is_empty() {
+        rules.push((covered_to, None));
+    }
+    stats.rows_before_merge = rules.len() as u64;
+    stats.unsupported = count_unsupported(&rules);
+    // Keeps the first of each run of equal rules: it starts the run's range.
+    rules.dedup_by(|next, kept| next.1 == kept.1);
+    encode(rules, stats)
+}
+
+fn count_unsupported(rules: &[(u64, Option<Rule>)]) -> ReasonCounts {
+    let mut counts = ReasonCounts::default();
+    for (_, rule) in rules {
+        if let Some(Rule::Unsupported(reason)) = rule {
+            counts.add(*reason);
+        }
+    }
+    counts
+}
+
+fn encode(
+    rules: Vec<(u64, Option<Rule>)>,
+    mut stats: BuildStats,
+) -> Result<UnwindTable, BuildError> {
+    let base_address = rules.first().map_or(0, |(address, _)| *address);
+    let rows = rules
+        .into_iter()
+        .map(|(address, rule)| {
+            let span = address - base_address;
+            let offset = u32::try_from(span).map_err(|_| BuildError::SpanTooLarge { span })?;
+            Ok(rule.map_or_else(|| gap_row(offset), |rule| rule.encode(offset)))
+        })
+        .collect::<Result<Vec<_>, BuildError>>()?;
+    stats.rows = rows.len() as u64;
+    stats.bytes = (rows.len() * std::mem::size_of::<UnwindRow>()) as u64;
+    Ok(UnwindTable { base_address, rows, stats })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unwind::rule::{CfaRegister, RbpRule, Unsupported, MAX_CFA_OFFSET};
+
+    fn rsp(offset_bytes: u32) -> Rule {
+        Rule::Frame { register: CfaRegister::Rsp, offset_bytes, rbp: RbpRule::Unchanged }
+    }
+
+    fn fde(start: u64, end: u64, rows: &[(u64, Rule)]) -> FdeRows {
+        FdeRows { start, end, rows: rows.to_vec() }
+    }
+
+    fn table(fdes: Vec<FdeRows>) -> UnwindTable {
+        let section = SectionCfi { fdes, unparsed_fdes: 0 };
+        assemble(vec![section], &[0x1000..0x5000, 0x5000..0x9000]).expect("table builds")
+    }
+
+    #[test]
+    fn lookup_finds_rows_and_gaps() {
+        let t = table(vec![
+            fde(0x1000, 0x1010, &[(0x1000, rsp(8)), (0x1001, rsp(16))]),
+            fde(0x1020, 0x1030, &[(0x1020, Rule::EndOfStack)]),
+        ]);
+        assert_eq!(t.base_address(), 0x1000);
+        assert_eq!(t.lookup(0xfff), None);
+        assert_eq!(t.lookup(0x1000), Some(rsp(8)));
+        assert_eq!(t.lookup(0x1001), Some(rsp(16)));
+        assert_eq!(t.lookup(0x100f), Some(rsp(16)));
+        assert_eq!(t.lookup(0x1010), None, "gap between FDEs");
+        assert_eq!(t.lookup(0x1020), Some(Rule::EndOfStack));
+        assert_eq!(t.lookup(0x1030), None, "past the last FDE");
+        assert_eq!(t.lookup(u64::MAX), None);
+    }
+
+    #[test]
+    fn merges_identical_neighbours_across_fdes() {
+        let t = table(vec![
+            fde(0x1000, 0x1010, &[(0x1000, rsp(8)), (0x1004, rsp(8))]),
+            fde(0x1010, 0x1020, &[(0x1010, rsp(8)), (0x1011, rsp(16))]),
+        ]);
+        assert_eq!(t.stats().rows_before_merge, 5);
+        assert_eq!(t.stats().rows, 3, "rsp+8 from 0x1000, rsp+16 from 0x1011, gap at 0x1020");
+        assert_eq!(t.stats().bytes, 24);
+        assert_eq!(t.lookup(0x1010), Some(rsp(8)));
+    }
+
+    #[test]
+    fn drops_overlapping_and_tombstoned_fdes() {
+        let t = table(vec![
+            fde(0, 0x10, &[(0, rsp(24))]),
+            fde(0x1000, 0x1010, &[(0x1000, rsp(8))]),
+            fde(0x1008, 0x1018, &[(0x1008, rsp(16))]),
+        ]);
+        assert_eq!(t.stats().fdes, 1);
+        assert_eq!(t.stats().skipped_fdes, 2);
+        assert_eq!(t.lookup(0x100c), Some(rsp(8)));
+        assert_eq!(t.lookup(0x1010), None);
+    }
+
+    #[test]
+    fn counts_unsupported_rows_per_reason() {
+        let bad = Rule::Unsupported(Unsupported::CfaRegister);
+        let t = table(vec![fde(0x1000, 0x1010, &[(0x1000, rsp(8)), (0x1002, bad), (0x1004, bad)])]);
+        assert_eq!(t.stats().unsupported.get(Unsupported::CfaRegister), 2);
+        assert_eq!(t.stats().unsupported.total(), 2);
+        assert_eq!(t.lookup(0x1005), Some(bad));
+    }
+
+    #[test]
+    fn every_rule_round_trips_through_its_row() {
+        let rules = [
+            rsp(8),
+            Rule::Frame { register: CfaRegister::Rbp, offset_bytes: 16, rbp: RbpRule::AtCfa(-16) },
+            Rule::Frame {
+                register: CfaRegister::Rsp,
+                offset_bytes: MAX_CFA_OFFSET,
+                rbp: RbpRule::AtCfa(-1024),
+            },
+            Rule::Plt { rip_threshold: 11 },
+            Rule::SignalFrame,
+            Rule::EndOfStack,
+        ];
+        let reasons = Unsupported::ALL.map(Rule::Unsupported);
+        for rule in rules.into_iter().chain(reasons) {
+            assert_eq!(Rule::decode(&rule.encode(7)), Some(rule));
+        }
+        assert_eq!(Rule::decode(&gap_row(7)), None);
+    }
+
+    #[test]
+    fn rejects_non_elf_and_foreign_elf() {
+        assert!(matches!(build(b"not an elf"), Err(BuildError::NotElf)));
+        let mut header = [0u8; 64];
+        header[..4].copy_from_slice(b"\x7fELF");
+        header[4] = 1; // ELFCLASS32
+        header[5] = 1;
+        assert!(matches!(build(&header), Err(BuildError::UnsupportedElf { class: 1, .. })));
+    }
+}
