@@ -37,7 +37,9 @@ pub struct HeapTotals {
     pub bytes: u64,
 }
 
-/// An allocator call between its entry and its return, per thread.
+/// An allocator call between its entry and its return, per thread. Every outermost call
+/// leaves one, sampled or not, so that a call it makes inside (or tail-jumps to: glibc's
+/// `reallocarray` jumps to `realloc`, `realloc(NULL, n)` to `malloc`) is not sampled again.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PendingAlloc {
@@ -53,13 +55,16 @@ pub struct PendingAlloc {
     /// 1 when the byte sampler picked this allocation.
     pub sampled: u32,
     pub _pad: u32,
+    /// `bpf_ktime_get_ns` at entry: an entry far older than any allocator call is left over
+    /// from a call that never returned (a longjmp out of it) and is ignored.
+    pub entered_ns: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveAlloc>() == 16);
 const _: () = assert!(core::mem::size_of::<HeapKey>() == 16);
 const _: () = assert!(core::mem::size_of::<HeapTotals>() == 16);
-const _: () = assert!(core::mem::size_of::<PendingAlloc>() == 40);
+const _: () = assert!(core::mem::size_of::<PendingAlloc>() == 48);
 
 /// Indices into the `HEAP_COUNTERS` per-CPU array.
 #[repr(u32)]

@@ -98,6 +98,23 @@ impl Symbolizer {
     }
 }
 
+/// The file offsets of the named symbols in the ELF file at `path`, in order; `None` for a
+/// name the file does not define. Aliases (glibc's `memalign` and `aligned_alloc`) come back
+/// with the same offset, which is how probing one address twice is avoided.
+pub fn symbol_offsets(path: &Path, names: &[&str]) -> Vec<Option<u64>> {
+    use blazesym::inspect::{source::{Elf as InspectElf, Source as InspectSource}, Inspector};
+    let mut elf = InspectElf::new(path);
+    // The dynamic symbol table names every exported function; skip DWARF.
+    elf.debug_syms = false;
+    match Inspector::new().lookup(&InspectSource::Elf(elf), names) {
+        Ok(found) => found.iter().map(|syms| syms.iter().find_map(|s| s.file_offset)).collect(),
+        Err(err) => {
+            tracing::debug!(path = %path.display(), error = %err, "symbol lookup failed");
+            vec![None; names.len()]
+        }
+    }
+}
+
 /// The GNU build id of an ELF file, as lowercase hex.
 pub fn build_id(path: &Path) -> Option<String> {
     let id = blazesym::helper::read_elf_build_id(path).ok()??;
@@ -166,5 +183,18 @@ mod tests {
             "{names:?}"
         );
         assert!(build_id(&exe).is_some_and(|id| id.len() >= 16));
+    }
+
+    #[test]
+    fn finds_symbol_offsets_and_aliases() {
+        let libc = crate::procs::read_maps(std::process::id())
+            .unwrap()
+            .into_iter()
+            .find(|m| m.path.contains("libc.so"))
+            .expect("the test binary maps libc");
+        let offsets = symbol_offsets(Path::new(&libc.path), &["malloc", "free", "no_such_symbol_here"]);
+        assert!(offsets[0].is_some() && offsets[1].is_some());
+        assert_ne!(offsets[0], offsets[1]);
+        assert_eq!(offsets[2], None);
     }
 }

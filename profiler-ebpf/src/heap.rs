@@ -1,19 +1,23 @@
 //! Heap sampling: uprobes on the C allocator's entry points and one uretprobe for all of them.
 //!
 //! Entry probes decide, with a per-CPU byte countdown over exponentially distributed
-//! intervals (Poisson sampling, as Go and jemalloc do), whether the allocation is sampled.
-//! Only then (or for a realloc of a tracked block) is the call remembered in `HEAP_PENDING`;
-//! the return probe takes the allocating stack there, where the frame chain is intact (at the
-//! entry of `malloc` a frame-pointer walk skips the caller), and records the block.
+//! intervals (Poisson sampling, as Go and jemalloc do), whether the allocation is sampled,
+//! and remember the call in `HEAP_PENDING`; the return probe takes the allocating stack
+//! there, where the frame chain is intact (at the entry of `malloc` a frame-pointer walk
+//! skips the caller), and records the block if it was sampled.
 //!
-//! Allocator functions call each other inside libc (`realloc(NULL, n)` calls `malloc`,
-//! `realloc(p, 0)` calls `free`). A call made while an outer allocator call of the same thread
-//! is in flight is left to the outer one; returns are matched to their entries by stack
-//! pointer, so an inner call's return never completes the outer call.
+//! Allocator functions call each other inside libc (`realloc(p, 0)` calls `free`) or jump to
+//! each other (`reallocarray` to `realloc`, `realloc(NULL, n)` to `malloc`: the same stack
+//! pointer). A call entered while an outer allocator call of the same thread is in flight, at
+//! the same or a deeper stack pointer, is left to the outer one; returns are matched to their
+//! entries by stack pointer, so an inner call's return never completes the outer call.
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_prandom_u32},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::bpf_get_prandom_u32,
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -97,7 +101,9 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
-    if in_outer_call(pid_tgid, stack_pointer(&ctx.regs)) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if in_outer_call(pid_tgid, stack_pointer(&ctx.regs), now) {
         return 0;
     }
     forget(pid_tgid, ptr);
@@ -149,34 +155,44 @@ fn mul_or_max(n: u64, size: u64) -> u64 {
     }
 }
 
-/// Remembers an allocator call for its return probe when it is sampled or frees a tracked
-/// block; everything else costs only the countdown update.
+/// Remembers an outermost allocator call for its return probe, with the sampler's decision.
 #[inline(always)]
 fn on_entry(ctx: &ProbeContext, size: u64, old_ptr: u64, out_ptr: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let sp = stack_pointer(&ctx.regs);
-    if in_outer_call(pid_tgid, sp) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if in_outer_call(pid_tgid, sp, now) {
         return;
     }
     let sampled = take_sample(size);
-    let tracked_old = old_ptr != 0 && is_live(pid_tgid, old_ptr);
-    if !sampled && !tracked_old {
-        return;
-    }
-    let pending = PendingAlloc { size, old_ptr, out_ptr, entry_sp: sp, sampled: sampled as u32, _pad: 0 };
+    let pending = PendingAlloc {
+        size,
+        old_ptr,
+        out_ptr,
+        entry_sp: sp,
+        sampled: sampled as u32,
+        _pad: 0,
+        entered_ns: now,
+    };
     if HEAP_PENDING.insert(&pid_tgid, &pending, BPF_ANY as u64).is_err() {
         bump_heap(HeapCounter::PendingMapFull);
     }
 }
 
-/// Whether this thread is inside an allocator call entered at a higher stack address (the
-/// stack grows down). An entry at the same or a lower depth is stale (a call that never
-/// returned, e.g. a longjmp out of a malloc hook) and does not count.
+/// How long an allocator call can plausibly take (calloc of a huge block zeroes it); an entry
+/// older than this is left over from a call that never returned.
+const MAX_CALL_NS: u64 = 5_000_000_000;
+
+/// Whether this thread is inside an allocator call entered at the same or a higher stack
+/// address (the stack grows down; the same address is a tail jump from one allocator
+/// function to another). An entry at a lower address, or too old, is stale (a call that
+/// never returned, e.g. a longjmp out of a malloc hook) and does not count.
 #[inline(always)]
-fn in_outer_call(pid_tgid: u64, sp: u64) -> bool {
+fn in_outer_call(pid_tgid: u64, sp: u64, now: u64) -> bool {
     // SAFETY: a plain value read.
     match unsafe { HEAP_PENDING.get(&pid_tgid) } {
-        Some(p) => p.entry_sp > sp,
+        Some(p) => p.entry_sp >= sp && now.wrapping_sub(p.entered_ns) < MAX_CALL_NS,
         None => false,
     }
 }
@@ -222,12 +238,6 @@ fn next_interval() -> i64 {
 #[inline(always)]
 fn live_key(pid_tgid: u64, addr: u64) -> LiveKey {
     LiveKey { tgid: (pid_tgid >> 32) as u32, _pad: 0, addr }
-}
-
-#[inline(always)]
-fn is_live(pid_tgid: u64, addr: u64) -> bool {
-    // SAFETY: a presence check only.
-    unsafe { HEAP_LIVE.get(&live_key(pid_tgid, addr)) }.is_some()
 }
 
 /// Drops a block from the live map; a block that was never sampled costs one lookup.

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{
-        uprobe::{UProbeError, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeScope},
         ProgramError, UProbe,
     },
     Ebpf,
@@ -17,7 +17,7 @@ use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, HeapCounter, LiveAlloc, Li
 use super::{map_error, map_mut, map_ref, missing, program_error, sum_counter};
 use crate::{
     error::{Error, Result},
-    procs,
+    procs, symbolize,
 };
 
 /// Allocator functions and the entry program each gets. Every one but `free` also gets
@@ -94,22 +94,28 @@ pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
     // Through the process's root, so a process in a container gets its own libc.
     let target = format!("/proc/{pid}/root{library}");
     let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(pid))?);
+    let names = ENTRY_POINTS.map(|(function, _)| function);
+    let offsets = symbolize::symbol_offsets(std::path::Path::new(&target), &names);
     let mut functions = Vec::new();
-    for (function, entry) in ENTRY_POINTS {
-        match uprobe(ebpf, entry)?.attach(function, &target, scope) {
-            Ok(_) => {}
-            // Not every C library exports every function (reallocarray, pvalloc): skip those.
-            Err(ProgramError::UProbeError(UProbeError::SymbolError { .. })) => {
-                tracing::debug!(pid, function, library, "not exported; not probed");
-                continue;
-            }
-            Err(source) => return Err(attach_error(pid, function, source)),
+    let mut probed: Vec<u64> = Vec::new();
+    for ((function, entry), offset) in ENTRY_POINTS.into_iter().zip(offsets) {
+        // Not every C library exports every function (reallocarray, pvalloc).
+        let Some(offset) = offset else {
+            tracing::debug!(pid, function, library, "not exported; not probed");
+            continue;
+        };
+        // An alias of a function already probed (memalign = aligned_alloc in glibc): a
+        // second probe on the same address would run the programs twice per call.
+        if probed.contains(&offset) {
+            functions.push(function);
+            continue;
         }
+        let at = || UProbeAttachLocation::AbsoluteOffset(offset);
+        uprobe(ebpf, entry)?.attach(at(), &target, scope).map_err(|e| attach_error(pid, function, e))?;
         if function != "free" {
-            uprobe(ebpf, EXIT_PROGRAM)?
-                .attach(function, &target, scope)
-                .map_err(program_error("attach (uretprobe)", EXIT_PROGRAM))?;
+            uprobe(ebpf, EXIT_PROGRAM)?.attach(at(), &target, scope).map_err(|e| attach_error(pid, function, e))?;
         }
+        probed.push(offset);
         functions.push(function);
     }
     if !functions.contains(&"malloc") || !functions.contains(&"free") {
