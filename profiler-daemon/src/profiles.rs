@@ -3,6 +3,7 @@
 
 use crate::{
     aggregate::{HeapCount, ProcessCounts},
+    ebpf::Counters,
     resolve::{LabelValue, StackSample},
 };
 use profiler_common::NO_STACK;
@@ -92,6 +93,45 @@ pub fn scale_heap(sampled: HeapCount, rate: u64) -> (i64, i64) {
     let avg = sampled.bytes as f64 / sampled.count as f64;
     let scale = 1.0 / (1.0 - (-avg / rate as f64).exp());
     ((sampled.count as f64 * scale).round() as i64, (sampled.bytes as f64 * scale).round() as i64)
+}
+
+/// The CPU profile's comment lines: what it is and what was dropped (machine-wide counts
+/// since the programs were loaded).
+pub fn cpu_comments(what: &str, counters: &Counters) -> Vec<String> {
+    let c = counters.cpu;
+    vec![
+        format!("profiler {} cpu profile (on-CPU samples of the CPU clock); {what}", env!("CARGO_PKG_VERSION")),
+        format!(
+            "dropped samples (whole machine): counts map full {}; stacks without frames: stack not stored \
+             (map full or kernel allocation failed) {}, user stack unreadable {}, kernel stack unreadable {}; \
+             user stacks cut at {} frames {}",
+            c.counts_map_full,
+            c.stacks_map_full,
+            c.user_stack_failed,
+            c.kernel_stack_failed,
+            profiler_common::MAX_STACK_DEPTH,
+            c.user_stack_truncated
+        ),
+    ]
+}
+
+/// The heap profile's comment lines: what inuse and alloc mean here, the sampling rate, and
+/// what was dropped (counts over every probed process since the probes were loaded).
+pub fn heap_comments(inuse_at: &str, counters: &Counters, sample_bytes: u64) -> Vec<String> {
+    let h = counters.heap;
+    vec![
+        format!(
+            "profiler {} heap profile: inuse = sampled blocks allocated since the probes attached \
+             and not freed {inuse_at}; alloc = allocated since the probes attached (in the window)",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!("sampling: one sample per {sample_bytes} bytes on average (Poisson), values scaled to estimates as Go does"),
+        format!(
+            "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
+             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
+            h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
+        ),
+    ]
 }
 
 #[cfg(test)]

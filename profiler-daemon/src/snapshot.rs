@@ -190,41 +190,8 @@ fn print_bpf_stats(session: &Session, cpu: bool, heap: bool) -> Result<()> {
     Ok(())
 }
 
-fn cpu_comments(c: &Counters) -> Vec<String> {
-    let c = c.cpu;
-    vec![
-        format!("profiler {} cpu profile (on-CPU samples of the CPU clock)", env!("CARGO_PKG_VERSION")),
-        format!(
-            "dropped samples (whole machine): counts map full {}; stacks without frames: stack map full {}, \
-             user stack unreadable {}, kernel stack unreadable {}; user stacks cut at {} frames {}",
-            c.counts_map_full,
-            c.stacks_map_full,
-            c.user_stack_failed,
-            c.kernel_stack_failed,
-            profiler_common::MAX_STACK_DEPTH,
-            c.user_stack_truncated
-        ),
-    ]
-}
-
 fn heap_comments(c: &Counters, args: &SnapshotArgs, attachment: Option<&HeapAttachment>, alive: bool) -> Vec<String> {
-    let h = c.heap;
-    let mut lines = vec![
-        format!(
-            "profiler {} heap profile: inuse = sampled blocks allocated since the probes attached \
-             and not freed at the end of the capture; alloc = allocated since the probes attached",
-            env!("CARGO_PKG_VERSION")
-        ),
-        format!(
-            "sampling: one sample per {} bytes on average (Poisson), values scaled to estimates as Go does",
-            args.heap_sample_bytes
-        ),
-        format!(
-            "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
-             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
-            h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
-        ),
-    ];
+    let mut lines = profiles::heap_comments("at the end of the capture", c, args.heap_sample_bytes);
     if let Some(a) = attachment {
         lines.push(format!("probed {} in {}", a.functions.join(", "), a.library));
     }
@@ -248,7 +215,7 @@ fn write_cpu(
         let (shape, samples) = profiles::cpu(process_counts, args.frequency_hz);
         let resolved = resolve::resolve(process, agg, samples, sym);
         let mut meta = meta.clone();
-        meta.comments = cpu_comments(counters);
+        meta.comments = profiles::cpu_comments("snapshot", counters);
         if process.info.is_none() {
             meta.comments.push("process exited before its mappings could be read: user frames unsymbolized".into());
         }

@@ -22,7 +22,7 @@ use crate::{
     config::{Config, ProcessFacts, ProfileKind},
     ebpf::{HeapAttachment, Session, SessionConfig},
     error::Result,
-    pprof, procs,
+    pprof, procs, profiles,
     symbolize::Symbolizer,
 };
 
@@ -229,6 +229,7 @@ impl Collector {
         let started = Instant::now();
         let targets = self.dump_targets(&interval);
         let settings = self.settings();
+        let counters = self.counters().unwrap_or_default();
         let result = dump::write_interval(
             &self.config,
             &self.agg,
@@ -237,6 +238,7 @@ impl Collector {
             settings,
             &window,
             end,
+            &counters,
             &mut self.sym,
             &mut self.dumps,
         );
@@ -245,6 +247,7 @@ impl Collector {
         }
         self.dumps.last_duration = started.elapsed();
         self.interval_start = end;
+        self.bound_symbol_caches();
         let grace = self.config.interval.max(Duration::from_secs(60));
         let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
         let gone = self.agg.prune(grace, &keep);
@@ -278,6 +281,16 @@ impl Collector {
                 (!kinds.is_empty()).then_some((pid, kinds))
             })
             .collect()
+    }
+
+    /// blazesym keeps every file it opened (and kallsyms) parsed and mapped; over days of
+    /// processes coming and going that only grows. Past the budget, start a fresh symbolizer:
+    /// the next dump re-reads what it needs.
+    fn bound_symbol_caches(&mut self) {
+        if resident_bytes().is_some_and(|rss| rss > SYMBOLIZER_RSS_BUDGET) {
+            tracing::debug!("resident memory over budget; dropping the symbol caches");
+            self.sym = Symbolizer::new();
+        }
     }
 
     fn settings(&self) -> RenderSettings {
@@ -359,7 +372,11 @@ impl Collector {
 
     fn answer(&mut self, query: &ProfileQuery, counts: &crate::aggregate::ProcessCounts, window: &Window) -> std::result::Result<ProfileBody, QueryError> {
         let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?.clone();
-        let comments = vec![format!("profiler {} daemon", env!("CARGO_PKG_VERSION"))];
+        let counters = self.counters().unwrap_or_default();
+        let comments = match query.kind.profile_kind() {
+            ProfileKind::Heap => profiles::heap_comments("when this profile was taken", &counters, self.config.heap.sample_bytes),
+            _ => profiles::cpu_comments("daemon query", &counters),
+        };
         let alloc_default = query.kind == QueryKind::Allocs;
         let profile = render(&self.agg, &process, counts, query.kind.profile_kind(), alloc_default, self.settings(), window, comments, &mut self.sym)
             .ok_or(QueryError::NotEnabled(query.kind.profile_kind()))?;
@@ -454,6 +471,16 @@ impl Collector {
     pub(super) fn output_dir(&self) -> PathBuf {
         self.config.output_dir.clone()
     }
+}
+
+/// Resident memory above which the symbol caches are dropped after a dump.
+const SYMBOLIZER_RSS_BUDGET: u64 = 48 << 20;
+
+/// This process's resident set size, from `/proc/self/statm`.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
 }
 
 /// What the process matchers look at.

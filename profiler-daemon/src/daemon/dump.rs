@@ -3,7 +3,10 @@
 //! full, permission denied, a vanished directory) are counted and reported, never fatal: the
 //! next interval tries again.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
 
 use super::{
     render::{render, RenderSettings, Window},
@@ -12,7 +15,8 @@ use super::{
 use crate::{
     aggregate::{Aggregate, Counts},
     config::{Config, ProfileKind},
-    output, pprof,
+    ebpf::Counters,
+    output, pprof, profiles,
     symbolize::Symbolizer,
 };
 
@@ -41,6 +45,7 @@ pub fn write_interval(
     settings: RenderSettings,
     window: &Window,
     end: SystemTime,
+    counters: &Counters,
     sym: &mut Symbolizer,
     stats: &mut DumpStats,
 ) -> Result<(), String> {
@@ -65,18 +70,13 @@ pub fn write_interval(
     for (pid, kinds) in targets {
         let (Some(process), Some(counts)) = (agg.process(*pid), interval.process(*pid)) else { continue };
         for &kind in kinds {
-            let comments = vec![format!(
-                "profiler {} daemon, interval dump; {}",
-                env!("CARGO_PKG_VERSION"),
-                if kind == ProfileKind::Heap {
-                    "inuse = sampled blocks allocated since the probes attached and live at the end of the interval; alloc = allocated in the interval"
-                } else {
-                    "values are for the interval"
-                }
-            )];
+            let comments = match kind {
+                ProfileKind::Heap => profiles::heap_comments("at the end of the interval", counters, settings.heap_sample_bytes),
+                _ => profiles::cpu_comments("daemon interval dump: values are for the interval", counters),
+            };
             let Some(profile) = render(agg, process, counts, kind, false, settings, window, comments, sym) else { continue };
             let bytes = pprof::encode_gzip(&profile);
-            let path = dir.join(output::process_dir_name(&process.name, *pid)).join(format!("{kind}-{stamp}.pb.gz"));
+            let path = unused_path(&dir.join(output::process_dir_name(&process.name, *pid)), kind, &stamp);
             match output::write_atomic(&path, &bytes) {
                 Ok(()) => {
                     stats.files_written += 1;
@@ -95,5 +95,35 @@ pub fn write_interval(
     match last_error {
         Some(err) => Err(format!("failed to write some profiles of this interval: {err}")),
         None => Ok(()),
+    }
+}
+
+/// `DIR/<type>-<stamp>.pb.gz`, or with `-1`, `-2`… when that name is taken: two dumps in the
+/// same second (a final dump right after a regular one) must not replace each other.
+fn unused_path(dir: &Path, kind: ProfileKind, stamp: &str) -> PathBuf {
+    let first = dir.join(format!("{kind}-{stamp}.pb.gz"));
+    if !first.exists() {
+        return first;
+    }
+    (1..)
+        .map(|n| dir.join(format!("{kind}-{stamp}-{n}.pb.gz")))
+        .find(|path| !path.exists())
+        .expect("some suffix is free")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dumps_in_the_same_second_get_distinct_names() {
+        let dir = std::env::temp_dir().join(format!("profiler-dump-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = unused_path(&dir, ProfileKind::Cpu, "20261201T000000Z");
+        std::fs::write(&first, b"x").unwrap();
+        let second = unused_path(&dir, ProfileKind::Cpu, "20261201T000000Z");
+        assert_ne!(first, second);
+        assert!(second.to_string_lossy().ends_with("cpu-20261201T000000Z-1.pb.gz"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
