@@ -1,10 +1,11 @@
 //! Assertions more than one test makes about a profile: the format the profiler promises for
-//! every CPU profile, and what a single-threaded fixture's samples must be labelled with.
+//! every CPU and every heap profile, where it writes them, and what a single-threaded
+//! fixture's samples must be labelled with.
 
 use std::path::{Path, PathBuf};
 
 use crate::pprof::Profile;
-use crate::run::{listing, profile_path};
+use crate::run::{heap_profile_path, listing, profile_path};
 
 /// The sample value types, in order, of every CPU profile.
 pub const SAMPLE_TYPES: [(&str, &str); 2] = [("samples", "count"), ("cpu", "nanoseconds")];
@@ -91,6 +92,75 @@ pub fn profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
     assert!(
         path.is_file(),
         "no profile at {}; output holds:\n{}",
+        path.display(),
+        listing(out_dir)
+    );
+    path
+}
+
+/// The sample value types, in order, of every heap profile (Go's heap profile).
+pub const HEAP_SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
+/// Sample types, period type `space/bytes`, period = `sample_bytes`, default sample type
+/// `inuse_space`, a `bytes` label (unit "bytes") on every sample, no negative value, and
+/// comments that say what inuse means, the sampling rate and the drop counts.
+pub fn heap_profile_format(profile: &Profile, sample_bytes: i64) {
+    let types: Vec<(&str, &str)> = profile
+        .sample_types
+        .iter()
+        .map(|(t, u)| (t.as_str(), u.as_str()))
+        .collect();
+    assert_eq!(types, HEAP_SAMPLE_TYPES, "sample_type");
+    let period_type = profile
+        .period_type
+        .as_ref()
+        .map(|(t, u)| (t.as_str(), u.as_str()));
+    assert_eq!(period_type, Some(("space", "bytes")), "period_type");
+    assert_eq!(profile.period, sample_bytes, "period");
+    assert_eq!(
+        profile.default_sample_type, "inuse_space",
+        "default_sample_type"
+    );
+    for sample in &profile.samples {
+        assert!(
+            sample.values.len() == 4 && sample.values.iter().all(|&v| v >= 0),
+            "values {:?} of sample {:?}",
+            sample.values,
+            sample.names()
+        );
+        assert!(
+            matches!(sample.label_num_unit("bytes"), Some((n, Some("bytes"))) if n > 0),
+            "sample {:?} lacks a positive `bytes` label with unit bytes: {:?}",
+            sample.names(),
+            sample.labels
+        );
+    }
+    let comments = profile.comments.join("\n");
+    for phrase in ["since the probes attached", "live map full"] {
+        assert!(
+            comments.contains(phrase),
+            "comments should contain {phrase:?}: {:?}",
+            profile.comments
+        );
+    }
+    assert!(
+        comments.contains(&sample_bytes.to_string()),
+        "comments should state the sampling rate {sample_bytes}: {:?}",
+        profile.comments
+    );
+}
+
+/// The heap profile of `comm`/`pid` exists at `DIR/<comm>-<pid>/heap.pb.gz`; returns its path.
+pub fn heap_profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
+    let path = heap_profile_path(out_dir, comm, pid);
+    assert!(
+        path.is_file(),
+        "no heap profile at {}; output holds:\n{}",
         path.display(),
         listing(out_dir)
     );

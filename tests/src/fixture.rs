@@ -17,6 +17,15 @@ const CFLAGS: &[&str] = &[
     "-fno-inline",
 ];
 
+/// Added for the heap fixtures: without them GCC treats the allocator as builtins and deletes
+/// malloc/free pairs and allocations whose blocks it can prove unread, even at -O1.
+const CFLAGS_HEAP: &[&str] = &[
+    "-fno-builtin-malloc",
+    "-fno-builtin-free",
+    "-fno-builtin-calloc",
+    "-fno-builtin-realloc",
+];
+
 /// The Rust fixture flags. `opt-level=1` keeps `#[inline(never)]` functions as real frames.
 const RUSTFLAGS: &[&str] = &[
     "-C",
@@ -28,7 +37,8 @@ const RUSTFLAGS: &[&str] = &[
     "2021",
 ];
 
-/// The fixture programs. Each takes its run time in seconds as argv[1] and prints `ready`.
+/// The fixture programs. Each prints `ready` once it runs its own code. The CPU fixtures take
+/// their run time in seconds as argv[1]; `HeapSites` takes a delay and a linger time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FixtureKind {
     /// `cpu_split.c`: main → work_loop → hot_a (75% of CPU time) / hot_b (25%).
@@ -37,6 +47,10 @@ pub enum FixtureKind {
     CpuSplitRust,
     /// `syscall_heavy.c`: main → kernel_work → read(2) of /dev/zero; mostly kernel time.
     SyscallHeavy,
+    /// `heap_sites.c`: main → site_* functions that allocate known blocks (see the source),
+    /// after a delay (argv[1], seconds) that leaves time to attach; prints `allocated`, then
+    /// lingers argv[2] seconds and exits.
+    HeapSites,
 }
 
 impl FixtureKind {
@@ -46,6 +60,7 @@ impl FixtureKind {
             Self::CpuSplitC => "cpu_split",
             Self::CpuSplitRust => "cpu_split_rs",
             Self::SyscallHeavy => "syscall_heavy",
+            Self::HeapSites => "heap_sites",
         }
     }
 
@@ -54,6 +69,7 @@ impl FixtureKind {
             Self::CpuSplitC => "cpu_split.c",
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
+            Self::HeapSites => "heap_sites.c",
         }
     }
 
@@ -96,6 +112,9 @@ impl FixtureKind {
         } else {
             cmd = Command::new("gcc");
             cmd.args(CFLAGS);
+            if self == Self::HeapSites {
+                cmd.args(CFLAGS_HEAP);
+            }
         }
         cmd.arg("-o").arg(output).arg(source);
         cmd
@@ -114,8 +133,8 @@ fn is_fresh(binary: &Path, source: &Path) -> bool {
 pub struct Fixture {
     kind: FixtureKind,
     child: Child,
-    /// Kept open so the fixture never sees a closed stdout.
-    _stdout: BufReader<ChildStdout>,
+    /// Kept open so the fixture never sees a closed stdout; read by `expect_line`.
+    stdout: BufReader<ChildStdout>,
     reaped: bool,
 }
 
@@ -123,20 +142,49 @@ impl Fixture {
     /// Builds (if needed) and starts `kind` to run for `seconds`, and returns once it has
     /// printed `ready`, i.e. once it is executing its own code.
     pub fn spawn(kind: FixtureKind, seconds: u32) -> Self {
-        let binary = kind.build();
-        let mut child = Command::new(&binary)
-            .arg(seconds.to_string())
+        Self::spawn_with_args(kind, &[&seconds.to_string()])
+    }
+
+    /// Like [`Fixture::spawn`], with the fixture's whole argument list.
+    pub fn spawn_with_args(kind: FixtureKind, args: &[&str]) -> Self {
+        let mut cmd = Command::new(kind.build());
+        cmd.args(args);
+        Self::from_command(kind, cmd)
+    }
+
+    /// Like [`Fixture::spawn`], as the unprivileged user `nobody` (uid/gid 65534, no groups),
+    /// from a copy of the binary in `scratch` (made 0755) so that permissions on the
+    /// workspace cannot make the exec fail. `setpriv` execs the fixture: the pid is its own.
+    pub fn spawn_as_nobody(kind: FixtureKind, seconds: u32, scratch: &Path) -> Self {
+        let copy = scratch.join(kind.comm());
+        std::fs::copy(kind.build(), &copy).unwrap_or_else(|e| {
+            panic!(
+                "failed to copy fixture {} to {}: {e}",
+                kind.comm(),
+                copy.display()
+            )
+        });
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&copy)
+            .arg(seconds.to_string());
+        Self::from_command(kind, cmd)
+    }
+
+    /// Starts `cmd` (which runs fixture `kind`) and waits for its `ready`.
+    fn from_command(kind: FixtureKind, mut cmd: Command) -> Self {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("failed to start fixture {}: {e}", binary.display()));
+            .unwrap_or_else(|e| panic!("failed to start fixture {}: {cmd:?}: {e}", kind.comm()));
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
         let mut line = String::new();
         let read = stdout.read_line(&mut line);
         let fixture = Self {
             kind,
             child,
-            _stdout: stdout,
+            stdout,
             reaped: false,
         };
         assert!(
@@ -145,6 +193,17 @@ impl Fixture {
             kind.comm()
         );
         fixture
+    }
+
+    /// Reads the fixture's next stdout line and panics unless it is `wanted` (waits for it).
+    pub fn expect_line(&mut self, wanted: &str) {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        assert!(
+            matches!(read, Ok(n) if n > 0) && line.trim() == wanted,
+            "fixture {} did not print `{wanted}` (read {read:?}, got {line:?})",
+            self.kind.comm()
+        );
     }
 
     /// The fixture's pid (its only thread's tid too).

@@ -11,20 +11,42 @@ const GO_PPROF_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `go tool pprof -raw FILE`; panics unless it exits 0. Returns stdout.
 pub fn raw(profile: &Path) -> String {
-    go_tool_pprof("-raw", profile)
+    go_tool_pprof(&["-raw"], profile)
 }
 
 /// Runs `go tool pprof -top FILE`; panics unless it exits 0. Returns stdout.
 pub fn top(profile: &Path) -> String {
-    go_tool_pprof("-top", profile)
+    go_tool_pprof(&["-top"], profile)
 }
 
-fn go_tool_pprof(format: &str, profile: &Path) -> String {
+/// Runs `go tool pprof -sample_index=INDEX -raw FILE` (e.g. INDEX `alloc_space` of a heap
+/// profile); panics unless it exits 0. Returns stdout.
+pub fn raw_of(profile: &Path, sample_index: &str) -> String {
+    go_tool_pprof(&[&format!("-sample_index={sample_index}"), "-raw"], profile)
+}
+
+/// Runs `go tool pprof -sample_index=INDEX -nodefraction=0 -top FILE`: every function with a
+/// value, however small its share (pprof otherwise hides those under 0.5%). Panics unless it
+/// exits 0.
+pub fn top_of(profile: &Path, sample_index: &str) -> String {
+    go_tool_pprof(
+        &[
+            &format!("-sample_index={sample_index}"),
+            "-nodefraction=0",
+            "-top",
+        ],
+        profile,
+    )
+}
+
+fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
     require_go();
     let mut cmd = Command::new("go");
     // -symbolize=none: the profile carries its own function names; never let pprof go looking
     // for binaries or symbol servers.
-    cmd.args(["tool", "pprof", format, "-symbolize=none"])
+    cmd.args(["tool", "pprof"])
+        .args(flags)
+        .arg("-symbolize=none")
         .arg(profile);
     let output = crate::run::run_with_timeout(&mut cmd, GO_PPROF_TIMEOUT);
     assert!(

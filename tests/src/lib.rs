@@ -1,25 +1,34 @@
 //! End-to-end test support: runs the real `profiler` release binary against fixture programs
-//! with known CPU costs and reads back the pprof it writes.
+//! with known CPU costs or known allocations and reads back the pprof it writes.
 //!
 //! Owns: building the fixtures (`fixture`), running the binary with a timeout (`run`), looking
 //! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
-//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), and the
-//! assertions several tests share (`expect`).
+//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), reading
+//! the summary the binary prints (`summary`), the heap fixture's ground truth and the checks
+//! against it (`heap_sites`), and the assertions several tests share (`expect`); running the
+//! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
+//! (`tmpfs`).
 //! Does not own: any profiler logic. When the machine is not fit (not root, no compiler, no
 //! Go) it panics with a message saying what to do.
 
+pub mod daemon;
 pub mod expect;
 pub mod fixture;
 pub mod go_pprof;
+pub mod heap_sites;
+pub mod http;
 pub mod pprof;
 pub mod preflight;
 pub mod run;
+pub mod summary;
+pub mod tmpfs;
 
 pub use fixture::{Fixture, FixtureKind};
 pub use pprof::{name_matches, Frame, Profile};
 pub use preflight::preflight;
 pub use run::{
-    assert_success, listing, profile_path, run_profiler, run_profiler_as_nobody, TempDir,
+    assert_success, heap_profile_path, listing, process_dir, profile_path, run_profiler,
+    run_profiler_as_nobody, TempDir,
 };
 
 use std::path::PathBuf;

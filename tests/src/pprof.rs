@@ -30,6 +30,8 @@ pub struct Label {
     pub key: String,
     pub str: Option<String>,
     pub num: Option<i64>,
+    /// A numeric label's unit (`num_unit`), if it names one.
+    pub num_unit: Option<String>,
 }
 
 /// One sample with its stack resolved.
@@ -49,6 +51,8 @@ pub struct Profile {
     pub sample_types: Vec<(String, String)>,
     pub period_type: Option<(String, String)>,
     pub period: i64,
+    /// The sample type `go tool pprof` shows by default; empty when the profile names none.
+    pub default_sample_type: String,
     pub comments: Vec<String>,
     pub samples: Vec<Sample>,
 }
@@ -78,6 +82,7 @@ impl Profile {
             sample_types: raw.sample_type.iter().map(value_type).collect(),
             period_type: raw.period_type.as_ref().map(value_type),
             period: raw.period,
+            default_sample_type: resolver.str(raw.default_sample_type),
             comments: raw.comment.iter().map(|&i| resolver.str(i)).collect(),
             samples: raw.sample.iter().map(|s| resolver.sample(s)).collect(),
         }
@@ -174,12 +179,27 @@ impl Sample {
             .and_then(|l| l.str.as_deref())
     }
 
+    /// The numeric label `key` with its unit, if present.
+    pub fn label_num_unit(&self, key: &str) -> Option<(i64, Option<&str>)> {
+        self.labels
+            .iter()
+            .find(|l| l.key == key)
+            .and_then(|l| Some((l.num?, l.num_unit.as_deref())))
+    }
+
     /// The numeric value of label `key`, if present.
     pub fn label_num(&self, key: &str) -> Option<i64> {
         self.labels
             .iter()
             .find(|l| l.key == key)
             .and_then(|l| l.num)
+    }
+
+    /// Whether the leaf frame (the first user frame) is `function`.
+    pub fn leaf_is(&self, function: &str) -> bool {
+        self.user_frames()
+            .first()
+            .is_some_and(|f| name_matches(&f.function, function))
     }
 
     /// The stack's function names, leaf first, for failure messages.
@@ -281,6 +301,7 @@ impl<'a> Resolver<'a> {
             key: self.str(label.key),
             str: (label.str != 0).then(|| self.str(label.str)),
             num: (label.str == 0).then_some(label.num),
+            num_unit: (label.num_unit != 0).then(|| self.str(label.num_unit)),
         }
     }
 }

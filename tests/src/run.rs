@@ -98,7 +98,17 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::Exit
 
 /// Where `profiler snapshot --output DIR` writes the CPU profile of process `comm`/`pid`.
 pub fn profile_path(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
-    out_dir.join(format!("{comm}-{pid}")).join("cpu.pb.gz")
+    process_dir(out_dir, comm, pid).join("cpu.pb.gz")
+}
+
+/// Where `profiler snapshot --profiles heap --output DIR` writes the heap profile.
+pub fn heap_profile_path(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
+    process_dir(out_dir, comm, pid).join("heap.pb.gz")
+}
+
+/// The directory of process `comm`/`pid` under `out_dir`: `<comm>-<pid>`.
+pub fn process_dir(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
+    out_dir.join(format!("{comm}-{pid}"))
 }
 
 /// A fresh directory under the system temp dir, removed on drop. On a failing test it is kept

@@ -146,3 +146,29 @@ fn missing_privileges_are_explained() {
         &["CAP_BPF", "CAP_PERFMON"],
     );
 }
+
+/// `--profiles heap` without `--pid` is refused: heap probes slow every allocation of a
+/// probed process, so they are attached only to chosen processes.
+#[test]
+fn heap_without_pid_is_rejected() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-no-pid");
+    for profiles in ["heap", "cpu,heap"] {
+        let output = run_profiler(&[
+            "snapshot",
+            "--profiles",
+            profiles,
+            "--duration",
+            "1s",
+            "--output",
+            &out.path_arg(),
+        ]);
+        assert_cli_error(
+            &output,
+            &format!("--profiles {profiles} without --pid"),
+            &["heap", "--pid"],
+        );
+    }
+}

@@ -1,9 +1,15 @@
 //! `cargo xtask bench cpu`: what continuous CPU profiling costs, the profiler next to
 //! `perf record` at the same frequency under the same load, printed as one table.
+//! `cargo xtask bench heap` (module `heap`): what heap profiling costs an allocating process,
+//! next to bare uprobes.
+//! `cargo xtask bench daemon` (module `daemon`): what `profiler run` costs over minutes
+//! among a few hundred processes: CPU, RSS and its growth, dump time.
 //!
-//! A benchmark, not a test: it reports PASS/MISS against targets and exits 0 unless a run
-//! itself fails. Both tools run one after the other so neither samples the other.
+//! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
+//! itself fails. Tools run one after the other so none measures another.
 
+mod daemon;
+mod heap;
 mod measure;
 mod report;
 mod workload;
@@ -20,6 +26,12 @@ use crate::{setup, workspace};
 pub enum Bench {
     /// Sampling overhead of the profiler vs `perf record -a -g` on a loaded machine.
     Cpu(CpuArgs),
+    /// ns per malloc+free pair: no profiler, bare uprobes, the profiler at 1 B and 512 KiB
+    /// sampling, and a process the profiler does not probe.
+    Heap(heap::HeapArgs),
+    /// `profiler run` among ~200 processes for minutes per frequency: CPU, RSS (peak,
+    /// steady, flat?) and dump time.
+    Daemon(daemon::DaemonArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -38,6 +50,8 @@ const SPINNERS: usize = 4;
 pub fn run(bench: Bench) -> Result<ExitCode> {
     match bench {
         Bench::Cpu(args) => cpu(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Heap(args) => heap::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Daemon(args) => daemon::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -65,4 +65,12 @@ mod tests {
         let cli = Cli::try_parse_from(["x", "bench", "cpu", "--seconds", "5"]).expect("parses");
         assert!(matches!(cli, Cli::Bench(bench::Bench::Cpu(_))));
     }
+
+    #[test]
+    fn bench_heap_iterations() {
+        let cli =
+            Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");
+        assert!(matches!(cli, Cli::Bench(bench::Bench::Heap(_))));
+        assert!(Cli::try_parse_from(["x", "bench", "heap"]).is_ok());
+    }
 }

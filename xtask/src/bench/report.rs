@@ -92,25 +92,35 @@ pub fn print(profiler: &Row, perf: &Row) {
     );
 }
 
-fn target(name: &str, value: &str, pass: Option<bool>) {
+/// One `  NAME  VALUE  PASS|MISS|n/a` line under `targets:`.
+pub(in crate::bench) fn target(name: &str, value: &str, pass: Option<bool>) {
     let verdict = match pass {
         Some(true) => "PASS",
         Some(false) => "MISS",
         None => "n/a",
     };
-    println!("  {name:<28} {value:>10}  {verdict}");
+    println!("  {name:<34} {value:>16}  {verdict}");
 }
 
-/// `(run_count, run_time_ns)` of cpu_sample; tolerant of a log prefix before `bpf-stats:`.
+/// `(run_count, run_time_ns)` of cpu_sample.
 fn bpf_stats(stderr: &str) -> Option<(u64, u64)> {
-    let line = stderr
-        .lines()
-        .find_map(|l| Some(&l[l.find("bpf-stats: ")?..]))?;
+    bpf_stats_of(stderr, "cpu_sample")
+}
+
+/// `(run_count, run_time_ns)` of `program` from the profiler's `--bpf-stats` lines
+/// (`bpf-stats: program=NAME run_count=N run_time_ns=T`); tolerant of a log prefix.
+pub(in crate::bench) fn bpf_stats_of(stderr: &str, program: &str) -> Option<(u64, u64)> {
+    let wanted = format!("program={program}");
+    let line = stderr.lines().find_map(|l| {
+        let line = &l[l.find("bpf-stats: ")?..];
+        line.split_whitespace()
+            .any(|kv| kv == wanted)
+            .then_some(line)
+    })?;
     let field = |key: &str| {
         line.split_whitespace()
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
     };
-    line.contains("program=cpu_sample").then_some(())?;
     Some((field("run_count")?, field("run_time_ns")?))
 }
 
@@ -140,6 +150,15 @@ mod tests {
             bpf_stats("bpf-stats: program=other run_count=1 run_time_ns=2"),
             None
         );
+    }
+
+    #[test]
+    fn finds_each_programs_line() {
+        let stderr = "bpf-stats: program=malloc_enter run_count=3 run_time_ns=30\n\
+                      bpf-stats: program=free_enter run_count=2 run_time_ns=10\n";
+        assert_eq!(bpf_stats_of(stderr, "free_enter"), Some((2, 10)));
+        assert_eq!(bpf_stats_of(stderr, "malloc_enter"), Some((3, 30)));
+        assert_eq!(bpf_stats_of(stderr, "malloc"), None);
     }
 
     #[test]

@@ -1,0 +1,168 @@
+//! The daemon's life: SIGHUP reloads (a bad file keeps the old configuration), the final
+//! dump on SIGTERM, and `profiler check-config`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use profiler_tests::daemon::{self, wait_for, Daemon, DaemonConfig};
+use profiler_tests::{go_pprof, listing, preflight, process_dir, run_profiler};
+use profiler_tests::{Fixture, FixtureKind, Profile};
+
+use super::{
+    file_size, mtime_gaps, new_files, no_temporary_files, wait_for_files, CPU_SPLIT, FIXTURE_S,
+    SOON,
+};
+
+/// Ground truth: the old configuration's interval. After SIGHUP with garbage in the file the
+/// daemon logs "invalid configuration, keeping the old one", still answers, and still cuts
+/// files 2 s apart; after SIGHUP with a valid file at 4 s it logs "configuration reloaded",
+/// reports the new interval and cuts files 4 s apart.
+#[test]
+fn sighup_with_a_bad_config_keeps_the_old_one() {
+    if !preflight() {
+        return;
+    }
+    let fixture = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut config = DaemonConfig::new(&[CPU_SPLIT]);
+    let daemon = Daemon::start(&config);
+    wait_for_files(&daemon, &fixture, 1);
+    daemon.rewrite_config("interval = [this is not toml\n");
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_for_log("invalid configuration, keeping the old one", SOON);
+    assert_eq!(daemon.status_u64("/output/interval_seconds"), 2);
+    let old = new_files(&daemon, &fixture, 3);
+    for gap in mtime_gaps(&old) {
+        assert!(
+            (1.5..3.0).contains(&gap),
+            "files {gap:.2} s apart after a bad reload: {old:?}"
+        );
+    }
+
+    config.interval = "4s".into();
+    daemon.rewrite_config(&config.toml(daemon.output(), daemon.socket()));
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_for_log("configuration reloaded", SOON);
+    assert_eq!(daemon.status_u64("/output/interval_seconds"), 4);
+    // The first dump after the reload may still be on the old schedule; the next two are not.
+    let new = new_files(&daemon, &fixture, 3);
+    let gap = mtime_gaps(&new)[1];
+    assert!(
+        (3.5..5.0).contains(&gap),
+        "files {gap:.2} s apart after reloading a 4 s interval: {new:?}"
+    );
+}
+
+/// Ground truth: nothing collected is lost at shutdown. SIGTERM sent right after a dump (0.2 s,
+/// usually within the same second) makes the daemon exit 0 within 5 s, leaving one more file
+/// than before (the final dump, which decodes with both readers), every earlier file
+/// untouched, and no temporary file.
+#[test]
+fn sigterm_leaves_a_final_complete_dump() {
+    if !preflight() {
+        return;
+    }
+    let fixture = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
+    wait_for_files(&daemon, &fixture, 1);
+    let written = daemon.status_u64("/output/files_written");
+    let dumped = wait_for(SOON, || {
+        daemon.status_u64("/output/files_written") > written
+    });
+    assert!(dumped, "no dump within {SOON:?}");
+    // Enough for the final dump to have samples (199 Hz), little enough that it usually
+    // lands in the same second as the dump just seen.
+    std::thread::sleep(Duration::from_millis(200));
+    let before: Vec<(PathBuf, SystemTime, u64)> = daemon
+        .profiles(fixture.comm(), fixture.pid(), "cpu")
+        .into_iter()
+        .map(|f| (f.clone(), daemon::modified(&f), file_size(&f)))
+        .collect();
+    daemon.signal(libc::SIGTERM);
+    let sent = Instant::now();
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    let took = sent.elapsed();
+    assert!(
+        status.is_some(),
+        "the daemon did not exit within 20 s of SIGTERM; log:\n{}",
+        daemon.log()
+    );
+    assert!(
+        status.unwrap().success(),
+        "the daemon exited with {status:?}; log:\n{}",
+        daemon.log()
+    );
+    assert!(
+        took <= Duration::from_secs(5),
+        "the daemon took {took:?} to exit after SIGTERM"
+    );
+    daemon.wait_for_log("stopped", Duration::from_secs(1));
+
+    let dir = process_dir(daemon.output(), fixture.comm(), fixture.pid());
+    let after = daemon::profile_files(&dir, "cpu");
+    for (file, mtime, size) in &before {
+        assert!(
+            daemon::modified(file) == *mtime && file_size(file) == *size,
+            "{} was overwritten by the final dump (mtime {mtime:?} -> {:?}, {size} -> {} bytes); the interval it held is lost",
+            file.display(),
+            daemon::modified(file),
+            file_size(file)
+        );
+    }
+    assert_eq!(
+        after.len(),
+        before.len() + 1,
+        "expected one more file after SIGTERM:\n{}",
+        listing(&dir)
+    );
+    let last = after.last().expect("files");
+    let profile = Profile::decode(last);
+    assert!(
+        !profile.samples.is_empty(),
+        "the final dump {} has no samples",
+        last.display()
+    );
+    go_pprof::raw(last);
+    no_temporary_files(&dir);
+}
+
+/// Ground truth: the documented default file is valid, and validation names the bad key.
+#[test]
+fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
+    if !preflight() {
+        return;
+    }
+    let shipped = profiler_tests::workspace_root().join("config/profiler.toml");
+    let output = run_profiler(&["check-config", shipped.to_str().expect("UTF-8 path")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "check-config {}: {output:?}",
+        shipped.display()
+    );
+    assert!(
+        stdout.starts_with("ok: "),
+        "check-config should print ok: {stdout}"
+    );
+
+    let scratch = profiler_tests::TempDir::new("check-config");
+    let cases = [
+        ("[cpu]\nfrequency_hz = 0\n", "cpu.frequency_hz"),
+        ("[retention]\nmax_agee = \"1d\"\n", "max_agee"),
+        ("interval = \"0s\"\n", "interval"),
+        (
+            "[processes]\ninclude = [{ name = \"a\", pid = 1 }]\n",
+            "processes.include[0]",
+        ),
+    ];
+    for (text, key) in cases {
+        let file = scratch.path().join("bad.toml");
+        std::fs::write(&file, text).expect("write the bad config");
+        let output = run_profiler(&["check-config", file.to_str().expect("UTF-8 path")]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "check-config accepted {text:?}");
+        assert!(
+            stderr.contains(key),
+            "check-config of {text:?} should name {key}: {stderr}"
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! Heap profiles against `heap_sites` (tests/fixtures/heap_sites.c), whose allocation sites
+//! allocate known blocks by construction through every allocator entry point (malloc, calloc,
+//! realloc growth and realloc(p, 0), reallocarray, posix_memalign, aligned_alloc, memalign,
+//! valloc, pvalloc, failing calls, free): with every allocation recorded each site's values
+//! must be within 1% of the truth, with the site itself as the leaf frame; with the default
+//! 512 KiB sampling the large sites within 10%. Also: only chosen processes are probed, a full
+//! live map is reported, and a process that exits mid-capture still gets its profile.
+
+use std::path::Path;
+use std::process::Output;
+
+use profiler_tests::heap_sites::{
+    alloc_space_matches, average_size_label, check_within, site_is_leaf_and_chained, site_value,
+    site_values_match, truth_of, within, EXACT_TOLERANCE, SITES,
+};
+use profiler_tests::{assert_success, expect, go_pprof, listing, preflight, process_dir};
+use profiler_tests::{run_profiler, summary, Fixture, FixtureKind, Profile, TempDir};
+
+/// Sites whose in-use bytes are made of blocks large against the default 512 KiB interval,
+/// so sampling barely varies them: 8 and 2 MiB blocks (sampled with probability 1 − e^−16
+/// and 1 − e^−4), 48 MiB. Sampling error (one σ) ~1.6%, against a 10% tolerance.
+const LARGE_SITES: [&str; 1] = ["site_big_live"];
+const LARGE_TOLERANCE: f64 = 0.10;
+/// Sites of 32 MiB in 64 and 32 KiB blocks, through malloc, aligned_alloc and reallocarray.
+/// A 64 KiB block is sampled with probability 1 − e^(−1/8) ≈ 0.12, so the estimates have
+/// σ ≈ 12% (≈ √(site bytes × interval) for blocks small against the interval: the 10%
+/// requirement for sites ≥ 8 MiB can only hold for sites of large blocks). Within 50% still
+/// tells a scaled estimate from an unscaled one (−88%), or from one that counts each call
+/// twice (+100%).
+const MID_SITES: [&str; 3] = [
+    "site_mid_live",
+    "site_aligned_mid_live",
+    "site_reallocarray_mid_live",
+];
+const MID_TOLERANCE: f64 = 0.5;
+/// σ of the total in-use estimate ≈ 5% (mostly the mid sites'), so 20% is over 4σ.
+const TOTAL_TOLERANCE: f64 = 0.2;
+
+/// The fixture waits this long after `ready` before allocating: the profiler attaches its
+/// probes within ~0.3 s of starting.
+const DELAY_S: &str = "1.5";
+/// Long enough to outlast the capture; the guard kills it after.
+const LINGER_S: &str = "30";
+const CAPTURE: &str = "4s";
+const DEFAULT_SAMPLE_BYTES: i64 = 512 * 1024;
+
+/// `--heap-sample-bytes 1`: every site's four values within 1% of the truth, freed sites at
+/// zero in use, failed calls nowhere, the site function as leaf frame under ≥ 99% of its
+/// bytes, site → main chains, the summary row, and `go tool pprof` reading the file by
+/// inuse_space and by alloc_space.
+#[test]
+fn every_allocation_recorded_matches_ground_truth() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-exact");
+    let mut fixture = heap_fixture(LINGER_S);
+    let output = snapshot(
+        &fixture,
+        &out,
+        &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"],
+    );
+    assert_success(
+        &output,
+        "snapshot --profiles cpu,heap --heap-sample-bytes 1",
+    );
+    fixture.expect_line("allocated");
+    let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    expect::heap_profile_format(&profile, 1);
+    for site in &SITES {
+        site_values_match(&profile, site);
+        site_is_leaf_and_chained(&profile, site.name, "alloc_space");
+    }
+    average_size_label(&profile, "site_malloc_live", 1000);
+    let truth: i64 = SITES.iter().map(|s| s.inuse_space).sum();
+    summary_row(&output, &fixture, truth);
+    go_pprof_reads(&path);
+}
+
+/// Default 512 KiB sampling: the large site within 10% of its in-use bytes, the scaled
+/// mid-size sites within 50% and with themselves as leaf frame, the total within 20%.
+#[test]
+fn default_sampling_estimates_large_sites() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-sampled");
+    let mut fixture = heap_fixture(LINGER_S);
+    let output = snapshot(&fixture, &out, &["--profiles", "heap"]);
+    assert_success(&output, "snapshot --profiles heap (default sampling)");
+    fixture.expect_line("allocated");
+    let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    expect::heap_profile_format(&profile, DEFAULT_SAMPLE_BYTES);
+    let inuse = |name: &str| site_value(&profile, name, "inuse_space");
+    let mut misses = Vec::new();
+    for name in LARGE_SITES {
+        let what = format!("{name} inuse_space");
+        let truth = truth_of(name).inuse_space;
+        misses.extend(check_within(inuse(name), truth, LARGE_TOLERANCE, &what).err());
+    }
+    for name in MID_SITES {
+        let what = format!("{name} inuse_space");
+        let truth = truth_of(name).inuse_space;
+        misses.extend(check_within(inuse(name), truth, MID_TOLERANCE, &what).err());
+    }
+    let truth: i64 = SITES.iter().map(|s| s.inuse_space).sum();
+    let total = profile.total("inuse_space");
+    misses.extend(check_within(total, truth, TOTAL_TOLERANCE, "total inuse_space").err());
+    assert!(
+        misses.is_empty(),
+        "with 512 KiB sampling:\n{}",
+        misses.join("\n")
+    );
+    for name in MID_SITES {
+        site_is_leaf_and_chained(&profile, name, "inuse_space");
+    }
+}
+
+/// Two heap fixtures, one chosen: the other gets no profile and no summary row. Whether the
+/// unchosen one is slowed is measured by `cargo xtask bench heap` (row "unselected"), not
+/// here: a timed test would be a flaky benchmark.
+#[test]
+fn unselected_process_is_not_probed() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-unselected");
+    let mut chosen = heap_fixture(LINGER_S);
+    let mut other = heap_fixture(LINGER_S);
+    let output = snapshot(
+        &chosen,
+        &out,
+        &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"],
+    );
+    assert_success(
+        &output,
+        "snapshot --pid CHOSEN with another heap fixture running",
+    );
+    chosen.expect_line("allocated");
+    other.expect_line("allocated");
+    let stray = process_dir(out.path(), other.comm(), other.pid());
+    assert!(
+        !stray.exists(),
+        "the unselected process {} got a profile directory; output holds:\n{}",
+        other.pid(),
+        listing(out.path())
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let rows = summary::rows_naming(&stdout, other.pid());
+    assert!(
+        rows.is_empty(),
+        "the summary names the unselected pid {}: {rows:?}\n{stdout}",
+        other.pid()
+    );
+    // The chosen one's counts are its own alone (one fixture's worth, not two).
+    let path = expect::heap_profile_written(out.path(), chosen.comm(), chosen.pid());
+    let profile = Profile::decode(&path);
+    for site in &SITES {
+        site_values_match(&profile, site);
+    }
+}
+
+/// `--heap-max-live 100` with every allocation recorded: far more live blocks than fit. The
+/// profile still decodes, says `live map full N` in its comments (N at least the live blocks
+/// past the 100 slots), the summary reports the same N, in-use holds at most 100 blocks, and
+/// alloc (not kept in the live map) stays exact.
+#[test]
+fn full_live_map_is_reported() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-full");
+    let mut fixture = heap_fixture(LINGER_S);
+    let args = [
+        "--profiles",
+        "heap",
+        "--heap-sample-bytes",
+        "1",
+        "--heap-max-live",
+        "100",
+    ];
+    let output = snapshot(&fixture, &out, &args);
+    assert_success(&output, "snapshot --heap-max-live 100");
+    fixture.expect_line("allocated");
+    let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    expect::heap_profile_format(&profile, 1);
+    let comments = profile.comments.join("\n");
+    let full = count_after(&comments, "live map full ").unwrap_or_else(|| {
+        panic!(
+            "no `live map full N` in the comments: {:?}",
+            profile.comments
+        )
+    });
+    // At least every live block past the 100 slots found the map full.
+    let live_truth: i64 = SITES.iter().map(|s| s.inuse_objects).sum();
+    let at_least = u64::try_from(live_truth - 100).expect("more live blocks than slots");
+    assert!(
+        full >= at_least,
+        "live map full {full}, expected at least {at_least} \
+         ({live_truth} live blocks, 100 slots): {comments}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let reported = summary::not_tracked_as_live(&stdout);
+    assert_eq!(
+        reported,
+        Some(full),
+        "the summary should report the {full} samples not tracked as live:\n{stdout}"
+    );
+    let live = profile.total("inuse_objects");
+    assert!(
+        live <= 100,
+        "{live} in-use objects from a live map of 100 entries"
+    );
+    for site in &SITES {
+        alloc_space_matches(&profile, site);
+    }
+}
+
+/// A fixture that exits right after allocating, 1.5 s into a 4 s capture, and is reaped at
+/// once: the profiler exits 0, writes a heap profile that decodes, says the process exited,
+/// and names the sites, with their values, although the process is gone.
+#[test]
+fn process_exiting_during_capture_is_handled() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-exit");
+    let mut fixture = heap_fixture("0");
+    let output = std::thread::scope(|scope| {
+        let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
+        let profiler = scope.spawn(move || {
+            let args = ["--profiles", "heap", "--heap-sample-bytes", "1"];
+            run_profiler(&snapshot_args(&pid, &out_arg, &args))
+        });
+        fixture.expect_line("allocated");
+        // Reap as its parent would: the profiler must not need /proc/PID afterwards.
+        let status = fixture.wait();
+        assert!(status.success(), "fixture exited with {status}");
+        profiler.join().expect("profiler runner panicked")
+    });
+    assert_success(&output, "snapshot of a heap fixture that exits mid-capture");
+    let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    expect::heap_profile_format(&profile, 1);
+    let comments = profile.comments.join("\n");
+    assert!(
+        comments.contains("exited"),
+        "the comments should say the process exited: {comments}"
+    );
+    // Blocks it never freed stay in use: exit does not free them.
+    for site in &SITES {
+        site_values_match(&profile, site);
+    }
+}
+
+fn heap_fixture(linger_s: &str) -> Fixture {
+    Fixture::spawn_with_args(FixtureKind::HeapSites, &[DELAY_S, linger_s])
+}
+
+/// `profiler snapshot --pid PID --duration CAPTURE --output DIR EXTRA...`, to completion.
+fn snapshot(fixture: &Fixture, out: &TempDir, extra: &[&str]) -> Output {
+    let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
+    run_profiler(&snapshot_args(&pid, &out_arg, extra))
+}
+
+fn snapshot_args<'a>(pid: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "snapshot",
+        "--pid",
+        pid,
+        "--duration",
+        CAPTURE,
+        "--output",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The summary has a heap row for the fixture with its in-use bytes within 1% of `truth`.
+fn summary_row(output: &Output, fixture: &Fixture, truth: i64) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let rows = summary::heap_rows(&stdout);
+    let row = rows
+        .iter()
+        .find(|r| r.pid == fixture.pid())
+        .unwrap_or_else(|| {
+            panic!(
+                "no heap row for pid {} in the summary:\n{stdout}",
+                fixture.pid()
+            )
+        });
+    within(
+        row.inuse_bytes as i64,
+        truth,
+        EXACT_TOLERANCE,
+        "summary inuse bytes",
+    );
+    assert_eq!(
+        row.top_site, "site_big_live",
+        "top in-use site in the summary:\n{stdout}"
+    );
+}
+
+/// Go's pprof reads the file by in-use and by allocated bytes and names the sites.
+fn go_pprof_reads(path: &Path) {
+    let top = go_pprof::top_of(path, "inuse_space");
+    for site in SITES.iter().filter(|s| s.inuse_space > 0) {
+        assert!(
+            top.contains(site.name),
+            "`go tool pprof -sample_index=inuse_space -top` lacks {}:\n{top}",
+            site.name
+        );
+    }
+    let raw = go_pprof::raw_of(path, "alloc_space");
+    for site in SITES.iter().filter(|s| s.alloc_space > 0) {
+        assert!(
+            raw.contains(site.name),
+            "`go tool pprof -sample_index=alloc_space -raw` lacks {}:\n{raw}",
+            site.name
+        );
+    }
+}
+
+/// The integer right after the first `key` in `text`.
+fn count_after(text: &str, key: &str) -> Option<u64> {
+    let rest = &text[text.find(key)? + key.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}

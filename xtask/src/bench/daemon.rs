@@ -1,0 +1,227 @@
+//! `cargo xtask bench daemon`: what `profiler run` costs over minutes on a machine with a few
+//! hundred processes. Starts a fleet (a tenth busy spinners with a 16-frame stack, the rest
+//! idle processes that wake once a second for a millisecond), then runs the daemon at each
+//! frequency in turn with a 10 s interval, sampling every 5 s its CPU time
+//! (`/proc/PID/stat`), its RSS (`/proc/PID/status`), the run time of its BPF programs
+//! (`/proc/PID/fdinfo`, with `kernel.bpf_stats_enabled`) and its last dump time (`/status`).
+//!
+//! The BPF programs run in the context of the sampled tasks, so their cost is not in the
+//! daemon's own CPU time; it is shown in its own column rather than added silently.
+
+mod fleet;
+mod report;
+mod sample;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use self::fleet::Fleet;
+use self::report::{Run, Sample};
+use super::{bail_if_interrupted, fresh_dir, workload};
+use crate::{setup, workspace};
+
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    /// Processes running while the daemon is measured; a tenth of them spin.
+    #[arg(long, default_value_t = 200)]
+    processes: usize,
+    /// Minutes the daemon runs at each frequency.
+    #[arg(long, default_value_t = 10)]
+    minutes: u64,
+    /// CPU sampling frequencies to measure, one daemon run each.
+    #[arg(long, value_delimiter = ',', default_value = "19,99")]
+    frequencies: Vec<u32>,
+}
+
+/// The dump interval of every run.
+const INTERVAL: Duration = Duration::from_secs(10);
+/// Time between two measurements.
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// Loading and verifying the BPF programs takes seconds on a busy machine.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub fn run(args: &DaemonArgs) -> Result<()> {
+    if args.frequencies.is_empty() || args.minutes == 0 || args.processes == 0 {
+        bail!("need at least one frequency, one minute and one process");
+    }
+    workspace::stage("setup");
+    setup::run(setup::Needs {
+        go: false,
+        privileges: true,
+    })?;
+    workspace::build_release()?;
+    let dir = workspace::target_dir().join("xtask-bench/daemon");
+    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    workload::catch_interrupt();
+    let _stats = workload::BpfStats::enable();
+    let spinners = (args.processes / 10).max(1);
+    let idlers = args.processes - spinners.min(args.processes);
+    workspace::stage(&format!(
+        "starting {spinners} spinners and {idlers} idle processes"
+    ));
+    let _fleet = Fleet::start(&dir, spinners, idlers)?;
+    let mut runs = Vec::new();
+    for &frequency_hz in &args.frequencies {
+        workspace::stage(&format!(
+            "profiler run at {frequency_hz} Hz for {} min, interval {} s",
+            args.minutes,
+            INTERVAL.as_secs()
+        ));
+        runs.push(measure(&dir, frequency_hz, args.minutes)?);
+        bail_if_interrupted()?;
+    }
+    report::print(&runs, args.processes);
+    println!("(profiles and logs kept in {})", dir.display());
+    Ok(())
+}
+
+/// One daemon run at `frequency_hz`, measured every [`SAMPLE_EVERY`] for `minutes`.
+fn measure(dir: &Path, frequency_hz: u32, minutes: u64) -> Result<Run> {
+    let out = fresh_dir(&dir.join(format!("out-{frequency_hz}hz")))?;
+    let daemon = Daemon::start(dir, &out, frequency_hz)?;
+    let started = Instant::now();
+    let length = Duration::from_secs(minutes * 60);
+    let mut samples = vec![daemon.sample(started)?];
+    while started.elapsed() < length {
+        std::thread::sleep(SAMPLE_EVERY.min(length.saturating_sub(started.elapsed())));
+        bail_if_interrupted()?;
+        let sample = daemon.sample(started)?;
+        print_progress(&sample);
+        samples.push(sample);
+    }
+    let status = sample::get(&daemon.socket, "/status")?;
+    daemon.stop()?;
+    Ok(Run {
+        frequency_hz,
+        samples,
+        files_written: sample::json_number(&status, "files_written").unwrap_or(0),
+    })
+}
+
+fn print_progress(s: &Sample) {
+    println!(
+        "    t={:>4.0}s cpu={:>7.2}s bpf={:>7.3}s rss={:>6.1}MiB last_dump={}ms stacks={} processes={}",
+        s.at.as_secs_f64(),
+        s.cpu.as_secs_f64(),
+        s.bpf.as_secs_f64(),
+        s.rss_kib as f64 / 1024.0,
+        s.last_dump_ms,
+        s.stacks,
+        s.processes
+    );
+}
+
+/// `profiler run` on a config written for the bench; SIGTERM, then SIGKILL, on drop.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, out: &Path, frequency_hz: u32) -> Result<Daemon> {
+        let socket = dir.join("profiler.sock");
+        let config = dir.join(format!("profiler-{frequency_hz}hz.toml"));
+        // min_free_bytes 0: the bench measures the daemon, not how full the build disk is.
+        let text = format!(
+            "output_dir = {out:?}\ninterval = \"{}s\"\n\n[socket]\npath = {socket:?}\n\n\
+             [retention]\nmin_free_bytes = \"0B\"\n\n[cpu]\nfrequency_hz = {frequency_hz}\n",
+            INTERVAL.as_secs()
+        );
+        std::fs::write(&config, text)
+            .with_context(|| format!("failed to write {}", config.display()))?;
+        let log = dir.join(format!("profiler-{frequency_hz}hz.log"));
+        let stderr = std::fs::File::create(&log)
+            .with_context(|| format!("failed to create {}", log.display()))?;
+        let child = Command::new(workspace::profiler_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .context("failed to start profiler run")?;
+        let mut daemon = Daemon { child, socket };
+        daemon.wait_ready(&log)?;
+        Ok(daemon)
+    }
+
+    fn wait_ready(&mut self, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while sample::get(&self.socket, "/status").is_err() {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "profiler run exited with {status} while starting; see {}",
+                    log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "profiler run did not answer on {} within {START_TIMEOUT:?}; see {}",
+                    self.socket.display(),
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    fn sample(&self, started: Instant) -> Result<Sample> {
+        let pid = self.child.id();
+        let status = sample::get(&self.socket, "/status")?;
+        Ok(Sample {
+            at: started.elapsed(),
+            cpu: sample::cpu_time(pid)?,
+            bpf: sample::bpf_run_time(pid),
+            rss_kib: sample::rss_kib(pid)?,
+            last_dump_ms: sample::json_number(&status, "last_dump_ms")
+                .context("/status has no output.last_dump_ms")?,
+            stacks: sample::json_number_in(&status, &["userspace_stacks", "entries"]).unwrap_or(0),
+            processes: sample::json_number(&status, "processes_tracked").unwrap_or(0),
+        })
+    }
+
+    /// SIGTERM and a clean exit (the final dump included), or an error.
+    fn stop(mut self) -> Result<()> {
+        signal_term(self.child.id());
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("profiler run exited with {status} after SIGTERM");
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("profiler run did not exit within {STOP_TIMEOUT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            signal_term(self.child.id());
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn signal_term(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill has no memory-safety preconditions; the child is ours and unreaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+}

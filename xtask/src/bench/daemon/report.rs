@@ -1,0 +1,221 @@
+//! The daemon bench's table: per frequency, the daemon's CPU share, its BPF programs' CPU
+//! share, peak and steady RSS and whether RSS stays flat, and the slowest dump; then the
+//! targets. Pure (samples in, text out), so it is unit-tested without root.
+
+use std::time::Duration;
+
+use crate::bench::report::target;
+
+/// The continuous-profiling budget, at the default 19 Hz.
+const MAX_CPU_PERCENT_AT_19_HZ: f64 = 1.0;
+const MAX_RSS_MIB: f64 = 64.0;
+/// RSS is flat when the last third's median is within this of the first third's...
+const FLAT_GROWTH_RATIO: f64 = 1.05;
+/// ...plus this much, so allocator noise on a small heap is not read as a leak.
+const FLAT_SLACK_MIB: f64 = 1.0;
+const MAX_DUMP_MS: u64 = 1000;
+
+/// One measurement of the running daemon.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Since the daemon answered its first /status (after loading its programs).
+    pub at: Duration,
+    /// The daemon's user + system CPU time so far.
+    pub cpu: Duration,
+    /// Run time of its BPF programs so far (charged to the sampled tasks, not to it).
+    pub bpf: Duration,
+    pub rss_kib: u64,
+    /// How long the last interval's dump took, from /status.
+    pub last_dump_ms: u64,
+    /// Distinct stacks the daemon holds, and processes it tracks, from /status.
+    pub stacks: u64,
+    pub processes: u64,
+}
+
+/// One daemon run at one frequency.
+pub struct Run {
+    pub frequency_hz: u32,
+    pub samples: Vec<Sample>,
+    pub files_written: u64,
+}
+
+/// What the table shows of a run.
+#[derive(Debug, PartialEq)]
+struct Summary {
+    cpu_percent: f64,
+    bpf_percent: f64,
+    peak_rss_mib: f64,
+    /// Medians of the first and the last third of the RSS samples.
+    first_rss_mib: f64,
+    steady_rss_mib: f64,
+    /// `None` with fewer than three samples.
+    flat: Option<bool>,
+    max_dump_ms: u64,
+    /// The typical dump; the first one (cold symbol caches) is usually the slowest.
+    median_dump_ms: f64,
+}
+
+impl Summary {
+    fn of(samples: &[Sample]) -> Option<Summary> {
+        let (first, last) = (samples.first()?, samples.last()?);
+        let wall = last.at.checked_sub(first.at)?.as_secs_f64();
+        if wall <= 0.0 {
+            return None;
+        }
+        let percent = |a: Duration, b: Duration| 100.0 * b.saturating_sub(a).as_secs_f64() / wall;
+        // The samples before the first dump show 0 ms.
+        let dumps: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.last_dump_ms > 0)
+            .map(|s| s.last_dump_ms as f64)
+            .collect();
+        let rss: Vec<f64> = samples.iter().map(|s| s.rss_kib as f64 / 1024.0).collect();
+        let third = rss.len() / 3;
+        let (first_rss, steady) = if third == 0 {
+            (rss[0], rss[rss.len() - 1])
+        } else {
+            (median(&rss[..third]), median(&rss[rss.len() - third..]))
+        };
+        Some(Summary {
+            cpu_percent: percent(first.cpu, last.cpu),
+            bpf_percent: percent(first.bpf, last.bpf),
+            peak_rss_mib: rss.iter().copied().fold(0.0, f64::max),
+            first_rss_mib: first_rss,
+            steady_rss_mib: steady,
+            flat: (third > 0).then_some(steady <= first_rss * FLAT_GROWTH_RATIO + FLAT_SLACK_MIB),
+            max_dump_ms: samples.iter().map(|s| s.last_dump_ms).max().unwrap_or(0),
+            median_dump_ms: median(&dumps),
+        })
+    }
+}
+
+/// The median; 0 for no values.
+fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
+}
+
+/// Prints the table and, per frequency, one PASS/MISS line per target.
+pub fn print(runs: &[Run], processes: usize) {
+    println!();
+    println!("{processes} processes, one dump every 10 s");
+    println!(
+        "{:>9} {:>9} {:>9} {:>9} {:>17} {:>6} {:>9} {:>11} {:>7}",
+        "frequency",
+        "cpu %",
+        "bpf %",
+        "peak RSS",
+        "RSS first→last",
+        "flat",
+        "max dump",
+        "median dump",
+        "files"
+    );
+    let summaries: Vec<Option<Summary>> = runs.iter().map(|r| Summary::of(&r.samples)).collect();
+    for (run, summary) in runs.iter().zip(&summaries) {
+        let Some(s) = summary else {
+            println!("{:>6} Hz  too few samples", run.frequency_hz);
+            continue;
+        };
+        println!(
+            "{:>6} Hz {:>9.3} {:>9.3} {:>5.1} MiB {:>7.1}→{:<5.1} MiB {:>6} {:>6} ms {:>8.0} ms {:>7}",
+            run.frequency_hz,
+            s.cpu_percent,
+            s.bpf_percent,
+            s.peak_rss_mib,
+            s.first_rss_mib,
+            s.steady_rss_mib,
+            s.flat.map_or("n/a", |f| if f { "yes" } else { "NO" }),
+            s.max_dump_ms,
+            s.median_dump_ms,
+            run.files_written,
+        );
+    }
+    println!(
+        "(cpu % and bpf % are of one core; bpf % is the programs' run time in the sampled tasks)"
+    );
+    println!("targets:");
+    for (run, summary) in runs.iter().zip(&summaries) {
+        let Some(s) = summary else { continue };
+        let hz = run.frequency_hz;
+        if hz == 19 {
+            target(
+                &format!("19 Hz: cpu <= {MAX_CPU_PERCENT_AT_19_HZ}% of a core"),
+                &format!("{:.3}%", s.cpu_percent),
+                Some(s.cpu_percent <= MAX_CPU_PERCENT_AT_19_HZ),
+            );
+        }
+        target(
+            &format!("{hz} Hz: peak RSS <= {MAX_RSS_MIB} MiB"),
+            &format!("{:.1} MiB", s.peak_rss_mib),
+            Some(s.peak_rss_mib <= MAX_RSS_MIB),
+        );
+        target(
+            &format!("{hz} Hz: RSS flat"),
+            &format!("{:+.1} MiB", s.steady_rss_mib - s.first_rss_mib),
+            s.flat,
+        );
+        target(
+            &format!("{hz} Hz: dump < {MAX_DUMP_MS} ms"),
+            &format!("{} ms", s.max_dump_ms),
+            Some(s.max_dump_ms < MAX_DUMP_MS),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at_s: u64, cpu_ms: u64, rss_mib: u64, dump_ms: u64) -> Sample {
+        Sample {
+            at: Duration::from_secs(at_s),
+            cpu: Duration::from_millis(cpu_ms),
+            bpf: Duration::from_millis(cpu_ms / 10),
+            rss_kib: rss_mib * 1024,
+            last_dump_ms: dump_ms,
+            stacks: 0,
+            processes: 0,
+        }
+    }
+
+    #[test]
+    fn shares_are_of_the_measured_span() {
+        // 600 ms of CPU over 60 s is 1% of a core.
+        let samples: Vec<Sample> = (0..=12).map(|i| sample(i * 5, i * 50, 30, i)).collect();
+        let s = Summary::of(&samples).unwrap();
+        assert!((s.cpu_percent - 1.0).abs() < 1e-9, "{s:?}");
+        assert!((s.bpf_percent - 0.1).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.max_dump_ms, 12);
+        assert_eq!(s.median_dump_ms, 6.5);
+        assert_eq!(s.flat, Some(true));
+    }
+
+    #[test]
+    fn growing_rss_is_not_flat() {
+        let samples: Vec<Sample> = (0..9).map(|i| sample(i * 5, 0, 30 + 2 * i, 0)).collect();
+        let s = Summary::of(&samples).unwrap();
+        assert_eq!(
+            (s.first_rss_mib, s.steady_rss_mib, s.peak_rss_mib),
+            (32.0, 44.0, 46.0)
+        );
+        assert_eq!(s.flat, Some(false));
+    }
+
+    #[test]
+    fn too_few_samples() {
+        assert!(Summary::of(&[]).is_none());
+        assert!(Summary::of(&[sample(0, 0, 1, 0)]).is_none());
+        let s = Summary::of(&[sample(0, 0, 1, 0), sample(5, 0, 1, 0)]).unwrap();
+        assert_eq!(s.flat, None);
+    }
+}
