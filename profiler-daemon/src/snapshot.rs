@@ -54,6 +54,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         pids: args.pids.clone(),
         heap_sample_bytes: args.heap_sample_bytes,
         heap_max_live: args.heap_max_live,
+        heap,
         enable_stats: args.bpf_stats,
     })?;
     let mut agg = Aggregate::default();

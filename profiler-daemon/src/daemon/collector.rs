@@ -93,6 +93,8 @@ impl Collector {
             pids: Vec::new(),
             heap_sample_bytes: config.heap.sample_bytes,
             heap_max_live: HEAP_MAX_LIVE,
+            // A reload may opt processes in later: keep the heap maps whenever heap is on.
+            heap: config.is_enabled(ProfileKind::Heap),
             enable_stats: false,
         })?;
         let cpu_attached = config.is_enabled(ProfileKind::Cpu);

@@ -34,6 +34,9 @@ pub struct SessionConfig {
     pub heap_sample_bytes: u64,
     /// Capacity of the live-block map.
     pub heap_max_live: u32,
+    /// Whether heap probes may be attached; without them the heap maps are created with one
+    /// entry, since preallocating them costs start-up time and kernel memory for nothing.
+    pub heap: bool,
     /// Turn on the kernel's BPF run-time statistics while the session lives.
     pub enable_stats: bool,
 }
@@ -66,14 +69,21 @@ impl Session {
         // Stats must be on before the programs run for their runs to be counted.
         let stats = config.enable_stats.then(enable_run_time_stats).transpose()?;
         let filter: u8 = (!config.pids.is_empty()).into();
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(globals::FILTER_PIDS, &filter, true)
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
-            .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
-            .load(EBPF_OBJECT)
-            .map_err(Error::Load)?;
+            .map_max_entries(maps::HEAP_LIVE, config.heap_max_live);
+        if !config.heap {
+            for map in [maps::HEAP_LIVE, maps::HEAP_PENDING, maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1] {
+                loader.map_max_entries(map, 1);
+            }
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(Error::Load)?;
         select_pids(&mut ebpf, &config.pids)?;
-        heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
+        if config.heap {
+            heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
+        }
         Ok(Self { ebpf, active_set: 0, heap_loaded: false, _stats: stats })
     }
 
