@@ -48,6 +48,8 @@ pub mod maps {
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
     /// Per-CPU scratch array of one [`crate::Stack`] (too big for the 512-byte BPF stack).
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
+    /// Per-CPU array of one window of user stack words copied during a walk.
+    pub const STACK_WINDOW: &str = "STACK_WINDOW";
 
     /// Per-CPU hash of [`crate::HeapKey`] → [`crate::HeapTotals`], for map set 0.
     pub const HEAP_TOTALS_0: &str = "HEAP_TOTALS_0";

@@ -4,6 +4,9 @@
 /// Frames kept per stack: the kernel's `perf_event_max_stack` default.
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// Words of user stack the kernel copies per read while walking frames (a power of two).
+pub const STACK_WINDOW_WORDS: usize = 64;
+
 /// The stack hash recorded when no stack was taken (kernel thread with no user stack, a
 /// sample in user mode with no kernel stack, or a failed walk, which is counted).
 pub const NO_STACK: u64 = 0;

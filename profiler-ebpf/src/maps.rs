@@ -11,6 +11,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     heap::HEAP_INTERVALS_LEN,
+    stack::STACK_WINDOW_WORDS,
     maps::{
         CPU_COUNTS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES,
         HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
@@ -77,6 +78,9 @@ pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS
 
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static STACK_WINDOW: PerCpuArray<[u64; STACK_WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Adds one to a per-CPU counter. Per-CPU slots need no atomics: a program runs to
 /// completion on its CPU before another program on that CPU can touch the slot.

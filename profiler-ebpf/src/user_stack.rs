@@ -9,11 +9,13 @@
 use aya_ebpf::{
     bindings::pt_regs,
     helpers::{
-        bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
 };
-use profiler_common::{Stack, MAX_STACK_DEPTH};
+use profiler_common::{stack::STACK_WINDOW_WORDS, Stack, MAX_STACK_DEPTH};
+
+use crate::maps::STACK_WINDOW;
 
 /// How far above the sampled stack pointer a frame may lie: the default 8 MiB main-thread
 /// stack limit. Frames beyond it are garbage `rbp` values, not frames.
@@ -38,6 +40,17 @@ fn user_regs() -> Option<pt_regs> {
     }
 }
 
+/// Bytes of user stack copied per read: frames lie close together, and one helper call costs
+/// about as much for 512 bytes as for 16 here, so a window holds several frames.
+const WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
+
+/// Copies `len` bytes of user memory at `addr` into the window. False if unreadable.
+#[inline(always)]
+fn read_window(window: &mut [u64; STACK_WINDOW_WORDS], addr: u64, len: u64) -> bool {
+    // SAFETY: a fault-safe read into this CPU's window buffer of at least `len` bytes.
+    unsafe { bpf_probe_read_user(window.as_mut_ptr().cast(), len as u32, addr as *const _) == 0 }
+}
+
 /// Walks the current thread's user stack into `out`, leaf first. Returns false when the
 /// thread has no user context (kernel threads).
 #[inline(always)]
@@ -47,6 +60,10 @@ pub fn walk(out: &mut Stack) -> bool {
     if ip == 0 || ip >= USER_ADDR_LIMIT {
         return false;
     }
+    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's window buffer, which nothing else touches while this program runs.
+    let window = unsafe { &mut *window };
+    let (mut window_base, mut window_len) = (0u64, 0u64);
     out.ips[0] = ip;
     let mut len = 1;
     let stack_top = sp.saturating_add(MAX_STACK_SPAN);
@@ -55,9 +72,23 @@ pub fn walk(out: &mut Stack) -> bool {
         if bp < floor || bp >= stack_top || bp & 7 != 0 {
             break;
         }
-        // SAFETY: a fault-safe read of user memory; failure ends the walk.
-        let Ok(frame) = (unsafe { bpf_probe_read_user(bp as *const [u64; 2]) }) else { break };
-        let (next_bp, ret) = (frame[0], frame[1]);
+        if bp < window_base || bp + 16 > window_base + window_len {
+            // Near the top of the stack a whole window may run past its mapping: then read
+            // just the frame record.
+            window_base = bp;
+            window_len = if read_window(window, bp, WINDOW_BYTES) {
+                WINDOW_BYTES
+            } else if read_window(window, bp, 16) {
+                16
+            } else {
+                break;
+            };
+        }
+        let idx = ((bp - window_base) >> 3) as usize & (STACK_WINDOW_WORDS - 1);
+        if idx + 1 >= STACK_WINDOW_WORDS {
+            break;
+        }
+        let (next_bp, ret) = (window[idx], window[idx + 1]);
         if ret == 0 || ret >= USER_ADDR_LIMIT {
             break;
         }
