@@ -19,7 +19,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{setup, workspace};
+use crate::workspace;
 
 /// The available benchmarks.
 #[derive(clap::Subcommand, Debug)]
@@ -56,12 +56,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
 }
 
 fn cpu(args: &CpuArgs) -> Result<()> {
-    workspace::stage("setup");
-    setup::run(setup::Needs {
-        go: false,
-        privileges: true,
-    })?;
-    workspace::build_release()?;
+    workspace::prepare(false)?;
     let dir = workspace::target_dir().join("xtask-bench");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();

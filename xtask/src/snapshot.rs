@@ -6,17 +6,12 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result};
 
-use crate::{setup, workspace};
+use crate::workspace;
 
 /// Never returns on success: the profiler replaces this process, so its exit code is ours
 /// and Ctrl-C reaches it alone (it needs the chance to write the profile before exiting).
 pub fn run(args: &[String]) -> Result<ExitCode> {
-    workspace::stage("setup");
-    setup::run(setup::Needs {
-        go: false,
-        privileges: true,
-    })?;
-    workspace::build_release()?;
+    workspace::prepare(false)?;
     let mut cmd = Command::new(workspace::profiler_bin());
     cmd.arg("snapshot");
     if !has_output(args) {

@@ -5,16 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::{setup, workspace};
+use crate::workspace;
 
 /// ARGS go to the test harness (after `--`), e.g. a test name filter.
 pub fn run(args: &[String]) -> Result<ExitCode> {
-    workspace::stage("setup (including golang-go for the end-to-end tests)");
-    setup::run(setup::Needs {
-        go: true,
-        privileges: true,
-    })?;
-    workspace::build_release()?;
+    workspace::prepare(true)?;
     let mut cmd = workspace::cargo();
     cmd.args([
         "test",

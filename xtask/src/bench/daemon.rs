@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use self::fleet::Fleet;
 use self::report::{Run, Sample};
 use super::{bail_if_interrupted, fresh_dir, workload};
-use crate::{setup, workspace};
+use crate::workspace;
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
@@ -48,12 +48,7 @@ pub fn run(args: &DaemonArgs) -> Result<()> {
     if args.frequencies.is_empty() || args.minutes == 0 || args.processes == 0 {
         bail!("need at least one frequency, one minute and one process");
     }
-    workspace::stage("setup");
-    setup::run(setup::Needs {
-        go: false,
-        privileges: true,
-    })?;
-    workspace::build_release()?;
+    workspace::prepare(false)?;
     let dir = workspace::target_dir().join("xtask-bench/daemon");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     workload::catch_interrupt();

@@ -26,7 +26,7 @@ use self::program::MallocBench;
 use self::report::Measured;
 use self::tracer::Tracer;
 use super::{bail_if_interrupted, fresh_dir, workload};
-use crate::{setup, workspace};
+use crate::workspace;
 
 #[derive(clap::Args, Debug)]
 pub struct HeapArgs {
@@ -63,12 +63,7 @@ const CONFIGS: [(&str, Probe); 5] = [
 ];
 
 pub fn run(args: &HeapArgs) -> Result<()> {
-    workspace::stage("setup");
-    setup::run(setup::Needs {
-        go: false,
-        privileges: true,
-    })?;
-    workspace::build_release()?;
+    workspace::prepare(false)?;
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
     let bench = Bench {

@@ -56,11 +56,16 @@ impl Drop for Spinners {
 }
 
 fn compile(dir: &Path) -> Result<std::path::PathBuf> {
-    let (src, bin) = (dir.join("spin.c"), dir.join("spin"));
-    std::fs::write(&src, SPINNER_C)
-        .with_context(|| format!("failed to write {}", src.display()))?;
+    compile_c(dir, "spin", SPINNER_C, &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"])
+}
+
+/// Writes `source` to `dir/<name>.c` and compiles it with gcc and `flags` into `dir/<name>`.
+pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Result<std::path::PathBuf> {
+    let (src, bin) = (dir.join(format!("{name}.c")), dir.join(name));
+    std::fs::write(&src, source).with_context(|| format!("failed to write {}", src.display()))?;
     let status = Command::new("gcc")
-        .args(["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap", "-o"])
+        .args(flags)
+        .arg("-o")
         .args([&bin, &src])
         .status()
         .context("failed to run gcc; run `cargo xtask setup`")?;

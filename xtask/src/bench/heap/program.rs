@@ -67,18 +67,7 @@ int main(int argc, char **argv) {
 
 /// Compiles the program into `dir`; returns the binary.
 pub fn compile(dir: &Path) -> Result<PathBuf> {
-    let (src, bin) = (dir.join("malloc_bench.c"), dir.join("malloc_bench"));
-    std::fs::write(&src, MALLOC_BENCH_C)
-        .with_context(|| format!("failed to write {}", src.display()))?;
-    let status = Command::new("gcc")
-        .args(["-O1", "-fno-builtin-malloc", "-fno-builtin-free", "-o"])
-        .args([&bin, &src])
-        .status()
-        .context("failed to run gcc; run `cargo xtask setup`")?;
-    if !status.success() {
-        bail!("gcc failed to compile {} ({status})", src.display());
-    }
-    Ok(bin)
+    crate::bench::workload::compile_c(dir, "malloc_bench", MALLOC_BENCH_C, &["-O1", "-fno-builtin-malloc", "-fno-builtin-free"])
 }
 
 /// One paused copy of the program.
