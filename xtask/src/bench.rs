@@ -10,6 +10,7 @@
 
 mod daemon;
 mod heap;
+mod peer;
 mod measure;
 mod report;
 mod workload;
@@ -71,7 +72,18 @@ fn cpu(args: &CpuArgs) -> Result<()> {
     workspace::stage(&format!("perf record for {secs} s at {hz} Hz"));
     let perf = measure::run(perf_cmd(args, &out))?;
     bail_if_interrupted()?;
-    report::print(&report::Row::profiler(&profiler), &report::Row::perf(&perf));
+    workspace::stage(&format!("bpftrace profile:hz:{hz} with kstack+ustack for {secs} s (peer for ns/sample)"));
+    let bpftrace_ns = peer::bpftrace_ns_per_sample(hz, secs);
+    bail_if_interrupted()?;
+    let profiler_row = report::Row::profiler(&profiler);
+    report::print(&profiler_row, &report::Row::perf(&perf));
+    match (profiler_row.ns_per_sample, bpftrace_ns) {
+        (Some(ours), Some(theirs)) => println!(
+            "bpf ns/sample: profiler {ours:.0}, bpftrace doing the same job {theirs:.0} (ratio {:.2})",
+            ours / theirs
+        ),
+        _ => println!("bpf ns/sample of bpftrace: n/a (bpftrace missing or no bpf_stats)"),
+    }
     println!("(outputs kept in {})", out.display());
     Ok(())
 }
