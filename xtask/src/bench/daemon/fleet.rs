@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::bench::workload::Spinners;
 
@@ -69,15 +69,5 @@ impl Drop for Fleet {
 }
 
 fn compile(dir: &Path) -> Result<PathBuf> {
-    let (src, bin) = (dir.join("idler.c"), dir.join("idler"));
-    std::fs::write(&src, IDLER_C).with_context(|| format!("failed to write {}", src.display()))?;
-    let status = Command::new("gcc")
-        .args(["-O1", "-fno-omit-frame-pointer", "-o"])
-        .args([&bin, &src])
-        .status()
-        .context("failed to run gcc; run `cargo xtask setup`")?;
-    if !status.success() {
-        bail!("gcc failed to compile {} ({status})", src.display());
-    }
-    Ok(bin)
+    crate::bench::workload::compile_c(dir, "idler", IDLER_C, &["-O1", "-fno-omit-frame-pointer"])
 }
