@@ -18,10 +18,15 @@ use crate::{
     output, pprof, preflight, procs, profiles,
     resolve::{self, ResolvedProfile},
     symbolize::Symbolizer,
+    unwind::{self, Unwinder},
 };
 
 /// How often the maps are drained during a capture.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Time per drain spent registering newly seen processes with the unwinder (building their
+/// tables); the rest wait for the next drain.
+const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
 
 /// One written profile, for the summary.
 #[derive(Debug, Clone)]
@@ -56,7 +61,11 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         heap_max_live: args.heap_max_live,
         heap,
         enable_stats: args.bpf_stats,
+        unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
     })?;
+    let mut unwinder = Unwinder::new(unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES));
+    // Chosen processes get their tables before the first sample, not a drain later.
+    unwinder.sync(&mut session, args.pids.iter().map(|&p| (p, 0)), None)?;
     let mut agg = Aggregate::default();
     let mut counts = Counts::default();
     let mut attachments = Vec::new();
@@ -71,7 +80,8 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
-    let interrupted = capture(&mut session, &mut agg, &mut counts, args.duration)?;
+    let mut pipeline = Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder };
+    let interrupted = capture(&mut pipeline, args.duration)?;
     if heap {
         // Read the live blocks, then drain once more: blocks sampled since the last drain
         // name stacks that are still in the kernel's active set.
@@ -124,7 +134,7 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 
 /// Drains every [`DRAIN_INTERVAL`] until `duration` has passed or Ctrl-C is pressed (which
 /// ends the capture early and still writes what was captured). True when interrupted.
-fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, duration: Duration) -> Result<bool> {
+fn capture(p: &mut Pipeline<'_>, duration: Duration) -> Result<bool> {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
@@ -133,14 +143,14 @@ fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, dura
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
         if now >= deadline || interrupted {
-            drain_into(session, agg, counts)?;
+            p.drain()?;
             if progress {
                 eprint!("\r\x1b[K");
             }
             return Ok(interrupted);
         }
         if progress {
-            let c = session.counters()?;
+            let c = p.session.counters()?;
             eprint!(
                 "\r\x1b[Kcapturing: {:>4.1}s left, {} cpu samples, {} heap samples",
                 (deadline - now).as_secs_f64(),
@@ -150,15 +160,26 @@ fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, dura
             let _ = std::io::stderr().flush();
         }
         sleep_until(deadline.min(now + DRAIN_INTERVAL));
-        drain_into(session, agg, counts)?;
+        p.drain()?;
     }
 }
 
-fn drain_into(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts) -> Result<()> {
-    let batch = session.drain()?;
-    agg.learn(&batch);
-    counts.add(&batch);
-    Ok(())
+/// The capture's stages, drained together.
+struct Pipeline<'a> {
+    session: &'a mut Session,
+    agg: &'a mut Aggregate,
+    counts: &'a mut Counts,
+    unwinder: &'a mut Unwinder,
+}
+
+impl Pipeline<'_> {
+    fn drain(&mut self) -> Result<()> {
+        let batch = self.session.drain()?;
+        self.agg.learn(&batch);
+        self.counts.add(&batch);
+        let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
+        self.unwinder.sync(self.session, seen, Some(UNWIND_SYNC_BUDGET))
+    }
 }
 
 /// Sleeps in short steps so Ctrl-C is noticed promptly.

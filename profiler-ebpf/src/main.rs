@@ -6,6 +6,7 @@
 #![no_main]
 
 mod cpu;
+mod exec;
 mod heap;
 mod maps;
 mod stack;
