@@ -90,6 +90,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         agg.learn(&batch);
         counts.add(&batch);
     }
+    let unwind_stats = unwinder.stats();
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = session.counters()?;
     if args.bpf_stats {
@@ -107,6 +108,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         written.extend(write_heap(&agg, &counts, &meta, &counters, args, &attachments, &mut sym)?);
     }
     print_summary(&written, &counters, &args.output);
+    print_unwind_summary(&unwind_stats);
     Ok(Report { written, counters, interrupted })
 }
 
@@ -347,6 +349,23 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         counters.heap.sampled,
         counters.heap.live_map_full
     );
+}
+
+fn print_unwind_summary(s: &unwind::UnwinderStats) {
+    const MIB: f64 = (1 << 20) as f64;
+    println!(
+        "unwind tables: {} files ({:.1} of {:.0} MiB), built in {:.0} ms; {} files without a table, {} too large, {} not loaded (memory full)",
+        s.tables.len(),
+        s.table_bytes as f64 / MIB,
+        s.budget_bytes as f64 / MIB,
+        s.build_time.as_secs_f64() * 1e3,
+        s.build_failures,
+        s.too_large,
+        s.budget_full
+    );
+    for t in &s.tables {
+        tracing::debug!(file = %t.name, rows = t.rows, bytes = t.bytes, build_ms = t.build_duration.as_secs_f64() * 1e3, "unwind table");
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {

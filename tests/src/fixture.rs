@@ -26,6 +26,20 @@ const CFLAGS_HEAP: &[&str] = &[
     "-fno-builtin-realloc",
 ];
 
+/// The flags of the fixtures built the way distributions and release builds are: optimized,
+/// no frame pointers (leaf or not). No inlining and no tail calls still, so each named
+/// function is its own frame and the expected chains are real.
+const CFLAGS_NO_FRAME_POINTERS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+    "-fno-inline",
+];
+
+/// The Rust release fixture: optimized, no frame pointers, inlining on.
+const RUSTFLAGS_RELEASE: &[&str] = &["-C", "opt-level=3", "-g", "--edition", "2021"];
+
 /// The Rust fixture flags. `opt-level=1` keeps `#[inline(never)]` functions as real frames.
 const RUSTFLAGS: &[&str] = &[
     "-C",
@@ -51,6 +65,16 @@ pub enum FixtureKind {
     /// after a delay (argv[1], seconds) that leaves time to attach; prints `allocated`, then
     /// lingers argv[2] seconds and exits.
     HeapSites,
+    /// `cpu_split.c` built `-O2 -fomit-frame-pointer`: the same split, unwound by CFI only.
+    CpuSplitNoFp,
+    /// `heap_sites.c` built `-O2 -fomit-frame-pointer`.
+    HeapSitesNoFp,
+    /// `libc_hot.c` (no frame pointers): hot paths inside libc's qsort and memcpy, called
+    /// from named functions of the program.
+    LibcHot,
+    /// `inline_rs.rs`: Rust at opt-level 3 without frame pointers; main → run → spin, with
+    /// `mix` inlined into spin.
+    InlineRust,
 }
 
 impl FixtureKind {
@@ -61,6 +85,10 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split_rs",
             Self::SyscallHeavy => "syscall_heavy",
             Self::HeapSites => "heap_sites",
+            Self::CpuSplitNoFp => "cpu_split_nofp",
+            Self::HeapSitesNoFp => "heap_sites_nofp",
+            Self::LibcHot => "libc_hot",
+            Self::InlineRust => "inline_rs",
         }
     }
 
@@ -69,7 +97,10 @@ impl FixtureKind {
             Self::CpuSplitC => "cpu_split.c",
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
-            Self::HeapSites => "heap_sites.c",
+            Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
+            Self::CpuSplitNoFp => "cpu_split.c",
+            Self::LibcHot => "libc_hot.c",
+            Self::InlineRust => "inline_rs.rs",
         }
     }
 
@@ -106,14 +137,22 @@ impl FixtureKind {
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
         let mut cmd;
-        if self == Self::CpuSplitRust {
+        if matches!(self, Self::CpuSplitRust | Self::InlineRust) {
             cmd = Command::new("rustc");
-            cmd.args(RUSTFLAGS).args(["--crate-name", self.comm()]);
+            let flags = if self == Self::InlineRust { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
+            cmd.args(flags).args(["--crate-name", self.comm()]);
         } else {
             cmd = Command::new("gcc");
-            cmd.args(CFLAGS);
-            if self == Self::HeapSites {
+            match self {
+                Self::CpuSplitNoFp | Self::LibcHot | Self::HeapSitesNoFp => cmd.args(CFLAGS_NO_FRAME_POINTERS),
+                _ => cmd.args(CFLAGS),
+            };
+            if matches!(self, Self::HeapSites | Self::HeapSitesNoFp) {
                 cmd.args(CFLAGS_HEAP);
+            }
+            if self == Self::LibcHot {
+                // Keep the memcpy call a call into libc.
+                cmd.arg("-fno-builtin-memcpy");
             }
         }
         cmd.arg("-o").arg(output).arg(source);

@@ -20,7 +20,6 @@ pub use drain::{Batch, RawCpuSample, RawHeapTotals};
 pub use heap::{HeapAttachment, HeapCounters, LiveBlock};
 use profiler_common::{globals, maps, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use unwind::UnwindCounters;
-use unwind::RowMemory;
 
 use crate::error::{Error, Result};
 
@@ -67,7 +66,6 @@ pub struct Session {
     ebpf: Ebpf,
     active_set: u32,
     heap_loaded: bool,
-    rows: RowMemory,
     /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
     exec_tracking_error: Option<String>,
     _stats: Option<OwnedFd>,
@@ -95,7 +93,6 @@ impl Session {
         if config.heap {
             heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
         }
-        let rows = RowMemory::map(&ebpf, config.unwind_rows)?;
         // Without it a process that calls execve unwinds with its old tables until its
         // mappings are read again; worth a warning, not worth refusing to profile.
         let exec_tracking_error = unwind::attach_exec(&mut ebpf).err().map(|e| {
@@ -105,12 +102,12 @@ impl Session {
             );
             message
         });
-        Ok(Self { ebpf, active_set: 0, heap_loaded: false, rows, exec_tracking_error, _stats: stats })
+        Ok(Self { ebpf, active_set: 0, heap_loaded: false, exec_tracking_error, _stats: stats })
     }
 
-    /// The unwind-table rows as the kernel reads them.
-    pub fn unwind_rows_mut(&mut self) -> &mut [UnwindRow] {
-        self.rows.rows_mut()
+    /// Copies up to one shard of unwind-table rows into shard `shard` of the row memory.
+    pub fn write_unwind_shard(&mut self, shard: u16, rows: &[UnwindRow]) -> Result<()> {
+        unwind::write_shard(&self.ebpf, shard, rows)
     }
 
     /// Points table slot `slot` at its rows (or empties it with `rows = 0`).

@@ -46,9 +46,12 @@ pub struct LoadSegment {
     pub file_offset: u64,
     pub vaddr: u64,
     pub file_size: u64,
+    /// `PF_X`: mapped executable.
+    pub executable: bool,
 }
 
 const PT_LOAD: u32 = 1;
+const PF_X: u32 = 1;
 const PROGRAM_HEADER_LEN: usize = 56;
 
 /// The `PT_LOAD` segments of an ELF file, from its program header table.
@@ -74,6 +77,7 @@ pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, BuildError> {
                 file_offset: u64_at(header, 8)?,
                 vaddr: u64_at(header, 16)?,
                 file_size: u64_at(header, 32)?,
+                executable: u32_at(header, 4)? & PF_X != 0,
             });
         }
     }

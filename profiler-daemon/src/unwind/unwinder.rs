@@ -306,11 +306,12 @@ impl Unwinder {
         for &slot in &reservation.evicted_slots {
             session.set_unwind_table(slot, &empty)?;
         }
-        let memory = session.unwind_rows_mut();
         let mut info = empty;
         for (i, (chunk, &shard)) in rows.chunks(SHARD_ROWS as usize).zip(&reservation.shards).enumerate() {
-            let start = shard as usize * SHARD_ROWS as usize;
-            memory[start..start + chunk.len()].copy_from_slice(chunk);
+            if let Err(err) = session.write_unwind_shard(shard, chunk) {
+                self.registry.cancel(reservation);
+                return Err(err);
+            }
             info.shards[i] = shard;
         }
         info.base_address = table.base_address();
@@ -342,13 +343,20 @@ fn open_file_info(path: &str) -> Option<FileInfo> {
     Some(FileInfo { key, segments })
 }
 
-/// The bias of a mapping: address − bias is the file's virtual address.
+/// The bias of an executable mapping: address − bias is the file's virtual address.
 fn bias(entry: &MapEntry, segments: &[LoadSegment]) -> Option<u64> {
     const PAGE: u64 = 4096;
-    let segment = segments.iter().find(|s| {
+    // lld packs segments into shared pages, so the page an executable mapping starts at may
+    // also hold the end of the read-only segment before it: prefer the executable segment.
+    let covers = |s: &&LoadSegment| {
         let first = s.file_offset & !(PAGE - 1);
         (first..s.file_offset + s.file_size.max(1)).contains(&entry.offset)
-    })?;
+    };
+    let segment = segments
+        .iter()
+        .filter(|s| s.executable)
+        .find(covers)
+        .or_else(|| segments.iter().find(covers))?;
     let vaddr = entry.offset.wrapping_sub(segment.file_offset).wrapping_add(segment.vaddr);
     Some(entry.start.wrapping_sub(vaddr))
 }
@@ -380,14 +388,19 @@ mod tests {
     #[test]
     fn bias_maps_addresses_to_file_virtual_addresses() {
         // A PIE's text segment: file offset 0x1000 at vaddr 0x1000, loaded at 0x5555_0000_1000.
-        let text = LoadSegment { file_offset: 0x1000, vaddr: 0x1000, file_size: 0x5000 };
+        let text = LoadSegment { file_offset: 0x1000, vaddr: 0x1000, file_size: 0x5000, executable: true };
         let b = bias(&entry(0x5555_0000_1000, 0x1000), &[text]).unwrap();
         assert_eq!(0x5555_0000_1234 - b, 0x1234);
         // A non-PIE whose segment is not page-aligned in the file: offset 0x2f0 at 0x4012f0.
-        let seg = LoadSegment { file_offset: 0x12f0, vaddr: 0x4012f0, file_size: 0x100 };
+        let seg = LoadSegment { file_offset: 0x12f0, vaddr: 0x4012f0, file_size: 0x100, executable: true };
         let b = bias(&entry(0x401000, 0x1000), &[seg]).unwrap();
         assert_eq!(0x4012f4u64.wrapping_sub(b), 0x4012f4);
         assert!(bias(&entry(0x1000, 0x9000), &[text]).is_none());
+        // lld: the read-only segment ends in the page where text starts (at another vaddr).
+        let rodata = LoadSegment { file_offset: 0, vaddr: 0, file_size: 0x13c20, executable: false };
+        let text = LoadSegment { file_offset: 0x13c20, vaddr: 0x14c20, file_size: 0x3e760, executable: true };
+        let b = bias(&entry(0x5000_0000_0000, 0x13000), &[rodata, text]).unwrap();
+        assert_eq!(0x5000_0000_0c20 - b, 0x14c20);
     }
 
     #[test]
