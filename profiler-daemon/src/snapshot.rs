@@ -24,6 +24,9 @@ use crate::{
 /// How often the maps are drained during a capture.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// When the first drain comes, see `capture`.
+const FIRST_DRAIN: Duration = Duration::from_millis(200);
+
 /// Time per drain spent registering newly seen processes with the unwinder (building their
 /// tables); the rest wait for the next drain.
 const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
@@ -141,6 +144,9 @@ fn capture(p: &mut Pipeline<'_>, duration: Duration) -> Result<bool> {
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
+    // The first drain comes early: processes are registered with the unwinder after the
+    // drain that first shows them, and until then their stacks fall back to frame pointers.
+    let mut interval = FIRST_DRAIN;
     loop {
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
@@ -161,7 +167,8 @@ fn capture(p: &mut Pipeline<'_>, duration: Duration) -> Result<bool> {
             );
             let _ = std::io::stderr().flush();
         }
-        sleep_until(deadline.min(now + DRAIN_INTERVAL));
+        sleep_until(deadline.min(now + interval));
+        interval = DRAIN_INTERVAL;
         p.drain()?;
     }
 }

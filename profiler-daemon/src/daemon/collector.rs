@@ -133,6 +133,11 @@ impl Collector {
         })
     }
 
+    /// Why execs are not tracked by the kernel, if they are not.
+    pub(super) fn session_exec_tracking_error(&self) -> Option<String> {
+        self.session.exec_tracking_error().map(str::to_string)
+    }
+
     fn run(&mut self, mut rx: mpsc::Receiver<Command>, rt: &Handle) {
         let mut next_drain = Instant::now() + DRAIN_INTERVAL;
         let mut next_dump = Instant::now() + self.config.interval;

@@ -11,6 +11,7 @@ mod cfi;
 mod elf;
 mod mapped;
 mod registry;
+mod report;
 mod rule;
 mod table;
 mod unwinder;
@@ -21,5 +22,6 @@ mod ground_truth;
 mod readelf;
 
 pub use rule::{CfaRegister, RbpRule, ReasonCounts, Rule, Unsupported, MAX_CFA_OFFSET};
+pub use report::report;
 pub use table::{build, BuildError, BuildStats, UnwindTable};
 pub use unwinder::{rows_for_budget, TableReport, Unwinder, UnwinderStats, DEFAULT_TABLE_BYTES};
