@@ -210,6 +210,21 @@ impl Fixture {
         Self::from_command(kind, cmd)
     }
 
+    /// Starts `sh`, which sleeps `delay_s` and then execs fixture `kind` for `seconds` in
+    /// the same process (same pid). Returns at once, before the exec: call
+    /// `expect_line("ready")` to wait for the fixture.
+    pub fn spawn_exec_later(kind: FixtureKind, delay_s: &str, seconds: u32) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("sleep {delay_s}; exec \"$0\" {seconds}")]).arg(kind.build());
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start sh for fixture {}: {cmd:?}: {e}", kind.comm()));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+        Self { kind, child, stdout, reaped: false }
+    }
+
     /// Starts `cmd` (which runs fixture `kind`) and waits for its `ready`.
     fn from_command(kind: FixtureKind, mut cmd: Command) -> Self {
         let mut child = cmd

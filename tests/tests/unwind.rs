@@ -217,3 +217,45 @@ fn rust_release_build_has_demangled_inlined_frames() {
         profile.function_names()
     );
 }
+
+/// A process that calls `execve` while profiled: the kernel drops its old mappings at the
+/// exec (the new image must not be unwound with the shell's tables) and the profiler
+/// registers the new ones at the next drain, so the fixture's stacks are whole again. With
+/// the old tables the fixture's addresses fall in no known mapping and, without frame
+/// pointers, its chains break.
+#[test]
+fn a_process_that_execs_gets_its_new_tables() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("exec");
+    let mut fixture = Fixture::spawn_exec_later(FixtureKind::CpuSplitNoFp, "1", FIXTURE_S);
+    let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
+    let output = std::thread::scope(|scope| {
+        let args = ["snapshot", "--pid", &pid, "--duration", "6s", "--frequency", "199", "--output", &out_arg];
+        let profiler = scope.spawn(move || run_profiler(&args));
+        fixture.expect_line("ready");
+        profiler.join().expect("profiler runner panicked")
+    });
+    assert_success(&output, "snapshot of a process that execs");
+    // Named after what the pid was when first seen (the shell, or the fixture).
+    let dir = std::fs::read_dir(out.path())
+        .expect("output dir")
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(&format!("-{pid}")))
+        .unwrap_or_else(|| panic!("no profile directory for pid {pid}: {}", profiler_tests::listing(out.path())));
+    let profile = Profile::decode(&dir.path().join("cpu.pb.gz"));
+    let chain_of = |hot| [hot, "work_loop", "main"];
+    let (chained, n) = share(
+        &profile,
+        |s| s.contains("hot_a") || s.contains("hot_b"),
+        |s| s.has_chain(&chain_of("hot_a")) || s.has_chain(&chain_of("hot_b")),
+    );
+    // About 4.5 s of the fixture, at most ~1 s of it before the re-registration.
+    assert!(n > 0, "no fixture samples after the exec: {:?}", profile.function_names());
+    assert!(
+        chained >= 0.6,
+        "only {chained:.3} of {n} fixture samples carry their chain after the exec: {:?}",
+        examples(&profile, |s| !(s.contains("hot_a") || s.contains("hot_b")) || s.has_chain(&chain_of("hot_a")) || s.has_chain(&chain_of("hot_b")))
+    );
+}

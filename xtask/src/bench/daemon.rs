@@ -99,14 +99,15 @@ fn measure(dir: &Path, frequency_hz: u32, minutes: u64) -> Result<Run> {
 
 fn print_progress(s: &Sample) {
     println!(
-        "    t={:>4.0}s cpu={:>7.2}s bpf={:>7.3}s rss={:>6.1}MiB last_dump={}ms stacks={} processes={}",
+        "    t={:>4.0}s cpu={:>7.2}s bpf={:>7.3}s rss={:>6.1}MiB last_dump={}ms stacks={} processes={} unwind={:.1}MiB",
         s.at.as_secs_f64(),
         s.cpu.as_secs_f64(),
         s.bpf.as_secs_f64(),
         s.rss_kib as f64 / 1024.0,
         s.last_dump_ms,
         s.stacks,
-        s.processes
+        s.processes,
+        s.unwind_table_bytes as f64 / (1 << 20) as f64
     );
 }
 
@@ -178,6 +179,8 @@ impl Daemon {
                 .context("/status has no output.last_dump_ms")?,
             stacks: sample::json_number_in(&status, &["userspace_stacks", "entries"]).unwrap_or(0),
             processes: sample::json_number(&status, "processes_tracked").unwrap_or(0),
+            unwind_table_bytes: sample::json_number_in(&status, &["unwind", "table_bytes"]).unwrap_or(0),
+            unwind_tables: sample::json_number_in(&status, &["unwind", "tables_loaded"]).unwrap_or(0),
         })
     }
 

@@ -30,6 +30,10 @@ pub struct Sample {
     /// Distinct stacks the daemon holds, and processes it tracks, from /status.
     pub stacks: u64,
     pub processes: u64,
+    /// Unwind-table memory in use (bytes of kernel row memory) and tables loaded, from
+    /// /status.
+    pub unwind_table_bytes: u64,
+    pub unwind_tables: u64,
 }
 
 /// One daemon run at one frequency.
@@ -143,6 +147,18 @@ pub fn print(runs: &[Run], processes: usize) {
     println!(
         "(cpu % and bpf % are of one core; bpf % is the programs' run time in the sampled tasks)"
     );
+    for run in runs {
+        if let Some(last) = run.samples.last() {
+            println!(
+                "{:>6} Hz: unwind tables for {} processes: {:.1} MiB of kernel memory in {} tables (peak over the run {:.1} MiB)",
+                run.frequency_hz,
+                last.processes,
+                last.unwind_table_bytes as f64 / (1 << 20) as f64,
+                last.unwind_tables,
+                run.samples.iter().map(|s| s.unwind_table_bytes).max().unwrap_or(0) as f64 / (1 << 20) as f64,
+            );
+        }
+    }
     println!("targets:");
     for (run, summary) in runs.iter().zip(&summaries) {
         let Some(s) = summary else { continue };
@@ -185,6 +201,8 @@ mod tests {
             last_dump_ms: dump_ms,
             stacks: 0,
             processes: 0,
+            unwind_table_bytes: 0,
+            unwind_tables: 0,
         }
     }
 
