@@ -77,6 +77,12 @@ fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, Stack
         hash = hash_frame(hash, scratch.ips[i]);
     }
     let hash = finish_hash(hash);
+    // Most samples repeat a stack already stored: a lookup is cheaper than an update, which
+    // takes the bucket lock (and for this map allocates) before it finds the key.
+    // SAFETY: only checks for presence.
+    if unsafe { stacks.get(&hash) }.is_some() {
+        return Ok(hash);
+    }
     match stacks.insert(&hash, &*scratch, BPF_NOEXIST as u64) {
         Ok(()) => Ok(hash),
         Err(err) if err == -EEXIST => Ok(hash),

@@ -68,6 +68,11 @@ pub struct WalkState {
     /// following each of its 2^22 branch combinations.
     lo: u32,
     hi: u32,
+    /// The mapping of the last frame looked up (`mapping_end` 0: none yet).
+    mapping_start: u64,
+    mapping_end: u64,
+    mapping_bias: u64,
+    mapping_table: u32,
     tgid: u32,
     /// 1 when `pc` is exact (the sampled pc, or restored from a signal frame), 0 when it is a
     /// return address (looked up at pc − 1, inside the call).
@@ -110,6 +115,10 @@ pub fn walk() -> bool {
         window_len: 0,
         lo: 0,
         hi: 0,
+        mapping_start: 0,
+        mapping_end: 0,
+        mapping_bias: 0,
+        mapping_table: NO_TABLE,
         tgid,
         exact: 1,
     };
@@ -271,18 +280,13 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
     next_pc(state, ra)
 }
 
-/// Finds the row for `state.pc`: its mapping, the mapping's table, the last row at or before
-/// the address.
+/// Finds the mapping holding `pc` in the process's list and caches it in `state`.
 #[inline(always)]
-fn find_row(state: &mut WalkState) -> Found {
+fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
     // SAFETY: the value is plain data that only userspace writes, by whole-value updates.
     let Some(process) = (unsafe { UNWIND_PROCESSES.get(&state.tgid) }) else {
-        return Found::Fallback(UnwindCounter::NoProcess);
+        return Err(UnwindCounter::NoProcess);
     };
-    // A return address is looked up inside the call instruction: a call to a `noreturn`
-    // function may be the last instruction of its function.
-    let pc = state.pc - (state.exact == 0) as u64;
-
     // The last mapping starting at or before pc.
     let count = (process.len as usize).min(MAX_PROCESS_MAPPINGS) as u32;
     set_bounds(state, 0, count);
@@ -300,22 +304,44 @@ fn find_row(state: &mut WalkState) -> Found {
     }
     let (lo, _) = bounds(state);
     if lo == 0 {
-        return Found::Fallback(UnwindCounter::NoMapping);
+        return Err(UnwindCounter::NoMapping);
     }
     let mapping = &process.mappings[(lo - 1) as usize & (MAX_PROCESS_MAPPINGS - 1)];
     if pc >= mapping.end {
-        return Found::Fallback(UnwindCounter::NoMapping);
+        return Err(UnwindCounter::NoMapping);
     }
-    if mapping.table == NO_TABLE {
+    state.mapping_start = mapping.start;
+    state.mapping_end = mapping.end;
+    state.mapping_bias = mapping.bias;
+    state.mapping_table = mapping.table;
+    Ok(())
+}
+
+/// Finds the row for `state.pc`: its mapping, the mapping's table, the last row at or before
+/// the address.
+#[inline(always)]
+fn find_row(state: &mut WalkState) -> Found {
+    // A return address is looked up inside the call instruction: a call to a `noreturn`
+    // function may be the last instruction of its function.
+    let pc = state.pc - (state.exact == 0) as u64;
+    // Most frames are in the same file as the frame before (recursion, a library's internal
+    // calls): the last mapping found saves the process lookup and the mapping search.
+    if pc < state.mapping_start || pc >= state.mapping_end {
+        if let Err(reason) = find_mapping(state, pc) {
+            return Found::Fallback(reason);
+        }
+    }
+    let (bias, slot) = (state.mapping_bias, state.mapping_table);
+    if slot == NO_TABLE {
         return Found::Fallback(UnwindCounter::NoTable);
     }
-    let Some(table) = UNWIND_TABLES.get(mapping.table) else {
+    let Some(table) = UNWIND_TABLES.get(slot) else {
         return Found::Fallback(UnwindCounter::NoTable);
     };
     if table.rows == 0 {
         return Found::Fallback(UnwindCounter::NoTable);
     }
-    let offset = pc.wrapping_sub(mapping.bias).wrapping_sub(table.base_address);
+    let offset = pc.wrapping_sub(bias).wrapping_sub(table.base_address);
     if offset > u32::MAX as u64 {
         return Found::Fallback(UnwindCounter::NoCfi);
     }
