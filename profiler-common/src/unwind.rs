@@ -174,16 +174,22 @@ pub enum UnwindCounter {
     EndOfStack = 8,
     /// Signal frames stepped through.
     SignalFrames = 9,
-    /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`.
+    /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`
+    /// (indices 10..17).
     Unsupported0 = 10,
+    /// Interrupted frames without CFI stepped as leaves (return address at `[rsp]`, which
+    /// pointed into known code): glibc's `clone3` at its syscall, JIT leaf functions.
+    LeafGuesses = 17,
 }
 
 impl UnwindCounter {
     /// Reasons an `Unsupported` row can carry (the daemon's `Unsupported::COUNT`).
     pub const UNSUPPORTED_REASONS: u32 = 7;
     /// Number of counters (the length of the `UNWIND_COUNTERS` array).
-    pub const COUNT: u32 = Self::Unsupported0 as u32 + Self::UNSUPPORTED_REASONS;
+    pub const COUNT: u32 = Self::LeafGuesses as u32 + 1;
 }
+
+const _: () = assert!(UnwindCounter::Unsupported0 as u32 + UnwindCounter::UNSUPPORTED_REASONS == UnwindCounter::LeafGuesses as u32);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, padding explicit (sizes asserted above).

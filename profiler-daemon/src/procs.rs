@@ -51,6 +51,9 @@ pub struct ProcessInfo {
     pub uid: u32,
     /// The cgroup v2 path (`/system.slice/foo.service`), when readable.
     pub cgroup: Option<String>,
+    /// The pid as the process itself sees it (its innermost pid namespace, `NSpid:`): JIT
+    /// runtimes in containers name their perf map `/tmp/perf-<this>.map`.
+    pub ns_pid: u32,
 }
 
 impl ProcessInfo {
@@ -73,7 +76,15 @@ pub fn read_process(pid: u32) -> io::Result<ProcessInfo> {
     let maps = read_maps(pid)?;
     let uid = read_uid(pid)?;
     let cgroup = read_cgroup(pid);
-    Ok(ProcessInfo { pid, name, exe, maps, uid, cgroup })
+    let ns_pid = read_ns_pid(pid).unwrap_or(pid);
+    Ok(ProcessInfo { pid, name, exe, maps, uid, cgroup, ns_pid })
+}
+
+/// The innermost namespace's pid of a process: the last field of `NSpid:` in
+/// `/proc/PID/status`.
+pub fn read_ns_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// The unified (v2) cgroup path of a process: the `0::` line of `/proc/PID/cgroup`.
@@ -163,7 +174,7 @@ mod tests {
 
     #[test]
     fn finds_mapping_and_offset() {
-        let info = ProcessInfo { pid: 1, name: "x".into(), exe: None, maps: parse_maps(MAPS), uid: 0, cgroup: None };
+        let info = ProcessInfo { pid: 1, name: "x".into(), exe: None, maps: parse_maps(MAPS), uid: 0, cgroup: None, ns_pid: 1 };
         let idx = info.mapping_of(0x7f0000000010).unwrap();
         assert_eq!(info.maps[idx].file_offset(0x7f0000000010), 0x28010);
         assert_eq!(info.mapping_of(0x55d0c0a00500), None, "not executable");
@@ -177,6 +188,7 @@ mod tests {
         assert!(!info.name.is_empty());
         // SAFETY: getuid has no preconditions and cannot fail.
         assert_eq!(info.uid, unsafe { libc::getuid() });
+        assert_eq!(read_ns_pid(std::process::id()), Some(std::process::id()), "not in a pid namespace");
         let here = parse_maps_line as fn(&str) -> Option<MapEntry> as usize as u64;
         assert!(info.mapping_of(here).is_some(), "own code is mapped");
     }

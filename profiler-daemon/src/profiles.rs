@@ -130,7 +130,8 @@ pub fn unwind_comment(counters: &Counters) -> String {
     format!(
         "user stack unwinding (whole machine): frames by unwind table {}, by frame pointer {} \
          (no table because: process not registered yet {}, address in no known mapping {}, \
-         file has no table loaded {}, no CFI for the address {}); signal frames {}; walks ended at \
+         file has no table loaded {}, no CFI for the address {}); interrupted frames without CFI \
+         stepped as leaves {}; signal frames {}; walks ended at \
          the outermost frame {}, at an unreadable stack word {}, at a bad frame {}, at unsupported CFI {}",
         u.get(U::CfiFrames),
         u.get(U::FramePointerFrames),
@@ -138,6 +139,7 @@ pub fn unwind_comment(counters: &Counters) -> String {
         u.get(U::NoMapping),
         u.get(U::NoTable),
         u.get(U::NoCfi),
+        u.get(U::LeafGuesses),
         u.get(U::SignalFrames),
         u.get(U::EndOfStack),
         u.get(U::BadRead),

@@ -147,7 +147,8 @@ pub fn resolve(
     }
     resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     let maps = process.info.as_ref().map_or(&[][..], |info| &info.maps[..]);
-    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid, maps, sym);
+    let ns_pid = process.info.as_ref().map_or(process.pid, |info| info.ns_pid);
+    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid, ns_pid, maps, sym);
     frames.missing_stacks = missing_stacks;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
@@ -201,6 +202,7 @@ impl LocationTable {
     fn symbolize(
         self,
         pid: u32,
+        ns_pid: u32,
         maps: &[MapEntry],
         sym: &mut Symbolizer,
     ) -> (Vec<MappingInfo>, Vec<LocationInfo>, FrameStats) {
@@ -218,7 +220,7 @@ impl LocationTable {
             let addrs: Vec<u64> = members.iter().map(|&i| self.sites[i].1).collect();
             let (mapping, frames) = match site {
                 Site::Kernel => (Some(kernel_mapping(&addrs)), sym.kernel(&addrs)),
-                Site::User(m) => user_site(pid, &maps[m], &addrs, sym),
+                Site::User(m) => user_site(pid, ns_pid, &maps[m], &addrs, sym),
                 Site::Unmapped => (None, vec![Vec::new(); addrs.len()]),
             };
             let mapping_idx = mapping.map(|mut mapping| {
@@ -256,13 +258,18 @@ fn kernel_mapping(addrs: &[u64]) -> MappingInfo {
     }
 }
 
-fn user_site(pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Symbolizer) -> (Option<MappingInfo>, Vec<Frames>) {
+fn user_site(pid: u32, ns_pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Symbolizer) -> (Option<MappingInfo>, Vec<Frames>) {
     let file = map.is_file().then(|| openable_path(pid, map));
     let frames = match &file {
         Some(path) => {
             let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
             sym.elf(path, &offsets)
         }
+        // Anonymous executable memory is JIT code: its runtime may name it in a perf map.
+        None if map.inode == 0 && !map.path.starts_with('[') => match perf_map_path(pid, ns_pid) {
+            Some(path) => sym.perf_map(&path, addrs),
+            None => vec![Vec::new(); addrs.len()],
+        },
         None => vec![Vec::new(); addrs.len()],
     };
     let mapping = MappingInfo {
@@ -276,6 +283,15 @@ fn user_site(pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Symbolizer) -> (
         has_inline_frames: false,
     };
     (Some(mapping), frames)
+}
+
+/// The JIT perf map of a process: `/tmp/perf-<pid as it sees itself>.map` in its own root
+/// while it lives (containers), else in ours.
+fn perf_map_path(pid: u32, ns_pid: u32) -> Option<PathBuf> {
+    [format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map"), format!("/tmp/perf-{pid}.map")]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
 }
 
 /// The path under which we can open a process's file: its own path when that exists here,

@@ -40,6 +40,16 @@ pub struct Symbolizer {
     blaze: Blaze,
     elf: HashMap<(PathBuf, u64), Frames>,
     kernel: HashMap<u64, Frames>,
+    /// Parsed perf maps (JIT symbols), by path; sorted by start.
+    perf_maps: HashMap<PathBuf, Vec<PerfMapEntry>>,
+}
+
+/// One symbol of a JIT's perf map (`START SIZE NAME`, hex).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PerfMapEntry {
+    start: u64,
+    end: u64,
+    name: String,
 }
 
 impl Default for Symbolizer {
@@ -55,7 +65,32 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
-        Self { blaze, elf: HashMap::new(), kernel: HashMap::new() }
+        Self { blaze, elf: HashMap::new(), kernel: HashMap::new(), perf_maps: HashMap::new() }
+    }
+
+    /// Names JIT code addresses with the perf map at `path` (`/tmp/perf-PID.map`, the format
+    /// JITs write for perf); one result per address, empty when not found. The map is read
+    /// once per symbolizer: JITs append, and a dump reads it after the samples were taken.
+    pub fn perf_map(&mut self, path: &Path, addrs: &[u64]) -> Vec<Frames> {
+        let entries = self.perf_maps.entry(path.to_path_buf()).or_insert_with(|| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            parse_perf_map(&text)
+        });
+        addrs
+            .iter()
+            .map(|&addr| {
+                let i = entries.partition_point(|e| e.start <= addr);
+                match i.checked_sub(1).map(|i| &entries[i]) {
+                    Some(e) if addr < e.end => vec![Frame { function: e.name.clone(), file: None, line: 0 }],
+                    _ => Vec::new(),
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets parsed perf maps (they grow while their JIT runs).
+    pub fn forget_perf_maps(&mut self) {
+        self.perf_maps.clear();
     }
 
     /// Symbolizes file offsets in the ELF file at `path`; one result per offset.
@@ -98,6 +133,26 @@ impl Symbolizer {
     }
 }
 
+/// Parses a perf map: `START SIZE NAME` per line, hex numbers with or without `0x`; later
+/// lines win for the same start (a JIT reusing memory appends the new symbol).
+fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let mut entries: Vec<PerfMapEntry> = text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ' ');
+            let start = hex(parts.next()?)?;
+            let size = hex(parts.next()?)?;
+            let name = parts.next()?.trim().to_string();
+            (size > 0 && !name.is_empty()).then(|| PerfMapEntry { start, end: start.saturating_add(size), name })
+        })
+        .collect();
+    entries.reverse();
+    entries.sort_by_key(|e| e.start);
+    entries.dedup_by_key(|e| e.start);
+    entries
+}
+
 /// The file offsets of the named symbols in the ELF file at `path`, in order; `None` for a
 /// name the file does not define. Aliases (glibc's `memalign` and `aligned_alloc`) come back
 /// with the same offset, which is how probing one address twice is avoided.
@@ -119,6 +174,26 @@ pub fn symbol_offsets(path: &Path, names: &[&str]) -> Vec<Option<u64>> {
 pub fn build_id(path: &Path) -> Option<String> {
     let id = blazesym::helper::read_elf_build_id(path).ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_maps_parse_and_look_up() {
+        let map = parse_perf_map("7f0000001000 40 jit_spin\n0x7f0000002000 0x10 LazyCompile:*foo bar.js:1\nbad line\n7f0000001000 20 jit_spin_v2\n");
+        assert_eq!(map.len(), 2);
+        assert_eq!(map[0].name, "jit_spin_v2", "the later line wins");
+        assert_eq!(map[1].name, "LazyCompile:*foo bar.js:1");
+        let dir = std::env::temp_dir().join(format!("perf-map-test-{}", std::process::id()));
+        std::fs::write(&dir, "7f0000001000 40 jit_spin\n").unwrap();
+        let mut sym = Symbolizer::new();
+        let frames = sym.perf_map(&dir, &[0x7f0000001010, 0x7f0000001040, 0x10]);
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(frames[0][0].function, "jit_spin");
+        assert!(frames[1].is_empty() && frames[2].is_empty());
+    }
 }
 
 fn collect(results: blazesym::Result<Vec<Symbolized<'_>>>, len: usize) -> Vec<Frames> {

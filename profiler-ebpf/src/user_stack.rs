@@ -170,10 +170,7 @@ enum Found {
 fn step(state: &mut WalkState) -> bool {
     let row = match find_row(state) {
         Found::Row(row) => row,
-        Found::Fallback(reason) => {
-            bump_unwind(reason as u32);
-            return frame_pointer_step(state);
-        }
+        Found::Fallback(reason) => return fallback_step(state, reason),
     };
     let cfa = match row.kind {
         k if k == UnwindKind::CfaRsp as u8 => state.sp.wrapping_add((row.operand as u64) << 3),
@@ -192,10 +189,7 @@ fn step(state: &mut WalkState) -> bool {
             bump_unwind(UnwindCounter::Unsupported0 as u32 + reason);
             return false;
         }
-        _ => {
-            bump_unwind(UnwindCounter::NoCfi as u32);
-            return frame_pointer_step(state);
-        }
+        _ => return fallback_step(state, UnwindCounter::NoCfi),
     };
     if cfa <= state.sp || cfa >= state.stack_top {
         bump_unwind(UnwindCounter::BadFrame as u32);
@@ -260,6 +254,27 @@ fn signal_frame_step(state: &mut WalkState) -> bool {
     state.pc = pc;
     state.exact = 1;
     true
+}
+
+/// Steps from a frame no table row describes, counting why. The interrupted frame (exact
+/// pc) is first tried as a leaf that has not touched the stack: glibc ends `clone3`'s CFI
+/// before its `syscall` on purpose, and JIT code has none, yet both return through `[rsp]`.
+/// The guess is taken only if `[rsp]` is an address in one of the process's executable
+/// mappings; otherwise frame pointers.
+#[inline(always)]
+fn fallback_step(state: &mut WalkState, reason: UnwindCounter) -> bool {
+    bump_unwind(reason as u32);
+    if state.exact == 1 && reason != UnwindCounter::NoProcess {
+        let sp = state.sp;
+        if let Some(ra) = read_word(state, sp) {
+            if ra != 0 && ra < USER_ADDR_LIMIT && find_mapping(state, ra - 1).is_ok() {
+                bump_unwind(UnwindCounter::LeafGuesses as u32);
+                state.sp = sp + 8;
+                return next_pc(state, ra);
+            }
+        }
+    }
+    frame_pointer_step(state)
 }
 
 /// Steps with the frame record at rbp (saved rbp, then the return address), if rbp points

@@ -75,6 +75,9 @@ pub enum FixtureKind {
     /// `inline_rs.rs`: Rust at opt-level 3 without frame pointers; main → run → spin, with
     /// `mix` inlined into spin.
     InlineRust,
+    /// `jit_spin.c`: main → run_jit → generated code in anonymous memory named `jit_spin`
+    /// in `/tmp/perf-PID.map`.
+    JitSpin,
 }
 
 impl FixtureKind {
@@ -89,6 +92,7 @@ impl FixtureKind {
             Self::HeapSitesNoFp => "heap_sites_nofp",
             Self::LibcHot => "libc_hot",
             Self::InlineRust => "inline_rs",
+            Self::JitSpin => "jit_spin",
         }
     }
 
@@ -101,6 +105,7 @@ impl FixtureKind {
             Self::CpuSplitNoFp => "cpu_split.c",
             Self::LibcHot => "libc_hot.c",
             Self::InlineRust => "inline_rs.rs",
+            Self::JitSpin => "jit_spin.c",
         }
     }
 

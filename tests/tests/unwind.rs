@@ -259,3 +259,29 @@ fn a_process_that_execs_gets_its_new_tables() {
         examples(&profile, |s| !(s.contains("hot_a") || s.contains("hot_b")) || s.has_chain(&chain_of("hot_a")) || s.has_chain(&chain_of("hot_b")))
     );
 }
+
+/// JIT code: anonymous executable memory with no CFI and no frame pointer, named only in the
+/// process's `/tmp/perf-PID.map`. Its samples are named from the perf map, and the leaf is
+/// stepped through `[rsp]`, so the chain run_jit → main is whole.
+#[test]
+fn jit_code_is_named_from_the_perf_map() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("jit");
+    let fixture = Fixture::spawn(FixtureKind::JitSpin, FIXTURE_S);
+    let profile = snapshot(&fixture, &out, &[]);
+    let (named, n) = share(&profile, |_| true, |s| s.leaf_is("jit_spin"));
+    assert!(
+        named >= 0.9,
+        "only {named:.3} of {n} samples have the perf map's jit_spin as leaf: {:?}",
+        examples(&profile, |s| s.leaf_is("jit_spin"))
+    );
+    let chain = ["jit_spin", "run_jit", "main"];
+    let (chained, n) = share(&profile, |s| s.leaf_is("jit_spin"), |s| s.has_chain(&chain));
+    assert!(
+        chained >= MIN_CHAIN_SHARE,
+        "only {chained:.3} of {n} jit_spin samples carry {chain:?}: {:?}",
+        examples(&profile, |s| !s.leaf_is("jit_spin") || s.has_chain(&chain))
+    );
+}

@@ -307,6 +307,8 @@ impl Collector {
     /// processes coming and going that only grows. Past the budget, start a fresh symbolizer:
     /// the next dump re-reads what it needs.
     fn bound_symbol_caches(&mut self) {
+        // JITs keep appending to their perf maps: read them afresh for each dump.
+        self.sym.forget_perf_maps();
         if resident_bytes().is_some_and(|rss| rss > SYMBOLIZER_RSS_BUDGET) {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
             self.sym = Symbolizer::new();

@@ -90,6 +90,7 @@ fn unwind_status(c: &Collector, counters: &crate::ebpf::Counters) -> serde_json:
             "fallback_no_table": u.get(U::NoTable),
             "fallback_no_cfi": u.get(U::NoCfi),
             "signal_frames": u.get(U::SignalFrames),
+            "leaf_guesses": u.get(U::LeafGuesses),
         },
         "walks_ended": {
             "outermost_frame": u.get(U::EndOfStack),
