@@ -177,7 +177,7 @@ pub fn build_id(path: &Path) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+mod perf_map_tests {
     use super::*;
 
     #[test]
