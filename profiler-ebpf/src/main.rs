@@ -6,9 +6,11 @@
 #![no_main]
 
 mod cpu;
+mod futex;
 mod heap;
 mod maps;
 mod stack;
+mod thread;
 mod user_stack;
 
 #[cfg(not(test))]
