@@ -45,20 +45,24 @@ const LIBC: &[&str] = &[
     "sem_post",
 ];
 
-/// Rust std's futex-based primitives (`std::sys::sync::*::futex`), by a fragment of the
-/// (demangled) path of the function that makes the syscall, and the name users know.
+/// Rust std's futex-based primitives (`std::sys::sync::mutex::futex::Mutex::lock_contended`,
+/// shown as `<std::sys::sync::mutex::futex::Mutex>::lock` when inlined; older releases used
+/// `std::sys::unix::locks::futex_mutex`), by `Type::method` prefix, and the name users know.
+/// Checked in order: `Parker::unpark` before `Parker::park`.
 const RUST_STD: &[(&str, &str)] = &[
-    ("::Mutex::lock_contended", "std::sync::Mutex::lock"),
-    ("::Mutex::wake", "std::sync::Mutex::unlock"),
-    ("::Condvar::wait", "std::sync::Condvar::wait"),
-    ("::Condvar::notify_one", "std::sync::Condvar::notify_one"),
-    ("::Condvar::notify_all", "std::sync::Condvar::notify_all"),
-    ("::RwLock::read_contended", "std::sync::RwLock::read"),
-    ("::RwLock::write_contended", "std::sync::RwLock::write"),
-    ("::RwLock::wake_writer_or_readers", "std::sync::RwLock::unlock"),
-    ("::Parker::park", "std::thread::park"),
-    ("::Parker::unpark", "std::thread::Thread::unpark"),
-    ("::Once::call", "std::sync::Once"),
+    ("Mutex::lock", "std::sync::Mutex::lock"),
+    ("Mutex::wake", "std::sync::Mutex::unlock"),
+    ("Mutex::unlock", "std::sync::Mutex::unlock"),
+    ("Condvar::wait", "std::sync::Condvar::wait"),
+    ("Condvar::notify_one", "std::sync::Condvar::notify_one"),
+    ("Condvar::notify_all", "std::sync::Condvar::notify_all"),
+    ("RwLock::read", "std::sync::RwLock::read"),
+    ("RwLock::write", "std::sync::RwLock::write"),
+    ("RwLock::wake", "std::sync::RwLock::unlock"),
+    ("RwLock::unlock", "std::sync::RwLock::unlock"),
+    ("Parker::unpark", "std::thread::Thread::unpark"),
+    ("Parker::park", "std::thread::park"),
+    ("Once::call", "std::sync::Once"),
 ];
 
 /// The primitive a function name stands for, if it is one.
@@ -67,10 +71,17 @@ pub fn classify(function: &str) -> Option<&'static str> {
     if let Some(name) = LIBC.iter().find(|&&name| name == bare) {
         return Some(name);
     }
-    if !function.contains("std::") && !function.contains("sys::") {
+    // Only std's own futex-based implementation, not any type of that name.
+    let path: String = function.chars().filter(|&c| c != '<' && c != '>').collect();
+    if !path.starts_with("std::sys::") || !path.contains("futex") {
         return None;
     }
-    RUST_STD.iter().find(|(fragment, _)| function.contains(fragment)).map(|&(_, name)| name)
+    let method = path.rsplit("::").take(2).collect::<Vec<_>>();
+    let type_method = match method[..] {
+        [m, t] => format!("{t}::{m}"),
+        _ => return None,
+    };
+    RUST_STD.iter().find(|(prefix, _)| type_method.starts_with(prefix)).map(|&(_, name)| name)
 }
 
 /// Adds the `primitive` label to every sample: the innermost known primitive on its stack.
@@ -100,6 +111,10 @@ mod tests {
             classify("std::sys::sync::mutex::futex::Mutex::lock_contended"),
             Some("std::sync::Mutex::lock")
         );
+        assert_eq!(classify("<std::sys::sync::mutex::futex::Mutex>::lock"), Some("std::sync::Mutex::lock"));
+        assert_eq!(classify("std::sys::sync::thread_parking::futex::Parker::unpark"), Some("std::thread::Thread::unpark"));
+        assert_eq!(classify("std::sys::sync::thread_parking::futex::Parker::park"), Some("std::thread::park"));
+        assert_eq!(classify("std::sync::poison::mutex::Mutex<T>::lock"), None, "the public wrapper: not the wait");
         assert_eq!(classify("std::sys::sync::mutex::futex::Mutex::wake"), Some("std::sync::Mutex::unlock"));
         assert_eq!(classify("main"), None);
         assert_eq!(classify("my_app::Mutex::lock_contended"), None, "only std's own");

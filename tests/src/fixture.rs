@@ -51,6 +51,17 @@ pub enum FixtureKind {
     /// after a delay (argv[1], seconds) that leaves time to attach; prints `allocated`, then
     /// lingers argv[2] seconds and exits.
     HeapSites,
+    /// `lock_contention.c`: threads contending for one pthread mutex in contend_lock (unlocked
+    /// in release_lock) and a condvar waiter (cond_waiter_wait), each measuring its own wait;
+    /// after a delay (argv[1]) prints `lock_wait_ns N`, `cond_wait_ns N`, `done`, lingers
+    /// argv[2] seconds.
+    LockContention,
+    /// `thread_spawner.c`: spawn_workers creates 7 threads, spawn_one 1, fork_children forks 3
+    /// processes; after a delay (argv[1]) prints `done`, lingers argv[2] seconds.
+    ThreadSpawner,
+    /// `rust_mutex.rs`: threads contending for a `std::sync::Mutex` in `contend`; after a
+    /// delay prints `lock_wait_ns N` and `done`, lingers.
+    RustMutex,
 }
 
 impl FixtureKind {
@@ -61,6 +72,9 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split_rs",
             Self::SyscallHeavy => "syscall_heavy",
             Self::HeapSites => "heap_sites",
+            Self::LockContention => "lock_contention",
+            Self::ThreadSpawner => "thread_spawner",
+            Self::RustMutex => "rust_mutex",
         }
     }
 
@@ -70,6 +84,9 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
             Self::HeapSites => "heap_sites.c",
+            Self::LockContention => "lock_contention.c",
+            Self::ThreadSpawner => "thread_spawner.c",
+            Self::RustMutex => "rust_mutex.rs",
         }
     }
 
@@ -106,7 +123,7 @@ impl FixtureKind {
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
         let mut cmd;
-        if self == Self::CpuSplitRust {
+        if matches!(self, Self::CpuSplitRust | Self::RustMutex) {
             cmd = Command::new("rustc");
             cmd.args(RUSTFLAGS).args(["--crate-name", self.comm()]);
         } else {
@@ -114,6 +131,9 @@ impl FixtureKind {
             cmd.args(CFLAGS);
             if self == Self::HeapSites {
                 cmd.args(CFLAGS_HEAP);
+            }
+            if matches!(self, Self::LockContention | Self::ThreadSpawner) {
+                cmd.arg("-pthread");
             }
         }
         cmd.arg("-o").arg(output).arg(source);
@@ -204,6 +224,20 @@ impl Fixture {
             "fixture {} did not print `{wanted}` (read {read:?}, got {line:?})",
             self.kind.comm()
         );
+    }
+
+    /// Reads the fixture's next stdout line `KEY N` (waits for it) and returns N; panics
+    /// unless the line has that key and a number.
+    pub fn read_value(&mut self, key: &str) -> u64 {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        let value = line.trim().strip_prefix(key).and_then(|rest| rest.trim().parse().ok());
+        value.unwrap_or_else(|| {
+            panic!(
+                "fixture {} did not print `{key} N` (read {read:?}, got {line:?})",
+                self.kind.comm()
+            )
+        })
     }
 
     /// The fixture's pid (its only thread's tid too).
