@@ -84,15 +84,24 @@ pub fn classify(function: &str) -> Option<&'static str> {
     RUST_STD.iter().find(|(prefix, _)| type_method.starts_with(prefix)).map(|&(_, name)| name)
 }
 
-/// Adds the `primitive` label to every sample: the innermost known primitive on its stack.
+/// glibc's internal low-level lock, under `pthread_mutex_lock`/`unlock` but also under its
+/// own locks (malloc arenas, stdio): named only when no public primitive is on the stack
+/// (as when the frames above the C library are lost).
+const LIBC_INTERNAL: &[(&str, &str)] = &[("lll_lock_wait", "lll_lock"), ("lll_lock_wake", "lll_unlock")];
+
+/// The internal glibc lock a function name is, if it is one (`__GI___lll_lock_wait`).
+fn classify_internal(function: &str) -> Option<&'static str> {
+    let bare = function.rsplit("__").next().unwrap_or(function);
+    LIBC_INTERNAL.iter().find(|(name, _)| bare.trim_start_matches('_') == *name).map(|&(_, label)| label)
+}
+
+/// Adds the `primitive` label to every sample: the innermost known primitive on its stack,
+/// else glibc's internal lock if that is on it, else [`UNKNOWN`].
 pub fn label(profile: &mut ResolvedProfile) {
     let ResolvedProfile { locations, samples, .. } = profile;
     for sample in samples.iter_mut() {
-        let found = sample
-            .locations
-            .iter()
-            .flat_map(|&loc| locations[loc].frames.iter())
-            .find_map(|frame| classify(&frame.function));
+        let mut functions = sample.locations.iter().flat_map(|&loc| locations[loc].frames.iter()).map(|f| &f.function);
+        let found = functions.clone().find_map(|f| classify(f)).or_else(|| functions.find_map(|f| classify_internal(f)));
         sample.labels.push((LABEL, LabelValue::Str(found.unwrap_or(UNKNOWN).to_string())));
     }
 }
@@ -117,6 +126,9 @@ mod tests {
         assert_eq!(classify("std::sync::poison::mutex::Mutex<T>::lock"), None, "the public wrapper: not the wait");
         assert_eq!(classify("std::sys::sync::mutex::futex::Mutex::wake"), Some("std::sync::Mutex::unlock"));
         assert_eq!(classify("main"), None);
+        assert_eq!(classify_internal("__GI___lll_lock_wait"), Some("lll_lock"));
+        assert_eq!(classify_internal("__lll_lock_wake"), Some("lll_unlock"));
+        assert_eq!(classify_internal("lll_lock_wait_private_thing"), None);
         assert_eq!(classify("my_app::Mutex::lock_contended"), None, "only std's own");
         assert_eq!(classify("pthread_mutex_lock_wrapper"), None);
     }
