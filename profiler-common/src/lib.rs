@@ -18,7 +18,7 @@ pub use cpu::{CpuCounter, CpuSampleKey};
 pub use futex::{FutexCounter, PendingWait, ThreadKey, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
-pub use unwind::{UnwindKind, UnwindRow};
+pub use unwind::{UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
 pub mod globals {
@@ -69,6 +69,31 @@ pub mod maps {
     pub const HEAP_COUNTDOWN: &str = "HEAP_COUNTDOWN";
     /// Per-CPU array of `u64` heap counters, indexed by [`crate::HeapCounter`].
     pub const HEAP_COUNTERS: &str = "HEAP_COUNTERS";
+
+    /// Array of [`crate::UnwindRow`]: every loaded unwind table's rows, in shards of
+    /// [`crate::unwind::SHARD_ROWS`]. Its size is the unwind-table memory budget (set at load).
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// Array of [`crate::UnwindTableInfo`]: table slot → where its rows are.
+    pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
+    /// Hash of tgid (`u32`) → [`crate::UnwindProcess`]: each process's executable mappings
+    /// and their tables.
+    pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
+    /// Per-CPU array of `u64`, indexed by [`crate::UnwindCounter`].
+    pub const UNWIND_COUNTERS: &str = "UNWIND_COUNTERS";
+    /// Per-CPU scratch: the registers of the frame being unwound.
+    pub const UNWIND_STATE: &str = "UNWIND_STATE";
+    /// Hash of tgid (`u32`) → `u8`: processes that called `execve` since userspace last
+    /// looked; the kernel has already forgotten their mappings.
+    pub const UNWIND_EXECS: &str = "UNWIND_EXECS";
+
+    /// Default rows of `UNWIND_ROWS`: 32 MiB, 1,024 shards.
+    pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
+    /// Tables loaded at once.
+    pub const UNWIND_TABLES_MAX_ENTRIES: u32 = 2_048;
+    /// Processes the walker knows at once.
+    pub const UNWIND_PROCESSES_MAX_ENTRIES: u32 = 8_192;
+    /// Execs remembered between two looks.
+    pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
 
     /// Distinct (process, allocating stack) keys per map set.
     pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;

@@ -85,3 +85,112 @@ const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding bytes (size asserted above).
 unsafe impl aya::Pod for UnwindRow {}
+
+/// Rows per shard of the row array, as a shift: a shard is 4,096 rows (32 KiB). Tables occupy
+/// whole shards, not necessarily adjacent, so loading and evicting never fragments the array,
+/// and a small library wastes at most one partly used shard.
+pub const SHARD_ROWS_SHIFT: u32 = 12;
+/// Rows per shard.
+pub const SHARD_ROWS: u32 = 1 << SHARD_ROWS_SHIFT;
+/// Shards one table may use: 2 M rows (16 MiB), more than libLLVM's 1.3 M.
+pub const MAX_TABLE_SHARDS: usize = 512;
+/// Binary-search steps that cover a table of `MAX_TABLE_SHARDS · SHARD_ROWS` rows.
+pub const TABLE_SEARCH_STEPS: usize = 22;
+/// Executable mappings the kernel walker knows per process; further ones fall back to
+/// frame pointers (counted as `NoMapping`).
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+/// Binary-search steps that cover `MAX_PROCESS_MAPPINGS` mappings.
+pub const MAPPING_SEARCH_STEPS: usize = 9;
+/// `UnwindMapping::table` of a mapping whose table is not loaded (yet, or at all).
+pub const NO_TABLE: u32 = u32::MAX;
+
+/// One loaded table: where its rows are. Value of the `UNWIND_TABLES` array.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UnwindTableInfo {
+    /// File-relative virtual address that row offsets are relative to.
+    pub base_address: u64,
+    /// Number of rows; 0 for an unused slot.
+    pub rows: u32,
+    pub _pad: u32,
+    /// Row `i` of the table is row `i mod SHARD_ROWS` of shard `shards[i / SHARD_ROWS]` of
+    /// the row array.
+    pub shards: [u16; MAX_TABLE_SHARDS],
+}
+
+const _: () = assert!(core::mem::size_of::<UnwindTableInfo>() == 16 + 2 * MAX_TABLE_SHARDS);
+
+/// One executable mapping of a process as the walker sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// Address minus bias is the file-relative virtual address the table is built in.
+    pub bias: u64,
+    /// Slot in `UNWIND_TABLES`, or [`NO_TABLE`].
+    pub table: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
+
+/// The executable mappings of one process, sorted by start. Value of `UNWIND_PROCESSES`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UnwindProcess {
+    /// Valid entries in `mappings`.
+    pub len: u32,
+    pub _pad: u32,
+    pub mappings: [UnwindMapping; MAX_PROCESS_MAPPINGS],
+}
+
+const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * MAX_PROCESS_MAPPINGS);
+
+/// Indices into the `UNWIND_COUNTERS` per-CPU array: what happened to each user frame the
+/// walker stepped from, and how walks ended.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindCounter {
+    /// Frames stepped with an unwind table row.
+    CfiFrames = 0,
+    /// Frames stepped with frame pointers (one of the fallback reasons below applied).
+    FramePointerFrames = 1,
+    /// Fallback: the process has no mappings loaded for the walker (not seen yet).
+    NoProcess = 2,
+    /// Fallback: the address is in no known executable mapping (JIT code, a new `dlopen`).
+    NoMapping = 3,
+    /// Fallback: the mapping's file has no table loaded (not built yet, too large, budget).
+    NoTable = 4,
+    /// Fallback: the table has no CFI for the address.
+    NoCfi = 5,
+    /// Walks stopped at a read of the user stack that failed.
+    BadRead = 6,
+    /// Walks stopped at a step that went nowhere (CFA at or below the stack pointer).
+    BadFrame = 7,
+    /// Walks that reached the outermost frame (`_start`, a thread's start).
+    EndOfStack = 8,
+    /// Signal frames stepped through.
+    SignalFrames = 9,
+    /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`.
+    Unsupported0 = 10,
+}
+
+impl UnwindCounter {
+    /// Reasons an `Unsupported` row can carry (the daemon's `Unsupported::COUNT`).
+    pub const UNSUPPORTED_REASONS: u32 = 7;
+    /// Number of counters (the length of the `UNWIND_COUNTERS` array).
+    pub const COUNT: u32 = Self::Unsupported0 as u32 + Self::UNSUPPORTED_REASONS;
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers, padding explicit (sizes asserted above).
+unsafe impl aya::Pod for UnwindTableInfo {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for UnwindMapping {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for UnwindProcess {}

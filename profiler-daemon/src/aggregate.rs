@@ -79,6 +79,9 @@ pub struct KnownProcess {
     pub info: Option<ProcessInfo>,
     /// When the process was last seen in a batch.
     pub last_seen: Instant,
+    /// Bumped each time re-reading `/proc/PID/maps` found new mappings (`dlopen`), so the
+    /// unwinder knows to reload the process's tables.
+    pub maps_version: u32,
 }
 
 /// Processes and stacks known so far.
@@ -199,9 +202,14 @@ impl Aggregate {
     }
 
     fn refresh_mappings(&mut self, pid: u32) {
-        let Some(info) = self.processes.get_mut(&pid).and_then(|p| p.info.as_mut()) else { return };
+        let Some(process) = self.processes.get_mut(&pid) else { return };
+        let Some(info) = process.info.as_mut() else { return };
         if let Ok(fresh) = procs::read_maps(pid) {
-            info.maps = merge_maps(fresh, &info.maps);
+            let merged = merge_maps(fresh, &info.maps);
+            if merged != info.maps {
+                process.maps_version += 1;
+            }
+            info.maps = merged;
         }
     }
 }
@@ -330,7 +338,7 @@ impl Counts {
 fn first_sight(pid: u32, comm: &str) -> KnownProcess {
     let info = procs::read_process(pid).ok();
     let name = info.as_ref().map_or_else(|| comm.to_string(), |i| i.name.clone());
-    KnownProcess { pid, name, info, last_seen: Instant::now() }
+    KnownProcess { pid, name, info, last_seen: Instant::now(), maps_version: 0 }
 }
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, sorted by address.

@@ -27,6 +27,16 @@ pub enum Command {
     Status(ClientArgs),
     /// List the processes the running daemon profiles (its /debug/pprof/ index).
     Ps(ClientArgs),
+    /// Build the unwind tables of ELF files and report their size, build time and the CFI
+    /// they cannot express (a diagnostic: why a binary's stacks stop early).
+    UnwindTable(UnwindTableArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UnwindTableArgs {
+    /// ELF files (executables, shared libraries).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
 }
 
 /// The daemon's socket when neither the flag nor the configuration says otherwise.

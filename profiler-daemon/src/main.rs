@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => print(profiler_daemon::config::check(&args.file)),
         Command::Status(args) => print(profiler_daemon::client::status(&args.socket)),
         Command::Ps(args) => print(profiler_daemon::client::ps(&args.socket)),
+        Command::UnwindTable(args) => print(profiler_daemon::unwind::report(&args.files)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -177,7 +177,38 @@ pub fn cpu_comments(what: &str, counters: &Counters) -> Vec<String> {
             profiler_common::MAX_STACK_DEPTH,
             c.user_stack_truncated
         ),
+        unwind_comment(counters),
     ]
+}
+
+/// What the user-stack walker did (whole machine, since load): frames stepped with unwind
+/// tables and with frame pointers, why frame pointers had to be used, and why walks stopped.
+pub fn unwind_comment(counters: &Counters) -> String {
+    use profiler_common::UnwindCounter as U;
+    let u = counters.unwind;
+    let unsupported: Vec<String> = crate::unwind::Unsupported::ALL
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| u.unsupported(*i) > 0)
+        .map(|(i, r)| format!("{} {}", r.name(), u.unsupported(i)))
+        .collect();
+    format!(
+        "user stack unwinding (whole machine): frames by unwind table {}, by frame pointer {} \
+         (no table because: process not registered yet {}, address in no known mapping {}, \
+         file has no table loaded {}, no CFI for the address {}); signal frames {}; walks ended at \
+         the outermost frame {}, at an unreadable stack word {}, at a bad frame {}, at unsupported CFI {}",
+        u.get(U::CfiFrames),
+        u.get(U::FramePointerFrames),
+        u.get(U::NoProcess),
+        u.get(U::NoMapping),
+        u.get(U::NoTable),
+        u.get(U::NoCfi),
+        u.get(U::SignalFrames),
+        u.get(U::EndOfStack),
+        u.get(U::BadRead),
+        u.get(U::BadFrame),
+        if unsupported.is_empty() { "0".to_string() } else { unsupported.join(", ") },
+    )
 }
 
 /// The heap profile's comment lines: what inuse and alloc mean here, the sampling rate, and
@@ -196,6 +227,7 @@ pub fn heap_comments(inuse_at: &str, counters: &Counters, sample_bytes: u64) -> 
              stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
             h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
         ),
+        unwind_comment(counters),
     ]
 }
 

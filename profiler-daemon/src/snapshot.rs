@@ -18,10 +18,18 @@ use crate::{
     output, pprof, preflight, primitive, procs, profiles,
     resolve::{self, ResolvedProfile},
     symbolize::Symbolizer,
+    unwind::{self, Unwinder},
 };
 
 /// How often the maps are drained during a capture.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When the first drain comes, see `capture`.
+const FIRST_DRAIN: Duration = Duration::from_millis(200);
+
+/// Time per drain spent registering newly seen processes with the unwinder (building their
+/// tables); the rest wait for the next drain.
+const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
 
 /// One written profile, for the summary.
 #[derive(Debug, Clone)]
@@ -60,7 +68,11 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         heap,
         futex: !futex_kinds.is_empty(),
         enable_stats: args.bpf_stats,
+        unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
     })?;
+    let mut unwinder = Unwinder::new(unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES));
+    // Chosen processes get their tables before the first sample, not a drain later.
+    unwinder.sync(&mut session, args.pids.iter().map(|&p| (p, 0)), None)?;
     let mut agg = Aggregate::default();
     let mut counts = Counts::default();
     let mut attachments = Vec::new();
@@ -79,7 +91,8 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
-    let interrupted = capture(&mut session, &mut agg, &mut counts, args.duration)?;
+    let mut pipeline = Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder };
+    let interrupted = capture(&mut pipeline, args.duration)?;
     if heap {
         // Read the live blocks, then drain once more: blocks sampled since the last drain
         // name stacks that are still in the kernel's active set.
@@ -88,6 +101,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         agg.learn(&batch);
         counts.add(&batch);
     }
+    let unwind_stats = unwinder.stats();
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = session.counters()?;
     if args.bpf_stats {
@@ -108,6 +122,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         written.extend(write_futex(kind, &agg, &counts, &meta, &counters, args, &mut sym)?);
     }
     print_summary(&written, &counters, &args.output);
+    print_unwind_summary(&unwind_stats);
     Ok(Report { written, counters, interrupted })
 }
 
@@ -135,23 +150,26 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 
 /// Drains every [`DRAIN_INTERVAL`] until `duration` has passed or Ctrl-C is pressed (which
 /// ends the capture early and still writes what was captured). True when interrupted.
-fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, duration: Duration) -> Result<bool> {
+fn capture(p: &mut Pipeline<'_>, duration: Duration) -> Result<bool> {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
+    // The first drain comes early: processes are registered with the unwinder after the
+    // drain that first shows them, and until then their stacks fall back to frame pointers.
+    let mut interval = FIRST_DRAIN;
     loop {
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
         if now >= deadline || interrupted {
-            drain_into(session, agg, counts)?;
+            p.drain()?;
             if progress {
                 eprint!("\r\x1b[K");
             }
             return Ok(interrupted);
         }
         if progress {
-            let c = session.counters()?;
+            let c = p.session.counters()?;
             eprint!(
                 "\r\x1b[Kcapturing: {:>4.1}s left, {} cpu samples, {} heap samples",
                 (deadline - now).as_secs_f64(),
@@ -160,16 +178,28 @@ fn capture(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts, dura
             );
             let _ = std::io::stderr().flush();
         }
-        sleep_until(deadline.min(now + DRAIN_INTERVAL));
-        drain_into(session, agg, counts)?;
+        sleep_until(deadline.min(now + interval));
+        interval = DRAIN_INTERVAL;
+        p.drain()?;
     }
 }
 
-fn drain_into(session: &mut Session, agg: &mut Aggregate, counts: &mut Counts) -> Result<()> {
-    let batch = session.drain()?;
-    agg.learn(&batch);
-    counts.add(&batch);
-    Ok(())
+/// The capture's stages, drained together.
+struct Pipeline<'a> {
+    session: &'a mut Session,
+    agg: &'a mut Aggregate,
+    counts: &'a mut Counts,
+    unwinder: &'a mut Unwinder,
+}
+
+impl Pipeline<'_> {
+    fn drain(&mut self) -> Result<()> {
+        let batch = self.session.drain()?;
+        self.agg.learn(&batch);
+        self.counts.add(&batch);
+        let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
+        self.unwinder.sync(self.session, seen, Some(UNWIND_SYNC_BUDGET))
+    }
 }
 
 /// Sleeps in short steps so Ctrl-C is noticed promptly.
@@ -409,6 +439,23 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         counters.heap.sampled,
         counters.heap.live_map_full
     );
+}
+
+fn print_unwind_summary(s: &unwind::UnwinderStats) {
+    const MIB: f64 = (1 << 20) as f64;
+    println!(
+        "unwind tables: {} files ({:.1} of {:.0} MiB), built in {:.0} ms; {} files without a table, {} too large, {} not loaded (memory full)",
+        s.tables.len(),
+        s.table_bytes as f64 / MIB,
+        s.budget_bytes as f64 / MIB,
+        s.build_time.as_secs_f64() * 1e3,
+        s.build_failures,
+        s.too_large,
+        s.budget_full
+    );
+    for t in &s.tables {
+        tracing::debug!(file = %t.name, rows = t.rows, bytes = t.bytes, build_ms = t.build_duration.as_secs_f64() * 1e3, "unwind table");
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {

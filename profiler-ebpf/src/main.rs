@@ -7,6 +7,7 @@
 
 mod cpu;
 mod futex;
+mod exec;
 mod heap;
 mod maps;
 mod stack;

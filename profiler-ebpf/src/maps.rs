@@ -4,7 +4,7 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     Global,
@@ -13,13 +13,17 @@ use profiler_common::{
     heap::HEAP_INTERVALS_LEN,
     stack::STACK_WINDOW_WORDS,
     maps::{
-        CPU_COUNTS_MAX_ENTRIES, FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES,
-        HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
-        THREAD_COUNTS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES,
+        CPU_COUNTS_MAX_ENTRIES, FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES,
+        HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
+        THREAD_COUNTS_MAX_ENTRIES, UNWIND_EXECS_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
+        UNWIND_TABLES_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES,
     },
-    CpuCounter, CpuSampleKey, FutexCounter, PendingWait, ThreadKey, WaitKey, WaitTotals, Waker, WakerKey,
-    HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc, Stack,
+    CpuCounter, CpuSampleKey, FutexCounter, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
+    PendingWait, Stack, ThreadKey, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo, WaitKey, WaitTotals,
+    Waker, WakerKey,
 };
+
+use crate::user_stack::WalkState;
 
 /// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
 #[unsafe(no_mangle)]
@@ -117,6 +121,37 @@ pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Fute
 #[inline(always)]
 pub fn bump_futex(counter: FutexCounter) {
     if let Some(slot) = FUTEX_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: this CPU's slot of a live array map element.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Every loaded unwind table's rows (resized at load time to the memory budget).
+#[map]
+// Mmapable: userspace writes whole tables into it directly, not one row per syscall.
+pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_DEFAULT_ENTRIES, BPF_F_MMAPABLE);
+
+#[map]
+pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
+
+// 8 KiB per process: allocate as processes are registered.
+#[map]
+pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
+    HashMap::with_max_entries(UNWIND_PROCESSES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
+
+#[map]
+pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
+
+/// Adds one to a per-CPU unwind counter (see [`bump`]).
+#[inline(always)]
+pub fn bump_unwind(index: u32) {
+    if let Some(slot) = UNWIND_COUNTERS.get_ptr_mut(index) {
         // SAFETY: this CPU's slot of a live array map element.
         unsafe { *slot += 1 };
     }

@@ -45,10 +45,10 @@ pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>) -> Result<
 /// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
 #[inline(always)]
 pub fn capture_user(stacks: &HashMap<u64, Stack>, truncated: &mut bool) -> Result<u64, StackError> {
-    let scratch = scratch()?;
-    if !user_stack::walk(scratch) {
+    if !user_stack::walk() {
         return Ok(NO_STACK);
     }
+    let scratch = scratch()?;
     *truncated = scratch.truncated != 0;
     store(scratch, stacks)
 }

@@ -1,31 +1,80 @@
-//! The user-stack walk: frame pointers from the thread's saved user registers.
+//! The user-stack walk: unwind tables built from each file's `.eh_frame` (see
+//! `docs/unwinding.md`), frame pointers where there is no table.
+//!
+//! Starts from the thread's saved user registers (valid whether the sample hit user or kernel
+//! mode). Each step finds the frame's mapping in the process's `UNWIND_PROCESSES` entry, its
+//! row in the mapping's table (`UNWIND_TABLES` → shards of `UNWIND_ROWS`), computes the CFA
+//! and reads the return address (and the caller's rbp, if saved) from the stack. The frame
+//! loop is a `bpf_loop` callback, so the verifier checks one step, not 127 unrolled ones.
 //!
 //! Not `bpf_get_stack(BPF_F_USER_STACK)`: the kernel's walk follows `rbp` until a read
 //! faults, and code without frame pointers (Debian's libc calls `main`) leaves garbage in
-//! `rbp`, so nearly every sample ends in a page fault, which costs microseconds in a VM. Here
-//! a frame is followed only if it lies above the previous one and within the stack's reach,
-//! so garbage is rejected without touching memory.
+//! `rbp`. Here a frame is followed only if it lies above the previous one and within the
+//! stack's reach, so garbage is rejected without touching memory.
+
+use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::pt_regs,
     helpers::{
         bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs},
     },
 };
-use profiler_common::{stack::STACK_WINDOW_WORDS, Stack, MAX_STACK_DEPTH};
+use profiler_common::{
+    stack::STACK_WINDOW_WORDS,
+    unwind::{
+        sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS,
+        SHARD_ROWS_SHIFT, TABLE_SEARCH_STEPS,
+    },
+    Stack, UnwindCounter, UnwindKind, UnwindRow, MAX_STACK_DEPTH,
+};
 
-use crate::maps::STACK_WINDOW;
+use crate::maps::{
+    bump_unwind, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES, UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
+};
 
 /// How far above the sampled stack pointer a frame may lie: the default 8 MiB main-thread
-/// stack limit. Frames beyond it are garbage `rbp` values, not frames.
+/// stack limit. Frames beyond it are garbage, not frames.
 const MAX_STACK_SPAN: u64 = 8 << 20;
 
 /// The lowest kernel address on x86_64; user addresses are below it.
 const USER_ADDR_LIMIT: u64 = 0x0000_8000_0000_0000;
 
-/// The current thread's saved user registers (the entry frame at the top of its kernel
-/// stack, valid whether the sample hit user or kernel mode).
+/// Bytes of user stack copied per read: frames lie close together, and one helper call costs
+/// about as much for 512 bytes as for 8 here, so a window holds several frames.
+const WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
+
+/// Words of the window kept below the address that caused a refill: the caller's rbp is
+/// saved below the return address, and is read after it.
+const WINDOW_SLACK_WORDS: u64 = 4;
+
+/// The registers of the frame being unwound, in a per-CPU map (the `bpf_loop` callback and
+/// its caller share it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WalkState {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    /// Bounds of the stack: frames lie in `[lowest sp, stack_top)`.
+    stack_top: u64,
+    /// User stack bytes copied into `STACK_WINDOW`: `[window_base, window_base + window_len)`.
+    window_base: u64,
+    window_len: u64,
+    /// Binary-search bounds, kept in map memory and accessed volatile: the verifier then
+    /// sees unknown values at every loop head and prunes the search's paths instead of
+    /// following each of its 2^22 branch combinations.
+    lo: u32,
+    hi: u32,
+    tgid: u32,
+    /// 1 when `pc` is exact (the sampled pc, or restored from a signal frame), 0 when it is a
+    /// return address (looked up at pc − 1, inside the call).
+    exact: u32,
+}
+
+/// The current thread's saved user registers.
 #[inline(always)]
 fn user_regs() -> Option<pt_regs> {
     // SAFETY: both helpers take and return kernel-checked BTF pointers; the read copies the
@@ -40,66 +89,321 @@ fn user_regs() -> Option<pt_regs> {
     }
 }
 
-/// Bytes of user stack copied per read: frames lie close together, and one helper call costs
-/// about as much for 512 bytes as for 16 here, so a window holds several frames.
-const WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
-
-/// Copies `len` bytes of user memory at `addr` into the window. False if unreadable.
+/// Walks the current thread's user stack into this CPU's `STACK_SCRATCH` slot, leaf first.
+/// Returns false when the thread has no user context (kernel threads).
 #[inline(always)]
-fn read_window(window: &mut [u64; STACK_WINDOW_WORDS], addr: u64, len: u64) -> bool {
-    // SAFETY: a fault-safe read into this CPU's window buffer of at least `len` bytes.
-    unsafe { bpf_probe_read_user(window.as_mut_ptr().cast(), len as u32, addr as *const _) == 0 }
-}
-
-/// Walks the current thread's user stack into `out`, leaf first. Returns false when the
-/// thread has no user context (kernel threads).
-#[inline(always)]
-pub fn walk(out: &mut Stack) -> bool {
+pub fn walk() -> bool {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(regs) = user_regs() else { return false };
-    let (ip, sp, mut bp) = (regs.rip, regs.rsp, regs.rbp);
-    if ip == 0 || ip >= USER_ADDR_LIMIT {
+    if regs.rip == 0 || regs.rip >= USER_ADDR_LIMIT {
         return false;
     }
-    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else { return false };
+    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's scratch slot; programs do not nest on a CPU for these attach types.
+    let state = unsafe { &mut *state };
+    *state = WalkState {
+        pc: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        stack_top: regs.rsp.saturating_add(MAX_STACK_SPAN),
+        window_base: 0,
+        window_len: 0,
+        lo: 0,
+        hi: 0,
+        tgid,
+        exact: 1,
+    };
+    let Some(out) = STACK_SCRATCH.get_ptr_mut(0) else { return false };
+    // SAFETY: as above.
+    let out: &mut Stack = unsafe { &mut *out };
+    out.len = 0;
+    out.truncated = 0;
+    // SAFETY: the callback is a static function of this object; it takes no context.
+    unsafe {
+        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, ptr::null_mut(), 0);
+    }
+    true
+}
+
+/// One frame: records the pc and steps to the caller. 0 continues, 1 stops.
+#[inline(never)]
+extern "C" fn step_callback(_index: u64, _ctx: *mut c_void) -> i64 {
+    let (Some(state), Some(out)) = (UNWIND_STATE.get_ptr_mut(0), STACK_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    // SAFETY: this CPU's slots, see `walk`.
+    let (state, out) = unsafe { (&mut *state, &mut *out) };
+    let len = out.len as usize;
+    if len >= MAX_STACK_DEPTH {
+        out.truncated = 1;
+        return 1;
+    }
+    if let Some(slot) = out.ips.get_mut(len) {
+        *slot = state.pc;
+    }
+    out.len = len as u32 + 1;
+    if step(state) {
+        0
+    } else {
+        1
+    }
+}
+
+/// What the tables say about the current frame.
+enum Found {
+    Row(UnwindRow),
+    /// No row: step with frame pointers and count why.
+    Fallback(UnwindCounter),
+}
+
+/// Steps `state` from its frame to the caller's. False when the walk ends.
+#[inline(always)]
+fn step(state: &mut WalkState) -> bool {
+    let row = match find_row(state) {
+        Found::Row(row) => row,
+        Found::Fallback(reason) => {
+            bump_unwind(reason as u32);
+            return frame_pointer_step(state);
+        }
+    };
+    let cfa = match row.kind {
+        k if k == UnwindKind::CfaRsp as u8 => state.sp.wrapping_add((row.operand as u64) << 3),
+        k if k == UnwindKind::CfaRbp as u8 => state.bp.wrapping_add((row.operand as u64) << 3),
+        k if k == UnwindKind::Plt as u8 => {
+            let pushed = ((state.pc & 15) >= row.operand as u64) as u64;
+            state.sp.wrapping_add(8 + (pushed << 3))
+        }
+        k if k == UnwindKind::SignalFrame as u8 => return signal_frame_step(state),
+        k if k == UnwindKind::EndOfStack as u8 => {
+            bump_unwind(UnwindCounter::EndOfStack as u32);
+            return false;
+        }
+        k if k == UnwindKind::Unsupported as u8 => {
+            let reason = (row.operand as u32).min(UnwindCounter::UNSUPPORTED_REASONS - 1);
+            bump_unwind(UnwindCounter::Unsupported0 as u32 + reason);
+            return false;
+        }
+        _ => {
+            bump_unwind(UnwindCounter::NoCfi as u32);
+            return frame_pointer_step(state);
+        }
+    };
+    if cfa <= state.sp || cfa >= state.stack_top {
+        bump_unwind(UnwindCounter::BadFrame as u32);
+        return false;
+    }
+    let Some(ra) = read_word(state, cfa - 8) else {
+        bump_unwind(UnwindCounter::BadRead as u32);
+        return false;
+    };
+    if row.rbp_cfa_words != 0 {
+        let at = cfa.wrapping_add((row.rbp_cfa_words as i64 as u64) << 3);
+        let Some(bp) = read_word(state, at) else {
+            bump_unwind(UnwindCounter::BadRead as u32);
+            return false;
+        };
+        state.bp = bp;
+    }
+    bump_unwind(UnwindCounter::CfiFrames as u32);
+    state.sp = cfa;
+    next_pc(state, ra)
+}
+
+/// Moves to return address `ra`; false (the end of the stack) for 0 or a non-user address.
+#[inline(always)]
+fn next_pc(state: &mut WalkState, ra: u64) -> bool {
+    if ra == 0 {
+        bump_unwind(UnwindCounter::EndOfStack as u32);
+        return false;
+    }
+    if ra >= USER_ADDR_LIMIT {
+        bump_unwind(UnwindCounter::BadFrame as u32);
+        return false;
+    }
+    state.pc = ra;
+    state.exact = 0;
+    true
+}
+
+/// Steps through the kernel's signal frame: the interrupted registers are saved at fixed
+/// offsets from rsp, and the interrupted pc is exact.
+#[inline(always)]
+fn signal_frame_step(state: &mut WalkState) -> bool {
+    let sp = state.sp;
+    // In ascending order, so that one window read serves all three.
+    let (Some(bp), Some(next_sp), Some(pc)) = (
+        read_word(state, sp + sigframe::RBP_OFFSET),
+        read_word(state, sp + sigframe::RSP_OFFSET),
+        read_word(state, sp + sigframe::RIP_OFFSET),
+    ) else {
+        bump_unwind(UnwindCounter::BadRead as u32);
+        return false;
+    };
+    if pc == 0 || pc >= USER_ADDR_LIMIT || next_sp == 0 || next_sp >= USER_ADDR_LIMIT {
+        bump_unwind(UnwindCounter::BadFrame as u32);
+        return false;
+    }
+    bump_unwind(UnwindCounter::SignalFrames as u32);
+    // The handler may run on an alternate stack: the interrupted stack gets its own bounds.
+    state.stack_top = next_sp.saturating_add(MAX_STACK_SPAN);
+    state.sp = next_sp;
+    state.bp = bp;
+    state.pc = pc;
+    state.exact = 1;
+    true
+}
+
+/// Steps with the frame record at rbp (saved rbp, then the return address), if rbp points
+/// into the stack above the current frame.
+#[inline(always)]
+fn frame_pointer_step(state: &mut WalkState) -> bool {
+    let bp = state.bp;
+    if bp < state.sp || bp >= state.stack_top || bp & 7 != 0 {
+        return false;
+    }
+    let (Some(next_bp), Some(ra)) = (read_word(state, bp), read_word(state, bp + 8)) else {
+        bump_unwind(UnwindCounter::BadRead as u32);
+        return false;
+    };
+    bump_unwind(UnwindCounter::FramePointerFrames as u32);
+    state.sp = bp + 16;
+    state.bp = next_bp;
+    next_pc(state, ra)
+}
+
+/// Finds the row for `state.pc`: its mapping, the mapping's table, the last row at or before
+/// the address.
+#[inline(always)]
+fn find_row(state: &mut WalkState) -> Found {
+    // SAFETY: the value is plain data that only userspace writes, by whole-value updates.
+    let Some(process) = (unsafe { UNWIND_PROCESSES.get(&state.tgid) }) else {
+        return Found::Fallback(UnwindCounter::NoProcess);
+    };
+    // A return address is looked up inside the call instruction: a call to a `noreturn`
+    // function may be the last instruction of its function.
+    let pc = state.pc - (state.exact == 0) as u64;
+
+    // The last mapping starting at or before pc.
+    let count = (process.len as usize).min(MAX_PROCESS_MAPPINGS) as u32;
+    set_bounds(state, 0, count);
+    for _ in 0..MAPPING_SEARCH_STEPS {
+        let (lo, hi) = bounds(state);
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if process.mappings[mid as usize & (MAX_PROCESS_MAPPINGS - 1)].start <= pc {
+            set_bounds(state, mid + 1, hi);
+        } else {
+            set_bounds(state, lo, mid);
+        }
+    }
+    let (lo, _) = bounds(state);
+    if lo == 0 {
+        return Found::Fallback(UnwindCounter::NoMapping);
+    }
+    let mapping = &process.mappings[(lo - 1) as usize & (MAX_PROCESS_MAPPINGS - 1)];
+    if pc >= mapping.end {
+        return Found::Fallback(UnwindCounter::NoMapping);
+    }
+    if mapping.table == NO_TABLE {
+        return Found::Fallback(UnwindCounter::NoTable);
+    }
+    let Some(table) = UNWIND_TABLES.get(mapping.table) else {
+        return Found::Fallback(UnwindCounter::NoTable);
+    };
+    if table.rows == 0 {
+        return Found::Fallback(UnwindCounter::NoTable);
+    }
+    let offset = pc.wrapping_sub(mapping.bias).wrapping_sub(table.base_address);
+    if offset > u32::MAX as u64 {
+        return Found::Fallback(UnwindCounter::NoCfi);
+    }
+    let offset = offset as u32;
+
+    // The last row with pc_offset <= offset.
+    set_bounds(state, 0, table.rows);
+    for _ in 0..TABLE_SEARCH_STEPS {
+        let (lo, hi) = bounds(state);
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let Some(row) = row_at(table.shards.as_ptr(), mid) else {
+            return Found::Fallback(UnwindCounter::NoTable);
+        };
+        if row.pc_offset <= offset {
+            set_bounds(state, mid + 1, hi);
+        } else {
+            set_bounds(state, lo, mid);
+        }
+    }
+    let (lo, _) = bounds(state);
+    if lo == 0 {
+        return Found::Fallback(UnwindCounter::NoCfi);
+    }
+    match row_at(table.shards.as_ptr(), lo - 1) {
+        Some(row) => Found::Row(row),
+        None => Found::Fallback(UnwindCounter::NoTable),
+    }
+}
+
+#[inline(always)]
+fn bounds(state: &WalkState) -> (u32, u32) {
+    // SAFETY: plain reads of this CPU's state slot (see `WalkState::lo`).
+    unsafe { (ptr::read_volatile(&state.lo), ptr::read_volatile(&state.hi)) }
+}
+
+#[inline(always)]
+fn set_bounds(state: &mut WalkState, lo: u32, hi: u32) {
+    // SAFETY: plain writes to this CPU's state slot.
+    unsafe {
+        ptr::write_volatile(&mut state.lo, lo);
+        ptr::write_volatile(&mut state.hi, hi);
+    }
+}
+
+/// Row `index` of a table whose shard list is at `shards`.
+#[inline(always)]
+fn row_at(shards: *const u16, index: u32) -> Option<UnwindRow> {
+    let chunk = (index >> SHARD_ROWS_SHIFT) as usize & (MAX_TABLE_SHARDS - 1);
+    // SAFETY: `shards` points to a table's `[u16; MAX_TABLE_SHARDS]` and `chunk` is masked
+    // into it.
+    let shard = unsafe { *shards.add(chunk) } as u32;
+    UNWIND_ROWS.get((shard << SHARD_ROWS_SHIFT) | (index & (SHARD_ROWS - 1))).copied()
+}
+
+/// The user word at `addr`, from the window when it holds it, else after refilling the
+/// window around `addr`.
+#[inline(always)]
+fn read_word(state: &mut WalkState, addr: u64) -> Option<u64> {
+    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else { return None };
     // SAFETY: this CPU's window buffer, which nothing else touches while this program runs.
     let window = unsafe { &mut *window };
-    let (mut window_base, mut window_len) = (0u64, 0u64);
-    out.ips[0] = ip;
-    let mut len = 1;
-    let stack_top = sp.saturating_add(MAX_STACK_SPAN);
-    let mut floor = sp;
-    for _ in 1..MAX_STACK_DEPTH {
-        if bp < floor || bp >= stack_top || bp & 7 != 0 {
-            break;
+    if addr < state.window_base
+        || addr + 8 > state.window_base + state.window_len
+        || (addr - state.window_base) & 7 != 0
+    {
+        // Keep a few words below `addr` (and never below the stack pointer, where the
+        // mapping may end); near the top of the stack a whole window may run past the
+        // mapping: then read just the word.
+        let below = addr.saturating_sub(state.sp).min(WINDOW_SLACK_WORDS * 8) & !7;
+        let base = addr - below;
+        // SAFETY: fault-safe reads into this CPU's window buffer of `WINDOW_BYTES` bytes.
+        let whole = unsafe { bpf_probe_read_user(window.as_mut_ptr().cast(), WINDOW_BYTES as u32, base as *const _) };
+        if whole == 0 {
+            state.window_base = base;
+            state.window_len = WINDOW_BYTES;
+        } else {
+            // SAFETY: as above, 8 bytes.
+            let word = unsafe { bpf_probe_read_user(window.as_mut_ptr().cast(), 8, addr as *const _) };
+            if word != 0 {
+                return None;
+            }
+            state.window_base = addr;
+            state.window_len = 8;
         }
-        if bp < window_base || bp + 16 > window_base + window_len {
-            // Near the top of the stack a whole window may run past its mapping: then read
-            // just the frame record.
-            window_base = bp;
-            window_len = if read_window(window, bp, WINDOW_BYTES) {
-                WINDOW_BYTES
-            } else if read_window(window, bp, 16) {
-                16
-            } else {
-                break;
-            };
-        }
-        let idx = ((bp - window_base) >> 3) as usize & (STACK_WINDOW_WORDS - 1);
-        if idx + 1 >= STACK_WINDOW_WORDS {
-            break;
-        }
-        let (next_bp, ret) = (window[idx], window[idx + 1]);
-        if ret == 0 || ret >= USER_ADDR_LIMIT {
-            break;
-        }
-        if len < MAX_STACK_DEPTH {
-            out.ips[len] = ret;
-        }
-        len += 1;
-        floor = bp + 16;
-        bp = next_bp;
     }
-    out.len = len.min(MAX_STACK_DEPTH) as u32;
-    out.truncated = (len >= MAX_STACK_DEPTH) as u32;
-    true
+    let index = ((addr - state.window_base) >> 3) as usize;
+    Some(window[index & (STACK_WINDOW_WORDS - 1)])
 }

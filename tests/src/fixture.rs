@@ -26,6 +26,20 @@ const CFLAGS_HEAP: &[&str] = &[
     "-fno-builtin-realloc",
 ];
 
+/// The flags of the fixtures built the way distributions and release builds are: optimized,
+/// no frame pointers (leaf or not). No inlining and no tail calls still, so each named
+/// function is its own frame and the expected chains are real.
+const CFLAGS_NO_FRAME_POINTERS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+    "-fno-inline",
+];
+
+/// The Rust release fixture: optimized, no frame pointers, inlining on.
+const RUSTFLAGS_RELEASE: &[&str] = &["-C", "opt-level=3", "-g", "--edition", "2021"];
+
 /// The Rust fixture flags. `opt-level=1` keeps `#[inline(never)]` functions as real frames.
 const RUSTFLAGS: &[&str] = &[
     "-C",
@@ -62,6 +76,16 @@ pub enum FixtureKind {
     /// `rust_mutex.rs`: threads contending for a `std::sync::Mutex` in `contend`; after a
     /// delay prints `lock_wait_ns N` and `done`, lingers.
     RustMutex,
+    /// `cpu_split.c` built `-O2 -fomit-frame-pointer`: the same split, unwound by CFI only.
+    CpuSplitNoFp,
+    /// `heap_sites.c` built `-O2 -fomit-frame-pointer`.
+    HeapSitesNoFp,
+    /// `libc_hot.c` (no frame pointers): hot paths inside libc's qsort and memcpy, called
+    /// from named functions of the program.
+    LibcHot,
+    /// `inline_rs.rs`: Rust at opt-level 3 without frame pointers; main → run → spin, with
+    /// `mix` inlined into spin.
+    InlineRust,
 }
 
 impl FixtureKind {
@@ -75,6 +99,10 @@ impl FixtureKind {
             Self::LockContention => "lock_contention",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
+            Self::CpuSplitNoFp => "cpu_split_nofp",
+            Self::HeapSitesNoFp => "heap_sites_nofp",
+            Self::LibcHot => "libc_hot",
+            Self::InlineRust => "inline_rs",
         }
     }
 
@@ -83,10 +111,13 @@ impl FixtureKind {
             Self::CpuSplitC => "cpu_split.c",
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
-            Self::HeapSites => "heap_sites.c",
             Self::LockContention => "lock_contention.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
+            Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
+            Self::CpuSplitNoFp => "cpu_split.c",
+            Self::LibcHot => "libc_hot.c",
+            Self::InlineRust => "inline_rs.rs",
         }
     }
 
@@ -123,14 +154,22 @@ impl FixtureKind {
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
         let mut cmd;
-        if matches!(self, Self::CpuSplitRust | Self::RustMutex) {
+        if matches!(self, Self::CpuSplitRust | Self::InlineRust | Self::RustMutex) {
             cmd = Command::new("rustc");
-            cmd.args(RUSTFLAGS).args(["--crate-name", self.comm()]);
+            let flags = if self == Self::InlineRust { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
+            cmd.args(flags).args(["--crate-name", self.comm()]);
         } else {
             cmd = Command::new("gcc");
-            cmd.args(CFLAGS);
-            if self == Self::HeapSites {
+            match self {
+                Self::CpuSplitNoFp | Self::LibcHot | Self::HeapSitesNoFp => cmd.args(CFLAGS_NO_FRAME_POINTERS),
+                _ => cmd.args(CFLAGS),
+            };
+            if matches!(self, Self::HeapSites | Self::HeapSitesNoFp) {
                 cmd.args(CFLAGS_HEAP);
+            }
+            if self == Self::LibcHot {
+                // Keep the memcpy call a call into libc.
+                cmd.arg("-fno-builtin-memcpy");
             }
             if matches!(self, Self::LockContention | Self::ThreadSpawner) {
                 cmd.arg("-pthread");

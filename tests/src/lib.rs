@@ -4,7 +4,7 @@
 //! Owns: building the fixtures (`fixture`), running the binary with a timeout (`run`), looking
 //! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
 //! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), reading
-//! the summary the binary prints (`summary`), the heap fixture's ground truth and the checks
+//! the summary the binary prints (`summary`), `perf`'s DWARF unwinding to compare with (`perf`), the heap fixture's ground truth and the checks
 //! against it (`heap_sites`), and the assertions several tests share (`expect`); running the
 //! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
 //! (`tmpfs`).
@@ -16,6 +16,7 @@ pub mod expect;
 pub mod fixture;
 pub mod go_pprof;
 pub mod heap_sites;
+pub mod perf;
 pub mod http;
 pub mod pprof;
 pub mod preflight;

@@ -6,6 +6,8 @@
 //! tracepoints cost a lock-heavy process, next to empty programs on the same tracepoints.
 //! `cargo xtask bench daemon` (module `daemon`): what `profiler run` costs over minutes
 //! among a few hundred processes: CPU, RSS and its growth, dump time.
+//! `cargo xtask bench unwind` (module `unwind`): the `.eh_frame` unwinder's cost per sample
+//! across stack depths, and table sizes.
 //!
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
@@ -16,6 +18,7 @@ mod heap;
 mod peer;
 mod measure;
 mod report;
+mod unwind;
 mod workload;
 
 use std::path::Path;
@@ -39,6 +42,9 @@ pub enum Bench {
     /// `profiler run` among ~200 processes for minutes per frequency: CPU, RSS (peak,
     /// steady, flat?) and dump time.
     Daemon(daemon::DaemonArgs),
+    /// BPF ns per sample with the .eh_frame unwinder at stack depths 12–124, no frame
+    /// pointers vs frame pointers, and unwind table sizes for libc and the profiler.
+    Unwind(unwind::UnwindArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -60,6 +66,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Heap(args) => heap::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Futex(args) => futex::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Daemon(args) => daemon::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Unwind(args) => unwind::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -24,6 +24,7 @@ use crate::{
     error::Result,
     pprof, procs, profiles,
     symbolize::Symbolizer,
+    unwind::{self, Unwinder},
 };
 
 /// How often the kernel maps are drained.
@@ -34,6 +35,8 @@ const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 pub const MAX_STACKS: usize = 200_000;
 /// On-demand captures (`seconds=S`) in flight at once.
 const MAX_WINDOWS: usize = 16;
+/// Time per drain spent registering new processes with the unwinder (building tables).
+const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
 /// Capacity of the live heap block map.
 const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
 
@@ -60,6 +63,7 @@ pub(super) struct Collector {
     heap_failed: HashSet<u32>,
     pub(super) live_blocks: usize,
     sym: Symbolizer,
+    pub(super) unwinder: Unwinder,
     pub(super) dumps: DumpStats,
     pub(super) last_error: Option<String>,
     cpu_attached: bool,
@@ -101,6 +105,7 @@ impl Collector {
             heap: config.is_enabled(ProfileKind::Heap),
             futex: FUTEX_KINDS.iter().any(|&k| config.is_enabled(k)),
             enable_stats: false,
+            unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
         })?;
         let cpu_attached = config.is_enabled(ProfileKind::Cpu);
         if cpu_attached {
@@ -127,12 +132,18 @@ impl Collector {
             heap_failed: HashSet::new(),
             live_blocks: 0,
             sym: Symbolizer::new(),
+            unwinder: Unwinder::new(unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES)),
             dumps: DumpStats::default(),
             last_error: None,
             cpu_attached,
             waits_attached,
             threads_attached,
         })
+    }
+
+    /// Why execs are not tracked by the kernel, if they are not.
+    pub(super) fn session_exec_tracking_error(&self) -> Option<String> {
+        self.session.exec_tracking_error().map(str::to_string)
     }
 
     fn run(&mut self, mut rx: mpsc::Receiver<Command>, rt: &Handle) {
@@ -208,6 +219,10 @@ impl Collector {
         for window in &mut self.windows {
             window.counts.add(&batch);
         }
+        let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
+        if let Err(err) = self.unwinder.sync(&mut self.session, seen, Some(UNWIND_SYNC_BUDGET)) {
+            self.record_error(format!("failed to load unwind tables: {err}"));
+        }
     }
 
     /// Reads the live heap blocks into `counts` (then drains, so the stacks they name are
@@ -262,6 +277,9 @@ impl Collector {
         let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
         let gone = self.agg.prune(grace, &keep);
         self.total.forget(&gone);
+        if let Err(err) = self.unwinder.forget(&mut self.session, &gone) {
+            self.record_error(format!("failed to forget the unwind mappings of exited processes: {err}"));
+        }
         let heap_gone: Vec<u32> = gone.iter().copied().filter(|pid| self.heap_pids.contains_key(pid)).collect();
         if let Err(err) = self.session.forget_processes(&heap_gone) {
             self.record_error(format!("failed to clear the heap maps of exited processes: {err}"));

@@ -55,6 +55,7 @@ pub(super) fn render(c: &Collector) -> String {
             "cpu_counts_capacity_per_set": CPU_COUNTS_MAX_ENTRIES,
             "userspace_stacks": { "entries": c.agg.stack_count(), "capacity": MAX_STACKS },
         },
+        "unwind": unwind_status(c, &counters),
         "processes_tracked": c.agg.processes().count(),
         "output": {
             "dir": c.output_dir(),
@@ -69,4 +70,50 @@ pub(super) fn render(c: &Collector) -> String {
         "last_error": c.last_error,
     });
     serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()) + "\n"
+}
+
+/// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel
+/// walker's frame counts per method and per fallback and stop reason.
+fn unwind_status(c: &Collector, counters: &crate::ebpf::Counters) -> serde_json::Value {
+    use profiler_common::UnwindCounter as U;
+    let s = c.unwinder.stats();
+    let u = counters.unwind;
+    let unsupported: serde_json::Map<String, serde_json::Value> = crate::unwind::Unsupported::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name().to_string(), u.unsupported(i).into()))
+        .collect();
+    json!({
+        "processes": s.processes,
+        "table_bytes": s.table_bytes,
+        "table_budget_bytes": s.budget_bytes,
+        "tables_loaded": s.tables.len(),
+        "tables_built": s.builds,
+        "build_ms_total": s.build_time.as_secs_f64() * 1e3,
+        "files_without_table": s.build_failures,
+        "tables_too_large": s.too_large,
+        "tables_not_loaded_budget_full": s.budget_full,
+        "tables_evicted": s.evictions,
+        "mappings_over_limit": s.mappings_over_limit,
+        "unreadable_files": s.unreadable_files,
+        "largest_tables": s.tables.iter().take(10).map(|t| json!({
+            "file": t.name, "rows": t.rows, "bytes": t.bytes, "build_ms": t.build_duration.as_secs_f64() * 1e3,
+        })).collect::<Vec<_>>(),
+        "frames": {
+            "by_table": u.get(U::CfiFrames),
+            "by_frame_pointer": u.get(U::FramePointerFrames),
+            "fallback_process_not_registered": u.get(U::NoProcess),
+            "fallback_no_mapping": u.get(U::NoMapping),
+            "fallback_no_table": u.get(U::NoTable),
+            "fallback_no_cfi": u.get(U::NoCfi),
+            "signal_frames": u.get(U::SignalFrames),
+        },
+        "walks_ended": {
+            "outermost_frame": u.get(U::EndOfStack),
+            "unreadable_stack": u.get(U::BadRead),
+            "bad_frame": u.get(U::BadFrame),
+            "unsupported_cfi": unsupported,
+        },
+        "exec_tracking_error": c.session_exec_tracking_error(),
+    })
 }

@@ -9,6 +9,7 @@ mod cpu;
 mod drain;
 mod futex;
 mod heap;
+mod unwind;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
@@ -20,7 +21,8 @@ pub use cpu::CpuCounters;
 pub use drain::{Batch, RawCpuSample, RawHeapTotals, RawThreadCount, RawWaitTotals};
 pub use futex::{FutexAttachment, FutexCounters, FUTEX_PROGRAMS, THREAD_PROGRAM};
 pub use heap::{HeapAttachment, HeapCounters, LiveBlock};
-use profiler_common::{globals, maps};
+use profiler_common::{globals, maps, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use unwind::UnwindCounters;
 
 use crate::error::{Error, Result};
 
@@ -45,6 +47,9 @@ pub struct SessionConfig {
     pub futex: bool,
     /// Turn on the kernel's BPF run-time statistics while the session lives.
     pub enable_stats: bool,
+    /// Rows of the unwind-table memory (8 bytes each; a multiple of
+    /// `profiler_common::unwind::SHARD_ROWS`).
+    pub unwind_rows: u32,
 }
 
 /// Cost of a program as the kernel measures it (needs BPF run-time stats enabled).
@@ -60,6 +65,7 @@ pub struct Counters {
     pub cpu: CpuCounters,
     pub heap: HeapCounters,
     pub futex: FutexCounters,
+    pub unwind: UnwindCounters,
 }
 
 /// The loaded programs and maps.
@@ -67,6 +73,8 @@ pub struct Session {
     ebpf: Ebpf,
     active_set: u32,
     heap_loaded: bool,
+    /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
+    exec_tracking_error: Option<String>,
     _stats: Option<OwnedFd>,
 }
 
@@ -80,7 +88,8 @@ impl Session {
         loader
             .override_global(globals::FILTER_PIDS, &filter, true)
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
-            .map_max_entries(maps::HEAP_LIVE, config.heap_max_live);
+            .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
+            .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
         if !config.heap {
             for map in [maps::HEAP_LIVE, maps::HEAP_PENDING, maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1] {
                 loader.map_max_entries(map, 1);
@@ -105,7 +114,47 @@ impl Session {
         if config.heap {
             heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
         }
-        Ok(Self { ebpf, active_set: 0, heap_loaded: false, _stats: stats })
+        // Without it a process that calls execve unwinds with its old tables until its
+        // mappings are read again; worth a warning, not worth refusing to profile.
+        let exec_tracking_error = unwind::attach_exec(&mut ebpf).err().map(|e| {
+            let message = crate::error::chain(&e);
+            tracing::warn!(
+                "exec tracking is off ({message}); is tracefs mounted? (mount -t tracefs tracefs /sys/kernel/tracing)"
+            );
+            message
+        });
+        Ok(Self { ebpf, active_set: 0, heap_loaded: false, exec_tracking_error, _stats: stats })
+    }
+
+    /// Copies up to one shard of unwind-table rows into shard `shard` of the row memory.
+    pub fn write_unwind_shard(&mut self, shard: u16, rows: &[UnwindRow]) -> Result<()> {
+        unwind::write_shard(&self.ebpf, shard, rows)
+    }
+
+    /// Points table slot `slot` at its rows (or empties it with `rows = 0`).
+    pub fn set_unwind_table(&mut self, slot: u32, info: &UnwindTableInfo) -> Result<()> {
+        unwind::set_table(&mut self.ebpf, slot, info)
+    }
+
+    /// Gives the walker the mappings of process `pid`.
+    pub fn set_unwind_process(&mut self, pid: u32, process: &UnwindProcess) -> Result<()> {
+        unwind::set_process(&mut self.ebpf, pid, process)
+    }
+
+    /// Makes the walker forget process `pid` (a no-op if it does not know it).
+    pub fn remove_unwind_process(&mut self, pid: u32) -> Result<()> {
+        unwind::remove_process(&mut self.ebpf, pid)
+    }
+
+    /// Processes that called `execve` since the last call; the kernel already forgot their
+    /// old mappings.
+    pub fn take_execs(&mut self) -> Result<Vec<u32>> {
+        unwind::take_execs(&mut self.ebpf)
+    }
+
+    /// Why execs are not tracked, if they are not.
+    pub fn exec_tracking_error(&self) -> Option<&str> {
+        self.exec_tracking_error.as_deref()
     }
 
     /// Samples the CPU clock of every online CPU at `frequency_hz`.
@@ -134,6 +183,7 @@ impl Session {
             cpu: cpu::counters(&self.ebpf)?,
             heap: heap::counters(&self.ebpf)?,
             futex: futex::counters(&self.ebpf)?,
+            unwind: unwind::counters(&self.ebpf)?,
         })
     }
 

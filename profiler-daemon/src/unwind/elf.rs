@@ -40,6 +40,50 @@ impl Section {
     }
 }
 
+/// One `PT_LOAD` program header: which file bytes are mapped at which virtual address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub file_offset: u64,
+    pub vaddr: u64,
+    pub file_size: u64,
+    /// `PF_X`: mapped executable.
+    pub executable: bool,
+}
+
+const PT_LOAD: u32 = 1;
+const PF_X: u32 = 1;
+const PROGRAM_HEADER_LEN: usize = 56;
+
+/// The `PT_LOAD` segments of an ELF file, from its program header table.
+pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, BuildError> {
+    if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
+        return Err(BuildError::NotElf);
+    }
+    let phoff = u64_at(bytes, 0x20)?;
+    let entry_len = usize::from(u16_at(bytes, 0x36)?);
+    let count = u64::from(u16_at(bytes, 0x38)?);
+    if entry_len < PROGRAM_HEADER_LEN {
+        return Err(BuildError::Truncated);
+    }
+    let mut segments = Vec::new();
+    for index in 0..count {
+        let start = index
+            .checked_mul(entry_len as u64)
+            .and_then(|off| off.checked_add(phoff))
+            .ok_or(BuildError::Truncated)?;
+        let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
+        if u32_at(header, 0)? == PT_LOAD {
+            segments.push(LoadSegment {
+                file_offset: u64_at(header, 8)?,
+                vaddr: u64_at(header, 16)?,
+                file_size: u64_at(header, 32)?,
+                executable: u32_at(header, 4)? & PF_X != 0,
+            });
+        }
+    }
+    Ok(segments)
+}
+
 /// The section header table of one ELF file.
 pub(crate) struct Elf<'a> {
     bytes: &'a [u8],

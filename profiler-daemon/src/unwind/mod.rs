@@ -2,14 +2,19 @@
 //! turned into a compact, sorted table of [`profiler_common::UnwindRow`]s that the kernel
 //! walker binary-searches to step from a frame to its caller without frame pointers.
 //!
-//! Owns the ELF section lookup, the CFI evaluation (gimli) and the row encoding. Does not own
-//! loading tables into BPF maps, sharing them per build id, or the kernel walk; see
+//! Owns the ELF section lookup, the CFI evaluation (gimli), the row encoding, and
+//! ([`Unwinder`]) which tables are loaded for which process mappings, shared by build id and
+//! bounded in memory. The kernel walk is `profiler-ebpf/src/user_stack.rs`; see
 //! `docs/unwinding.md` for the whole design.
 
 mod cfi;
 mod elf;
+mod mapped;
+mod registry;
+mod report;
 mod rule;
 mod table;
+mod unwinder;
 
 #[cfg(test)]
 mod ground_truth;
@@ -17,4 +22,6 @@ mod ground_truth;
 mod readelf;
 
 pub use rule::{CfaRegister, RbpRule, ReasonCounts, Rule, Unsupported, MAX_CFA_OFFSET};
+pub use report::report;
 pub use table::{build, BuildError, BuildStats, UnwindTable};
+pub use unwinder::{rows_for_budget, TableReport, Unwinder, UnwinderStats, DEFAULT_TABLE_BYTES};

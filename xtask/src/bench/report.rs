@@ -103,7 +103,7 @@ pub(in crate::bench) fn target(name: &str, value: &str, pass: Option<bool>) {
 }
 
 /// `(run_count, run_time_ns)` of cpu_sample.
-fn bpf_stats(stderr: &str) -> Option<(u64, u64)> {
+pub(super) fn bpf_stats(stderr: &str) -> Option<(u64, u64)> {
     bpf_stats_of(stderr, "cpu_sample")
 }
 

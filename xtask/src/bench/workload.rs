@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 /// Spins under a fixed-depth call chain built with frame pointers, so every sample walks a
 /// real user stack of known depth rather than one frame of a shell loop. `-fno-shrink-wrap`
 /// makes the spinning leaf set up its frame too, so the walk does not skip its caller.
-const SPINNER_C: &str = r#"
+pub const SPINNER_C: &str = r#"
 #include <stdlib.h>
 static volatile unsigned long sink;
 __attribute__((noinline)) static void spin(int depth) {

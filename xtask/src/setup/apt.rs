@@ -14,7 +14,7 @@ pub struct Package {
     pub present: fn() -> bool,
 }
 
-/// The packages for the build, plus golang-go when the tests will run.
+/// The packages for the build, plus golang-go and linux-perf when the tests will run.
 pub fn packages(go: bool) -> Vec<Package> {
     let mut packages = vec![
         Package {
@@ -34,6 +34,11 @@ pub fn packages(go: bool) -> Vec<Package> {
             name: "golang-go",
             why: "`go tool pprof` for the end-to-end tests",
             present: || probe(Command::new("go").arg("version")).is_some(),
+        });
+        packages.push(Package {
+            name: "linux-perf",
+            why: "`perf record --call-graph dwarf`, the unwinding tests' reference",
+            present: || probe(Command::new("perf").arg("--version")).is_some(),
         });
     }
     packages

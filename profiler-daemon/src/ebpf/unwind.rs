@@ -1,0 +1,122 @@
+//! The unwinder's side of the session: the row array (memory-mapped, so whole tables are
+//! copied in without a syscall per row), the table and process maps, the exec tracepoint and
+//! the walker's counters. What to put in them is `unwind::Unwinder`'s business.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::TracePoint,
+    Ebpf,
+};
+use profiler_common::{maps, unwind::SHARD_ROWS, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo};
+
+use super::{map_error, map_mut, map_ref, missing, program_error, sum_counter};
+use crate::error::{Error, Result};
+
+/// Name of the exec tracepoint program.
+pub const EXEC_PROGRAM: &str = "unwind_exec";
+
+/// Copies `rows` (at most one shard) into shard `shard` of `UNWIND_ROWS`. The shard alone is
+/// mapped for the copy and unmapped after, so row memory never counts in this process's RSS
+/// and a whole table costs two syscalls per 32 KiB instead of one per row.
+pub(super) fn write_shard(ebpf: &Ebpf, shard: u16, rows: &[UnwindRow]) -> Result<()> {
+    let map = ebpf.map(maps::UNWIND_ROWS).ok_or_else(|| missing(maps::UNWIND_ROWS))?;
+    let aya::maps::Map::Array(data) = map else {
+        return Err(missing(maps::UNWIND_ROWS));
+    };
+    let rows = &rows[..rows.len().min(SHARD_ROWS as usize)];
+    let bytes = SHARD_ROWS as usize * size_of::<UnwindRow>();
+    let offset = shard as i64 * bytes as i64;
+    // SAFETY: a shared read-write mapping of one shard of an mmapable BPF array (shards are
+    // page-aligned); the kernel keeps the memory alive while mapped.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            offset,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::Io {
+            action: format!("map shard {shard} of the BPF array {} into memory", maps::UNWIND_ROWS),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `bytes` mapped bytes, `rows` fits in them, and nothing else aliases the mapping.
+    unsafe {
+        std::ptr::copy_nonoverlapping(rows.as_ptr(), ptr.cast::<UnwindRow>(), rows.len());
+        libc::munmap(ptr, bytes);
+    }
+    Ok(())
+}
+
+/// Attaches the exec tracepoint. Fails when tracefs is not mounted.
+pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut TracePoint = ebpf
+        .program_mut(EXEC_PROGRAM)
+        .ok_or_else(|| missing(EXEC_PROGRAM))?
+        .try_into()
+        .map_err(program_error("find", EXEC_PROGRAM))?;
+    program.load().map_err(program_error("load", EXEC_PROGRAM))?;
+    program
+        .attach("sched", "sched_process_exec")
+        .map_err(program_error("attach (tracepoint sched:sched_process_exec)", EXEC_PROGRAM))?;
+    Ok(())
+}
+
+pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> Result<()> {
+    let mut tables: Array<&mut MapData, UnwindTableInfo> = map_mut(ebpf, maps::UNWIND_TABLES)?;
+    tables.set(slot, info, 0).map_err(map_error("write", maps::UNWIND_TABLES))
+}
+
+pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<()> {
+    let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
+    processes.insert(pid, process, 0).map_err(map_error("write", maps::UNWIND_PROCESSES))
+}
+
+pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
+    match processes.remove(&pid) {
+        Ok(()) | Err(aya::maps::MapError::ElementNotFound) => Ok(()),
+        Err(e) => Err(map_error("delete from", maps::UNWIND_PROCESSES)(e)),
+    }
+}
+
+/// The processes that called `execve` since the last call (and forgets them).
+pub(super) fn take_execs(ebpf: &mut Ebpf) -> Result<Vec<u32>> {
+    let mut execs: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::UNWIND_EXECS)?;
+    let pids: Vec<u32> = execs.keys().filter_map(|k| k.ok()).collect();
+    for pid in &pids {
+        // Gone already is fine: the next exec of the same pid inserts it again.
+        let _ = execs.remove(pid);
+    }
+    Ok(pids)
+}
+
+/// The walker's counters since load, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindCounters(pub [u64; UnwindCounter::COUNT as usize]);
+
+impl UnwindCounters {
+    pub fn get(&self, counter: UnwindCounter) -> u64 {
+        self.0[counter as usize]
+    }
+
+    /// Walks stopped at unsupported CFI, for reason index `reason`.
+    pub fn unsupported(&self, reason: usize) -> u64 {
+        self.0.get(UnwindCounter::Unsupported0 as usize + reason).copied().unwrap_or(0)
+    }
+}
+
+pub(super) fn counters(ebpf: &Ebpf) -> Result<UnwindCounters> {
+    let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, maps::UNWIND_COUNTERS)?;
+    let mut out = UnwindCounters::default();
+    for (i, slot) in out.0.iter_mut().enumerate() {
+        *slot = sum_counter(&array, i as u32, maps::UNWIND_COUNTERS)?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,40 @@
+//! `profiler unwind-table FILE...`: builds each file's table the way the daemon would and
+//! reports its size, build time and what CFI it could not express. A diagnostic for "why do
+//! this binary's stacks stop?", and the bench's source for table sizes.
+
+use std::{fmt::Write, fs::File, path::Path};
+
+use super::mapped::MappedFile;
+use crate::error::{Error, Result};
+
+/// One line per file: rows, bytes, FDEs, build time, unsupported rows per reason.
+pub fn report(paths: &[impl AsRef<Path>]) -> Result<String> {
+    let mut out = String::new();
+    for path in paths {
+        let path = path.as_ref();
+        let io = |source| Error::Io { action: format!("read {} (is it an ELF file?)", path.display()), source };
+        let file = File::open(path).map_err(io)?;
+        let mapped = MappedFile::map(&file).map_err(io)?;
+        let table = super::build(mapped.bytes()).map_err(|e| Error::Usage(format!(
+            "{}: no unwind table can be built: {e}",
+            path.display()
+        )))?;
+        let s = table.stats();
+        let unsupported: Vec<String> =
+            s.unsupported.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{} {n}", r.name())).collect();
+        let _ = writeln!(
+            out,
+            "{}: rows {} ({} before merging), {} bytes ({:.1} KiB), fdes {} (skipped {}), build {:.2} ms, unsupported rows: {}",
+            path.display(),
+            s.rows,
+            s.rows_before_merge,
+            s.bytes,
+            s.bytes as f64 / 1024.0,
+            s.fdes,
+            s.skipped_fdes,
+            s.build_duration.as_secs_f64() * 1e3,
+            if unsupported.is_empty() { "none".into() } else { unsupported.join(", ") }
+        );
+    }
+    Ok(out)
+}

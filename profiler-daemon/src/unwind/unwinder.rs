@@ -1,0 +1,411 @@
+//! [`Unwinder`]: gives the kernel walker the tables it needs. For each process it is told
+//! about, reads `/proc/PID/maps`, finds each executable file's table by build id (building it
+//! the first time, from the file as the process sees it through `/proc/PID/map_files`),
+//! loads the rows into the kernel's row memory and writes the process's mapping list. One
+//! owner: the thread that owns the [`Session`].
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::unix::fs::MetadataExt,
+    time::{Duration, Instant},
+};
+
+use profiler_common::{
+    maps::UNWIND_TABLES_MAX_ENTRIES,
+    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS},
+    UnwindMapping, UnwindProcess, UnwindTableInfo,
+};
+
+use super::{
+    elf::{load_segments, LoadSegment},
+    mapped::MappedFile,
+    registry::{FileKey, NoRoom, Registry},
+};
+use crate::{
+    ebpf::Session,
+    error::Result,
+    procs::{self, MapEntry},
+};
+
+/// Default unwind-table memory: 32 MiB of rows.
+pub const DEFAULT_TABLE_BYTES: u64 = 32 << 20;
+
+/// The rows of the kernel's row array for a memory budget (whole shards, at least one).
+pub fn rows_for_budget(bytes: u64) -> u32 {
+    let shards = (bytes / (u64::from(SHARD_ROWS) * 8)).clamp(1, u64::from(u16::MAX) + 1);
+    (shards * u64::from(SHARD_ROWS)) as u32
+}
+
+/// What the unwinder did, for `/status`, profile comments and the bench.
+#[derive(Debug, Clone, Default)]
+pub struct UnwinderStats {
+    /// Processes whose mappings the kernel walker has.
+    pub processes: usize,
+    /// Tables built, and their total build time.
+    pub builds: u64,
+    pub build_time: Duration,
+    /// Files with no table: build failed (no CFI, not ELF, ...), by file; never retried.
+    pub build_failures: u64,
+    /// Tables too large for one table or the whole budget.
+    pub too_large: u64,
+    /// Tables not loaded because the tables in use filled the budget (retried later).
+    pub budget_full: u64,
+    /// Tables evicted (unused) to make room.
+    pub evictions: u64,
+    /// Executable mappings beyond the per-process limit (those fall back to frame pointers).
+    pub mappings_over_limit: u64,
+    /// Mapped files that could not be opened or parsed.
+    pub unreadable_files: u64,
+    /// Bytes of row memory in use, and the budget.
+    pub table_bytes: u64,
+    pub budget_bytes: u64,
+    /// Loaded tables: (file, rows, bytes, build time), largest first.
+    pub tables: Vec<TableReport>,
+}
+
+/// One loaded table, for reports.
+#[derive(Debug, Clone)]
+pub struct TableReport {
+    pub name: String,
+    pub rows: u32,
+    pub bytes: u64,
+    pub build_duration: Duration,
+}
+
+/// What a file needs to be unwound: its table key and load segments.
+#[derive(Debug, Clone)]
+struct FileInfo {
+    key: FileKey,
+    segments: Vec<LoadSegment>,
+}
+
+/// A registered process: the tables its mappings hold a reference on, and the mapping
+/// version it was registered with.
+#[derive(Debug, Default)]
+struct Registered {
+    keys: Vec<FileKey>,
+    version: u32,
+}
+
+/// The owner of the unwind tables and of the walker's per-process mappings.
+pub struct Unwinder {
+    registry: Registry,
+    /// By (path as mapped, inode): the same file mapped by many processes is opened once.
+    files: HashMap<(String, u64), FileInfo>,
+    /// Files whose table will never be built, with the reason.
+    failed: HashMap<FileKey, String>,
+    processes: HashMap<u32, Registered>,
+    stats: UnwinderStats,
+}
+
+impl Unwinder {
+    /// An unwinder over `rows` rows of kernel row memory (the session's `unwind_rows`).
+    pub fn new(rows: u32) -> Self {
+        let shards = rows / SHARD_ROWS;
+        Self {
+            registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
+            files: HashMap::new(),
+            failed: HashMap::new(),
+            processes: HashMap::new(),
+            stats: UnwinderStats::default(),
+        }
+    }
+
+    /// Registers the processes not registered yet, or registered with an older mapping
+    /// `version` (their mappings changed: `dlopen`), and re-registers those that called
+    /// `execve`. Stops starting new registrations after `budget` (the rest wait for the next
+    /// call); `None` registers all.
+    pub fn sync(
+        &mut self,
+        session: &mut Session,
+        processes: impl IntoIterator<Item = (u32, u32)>,
+        budget: Option<Duration>,
+    ) -> Result<()> {
+        let started = Instant::now();
+        for pid in session.take_execs()? {
+            // The kernel already forgot the mappings; forget the references, register anew.
+            if let Some(old) = self.processes.remove(&pid) {
+                self.release(&old.keys);
+            }
+        }
+        for (pid, version) in processes {
+            if budget.is_some_and(|b| started.elapsed() >= b) {
+                break;
+            }
+            let current = self.processes.get(&pid).map(|r| r.version);
+            if current == Some(version) {
+                continue;
+            }
+            self.register(session, pid, version)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets processes that are gone.
+    pub fn forget(&mut self, session: &mut Session, pids: &[u32]) -> Result<()> {
+        for pid in pids {
+            if let Some(old) = self.processes.remove(pid) {
+                self.release(&old.keys);
+                session.remove_unwind_process(*pid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the unwinder did so far.
+    pub fn stats(&self) -> UnwinderStats {
+        let mut stats = self.stats.clone();
+        stats.processes = self.processes.len();
+        stats.evictions = self.registry.evictions;
+        (stats.table_bytes, stats.budget_bytes) = self.registry.usage();
+        stats.tables = self
+            .registry
+            .tables()
+            .map(|(_, t)| TableReport {
+                name: t.name.clone(),
+                rows: t.rows,
+                bytes: t.bytes(),
+                build_duration: t.build_duration,
+            })
+            .collect();
+        stats.tables.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+        stats
+    }
+
+    fn register(&mut self, session: &mut Session, pid: u32, version: u32) -> Result<()> {
+        let maps = match procs::read_maps(pid) {
+            Ok(maps) => maps,
+            Err(_) => {
+                // Gone already: remember it so it is not retried each call.
+                let old = self.processes.insert(pid, Registered { keys: Vec::new(), version });
+                if let Some(old) = old {
+                    self.release(&old.keys);
+                }
+                return Ok(());
+            }
+        };
+        let mut process = Box::new(UnwindProcess {
+            len: 0,
+            _pad: 0,
+            mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS],
+        });
+        let mut keys = Vec::new();
+        let mut len = 0;
+        for entry in maps.iter().filter(|m| m.is_file() || m.path == "[vdso]") {
+            if len == MAX_PROCESS_MAPPINGS {
+                self.stats.mappings_over_limit += 1;
+                continue;
+            }
+            let Some(file) = self.file_info(pid, entry) else { continue };
+            let Some(bias) = bias(entry, &file.segments) else {
+                self.stats.unreadable_files += 1;
+                continue;
+            };
+            let table = match self.table(session, &file.key, pid, entry)? {
+                Some(slot) => {
+                    self.registry.acquire(&file.key);
+                    keys.push(file.key.clone());
+                    slot
+                }
+                None => NO_TABLE,
+            };
+            process.mappings[len] = UnwindMapping { start: entry.start, end: entry.end, bias, table, _pad: 0 };
+            len += 1;
+        }
+        process.len = len as u32;
+        session.set_unwind_process(pid, &process)?;
+        // Released after the new references are taken, so shared tables stay loaded.
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version }) {
+            self.release(&old.keys);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, keys: &[FileKey]) {
+        for key in keys {
+            self.registry.release(key);
+        }
+    }
+
+    /// The key and segments of a mapped file, opened as the process sees it.
+    fn file_info(&mut self, pid: u32, entry: &MapEntry) -> Option<FileInfo> {
+        let cache_key = (entry.path.clone(), entry.inode);
+        if let Some(info) = self.files.get(&cache_key) {
+            return Some(info.clone());
+        }
+        let info = if entry.path == "[vdso]" {
+            let bytes = read_vdso(pid, entry)?;
+            let segments = load_segments(&bytes).ok()?;
+            // Every process maps the same vDSO image of the running kernel.
+            FileInfo { key: format!("vdso:{}", hash_bytes(&bytes)), segments }
+        } else {
+            let path = map_files_path(pid, entry);
+            let Some(info) = open_file_info(&path) else {
+                self.stats.unreadable_files += 1;
+                return None;
+            };
+            info
+        };
+        self.files.insert(cache_key, info.clone());
+        Some(info)
+    }
+
+    /// The slot of the table for `key`, building and loading it if needed; `None` when the
+    /// file has no usable table.
+    fn table(&mut self, session: &mut Session, key: &FileKey, pid: u32, entry: &MapEntry) -> Result<Option<u32>> {
+        if let Some(slot) = self.registry.get(key) {
+            return Ok(Some(slot));
+        }
+        if self.failed.contains_key(key) {
+            return Ok(None);
+        }
+        let built = if entry.path == "[vdso]" {
+            read_vdso(pid, entry).map(|bytes| super::build(&bytes))
+        } else {
+            let path = map_files_path(pid, entry);
+            File::open(&path)
+                .and_then(|f| MappedFile::map(&f))
+                .ok()
+                .map(|mapped| super::build(mapped.bytes()))
+        };
+        let table = match built {
+            Some(Ok(table)) => table,
+            Some(Err(err)) => {
+                tracing::debug!(file = %entry.path, error = %err, "no unwind table");
+                self.stats.build_failures += 1;
+                self.failed.insert(key.clone(), err.to_string());
+                return Ok(None);
+            }
+            None => {
+                self.stats.unreadable_files += 1;
+                return Ok(None);
+            }
+        };
+        self.stats.builds += 1;
+        self.stats.build_time += table.stats().build_duration;
+        let rows = table.rows();
+        let Ok(count) = u32::try_from(rows.len()) else {
+            self.stats.too_large += 1;
+            self.failed.insert(key.clone(), "too many rows".into());
+            return Ok(None);
+        };
+        let reservation = match self.registry.reserve(count) {
+            Ok(r) => r,
+            Err(NoRoom::TooLarge) => {
+                self.stats.too_large += 1;
+                self.failed.insert(key.clone(), format!("{count} rows do not fit the unwind-table memory"));
+                return Ok(None);
+            }
+            Err(NoRoom::BudgetFull) => {
+                self.stats.budget_full += 1;
+                return Ok(None);
+            }
+        };
+        let empty = UnwindTableInfo { base_address: 0, rows: 0, _pad: 0, shards: [0; MAX_TABLE_SHARDS] };
+        for &slot in &reservation.evicted_slots {
+            session.set_unwind_table(slot, &empty)?;
+        }
+        let mut info = empty;
+        for (i, (chunk, &shard)) in rows.chunks(SHARD_ROWS as usize).zip(&reservation.shards).enumerate() {
+            if let Err(err) = session.write_unwind_shard(shard, chunk) {
+                self.registry.cancel(reservation);
+                return Err(err);
+            }
+            info.shards[i] = shard;
+        }
+        info.base_address = table.base_address();
+        info.rows = count;
+        if let Err(err) = session.set_unwind_table(reservation.slot, &info) {
+            self.registry.cancel(reservation);
+            return Err(err);
+        }
+        self.registry.insert(key.clone(), &reservation, count, entry.path.clone(), table.stats().build_duration);
+        Ok(Some(reservation.slot))
+    }
+}
+
+/// The file a mapping maps, as the process sees it: works for deleted files and other mount
+/// namespaces.
+fn map_files_path(pid: u32, entry: &MapEntry) -> String {
+    format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)
+}
+
+fn open_file_info(path: &str) -> Option<FileInfo> {
+    let file = File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    let mapped = MappedFile::map(&file).ok()?;
+    let segments = load_segments(mapped.bytes()).ok()?;
+    let key = match crate::symbolize::build_id(std::path::Path::new(path)) {
+        Some(id) => format!("build-id:{id}"),
+        None => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), meta.mtime()),
+    };
+    Some(FileInfo { key, segments })
+}
+
+/// The bias of an executable mapping: address − bias is the file's virtual address.
+fn bias(entry: &MapEntry, segments: &[LoadSegment]) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    // lld packs segments into shared pages, so the page an executable mapping starts at may
+    // also hold the end of the read-only segment before it: prefer the executable segment.
+    let covers = |s: &&LoadSegment| {
+        let first = s.file_offset & !(PAGE - 1);
+        (first..s.file_offset + s.file_size.max(1)).contains(&entry.offset)
+    };
+    let segment = segments
+        .iter()
+        .filter(|s| s.executable)
+        .find(covers)
+        .or_else(|| segments.iter().find(covers))?;
+    let vaddr = entry.offset.wrapping_sub(segment.file_offset).wrapping_add(segment.vaddr);
+    Some(entry.start.wrapping_sub(vaddr))
+}
+
+/// The vDSO image, read from the process's memory.
+fn read_vdso(pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut bytes = vec![0; (entry.end - entry.start) as usize];
+    mem.read_exact_at(&mut bytes, entry.start).ok()?;
+    Some(bytes)
+}
+
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(start: u64, offset: u64) -> MapEntry {
+        MapEntry { start, end: start + 0x1000, offset, path: "/x".into(), inode: 1 }
+    }
+
+    #[test]
+    fn bias_maps_addresses_to_file_virtual_addresses() {
+        // A PIE's text segment: file offset 0x1000 at vaddr 0x1000, loaded at 0x5555_0000_1000.
+        let text = LoadSegment { file_offset: 0x1000, vaddr: 0x1000, file_size: 0x5000, executable: true };
+        let b = bias(&entry(0x5555_0000_1000, 0x1000), &[text]).unwrap();
+        assert_eq!(0x5555_0000_1234 - b, 0x1234);
+        // A non-PIE whose segment is not page-aligned in the file: offset 0x2f0 at 0x4012f0.
+        let seg = LoadSegment { file_offset: 0x12f0, vaddr: 0x4012f0, file_size: 0x100, executable: true };
+        let b = bias(&entry(0x401000, 0x1000), &[seg]).unwrap();
+        assert_eq!(0x4012f4u64.wrapping_sub(b), 0x4012f4);
+        assert!(bias(&entry(0x1000, 0x9000), &[text]).is_none());
+        // lld: the read-only segment ends in the page where text starts (at another vaddr).
+        let rodata = LoadSegment { file_offset: 0, vaddr: 0, file_size: 0x13c20, executable: false };
+        let text = LoadSegment { file_offset: 0x13c20, vaddr: 0x14c20, file_size: 0x3e760, executable: true };
+        let b = bias(&entry(0x5000_0000_0000, 0x13000), &[rodata, text]).unwrap();
+        assert_eq!(0x5000_0000_0c20 - b, 0x14c20);
+    }
+
+    #[test]
+    fn budgets_round_to_whole_shards() {
+        assert_eq!(rows_for_budget(DEFAULT_TABLE_BYTES), 4 << 20);
+        assert_eq!(rows_for_budget(1), SHARD_ROWS);
+    }
+}

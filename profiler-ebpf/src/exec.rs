@@ -1,0 +1,19 @@
+//! `sched:sched_process_exec`: a process that calls `execve` replaces every mapping, so the
+//! walker forgets the old ones at once (they would unwind the new image with the old
+//! tables) and tells userspace to register the new ones.
+
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+
+use crate::maps::{UNWIND_EXECS, UNWIND_PROCESSES};
+
+#[tracepoint]
+pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only checks for presence.
+    if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
+        // Failures only delay the new registration until userspace reads the maps again.
+        let _ = UNWIND_PROCESSES.remove(&tgid);
+        let _ = UNWIND_EXECS.insert(&tgid, &1, 0);
+    }
+    0
+}
