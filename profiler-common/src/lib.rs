@@ -9,11 +9,13 @@
 #![no_std]
 
 pub mod cpu;
+pub mod futex;
 pub mod heap;
 pub mod stack;
 pub mod unwind;
 
 pub use cpu::{CpuCounter, CpuSampleKey};
+pub use futex::{FutexCounter, PendingWait, ThreadKey, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
 pub use unwind::{UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
@@ -99,6 +101,37 @@ pub mod maps {
     pub const HEAP_LIVE_MAX_ENTRIES: u32 = 262_144;
     /// Threads inside an allocator call at once.
     pub const HEAP_PENDING_MAX_ENTRIES: u32 = 16_384;
+
+    /// Per-CPU hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waiting stack (the block
+    /// profile), for map set 0.
+    pub const BLOCK_COUNTS_0: &str = "BLOCK_COUNTS_0";
+    /// The same for map set 1.
+    pub const BLOCK_COUNTS_1: &str = "BLOCK_COUNTS_1";
+    /// Per-CPU hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waking stack (the mutex
+    /// profile), for map set 0.
+    pub const MUTEX_COUNTS_0: &str = "MUTEX_COUNTS_0";
+    /// The same for map set 1.
+    pub const MUTEX_COUNTS_1: &str = "MUTEX_COUNTS_1";
+    /// Per-CPU hash of [`crate::ThreadKey`] → threads created (`u64`), for map set 0.
+    pub const THREAD_COUNTS_0: &str = "THREAD_COUNTS_0";
+    /// The same for map set 1.
+    pub const THREAD_COUNTS_1: &str = "THREAD_COUNTS_1";
+    /// Hash of pid_tgid (`u64`) → [`crate::PendingWait`]: futex waits in flight.
+    pub const FUTEX_PENDING: &str = "FUTEX_PENDING";
+    /// LRU hash of [`crate::WakerKey`] → [`crate::Waker`]: the last wake on each futex word.
+    /// Not flipped: it is state.
+    pub const FUTEX_WAKERS: &str = "FUTEX_WAKERS";
+    /// Per-CPU array of `u64` futex and thread counters, indexed by [`crate::FutexCounter`].
+    pub const FUTEX_COUNTERS: &str = "FUTEX_COUNTERS";
+
+    /// Distinct (process, op, outcome, stack) keys per map set, in each of block and mutex.
+    pub const WAIT_COUNTS_MAX_ENTRIES: u32 = 16_384;
+    /// Distinct (process, creating stack) keys per map set.
+    pub const THREAD_COUNTS_MAX_ENTRIES: u32 = 4_096;
+    /// Threads inside a futex wait at once (all processes).
+    pub const FUTEX_PENDING_MAX_ENTRIES: u32 = 32_768;
+    /// Futex words whose last waker is remembered (least recently woken evicted first).
+    pub const FUTEX_WAKERS_MAX_ENTRIES: u32 = 32_768;
 
     /// Distinct (process, thread, stacks) keys per map set.
     pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;

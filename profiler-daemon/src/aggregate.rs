@@ -3,6 +3,7 @@
 //! by content hash), and [`Counts`] is what was *counted* over some window (CPU samples,
 //! allocations, live blocks). A snapshot has one of each; the daemon keeps one `Aggregate` and
 //! several `Counts` (the interval, since start, on-demand windows) fed by the same batches.
+//! Futex waits (block, mutex) and thread creations are counted here too, per process.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -38,6 +39,32 @@ impl HeapCount {
     fn add(&mut self, count: u64, bytes: u64) {
         self.count += count;
         self.bytes += bytes;
+    }
+}
+
+/// What futex waits are counted under inside one process: the waiting operation, how it
+/// ended, and the stack (the waiter's in the block profile, the waker's in the mutex profile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaitSite {
+    /// A `profiler_common::WaitOp` as its `u16`.
+    pub op: u16,
+    /// A `profiler_common::WaitOutcome` as its `u16`.
+    pub outcome: u16,
+    /// User stack hash or `NO_STACK`.
+    pub stack: u64,
+}
+
+/// Completed waits: how many and their summed delay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitCount {
+    pub count: u64,
+    pub delay_ns: u64,
+}
+
+impl WaitCount {
+    fn add(&mut self, count: u64, delay_ns: u64) {
+        self.count += count;
+        self.delay_ns = self.delay_ns.saturating_add(delay_ns);
     }
 }
 
@@ -95,8 +122,10 @@ impl Aggregate {
         let now = Instant::now();
         let user_stacks = batch.cpu.iter().map(|s| (s.tgid, s.user_stack, s.tid == s.tgid, s.comm.as_str()));
         let heap_stacks = batch.heap.iter().map(|h| (h.tgid, h.stack, false, ""));
+        let wait_stacks = batch.block.iter().chain(&batch.mutex).map(|w| (w.tgid, w.stack, false, ""));
+        let thread_stacks = batch.threads.iter().map(|t| (t.tgid, t.stack, false, ""));
         let mut uncovered = Vec::new();
-        for (pid, stack, main_thread, comm) in user_stacks.chain(heap_stacks) {
+        for (pid, stack, main_thread, comm) in user_stacks.chain(heap_stacks).chain(wait_stacks).chain(thread_stacks) {
             let process = self.processes.entry(pid).or_insert_with(|| first_sight(pid, comm));
             process.last_seen = now;
             if main_thread && process.info.is_none() && !comm.is_empty() {
@@ -198,12 +227,33 @@ pub struct ProcessCounts {
     pub heap_allocated: HashMap<u64, HeapCount>,
     /// Sampled blocks live at the last read, by allocating stack.
     pub heap_live: HashMap<u64, HeapCount>,
+    /// Futex waits by waiting stack (the block profile).
+    pub block: HashMap<WaitSite, WaitCount>,
+    /// Woken futex waits by the stack that woke them (the mutex profile).
+    pub mutex: HashMap<WaitSite, WaitCount>,
+    /// Threads created, by creating stack.
+    pub threads_created: HashMap<u64, u64>,
 }
 
 impl ProcessCounts {
     /// Sampled allocations in the window.
     pub fn heap_samples(&self) -> u64 {
         self.heap_allocated.values().map(|h| h.count).sum()
+    }
+
+    /// Futex waits in the window.
+    pub fn block_waits(&self) -> u64 {
+        self.block.values().map(|w| w.count).sum()
+    }
+
+    /// Waits charged to a waker in the window.
+    pub fn mutex_waits(&self) -> u64 {
+        self.mutex.values().map(|w| w.count).sum()
+    }
+
+    /// Threads created in the window.
+    pub fn threads_total(&self) -> u64 {
+        self.threads_created.values().sum()
     }
 }
 
@@ -226,6 +276,15 @@ impl Counts {
         for totals in &batch.heap {
             let p = self.processes.entry(totals.tgid).or_default();
             p.heap_allocated.entry(totals.stack).or_default().add(totals.count, totals.bytes);
+        }
+        for (raw, mutex) in batch.block.iter().map(|w| (w, false)).chain(batch.mutex.iter().map(|w| (w, true))) {
+            let p = self.processes.entry(raw.tgid).or_default();
+            let site = WaitSite { op: raw.op, outcome: raw.outcome, stack: raw.stack };
+            let map = if mutex { &mut p.mutex } else { &mut p.block };
+            map.entry(site).or_default().add(raw.count, raw.delay_ns);
+        }
+        for raw in &batch.threads {
+            *self.processes.entry(raw.tgid).or_default().threads_created.entry(raw.stack).or_default() += raw.count;
         }
     }
 
@@ -270,6 +329,8 @@ impl Counts {
                 .flat_map(|k| [k.user_stack, k.kernel_stack])
                 .chain(p.heap_allocated.keys().copied())
                 .chain(p.heap_live.keys().copied())
+                .chain(p.block.keys().chain(p.mutex.keys()).map(|site| site.stack))
+                .chain(p.threads_created.keys().copied())
         })
     }
 }
@@ -362,6 +423,29 @@ mod tests {
         assert_eq!(p.heap_allocated[&7], HeapCount { count: 4, bytes: 128 });
         assert_eq!(p.heap_live[&7], HeapCount { count: 1, bytes: 32 });
         assert!(counts.process(1).is_none(), "only the listed pids");
+    }
+
+    #[test]
+    fn waits_and_threads_accumulate_per_site() {
+        use crate::ebpf::{RawThreadCount, RawWaitTotals};
+        let mut counts = Counts::default();
+        for _ in 0..2 {
+            let mut batch = Batch::default();
+            let wait = RawWaitTotals { tgid: PID, op: 1, outcome: 0, stack: 7, count: 3, delay_ns: 300 };
+            batch.block.push(wait);
+            batch.block.push(RawWaitTotals { outcome: 1, ..wait });
+            batch.mutex.push(RawWaitTotals { stack: 8, ..wait });
+            batch.threads.push(RawThreadCount { tgid: PID, stack: 9, count: 4 });
+            counts.add(&batch);
+        }
+        let p = counts.process(PID).unwrap();
+        assert_eq!(p.block[&WaitSite { op: 1, outcome: 0, stack: 7 }], WaitCount { count: 6, delay_ns: 600 });
+        assert_eq!(p.block.len(), 2, "outcomes are kept apart");
+        assert_eq!((p.block_waits(), p.mutex_waits(), p.threads_total()), (12, 6, 8));
+        let mut hashes: Vec<u64> = counts.stack_hashes().collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        assert_eq!(hashes, [7, 8, 9]);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod error;
 pub mod output;
 pub mod pprof;
 pub mod preflight;
+pub mod primitive;
 pub mod procs;
 pub mod profiles;
 pub mod resolve;

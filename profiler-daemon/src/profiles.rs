@@ -1,12 +1,14 @@
 //! What each profile type is: which stacks and values it takes from a process's aggregated
 //! data, and its pprof shape (sample types, period), following Go's runtime/pprof.
 
+use std::collections::HashMap;
+
 use crate::{
-    aggregate::{HeapCount, ProcessCounts},
+    aggregate::{HeapCount, ProcessCounts, WaitCount, WaitSite},
     ebpf::Counters,
     resolve::{LabelValue, StackSample},
 };
-use profiler_common::NO_STACK;
+use profiler_common::{WaitOp, WaitOutcome, NO_STACK};
 
 /// The pprof header of a profile type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +80,69 @@ pub fn heap(process: &ProcessCounts, sample_bytes: u64) -> (Shape, Vec<StackSamp
                 values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
                 labels: vec![("bytes", LabelValue::Num((sizes.bytes / sizes.count.max(1)) as i64, Some("bytes")))],
             }
+        })
+        .collect();
+    (shape, samples)
+}
+
+/// The shape of Go's block and mutex profiles.
+const CONTENTION_SHAPE: Shape = Shape {
+    sample_types: &[("contentions", "count"), ("delay", "nanoseconds")],
+    period_type: ("contentions", "count"),
+    period: 1,
+    default_sample_type: "delay",
+};
+
+/// Go's block profile: completed futex waits and their total delay, by waiting stack, with
+/// the futex operation and how the wait ended as labels (`futex_op`, `outcome`).
+pub fn block(process: &ProcessCounts) -> (Shape, Vec<StackSample>) {
+    (CONTENTION_SHAPE, wait_samples(&process.block))
+}
+
+/// Go's mutex profile: woken futex waits and their delay, by the stack that woke them (the
+/// unlocker, signaller or poster), labelled like the block profile.
+pub fn mutex(process: &ProcessCounts) -> (Shape, Vec<StackSample>) {
+    (CONTENTION_SHAPE, wait_samples(&process.mutex))
+}
+
+fn wait_samples(waits: &HashMap<WaitSite, WaitCount>) -> Vec<StackSample> {
+    let mut sites: Vec<(&WaitSite, &WaitCount)> = waits.iter().collect();
+    sites.sort_unstable_by_key(|(site, _)| **site);
+    sites
+        .into_iter()
+        .map(|(site, wait)| {
+            let op = WaitOp::from_u16(site.op).map_or("unknown", WaitOp::name);
+            let outcome = WaitOutcome::from_u16(site.outcome).map_or("unknown", WaitOutcome::name);
+            StackSample {
+                user_stack: site.stack,
+                kernel_stack: NO_STACK,
+                // Taken in the syscall: the leaf is the return point of the syscall instruction.
+                user_leaf_is_return: site.stack != NO_STACK,
+                values: vec![wait.count as i64, wait.delay_ns.min(i64::MAX as u64) as i64],
+                labels: vec![("futex_op", LabelValue::Str(op.into())), ("outcome", LabelValue::Str(outcome.into()))],
+            }
+        })
+        .collect()
+}
+
+/// Go's threadcreate profile: threads created (clones with `CLONE_THREAD`), by creating stack.
+pub fn threadcreate(process: &ProcessCounts) -> (Shape, Vec<StackSample>) {
+    let shape = Shape {
+        sample_types: &[("threadcreate", "count")],
+        period_type: ("threadcreate", "count"),
+        period: 1,
+        default_sample_type: "threadcreate",
+    };
+    let mut stacks: Vec<(u64, u64)> = process.threads_created.iter().map(|(&s, &n)| (s, n)).collect();
+    stacks.sort_unstable();
+    let samples = stacks
+        .into_iter()
+        .map(|(stack, count)| StackSample {
+            user_stack: stack,
+            kernel_stack: NO_STACK,
+            user_leaf_is_return: stack != NO_STACK,
+            values: vec![count as i64],
+            labels: Vec::new(),
         })
         .collect();
     (shape, samples)
@@ -168,6 +233,55 @@ pub fn heap_comments(inuse_at: &str, counters: &Counters, sample_bytes: u64) -> 
     ]
 }
 
+/// The block profile's comment lines: what a sample is and what was dropped.
+pub fn block_comments(what: &str, counters: &Counters) -> Vec<String> {
+    let f = counters.futex;
+    vec![
+        format!(
+            "profiler {} block profile: futex waits (FUTEX_WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI, \
+             futex2 futex_wait/futex_waitv) by waiting stack, delay = syscall exit - entry; labels: primitive \
+             (the locking function on the stack), futex_op, outcome (timed out and interrupted waits count too); {what}",
+            env!("CARGO_PKG_VERSION")
+        ),
+        futex_drops(&f),
+    ]
+}
+
+/// The mutex profile's comment lines.
+pub fn mutex_comments(what: &str, counters: &Counters) -> Vec<String> {
+    let f = counters.futex;
+    vec![
+        format!(
+            "profiler {} mutex profile: delay of woken futex waits charged to the stack of the thread whose wake, \
+             unlock or requeue on the same futex word ended them (as Go charges the unlocker); condvar and other \
+             non-lock waits appear too: filter with -tagfocus primitive=...; {what}",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!("woken waits without a recorded waker (whole machine; not in this profile): {}", f.no_waker),
+        futex_drops(&f),
+    ]
+}
+
+/// The threadcreate profile's comment lines.
+pub fn threadcreate_comments(what: &str, counters: &Counters) -> Vec<String> {
+    let f = counters.futex;
+    vec![
+        format!(
+            "profiler {} threadcreate profile: clones with CLONE_THREAD by creating stack (forks are not counted); {what}",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!("dropped (whole machine): threadcreate map full {}; stacks lost {}", f.thread_map_full, f.stack_lost),
+    ]
+}
+
+fn futex_drops(f: &crate::ebpf::FutexCounters) -> String {
+    format!(
+        "dropped waits (whole machine): in-flight map full {}, block map full {}, mutex map full {}, waker map \
+             update failed {}; stacks lost (counted without frames) {}",
+        f.pending_map_full, f.block_map_full, f.mutex_map_full, f.waker_map_full, f.stack_lost
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +297,22 @@ mod tests {
         assert_eq!(objects, 2);
         assert!((bytes as f64 / (512 << 10) as f64 - 1.582).abs() < 0.001);
         assert_eq!(scale_heap(HeapCount::default(), 512 << 10), (0, 0));
+    }
+
+    #[test]
+    fn block_samples_carry_op_and_outcome() {
+        let mut process = ProcessCounts::default();
+        let site = WaitSite { op: WaitOp::WaitBitset as u16, outcome: WaitOutcome::TimedOut as u16, stack: 7 };
+        process.block.insert(site, WaitCount { count: 2, delay_ns: 5_000 });
+        let (shape, samples) = block(&process);
+        assert_eq!(shape.sample_types, &[("contentions", "count"), ("delay", "nanoseconds")]);
+        assert_eq!((shape.period_type, shape.period), (("contentions", "count"), 1));
+        assert_eq!(samples[0].values, [2, 5_000]);
+        assert_eq!(samples[0].labels[0], ("futex_op", LabelValue::Str("FUTEX_WAIT_BITSET".into())));
+        assert_eq!(samples[0].labels[1], ("outcome", LabelValue::Str("timed_out".into())));
+        process.threads_created.insert(9, 4);
+        let (shape, samples) = threadcreate(&process);
+        assert_eq!(shape.sample_types, &[("threadcreate", "count")]);
+        assert_eq!(samples[0].values, [4]);
     }
 }

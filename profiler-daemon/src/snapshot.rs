@@ -15,7 +15,7 @@ use crate::{
     config::ProfileKind,
     ebpf::{Counters, HeapAttachment, Session, SessionConfig},
     error::{Error, Result},
-    output, pprof, preflight, procs, profiles,
+    output, pprof, preflight, primitive, procs, profiles,
     resolve::{self, ResolvedProfile},
     symbolize::Symbolizer,
     unwind::{self, Unwinder},
@@ -54,6 +54,9 @@ pub struct Report {
 /// Runs a snapshot and prints its summary to stdout.
 pub fn run(args: &SnapshotArgs) -> Result<Report> {
     let (cpu, heap) = chosen_profiles(args)?;
+    let futex_kinds: Vec<ProfileKind> = FUTEX_KINDS.into_iter().filter(|k| args.profiles.contains(k)).collect();
+    let waits = futex_kinds.iter().any(|&k| k != ProfileKind::ThreadCreate);
+    let threads = futex_kinds.contains(&ProfileKind::ThreadCreate);
     preflight::check_privileges()?;
     preflight::check_pids(&args.pids)?;
     output::ensure_writable_dir(&args.output)?;
@@ -63,6 +66,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         heap_sample_bytes: args.heap_sample_bytes,
         heap_max_live: args.heap_max_live,
         heap,
+        futex: !futex_kinds.is_empty(),
         enable_stats: args.bpf_stats,
         unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
     })?;
@@ -81,6 +85,10 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     if cpu {
         session.attach_cpu(args.frequency_hz)?;
     }
+    if waits || threads {
+        let attached = session.attach_futex(waits, threads)?;
+        tracing::debug!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints");
+    }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
     let mut pipeline = Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder };
@@ -97,7 +105,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = session.counters()?;
     if args.bpf_stats {
-        print_bpf_stats(&session, cpu, heap)?;
+        print_bpf_stats(&session, cpu, heap, waits, threads)?;
     }
     drop(session);
 
@@ -110,16 +118,19 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     if heap {
         written.extend(write_heap(&agg, &counts, &meta, &counters, args, &attachments, &mut sym)?);
     }
+    for &kind in &futex_kinds {
+        written.extend(write_futex(kind, &agg, &counts, &meta, &counters, args, &mut sym)?);
+    }
     print_summary(&written, &counters, &args.output);
     print_unwind_summary(&unwind_stats);
     Ok(Report { written, counters, interrupted })
 }
 
-/// Which of the implemented profile types were asked for, with the rules they come with.
+/// The profile types fed by the futex and thread-creation tracepoints.
+const FUTEX_KINDS: [ProfileKind; 3] = [ProfileKind::Block, ProfileKind::Mutex, ProfileKind::ThreadCreate];
+
+/// Whether CPU and heap profiles were asked for, with the rules they come with.
 fn chosen_profiles(args: &SnapshotArgs) -> Result<(bool, bool)> {
-    if let Some(kind) = args.profiles.iter().find(|k| !matches!(k, ProfileKind::Cpu | ProfileKind::Heap)) {
-        return Err(Error::Usage(format!("the {kind} profile is not implemented yet; use --profiles cpu,heap")));
-    }
     let heap = args.profiles.contains(&ProfileKind::Heap);
     if heap && args.pids.is_empty() {
         return Err(Error::Usage(
@@ -202,13 +213,19 @@ fn sleep_until(when: Instant) {
     }
 }
 
-fn print_bpf_stats(session: &Session, cpu: bool, heap: bool) -> Result<()> {
+fn print_bpf_stats(session: &Session, cpu: bool, heap: bool, waits: bool, threads: bool) -> Result<()> {
     let mut programs = Vec::new();
     if cpu {
         programs.push("cpu_sample");
     }
     if heap {
         programs.extend(["malloc_enter", "free_enter", "alloc_exit"]);
+    }
+    if waits {
+        programs.extend(crate::ebpf::FUTEX_PROGRAMS);
+    }
+    if threads {
+        programs.push(crate::ebpf::THREAD_PROGRAM);
     }
     for program in programs {
         let stats = session.program_stats(program)?;
@@ -295,6 +312,59 @@ fn write_heap(
     Ok(written)
 }
 
+/// Block, mutex or threadcreate profiles of every process with data of that kind.
+fn write_futex(
+    kind: ProfileKind,
+    agg: &Aggregate,
+    counts: &Counts,
+    meta: &pprof::ProfileMeta,
+    counters: &Counters,
+    args: &SnapshotArgs,
+    sym: &mut Symbolizer,
+) -> Result<Vec<Written>> {
+    let mut written = Vec::new();
+    for (pid, process_counts) in counts.iter() {
+        let (shape, samples, comments) = match kind {
+            ProfileKind::Block => {
+                let (shape, samples) = profiles::block(process_counts);
+                (shape, samples, profiles::block_comments("snapshot", counters))
+            }
+            ProfileKind::Mutex => {
+                let (shape, samples) = profiles::mutex(process_counts);
+                (shape, samples, profiles::mutex_comments("snapshot", counters))
+            }
+            _ => {
+                let (shape, samples) = profiles::threadcreate(process_counts);
+                (shape, samples, profiles::threadcreate_comments("snapshot", counters))
+            }
+        };
+        // A chosen process gets its file even with nothing in it: zero is an answer.
+        if samples.is_empty() && !args.pids.contains(&pid) {
+            continue;
+        }
+        let Some(process) = agg.process(pid) else { continue };
+        // Values: contentions / total delay / threads.
+        let value_index = if kind == ProfileKind::ThreadCreate { 0 } else { 1 };
+        let value: i64 = samples.iter().map(|s| s.values[value_index]).sum();
+        let mut resolved = resolve::resolve(process, agg, samples, sym);
+        if kind != ProfileKind::ThreadCreate {
+            primitive::label(&mut resolved);
+        }
+        let mut meta = meta.clone();
+        meta.comments = comments;
+        let path = write(&resolved, &shape, &meta, process, kind, &args.output)?;
+        written.push(Written {
+            kind,
+            pid,
+            name: process.name.clone(),
+            value: value.max(0) as u64,
+            hottest: hottest_function(&resolved, value_index),
+            path,
+        });
+    }
+    Ok(written)
+}
+
 fn write(
     resolved: &ResolvedProfile,
     shape: &profiles::Shape,
@@ -346,6 +416,19 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         for w in &heap {
             println!("{:<24} {:>8} {:>12}  {}", truncate(&w.name, 24), w.pid, w.value, truncate(&w.hottest, 60));
         }
+    }
+    let futex: Vec<&Written> = written.iter().filter(|w| FUTEX_KINDS.contains(&w.kind)).collect();
+    if !futex.is_empty() {
+        println!("{:<24} {:>8} {:<12} {:>16}  top leaf function", "process", "pid", "profile", "delay ns/threads");
+        for w in futex.iter().take(SUMMARY_ROWS * 3) {
+            println!("{:<24} {:>8} {:<12} {:>16}  {}", truncate(&w.name, 24), w.pid, w.kind, w.value, truncate(&w.hottest, 60));
+        }
+        let f = counters.futex;
+        println!(
+            "futex: {} waits, {} charged to a waker, {} threads created; dropped: in-flight map full {}, block map full {}, \
+             mutex map full {}, threadcreate map full {}",
+            f.waits, f.mutex_charged, f.threads_created, f.pending_map_full, f.block_map_full, f.mutex_map_full, f.thread_map_full
+        );
     }
     println!(
         "wrote {} profiles to {} ({} cpu samples, {} lost to a full map; {} heap samples, {} not tracked as live: map full)",

@@ -6,10 +6,12 @@
 #![no_main]
 
 mod cpu;
+mod futex;
 mod exec;
 mod heap;
 mod maps;
 mod stack;
+mod thread;
 mod user_stack;
 
 #[cfg(not(test))]

@@ -6,19 +6,21 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     Global,
 };
 use profiler_common::{
     heap::HEAP_INTERVALS_LEN,
     stack::STACK_WINDOW_WORDS,
     maps::{
-        CPU_COUNTS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES,
-        HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES, UNWIND_EXECS_MAX_ENTRIES,
-        UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
+        CPU_COUNTS_MAX_ENTRIES, FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES,
+        HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
+        THREAD_COUNTS_MAX_ENTRIES, UNWIND_EXECS_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
+        UNWIND_TABLES_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES,
     },
-    CpuCounter, CpuSampleKey, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc, Stack,
-    UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo,
+    CpuCounter, CpuSampleKey, FutexCounter, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
+    PendingWait, Stack, ThreadKey, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo, WaitKey, WaitTotals,
+    Waker, WakerKey,
 };
 
 use crate::user_stack::WalkState;
@@ -85,6 +87,44 @@ pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 
 
 #[map]
 pub static STACK_WINDOW: PerCpuArray<[u64; STACK_WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static BLOCK_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static BLOCK_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static MUTEX_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static MUTEX_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static THREAD_COUNTS_0: PerCpuHashMap<ThreadKey, u64> =
+    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static THREAD_COUNTS_1: PerCpuHashMap<ThreadKey, u64> =
+    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+
+#[map]
+pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(FUTEX_PENDING_MAX_ENTRIES, 0);
+
+// LRU: words nobody wakes any more age out instead of filling the map.
+#[map]
+pub static FUTEX_WAKERS: LruHashMap<WakerKey, Waker> = LruHashMap::with_max_entries(FUTEX_WAKERS_MAX_ENTRIES, 0);
+
+#[map]
+pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FutexCounter::COUNT, 0);
+
+/// Adds one to a per-CPU futex counter (see [`bump`]).
+#[inline(always)]
+pub fn bump_futex(counter: FutexCounter) {
+    if let Some(slot) = FUTEX_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: this CPU's slot of a live array map element.
+        unsafe { *slot += 1 };
+    }
+}
 
 /// Every loaded unwind table's rows (resized at load time to the memory budget).
 #[map]

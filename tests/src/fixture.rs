@@ -65,6 +65,17 @@ pub enum FixtureKind {
     /// after a delay (argv[1], seconds) that leaves time to attach; prints `allocated`, then
     /// lingers argv[2] seconds and exits.
     HeapSites,
+    /// `lock_contention.c`: threads contending for one pthread mutex in contend_lock (unlocked
+    /// in release_lock) and a condvar waiter (cond_waiter_wait), each measuring its own wait;
+    /// after a delay (argv[1]) prints `lock_wait_ns N`, `cond_wait_ns N`, `done`, lingers
+    /// argv[2] seconds.
+    LockContention,
+    /// `thread_spawner.c`: spawn_workers creates 7 threads, spawn_one 1, fork_children forks 3
+    /// processes; after a delay (argv[1]) prints `done`, lingers argv[2] seconds.
+    ThreadSpawner,
+    /// `rust_mutex.rs`: threads contending for a `std::sync::Mutex` in `contend`; after a
+    /// delay prints `lock_wait_ns N` and `done`, lingers.
+    RustMutex,
     /// `cpu_split.c` built `-O2 -fomit-frame-pointer`: the same split, unwound by CFI only.
     CpuSplitNoFp,
     /// `heap_sites.c` built `-O2 -fomit-frame-pointer`.
@@ -88,6 +99,9 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split_rs",
             Self::SyscallHeavy => "syscall_heavy",
             Self::HeapSites => "heap_sites",
+            Self::LockContention => "lock_contention",
+            Self::ThreadSpawner => "thread_spawner",
+            Self::RustMutex => "rust_mutex",
             Self::CpuSplitNoFp => "cpu_split_nofp",
             Self::HeapSitesNoFp => "heap_sites_nofp",
             Self::LibcHot => "libc_hot",
@@ -101,6 +115,9 @@ impl FixtureKind {
             Self::CpuSplitC => "cpu_split.c",
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
+            Self::LockContention => "lock_contention.c",
+            Self::ThreadSpawner => "thread_spawner.c",
+            Self::RustMutex => "rust_mutex.rs",
             Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
             Self::CpuSplitNoFp => "cpu_split.c",
             Self::LibcHot => "libc_hot.c",
@@ -142,7 +159,7 @@ impl FixtureKind {
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
         let mut cmd;
-        if matches!(self, Self::CpuSplitRust | Self::InlineRust) {
+        if matches!(self, Self::CpuSplitRust | Self::InlineRust | Self::RustMutex) {
             cmd = Command::new("rustc");
             let flags = if self == Self::InlineRust { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
             cmd.args(flags).args(["--crate-name", self.comm()]);
@@ -158,6 +175,9 @@ impl FixtureKind {
             if self == Self::LibcHot {
                 // Keep the memcpy call a call into libc.
                 cmd.arg("-fno-builtin-memcpy");
+            }
+            if matches!(self, Self::LockContention | Self::ThreadSpawner) {
+                cmd.arg("-pthread");
             }
         }
         cmd.arg("-o").arg(output).arg(source);
@@ -263,6 +283,20 @@ impl Fixture {
             "fixture {} did not print `{wanted}` (read {read:?}, got {line:?})",
             self.kind.comm()
         );
+    }
+
+    /// Reads the fixture's next stdout line `KEY N` (waits for it) and returns N; panics
+    /// unless the line has that key and a number.
+    pub fn read_value(&mut self, key: &str) -> u64 {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        let value = line.trim().strip_prefix(key).and_then(|rest| rest.trim().parse().ok());
+        value.unwrap_or_else(|| {
+            panic!(
+                "fixture {} did not print `{key} N` (read {read:?}, got {line:?})",
+                self.kind.comm()
+            )
+        })
     }
 
     /// The fixture's pid (its only thread's tid too).

@@ -39,6 +39,12 @@ pub fn top_of(profile: &Path, sample_index: &str) -> String {
     )
 }
 
+/// Runs `go tool pprof -tagfocus=FOCUS -raw FILE` (e.g. FOCUS `primitive=pthread_mutex_lock`:
+/// only samples with that label); panics unless it exits 0. Returns stdout.
+pub fn raw_tagfocus(profile: &Path, focus: &str) -> String {
+    go_tool_pprof(&[&format!("-tagfocus={focus}"), "-raw"], profile)
+}
+
 fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
     require_go();
     let mut cmd = Command::new("go");

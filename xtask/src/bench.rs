@@ -2,6 +2,8 @@
 //! `perf record` at the same frequency under the same load, printed as one table.
 //! `cargo xtask bench heap` (module `heap`): what heap profiling costs an allocating process,
 //! next to bare uprobes.
+//! `cargo xtask bench futex` (module `futex`): what the block, mutex and threadcreate
+//! tracepoints cost a lock-heavy process, next to empty programs on the same tracepoints.
 //! `cargo xtask bench daemon` (module `daemon`): what `profiler run` costs over minutes
 //! among a few hundred processes: CPU, RSS and its growth, dump time.
 //! `cargo xtask bench unwind` (module `unwind`): the `.eh_frame` unwinder's cost per sample
@@ -11,6 +13,7 @@
 //! itself fails. Tools run one after the other so none measures another.
 
 mod daemon;
+mod futex;
 mod heap;
 mod peer;
 mod measure;
@@ -33,6 +36,9 @@ pub enum Bench {
     /// ns per malloc+free pair: no profiler, bare uprobes, the profiler at 1 B and 512 KiB
     /// sampling, and a process the profiler does not probe.
     Heap(heap::HeapArgs),
+    /// ns per futex handoff of two threads (mutex + condvar): no profiler, empty programs on
+    /// the same tracepoints (the floor), the profiler on the process and system-wide.
+    Futex(futex::FutexArgs),
     /// `profiler run` among ~200 processes for minutes per frequency: CPU, RSS (peak,
     /// steady, flat?) and dump time.
     Daemon(daemon::DaemonArgs),
@@ -58,6 +64,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
     match bench {
         Bench::Cpu(args) => cpu(&args).map(|()| ExitCode::SUCCESS),
         Bench::Heap(args) => heap::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Futex(args) => futex::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Daemon(args) => daemon::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Unwind(args) => unwind::run(&args).map(|()| ExitCode::SUCCESS),
     }

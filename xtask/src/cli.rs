@@ -67,6 +67,12 @@ mod tests {
     }
 
     #[test]
+    fn bench_futex_iterations() {
+        let cli = Cli::try_parse_from(["x", "bench", "futex", "--iterations", "1000"]).expect("parses");
+        assert!(matches!(cli, Cli::Bench(bench::Bench::Futex(_))));
+    }
+
+    #[test]
     fn bench_heap_iterations() {
         let cli =
             Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");

@@ -67,6 +67,10 @@ pub(super) struct Collector {
     pub(super) dumps: DumpStats,
     pub(super) last_error: Option<String>,
     cpu_attached: bool,
+    /// The futex programs (block and mutex profiles) are attached.
+    waits_attached: bool,
+    /// The thread-creation program (threadcreate profile) is attached.
+    threads_attached: bool,
 }
 
 /// Loads and attaches on a new thread; returns once attached (or with the error), leaving
@@ -99,6 +103,7 @@ impl Collector {
             heap_max_live: HEAP_MAX_LIVE,
             // A reload may opt processes in later: keep the heap maps whenever heap is on.
             heap: config.is_enabled(ProfileKind::Heap),
+            futex: FUTEX_KINDS.iter().any(|&k| config.is_enabled(k)),
             enable_stats: false,
             unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
         })?;
@@ -106,10 +111,11 @@ impl Collector {
         if cpu_attached {
             session.attach_cpu(config.cpu.frequency_hz)?;
         }
-        for kind in [ProfileKind::Block, ProfileKind::Mutex, ProfileKind::ThreadCreate] {
-            if config.is_enabled(kind) {
-                tracing::warn!(profile = %kind, "profile type not implemented yet; ignored");
-            }
+        let waits_attached = config.is_enabled(ProfileKind::Block) || config.is_enabled(ProfileKind::Mutex);
+        let threads_attached = config.is_enabled(ProfileKind::ThreadCreate);
+        if waits_attached || threads_attached {
+            let attached = session.attach_futex(waits_attached, threads_attached)?;
+            tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
         }
         let now = SystemTime::now();
         Ok(Self {
@@ -130,6 +136,8 @@ impl Collector {
             dumps: DumpStats::default(),
             last_error: None,
             cpu_attached,
+            waits_attached,
+            threads_attached,
         })
     }
 
@@ -276,6 +284,11 @@ impl Collector {
         if let Err(err) = self.session.forget_processes(&heap_gone) {
             self.record_error(format!("failed to clear the heap maps of exited processes: {err}"));
         }
+        if self.waits_attached {
+            if let Err(err) = self.session.forget_futex_waits(&gone) {
+                self.record_error(format!("failed to clear the futex waits of exited processes: {err}"));
+            }
+        }
         for pid in &gone {
             self.heap_pids.remove(pid);
             self.heap_failed.remove(pid);
@@ -298,6 +311,7 @@ impl Collector {
                 if self.heap_pids.contains_key(&pid) {
                     kinds.push(ProfileKind::Heap);
                 }
+                kinds.extend(FUTEX_KINDS.into_iter().filter(|&k| self.futex_enabled(k) && futex_count(counts, k) > 0));
                 (!kinds.is_empty()).then_some((pid, kinds))
             })
             .collect()
@@ -334,6 +348,9 @@ impl Collector {
                 }
                 if self.heap_pids.contains_key(&pid) {
                     profiles.push((ProfileKind::Heap, counts.heap_samples()));
+                }
+                for kind in FUTEX_KINDS.into_iter().filter(|&k| self.futex_enabled(k)) {
+                    profiles.push((kind, futex_count(counts, kind)));
                 }
                 Some(IndexEntry { pid, name: process.name.clone(), uid, profiles })
             })
@@ -383,7 +400,7 @@ impl Collector {
         let enabled = match kind {
             ProfileKind::Cpu => self.cpu_attached,
             ProfileKind::Heap => self.heap_pids.contains_key(&query.pid),
-            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::ThreadCreate => false,
+            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::ThreadCreate => self.futex_enabled(kind),
         };
         if enabled {
             Ok(())
@@ -397,7 +414,10 @@ impl Collector {
         let counters = self.counters().unwrap_or_default();
         let comments = match query.kind.profile_kind() {
             ProfileKind::Heap => profiles::heap_comments("when this profile was taken", &counters, self.config.heap.sample_bytes),
-            _ => profiles::cpu_comments("daemon query", &counters),
+            ProfileKind::Block => profiles::block_comments("daemon query", &counters),
+            ProfileKind::Mutex => profiles::mutex_comments("daemon query", &counters),
+            ProfileKind::ThreadCreate => profiles::threadcreate_comments("daemon query", &counters),
+            ProfileKind::Cpu => profiles::cpu_comments("daemon query", &counters),
         };
         let alloc_default = query.kind == QueryKind::Allocs;
         let profile = render(&self.agg, &process, counts, query.kind.profile_kind(), alloc_default, self.settings(), window, comments, &mut self.sym)
@@ -472,6 +492,13 @@ impl Collector {
         if config.is_enabled(ProfileKind::Cpu) != self.cpu_attached {
             restart_needed.push("profiles (cpu)");
         }
+        let waits = config.is_enabled(ProfileKind::Block) || config.is_enabled(ProfileKind::Mutex);
+        if waits && !self.waits_attached {
+            restart_needed.push("profiles (block, mutex)");
+        }
+        if config.is_enabled(ProfileKind::ThreadCreate) && !self.threads_attached {
+            restart_needed.push("profiles (threadcreate)");
+        }
         if !restart_needed.is_empty() {
             tracing::warn!(keys = ?restart_needed, "these settings take effect after a restart");
         }
@@ -479,6 +506,17 @@ impl Collector {
         self.heap_failed.clear();
         tracing::info!("configuration reloaded");
         Ok(())
+    }
+
+    /// Whether a futex-fed profile type is both enabled now and attached since start (a reload
+    /// can turn one off, but turning one on needs a restart).
+    pub(super) fn futex_enabled(&self, kind: ProfileKind) -> bool {
+        let attached = match kind {
+            ProfileKind::Block | ProfileKind::Mutex => self.waits_attached,
+            ProfileKind::ThreadCreate => self.threads_attached,
+            ProfileKind::Cpu | ProfileKind::Heap => false,
+        };
+        attached && self.config.is_enabled(kind)
     }
 
     pub(super) fn record_error(&mut self, message: String) {
@@ -503,6 +541,19 @@ fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
+}
+
+/// The profile types fed by the futex and thread-creation tracepoints.
+const FUTEX_KINDS: [ProfileKind; 3] = [ProfileKind::Block, ProfileKind::Mutex, ProfileKind::ThreadCreate];
+
+/// The number of events a futex-fed profile of `counts` holds: waits or threads.
+fn futex_count(counts: &crate::aggregate::ProcessCounts, kind: ProfileKind) -> u64 {
+    match kind {
+        ProfileKind::Block => counts.block_waits(),
+        ProfileKind::Mutex => counts.mutex_waits(),
+        ProfileKind::ThreadCreate => counts.threads_total(),
+        ProfileKind::Cpu | ProfileKind::Heap => 0,
+    }
 }
 
 /// What the process matchers look at.

@@ -7,7 +7,7 @@ use crate::{
     aggregate::{Aggregate, KnownProcess, ProcessCounts},
     config::ProfileKind,
     pprof::{self, proto::Profile},
-    profiles,
+    primitive, profiles,
     resolve,
     symbolize::Symbolizer,
 };
@@ -27,7 +27,8 @@ pub struct Window {
 }
 
 /// Renders `kind` for `process` from `counts`; `alloc_default` makes `alloc_space` the
-/// default sample type of a heap profile (Go's `allocs`). `None` for types not built yet.
+/// default sample type of a heap profile (Go's `allocs`). Block and mutex samples get their
+/// `primitive` label here, after symbolization.
 #[allow(clippy::too_many_arguments)]
 pub fn render(
     agg: &Aggregate,
@@ -43,12 +44,17 @@ pub fn render(
     let (mut shape, samples) = match kind {
         ProfileKind::Cpu => profiles::cpu(counts, settings.frequency_hz),
         ProfileKind::Heap => profiles::heap(counts, settings.heap_sample_bytes),
-        ProfileKind::Block | ProfileKind::Mutex | ProfileKind::ThreadCreate => return None,
+        ProfileKind::Block => profiles::block(counts),
+        ProfileKind::Mutex => profiles::mutex(counts),
+        ProfileKind::ThreadCreate => profiles::threadcreate(counts),
     };
     if alloc_default {
         shape.default_sample_type = "alloc_space";
     }
-    let resolved = resolve::resolve(process, agg, samples, sym);
+    let mut resolved = resolve::resolve(process, agg, samples, sym);
+    if matches!(kind, ProfileKind::Block | ProfileKind::Mutex) {
+        primitive::label(&mut resolved);
+    }
     let meta = pprof::ProfileMeta { start: window.start, duration: window.duration, comments };
     Some(pprof::encode(&resolved, &shape, &meta))
 }

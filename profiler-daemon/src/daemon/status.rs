@@ -9,7 +9,7 @@ use crate::config::ProfileKind;
 
 pub(super) fn render(c: &Collector) -> String {
     let counters = c.counters().unwrap_or_default();
-    let (cpu, heap, d) = (counters.cpu, counters.heap, &c.dumps);
+    let (cpu, heap, futex, d) = (counters.cpu, counters.heap, counters.futex, &c.dumps);
     let doc = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_seconds": c.started_at.elapsed().as_secs(),
@@ -17,8 +17,18 @@ pub(super) fn render(c: &Collector) -> String {
             "cpu": c.config.is_enabled(ProfileKind::Cpu),
             "cpu_frequency_hz": c.config.cpu.frequency_hz,
             "heap_processes": c.heap_pids.keys().collect::<Vec<_>>(),
+            "block": c.futex_enabled(ProfileKind::Block),
+            "mutex": c.futex_enabled(ProfileKind::Mutex),
+            "threadcreate": c.futex_enabled(ProfileKind::ThreadCreate),
         },
-        "samples": { "cpu": cpu.samples, "heap": heap.sampled },
+        "samples": {
+            "cpu": cpu.samples,
+            "heap": heap.sampled,
+            "futex_waits": futex.waits,
+            "futex_waits_charged_to_waker": futex.mutex_charged,
+            "futex_wakes": futex.wakes,
+            "threads_created": futex.threads_created,
+        },
         "drops": {
             "cpu_counts_map_full": cpu.counts_map_full,
             "cpu_stacks_map_full": cpu.stacks_map_full,
@@ -29,6 +39,13 @@ pub(super) fn render(c: &Collector) -> String {
             "heap_totals_map_full": heap.totals_map_full,
             "heap_stack_lost": heap.stack_lost,
             "heap_in_flight_map_full": heap.pending_map_full,
+            "futex_in_flight_map_full": futex.pending_map_full,
+            "futex_block_map_full": futex.block_map_full,
+            "futex_mutex_map_full": futex.mutex_map_full,
+            "futex_waker_map_update_failed": futex.waker_map_full,
+            "futex_woken_without_waker": futex.no_waker,
+            "futex_stack_lost": futex.stack_lost,
+            "threadcreate_map_full": futex.thread_map_full,
             "userspace_stack_table_full": c.agg.dropped_stacks,
             "profiles_skipped_low_disk_space": d.skipped_low_space,
             "profile_write_errors": d.write_errors,

@@ -1,4 +1,5 @@
-//! Draining one map set: read every CPU count and heap total and the stacks they reference,
+//! Draining one map set: read every CPU count, heap total, futex wait total and thread count,
+//! and the stacks they reference,
 //! then delete them so the set is empty when the kernel flips back to it.
 //!
 //! Iterate-then-delete is safe only because the kernel writes to the other set meanwhile
@@ -11,7 +12,7 @@ use aya::{
     maps::{HashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use profiler_common::{maps, CpuSampleKey, HeapKey, HeapTotals, Stack};
+use profiler_common::{maps, CpuSampleKey, HeapKey, HeapTotals, Stack, ThreadKey, WaitKey, WaitTotals};
 
 use super::{map_error, map_mut};
 use crate::error::Result;
@@ -21,6 +22,12 @@ use crate::error::Result;
 pub struct Batch {
     pub cpu: Vec<RawCpuSample>,
     pub heap: Vec<RawHeapTotals>,
+    /// Completed futex waits by waiting stack (the block profile).
+    pub block: Vec<RawWaitTotals>,
+    /// Woken futex waits by the stack that woke them (the mutex profile).
+    pub mutex: Vec<RawWaitTotals>,
+    /// Threads created, by creating stack.
+    pub threads: Vec<RawThreadCount>,
     /// Stack hash → frames (leaf first).
     pub stacks: StdHashMap<u64, Vec<u64>>,
 }
@@ -48,6 +55,30 @@ pub struct RawHeapTotals {
     pub bytes: u64,
 }
 
+/// Futex waits of one (process, op, outcome, stack) in the drained interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawWaitTotals {
+    pub tgid: u32,
+    /// A `profiler_common::WaitOp` as its `u16`.
+    pub op: u16,
+    /// A `profiler_common::WaitOutcome` as its `u16`.
+    pub outcome: u16,
+    pub stack: u64,
+    pub count: u64,
+    pub delay_ns: u64,
+}
+
+/// Threads one (process, stack) created in the drained interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawThreadCount {
+    pub tgid: u32,
+    pub stack: u64,
+    pub count: u64,
+}
+
+const BLOCK_COUNTS: [&str; 2] = [maps::BLOCK_COUNTS_0, maps::BLOCK_COUNTS_1];
+const MUTEX_COUNTS: [&str; 2] = [maps::MUTEX_COUNTS_0, maps::MUTEX_COUNTS_1];
+const THREAD_COUNTS: [&str; 2] = [maps::THREAD_COUNTS_0, maps::THREAD_COUNTS_1];
 const CPU_COUNTS: [&str; 2] = [maps::CPU_COUNTS_0, maps::CPU_COUNTS_1];
 const HEAP_TOTALS: [&str; 2] = [maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1];
 const STACKS: [&str; 2] = [maps::STACKS_0, maps::STACKS_1];
@@ -65,8 +96,35 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     .into_iter()
     .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals { tgid: key.tgid, stack: key.stack, count: t.count, bytes: t.bytes })
     .collect();
+    let block = drain_waits(ebpf, BLOCK_COUNTS[set])?;
+    let mutex = drain_waits(ebpf, MUTEX_COUNTS[set])?;
+    let threads = drain_per_cpu(ebpf, THREAD_COUNTS[set], |values: &[u64]| values.iter().sum())?
+        .into_iter()
+        .map(|(key, count): (ThreadKey, u64)| RawThreadCount { tgid: key.tgid, stack: key.stack, count })
+        .collect();
+    // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, STACKS[set])?;
-    Ok(Batch { cpu, heap, stacks })
+    Ok(Batch { cpu, heap, block, mutex, threads, stacks })
+}
+
+fn drain_waits(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<RawWaitTotals>> {
+    let sum = |values: &[WaitTotals]| {
+        values.iter().fold(WaitTotals::default(), |a, v| WaitTotals {
+            count: a.count + v.count,
+            delay_ns: a.delay_ns.wrapping_add(v.delay_ns),
+        })
+    };
+    Ok(drain_per_cpu(ebpf, name, sum)?
+        .into_iter()
+        .map(|(key, t): (WaitKey, WaitTotals)| RawWaitTotals {
+            tgid: key.tgid,
+            op: key.op,
+            outcome: key.outcome,
+            stack: key.stack,
+            count: t.count,
+            delay_ns: t.delay_ns,
+        })
+        .collect())
 }
 
 fn raw_cpu_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {

@@ -1,11 +1,13 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
-//! ([`cpu`]) and the allocator probes ([`heap`]), and reads the maps ([`drain`]).
+//! ([`cpu`]), the allocator probes ([`heap`]) and the futex and thread-creation tracepoints
+//! ([`futex`]), and reads the maps ([`drain`]).
 //!
 //! Ownership: one [`Session`] owns the loaded object; dropping it detaches everything. Read
 //! what you need (counters, live heap) before dropping it.
 
 mod cpu;
 mod drain;
+mod futex;
 mod heap;
 mod unwind;
 
@@ -16,7 +18,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 pub use cpu::CpuCounters;
-pub use drain::{Batch, RawCpuSample, RawHeapTotals};
+pub use drain::{Batch, RawCpuSample, RawHeapTotals, RawThreadCount, RawWaitTotals};
+pub use futex::{FutexAttachment, FutexCounters, FUTEX_PROGRAMS, THREAD_PROGRAM};
 pub use heap::{HeapAttachment, HeapCounters, LiveBlock};
 use profiler_common::{globals, maps, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use unwind::UnwindCounters;
@@ -39,6 +42,9 @@ pub struct SessionConfig {
     /// Whether heap probes may be attached; without them the heap maps are created with one
     /// entry, since preallocating them costs start-up time and kernel memory for nothing.
     pub heap: bool,
+    /// Whether the futex or thread-creation programs may be attached; without them their
+    /// count maps are created with one entry (as the heap maps are).
+    pub futex: bool,
     /// Turn on the kernel's BPF run-time statistics while the session lives.
     pub enable_stats: bool,
     /// Rows of the unwind-table memory (8 bytes each; a multiple of
@@ -58,6 +64,7 @@ pub struct ProgramStats {
 pub struct Counters {
     pub cpu: CpuCounters,
     pub heap: HeapCounters,
+    pub futex: FutexCounters,
     pub unwind: UnwindCounters,
 }
 
@@ -85,6 +92,20 @@ impl Session {
             .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
         if !config.heap {
             for map in [maps::HEAP_LIVE, maps::HEAP_PENDING, maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1] {
+                loader.map_max_entries(map, 1);
+            }
+        }
+        if !config.futex {
+            for map in [
+                maps::BLOCK_COUNTS_0,
+                maps::BLOCK_COUNTS_1,
+                maps::MUTEX_COUNTS_0,
+                maps::MUTEX_COUNTS_1,
+                maps::THREAD_COUNTS_0,
+                maps::THREAD_COUNTS_1,
+                maps::FUTEX_PENDING,
+                maps::FUTEX_WAKERS,
+            ] {
                 loader.map_max_entries(map, 1);
             }
         }
@@ -150,11 +171,18 @@ impl Session {
         heap::attach(&mut self.ebpf, pid)
     }
 
+    /// Attaches the futex programs (block and mutex profiles: `waits`) and the
+    /// thread-creation program (`threads`), system-wide but for the process filter. Call once.
+    pub fn attach_futex(&mut self, waits: bool, threads: bool) -> Result<FutexAttachment> {
+        futex::attach(&mut self.ebpf, waits, threads)
+    }
+
     /// Sums the per-CPU counters.
     pub fn counters(&self) -> Result<Counters> {
         Ok(Counters {
             cpu: cpu::counters(&self.ebpf)?,
             heap: heap::counters(&self.ebpf)?,
+            futex: futex::counters(&self.ebpf)?,
             unwind: unwind::counters(&self.ebpf)?,
         })
     }
@@ -180,6 +208,11 @@ impl Session {
     /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.
     pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize> {
         heap::forget_processes(&mut self.ebpf, tgids)
+    }
+
+    /// Forgets the futex waits in flight of processes that are gone.
+    pub fn forget_futex_waits(&mut self, tgids: &[u32]) -> Result<usize> {
+        futex::forget_processes(&mut self.ebpf, tgids)
     }
 
     /// The sampled heap blocks that are live now, read in place.

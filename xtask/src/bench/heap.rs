@@ -12,9 +12,9 @@
 //! each pass in a rotated order. Interference only ever adds time, so the targets are judged
 //! on each configuration's fastest round; the medians are shown too.
 
-mod program;
-mod report;
-mod tracer;
+pub(super) mod program;
+pub(super) mod report;
+pub(super) mod tracer;
 
 use std::path::PathBuf;
 use std::process::Command;

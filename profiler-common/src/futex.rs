@@ -1,0 +1,279 @@
+//! The block, mutex and threadcreate profiles' map layout: futex waits in flight, the last
+//! waker of each futex word, per-stack wait totals, and thread-creation counts.
+
+/// Key of the wait totals (block and mutex maps): (process, wait operation, outcome, stack).
+/// In the block maps `stack` is the waiting thread's user stack; in the mutex maps it is the
+/// stack of the thread that woke it (Go charges mutex delay to the unlocker).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WaitKey {
+    pub tgid: u32,
+    /// A [`WaitOp`] as its `u16`.
+    pub op: u16,
+    /// A [`WaitOutcome`] as its `u16`.
+    pub outcome: u16,
+    /// User stack hash in the stack maps, or [`crate::NO_STACK`].
+    pub stack: u64,
+}
+
+/// Completed waits under one key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitTotals {
+    pub count: u64,
+    /// Sum of (syscall exit − entry), nanoseconds of `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    pub delay_ns: u64,
+}
+
+/// A wait between its syscall entry and exit, per thread (keyed by pid_tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingWait {
+    /// The futex word waited on (0 for `futex_waitv`, which waits on several).
+    pub uaddr: u64,
+    /// `bpf_ktime_get_ns` at entry.
+    pub start_ns: u64,
+    /// A [`WaitOp`] as its `u16`.
+    pub op: u16,
+    pub _pad: [u16; 3],
+}
+
+/// Key of the last-waker map: a futex word of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakerKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub uaddr: u64,
+}
+
+/// The last wake (or unlock, or requeue) issued on a futex word.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Waker {
+    /// The waking thread's user stack hash, or [`crate::NO_STACK`].
+    pub stack: u64,
+    /// `bpf_ktime_get_ns` when the wake was issued: a waiter is charged to this waker only
+    /// if it started waiting before it, so a stale entry never takes a wait it did not end.
+    pub wake_ns: u64,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+/// Key of the thread-creation counts: (creating process, creating thread's user stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ThreadKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub stack: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
+const _: () = assert!(core::mem::size_of::<WaitTotals>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingWait>() == 24);
+const _: () = assert!(core::mem::size_of::<WakerKey>() == 16);
+const _: () = assert!(core::mem::size_of::<Waker>() == 24);
+const _: () = assert!(core::mem::size_of::<ThreadKey>() == 16);
+
+/// The futex command bits of `futex(2)`'s `op` (the kernel's `FUTEX_CMD_MASK`: without
+/// `FUTEX_PRIVATE_FLAG` (128) and `FUTEX_CLOCK_REALTIME` (256)).
+pub const FUTEX_CMD_MASK: u32 = !(128 | 256);
+
+/// `futex(2)` commands, after [`FUTEX_CMD_MASK`].
+pub mod cmd {
+    pub const WAIT: u32 = 0;
+    pub const WAKE: u32 = 1;
+    pub const REQUEUE: u32 = 3;
+    pub const CMP_REQUEUE: u32 = 4;
+    pub const WAKE_OP: u32 = 5;
+    pub const LOCK_PI: u32 = 6;
+    pub const UNLOCK_PI: u32 = 7;
+    pub const TRYLOCK_PI: u32 = 8;
+    pub const WAIT_BITSET: u32 = 9;
+    pub const WAKE_BITSET: u32 = 10;
+    pub const WAIT_REQUEUE_PI: u32 = 11;
+    pub const CMP_REQUEUE_PI: u32 = 12;
+    pub const LOCK_PI2: u32 = 13;
+}
+
+/// `CLONE_THREAD` of `clone(2)`: the new task shares the creator's thread group.
+pub const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// The waiting operation of a wait, recorded as a sample label.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitOp {
+    Wait = 0,
+    WaitBitset = 1,
+    LockPi = 2,
+    LockPi2 = 3,
+    WaitRequeuePi = 4,
+    /// futex2 `futex_wait(2)`.
+    Futex2Wait = 5,
+    /// futex2 `futex_waitv(2)`.
+    Futex2Waitv = 6,
+}
+
+impl WaitOp {
+    /// The wait operation of a masked `futex(2)` command, or `None` for a non-waiting one.
+    #[inline(always)]
+    pub fn of_cmd(cmd: u32) -> Option<Self> {
+        match cmd {
+            cmd::WAIT => Some(Self::Wait),
+            cmd::WAIT_BITSET => Some(Self::WaitBitset),
+            cmd::LOCK_PI => Some(Self::LockPi),
+            cmd::LOCK_PI2 => Some(Self::LockPi2),
+            cmd::WAIT_REQUEUE_PI => Some(Self::WaitRequeuePi),
+            _ => None,
+        }
+    }
+
+    /// The op stored as `value`.
+    pub fn from_u16(value: u16) -> Option<Self> {
+        Some(match value {
+            0 => Self::Wait,
+            1 => Self::WaitBitset,
+            2 => Self::LockPi,
+            3 => Self::LockPi2,
+            4 => Self::WaitRequeuePi,
+            5 => Self::Futex2Wait,
+            6 => Self::Futex2Waitv,
+            _ => return None,
+        })
+    }
+
+    /// The name shown in the `futex_op` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Wait => "FUTEX_WAIT",
+            Self::WaitBitset => "FUTEX_WAIT_BITSET",
+            Self::LockPi => "FUTEX_LOCK_PI",
+            Self::LockPi2 => "FUTEX_LOCK_PI2",
+            Self::WaitRequeuePi => "FUTEX_WAIT_REQUEUE_PI",
+            Self::Futex2Wait => "futex_wait",
+            Self::Futex2Waitv => "futex_waitv",
+        }
+    }
+}
+
+/// Whether a masked `futex(2)` command wakes (or hands over) waiters of its `uaddr`.
+#[inline(always)]
+pub fn is_wake_cmd(cmd: u32) -> bool {
+    matches!(
+        cmd,
+        cmd::WAKE | cmd::WAKE_BITSET | cmd::UNLOCK_PI | cmd::REQUEUE | cmd::CMP_REQUEUE | cmd::WAKE_OP | cmd::CMP_REQUEUE_PI
+    )
+}
+
+/// How a wait ended, from the syscall's return value.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitOutcome {
+    /// Returned 0 (or a `futex_waitv` index): woken, or the lock was acquired.
+    Woken = 0,
+    /// `ETIMEDOUT`.
+    TimedOut = 1,
+    /// `EINTR` / `ERESTARTSYS`: a signal.
+    Interrupted = 2,
+    /// `EAGAIN`: the word changed before the thread slept; it barely waited.
+    ValueChanged = 3,
+    /// Any other error.
+    Failed = 4,
+}
+
+impl WaitOutcome {
+    /// The outcome of a wait syscall that returned `ret`.
+    #[inline(always)]
+    pub fn of_ret(ret: i64) -> Self {
+        match ret {
+            r if r >= 0 => Self::Woken,
+            -110 => Self::TimedOut,
+            // EINTR, and the kernel-internal ERESTARTSYS / ERESTARTNOINTR / ERESTARTNOHAND /
+            // ERESTART_RESTARTBLOCK a tracepoint can see before signal delivery rewrites them.
+            -4 | -512 | -513 | -514 | -516 => Self::Interrupted,
+            -11 => Self::ValueChanged,
+            _ => Self::Failed,
+        }
+    }
+
+    /// The outcome stored as `value`.
+    pub fn from_u16(value: u16) -> Option<Self> {
+        Some(match value {
+            0 => Self::Woken,
+            1 => Self::TimedOut,
+            2 => Self::Interrupted,
+            3 => Self::ValueChanged,
+            4 => Self::Failed,
+            _ => return None,
+        })
+    }
+
+    /// The name shown in the `outcome` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Woken => "woken",
+            Self::TimedOut => "timed_out",
+            Self::Interrupted => "interrupted",
+            Self::ValueChanged => "value_changed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Indices into the `FUTEX_COUNTERS` per-CPU array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FutexCounter {
+    /// Waits counted into the block maps.
+    Waits = 0,
+    /// Waits charged to a waker in the mutex maps.
+    MutexCharged = 1,
+    /// Woken waits with no recorded wake on their word during the wait (woken by another
+    /// process, by the kernel at thread exit, or the waker's entry was evicted).
+    NoWaker = 2,
+    /// Waits not followed because the in-flight map was full.
+    PendingMapFull = 3,
+    /// Waits lost because the block totals map was full.
+    BlockMapFull = 4,
+    /// Waits not charged because the mutex totals map was full.
+    MutexMapFull = 5,
+    /// Stacks not stored (stack map full or unreadable); counted with no stack.
+    StackLost = 6,
+    /// Threads created and counted.
+    ThreadsCreated = 7,
+    /// Thread creations lost because the threadcreate map was full.
+    ThreadMapFull = 8,
+    /// Wakes issued and recorded as a futex word's last waker.
+    Wakes = 9,
+    /// Wakes not recorded because the waker map update failed.
+    WakerMapFull = 10,
+}
+
+impl FutexCounter {
+    pub const COUNT: u32 = 11;
+    pub const ALL: [FutexCounter; Self::COUNT as usize] = [
+        FutexCounter::Waits,
+        FutexCounter::MutexCharged,
+        FutexCounter::NoWaker,
+        FutexCounter::PendingMapFull,
+        FutexCounter::BlockMapFull,
+        FutexCounter::MutexMapFull,
+        FutexCounter::StackLost,
+        FutexCounter::ThreadsCreated,
+        FutexCounter::ThreadMapFull,
+        FutexCounter::Wakes,
+        FutexCounter::WakerMapFull,
+    ];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all repr(C) integer structs without implicit padding (sizes asserted above).
+    unsafe impl aya::Pod for super::WaitKey {}
+    unsafe impl aya::Pod for super::WaitTotals {}
+    unsafe impl aya::Pod for super::PendingWait {}
+    unsafe impl aya::Pod for super::WakerKey {}
+    unsafe impl aya::Pod for super::Waker {}
+    unsafe impl aya::Pod for super::ThreadKey {}
+}

@@ -1,0 +1,235 @@
+//! Block and mutex profiles from futex syscalls: programs on `syscalls:sys_{enter,exit}_futex`
+//! and the futex2 tracepoints (`futex_wait`, `futex_waitv`, `futex_wake`, `futex_requeue`).
+//!
+//! A wait (`FUTEX_WAIT`, `WAIT_BITSET`, `LOCK_PI`, `LOCK_PI2`, `WAIT_REQUEUE_PI`, futex2
+//! `futex_wait`/`futex_waitv`) is remembered per thread at entry; at exit its delay is added
+//! under (process, op, outcome, waiting stack) in the block maps. The stack is taken at exit:
+//! the thread's saved user registers are those of the syscall either way, and taking it in
+//! the set that receives the count keeps count and stack in one batch.
+//!
+//! A wake (`FUTEX_WAKE`, `WAKE_BITSET`, `WAKE_OP`, `UNLOCK_PI`, the requeues, futex2
+//! `futex_wake`/`futex_requeue`) records its stack as the futex word's last waker at entry,
+//! before any waiter can run. A waiter that returns woken, on a word whose last wake came
+//! after it started waiting, has its delay added under the waker's stack in the mutex maps.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::tracepoint,
+    maps::PerCpuHashMap,
+    programs::TracePointContext,
+    EbpfContext,
+};
+use profiler_common::{
+    futex::{is_wake_cmd, FUTEX_CMD_MASK},
+    FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
+};
+
+use crate::{
+    maps::{
+        active_set, bump_futex, wanted, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING, FUTEX_WAKERS,
+        MUTEX_COUNTS_0, MUTEX_COUNTS_1, STACKS_0, STACKS_1,
+    },
+    stack::capture_user,
+};
+
+/// Field offsets in the syscall tracepoint records (see
+/// `/sys/kernel/tracing/events/syscalls/sys_enter_futex/format`): every syscall argument is
+/// 8 bytes wide from offset 16; `sys_exit_*` has `ret` at 16.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const RET: usize = 16;
+
+const EEXIST: i32 = 17;
+
+/// `futex(2)`: one program for every command, which tells waits from wakes.
+#[tracepoint]
+pub fn futex_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !wanted((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let uaddr = read_field(&ctx, ARG0);
+    let cmd = read_field(&ctx, ARG1) as u32 & FUTEX_CMD_MASK;
+    if let Some(op) = WaitOp::of_cmd(cmd) {
+        begin_wait(pid_tgid, uaddr, op);
+    } else if is_wake_cmd(cmd) {
+        record_waker(pid_tgid, uaddr);
+    }
+    0
+}
+
+/// futex2 `futex_wait(uaddr, val, mask, flags, timeout, clockid)`.
+#[tracepoint]
+pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if wanted((pid_tgid >> 32) as u32) {
+        begin_wait(pid_tgid, read_field(&ctx, ARG0), WaitOp::Futex2Wait);
+    }
+    0
+}
+
+/// futex2 `futex_waitv(waiters, nr, flags, timeout, clockid)`: several words at once, so no
+/// single word to find a waker by; it goes to the block profile only.
+#[tracepoint]
+pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if wanted((pid_tgid >> 32) as u32) {
+        begin_wait(pid_tgid, 0, WaitOp::Futex2Waitv);
+    }
+    0
+}
+
+/// futex2 `futex_wake(uaddr, mask, nr, flags)`.
+#[tracepoint]
+pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if wanted((pid_tgid >> 32) as u32) {
+        record_waker(pid_tgid, read_field(&ctx, ARG0));
+    }
+    0
+}
+
+/// futex2 `futex_requeue(waiters[2], flags, nr_wake, nr_requeue)`: wakes waiters of
+/// `waiters[0].uaddr` (a `struct futex_waitv` is `{ u64 val; u64 uaddr; u32 flags; u32 _; }`).
+#[tracepoint]
+pub fn futex_requeue_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !wanted((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let waiters = read_field(&ctx, ARG0);
+    // SAFETY: a fault-safe read of the caller's argument array.
+    if let Ok(uaddr) = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) } {
+        record_waker(pid_tgid, uaddr);
+    }
+    0
+}
+
+/// The exit of `futex(2)`, `futex_wait(2)` and `futex_waitv(2)`: completes a pending wait.
+#[tracepoint]
+pub fn futex_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: a plain value read of this thread's entry, copied out before the remove.
+    let Some(wait) = (unsafe { FUTEX_PENDING.get(&pid_tgid) }).copied() else { return 0 };
+    let _ = FUTEX_PENDING.remove(&pid_tgid);
+    end_wait(&ctx, pid_tgid, &wait);
+    0
+}
+
+/// A syscall tracepoint field. Tracepoint records are readable directly (the verifier checks
+/// the offset against the record), which is cheaper than a probe-read helper.
+#[inline(always)]
+fn read_field(ctx: &TracePointContext, offset: usize) -> u64 {
+    // SAFETY: an aligned 8-byte field inside the tracepoint record.
+    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<u64>()) }
+}
+
+#[inline(always)]
+fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
+    // SAFETY: a helper without arguments.
+    let start_ns = unsafe { bpf_ktime_get_ns() };
+    let wait = PendingWait { uaddr, start_ns, op: op as u16, _pad: [0; 3] };
+    // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
+    if FUTEX_PENDING.insert(&pid_tgid, &wait, BPF_ANY as u64).is_err() {
+        bump_futex(FutexCounter::PendingMapFull);
+    }
+}
+
+/// Counts a finished wait in the block maps, and in the mutex maps under its waker.
+///
+/// The stack walk comes first: the verifier explores the bounded walk loop once per distinct
+/// register state reaching it, and an outcome already decoded into constants would multiply
+/// those states past its instruction limit.
+#[inline(always)]
+fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
+    let tgid = (pid_tgid >> 32) as u32;
+    let set = active_set();
+    let (block, mutex, stacks) = if set == 0 {
+        (&BLOCK_COUNTS_0, &MUTEX_COUNTS_0, &STACKS_0)
+    } else {
+        (&BLOCK_COUNTS_1, &MUTEX_COUNTS_1, &STACKS_1)
+    };
+    let mut truncated = false;
+    let stack = match capture_user(stacks, &mut truncated) {
+        Ok(hash) => hash,
+        Err(_) => {
+            bump_futex(FutexCounter::StackLost);
+            NO_STACK
+        }
+    };
+    // SAFETY: a helper without arguments.
+    let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
+    let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
+    let key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack };
+    if add_wait(block, &key, delay_ns) {
+        bump_futex(FutexCounter::Waits);
+    } else {
+        bump_futex(FutexCounter::BlockMapFull);
+    }
+    if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
+        return;
+    }
+    let waker_key = WakerKey { tgid, _pad: 0, uaddr: wait.uaddr };
+    // SAFETY: a plain value read, copied out at once.
+    let waker = match unsafe { FUTEX_WAKERS.get(&waker_key) }.copied() {
+        Some(w) if w.wake_ns >= wait.start_ns => w,
+        _ => {
+            bump_futex(FutexCounter::NoWaker);
+            return;
+        }
+    };
+    let key = WaitKey { stack: waker.stack, ..key };
+    if add_wait(mutex, &key, delay_ns) {
+        bump_futex(FutexCounter::MutexCharged);
+    } else {
+        bump_futex(FutexCounter::MutexMapFull);
+    }
+}
+
+/// Remembers the calling thread's stack as the last waker of `uaddr`.
+#[inline(always)]
+fn record_waker(pid_tgid: u64, uaddr: u64) {
+    let stacks = if active_set() == 0 { &STACKS_0 } else { &STACKS_1 };
+    let mut truncated = false;
+    let stack = match capture_user(stacks, &mut truncated) {
+        Ok(hash) => hash,
+        Err(_) => {
+            bump_futex(FutexCounter::StackLost);
+            NO_STACK
+        }
+    };
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: a helper without arguments.
+    let wake_ns = unsafe { bpf_ktime_get_ns() };
+    let waker = Waker { stack, wake_ns, tid: pid_tgid as u32, _pad: 0 };
+    let key = WakerKey { tgid, _pad: 0, uaddr };
+    if FUTEX_WAKERS.insert(&key, &waker, BPF_ANY as u64).is_ok() {
+        bump_futex(FutexCounter::Wakes);
+    } else {
+        bump_futex(FutexCounter::WakerMapFull);
+    }
+}
+
+/// Adds one wait of `delay_ns` to this CPU's totals for `key`. False when the map is full.
+#[inline(always)]
+fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns: u64) -> bool {
+    for _ in 0..2 {
+        if let Some(t) = totals.get_ptr_mut(key) {
+            // SAFETY: this CPU's slot of a live per-CPU value.
+            unsafe {
+                (*t).count += 1;
+                (*t).delay_ns = (*t).delay_ns.wrapping_add(delay_ns);
+            }
+            return true;
+        }
+        let first = WaitTotals { count: 1, delay_ns };
+        match totals.insert(key, &first, BPF_NOEXIST as u64) {
+            Ok(()) => return true,
+            // Another CPU created the key between the lookup and the insert: add again.
+            Err(err) if err == -EEXIST => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}

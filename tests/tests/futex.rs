@@ -1,0 +1,213 @@
+//! Block, mutex and threadcreate profiles against fixtures that know their own truth:
+//! `lock_contention` (tests/fixtures/lock_contention.c) measures, with CLOCK_MONOTONIC around
+//! each pthread_mutex_lock and pthread_cond_wait call, how long its threads waited and prints
+//! the totals; `rust_mutex` does the same around `std::sync::Mutex::lock`; `thread_spawner`
+//! creates exactly 7 threads from one function and 1 from another, and forks 3 processes.
+//!
+//! The profiles are those the real `profiler snapshot` writes, decoded by our reader and read
+//! by `go tool pprof` (`-raw`, and `-tagfocus` on the `primitive` label).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use profiler_tests::pprof::Sample;
+use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
+use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
+
+/// The fixtures wait this long after `ready` before they start: the profiler loads and
+/// verifies its programs and attaches the tracepoints within ~1.5 s of starting.
+const DELAY_S: &str = "3";
+/// Long enough to outlast the capture; the guard kills it after.
+const LINGER_S: &str = "30";
+/// The fixtures' work takes under 2 s after the delay.
+const CAPTURE: &str = "7s";
+/// The block profile's delay under the locking function against the program's own total.
+const DELAY_TOLERANCE: f64 = 0.15;
+/// The mutex profile's delay under the unlocking function against the same total: a waiter
+/// woken by one unlock may be charged to a later one on the same word, and a woken waiter
+/// that finds the lock taken again waits again.
+const MUTEX_TOLERANCE: f64 = 0.25;
+
+const BLOCK_TYPES: [(&str, &str); 2] = [("contentions", "count"), ("delay", "nanoseconds")];
+
+/// N threads contend for one mutex: the block profile's delay under contend_lock (whose
+/// primitive label is pthread_mutex_lock) is within 15% of what the threads measured; the
+/// mutex profile charges about the same delay to release_lock, the stack that unlocks; and
+/// `go tool pprof` reads both files and filters them by the primitive label.
+#[test]
+fn mutex_waits_match_the_programs_own_clock() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-lock");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
+    let output = snapshot(&fixture, &out, "block,mutex");
+    assert_success(&output, "snapshot --profiles block,mutex");
+    let lock_truth = fixture.read_value("lock_wait_ns") as i64;
+    let _cond_truth = fixture.read_value("cond_wait_ns");
+    fixture.expect_line("done");
+
+    let block_path = written(out.path(), &fixture, "block");
+    let block = Profile::decode(&block_path);
+    contention_format(&block);
+    let under_lock = |s: &Sample| s.has_chain(&["contend_lock", "locker"]);
+    let got = block.value_where("delay", under_lock);
+    within(got, lock_truth, DELAY_TOLERANCE, "block delay under contend_lock", &block);
+    for sample in block.samples.iter().filter(|s| under_lock(s)) {
+        assert_eq!(
+            sample.label_str("primitive"),
+            Some("pthread_mutex_lock"),
+            "primitive of {:?}",
+            sample.names()
+        );
+    }
+
+    let mutex_path = written(out.path(), &fixture, "mutex");
+    let mutex = Profile::decode(&mutex_path);
+    contention_format(&mutex);
+    let got = mutex.value_where("delay", |s| s.has_chain(&["release_lock", "locker"]));
+    within(got, lock_truth, MUTEX_TOLERANCE, "mutex delay charged to release_lock", &mutex);
+
+    let focused = go_pprof::raw_tagfocus(&block_path, "primitive=pthread_mutex_lock");
+    assert!(focused.contains("contend_lock"), "`-tagfocus primitive=pthread_mutex_lock -raw` lacks contend_lock:\n{focused}");
+    // -raw lists every location, so judge the filter by the samples' labels.
+    let samples = focused.split("Samples:").nth(1).and_then(|rest| rest.split("Locations").next()).unwrap_or("");
+    let primitives: Vec<&str> = samples.lines().filter(|l| l.contains("primitive:[")).collect();
+    assert!(
+        !primitives.is_empty() && primitives.iter().all(|l| l.contains("primitive:[pthread_mutex_lock]")),
+        "`-tagfocus primitive=pthread_mutex_lock` should keep lock waits only:\n{focused}"
+    );
+    let raw = go_pprof::raw(&mutex_path);
+    assert!(raw.contains("release_lock"), "`go tool pprof -raw` of the mutex profile lacks release_lock:\n{raw}");
+}
+
+/// A condition-variable waiter with a known total wait: its block delay (under
+/// cond_waiter_wait, primitive pthread_cond_wait) is within 15% of it, and told apart from the
+/// lock waits: no sample holds both, and the lock filter drops it.
+#[test]
+fn condvar_wait_is_told_apart_from_lock_waits() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-cond");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
+    let output = snapshot(&fixture, &out, "block");
+    assert_success(&output, "snapshot --profiles block");
+    let _lock_truth = fixture.read_value("lock_wait_ns");
+    let cond_truth = fixture.read_value("cond_wait_ns") as i64;
+    fixture.expect_line("done");
+
+    let block = Profile::decode(&written(out.path(), &fixture, "block"));
+    let is_cond = |s: &Sample| s.has_chain(&["cond_waiter_wait", "cond_waiter"]);
+    let got = block.value_where("delay", |s| is_cond(s) && s.label_str("primitive") == Some("pthread_cond_wait"));
+    within(got, cond_truth, DELAY_TOLERANCE, "block delay under cond_waiter_wait (pthread_cond_wait)", &block);
+    for sample in &block.samples {
+        assert!(
+            !(is_cond(sample) && sample.contains("contend_lock")),
+            "a sample mixes the condvar and the lock: {:?}",
+            sample.names()
+        );
+    }
+}
+
+/// A Rust program contending for a `std::sync::Mutex` (futex FUTEX_WAIT_BITSET): its waits
+/// are seen under `contend`, labelled std::sync::Mutex::lock, within 15% of its own clock.
+#[test]
+fn rust_std_mutex_is_seen() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-rust");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::RustMutex, &[DELAY_S, LINGER_S]);
+    let output = snapshot(&fixture, &out, "block,mutex");
+    assert_success(&output, "snapshot --profiles block,mutex (rust)");
+    let truth = fixture.read_value("lock_wait_ns") as i64;
+    fixture.expect_line("done");
+
+    let block = Profile::decode(&written(out.path(), &fixture, "block"));
+    contention_format(&block);
+    let under = |s: &Sample| s.has_chain(&["contend", "locker"]) && s.label_str("futex_op") == Some("FUTEX_WAIT_BITSET");
+    within(block.value_where("delay", under), truth, DELAY_TOLERANCE, "block delay under contend (FUTEX_WAIT_BITSET)", &block);
+    for sample in block.samples.iter().filter(|s| under(s)) {
+        assert_eq!(sample.label_str("primitive"), Some("std::sync::Mutex::lock"), "primitive of {:?}", sample.names());
+    }
+}
+
+/// 7 threads created from spawn_workers and 1 from spawn_one: the threadcreate profile counts
+/// exactly those, and the 3 forks not at all.
+#[test]
+fn threadcreate_counts_are_exact_and_forks_are_not_threads() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-threads");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadSpawner, &[DELAY_S, LINGER_S]);
+    let output = snapshot(&fixture, &out, "threadcreate");
+    assert_success(&output, "snapshot --profiles threadcreate");
+    fixture.expect_line("done");
+
+    let path = written(out.path(), &fixture, "threadcreate");
+    let profile = Profile::decode(&path);
+    let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|(t, u)| (t.as_str(), u.as_str())).collect();
+    assert_eq!(types, [("threadcreate", "count")], "sample_type");
+    assert_eq!(profile.total("threadcreate"), 8, "threads created; forks must not count");
+    let from = |f: &str| profile.value_where("threadcreate", |s| s.has_chain(&[f, "main"]));
+    assert_eq!(
+        (from("spawn_workers"), from("spawn_one"), from("fork_children")),
+        (7, 1, 0),
+        "threads by creating function; stacks: {:?}",
+        profile.samples.iter().map(|s| (s.values.clone(), s.names())).collect::<Vec<_>>()
+    );
+    let raw = go_pprof::raw(&path);
+    assert!(raw.contains("spawn_workers"), "`go tool pprof -raw` lacks spawn_workers:\n{raw}");
+}
+
+/// `profiler snapshot --pid PID --duration CAPTURE --profiles KINDS --output DIR`.
+fn snapshot(fixture: &Fixture, out: &TempDir, kinds: &str) -> Output {
+    let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
+    run_profiler(&["snapshot", "--pid", &pid, "--duration", CAPTURE, "--profiles", kinds, "--output", &dir])
+}
+
+/// `DIR/<comm>-<pid>/<kind>.pb.gz` exists; returns it.
+fn written(out: &Path, fixture: &Fixture, kind: &str) -> PathBuf {
+    let path = process_dir(out, fixture.comm(), fixture.pid()).join(format!("{kind}.pb.gz"));
+    assert!(path.is_file(), "no {kind} profile at {}; output holds:\n{}", path.display(), listing(out));
+    path
+}
+
+/// Go's block/mutex shape: contentions/count and delay/nanoseconds, period 1 contention, and
+/// comments that report drops.
+fn contention_format(profile: &Profile) {
+    let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|(t, u)| (t.as_str(), u.as_str())).collect();
+    assert_eq!(types, BLOCK_TYPES, "sample_type");
+    let period_type = profile.period_type.as_ref().map(|(t, u)| (t.as_str(), u.as_str()));
+    assert_eq!(period_type, Some(("contentions", "count")), "period_type");
+    assert_eq!(profile.period, 1, "period");
+    for sample in &profile.samples {
+        assert!(sample.values[0] > 0 && sample.values[1] >= 0, "values {:?} of {:?}", sample.values, sample.names());
+        assert!(sample.label_str("futex_op").is_some() && sample.label_str("outcome").is_some(), "labels {:?}", sample.labels);
+        assert!(sample.label_str("primitive").is_some(), "no primitive label: {:?}", sample.labels);
+    }
+    assert!(profile.comments.join("\n").contains("dropped"), "comments should report drops: {:?}", profile.comments);
+}
+
+fn within(got: i64, truth: i64, tolerance: f64, what: &str, profile: &Profile) {
+    let error = (got - truth).abs() as f64 / truth.max(1) as f64;
+    assert!(
+        error <= tolerance,
+        "{what}: {got} ns against the program's own {truth} ns ({:.1}% off, allowed {:.0}%); stacks (delay ns):\n{}",
+        error * 100.0,
+        tolerance * 100.0,
+        stacks(profile)
+    );
+}
+
+fn stacks(profile: &Profile) -> String {
+    let delay = profile.value_index("delay");
+    profile
+        .samples
+        .iter()
+        .map(|s| format!("{:>12} {:?} {:?}", s.values[delay], s.label_str("primitive"), s.names()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,262 @@
+//! `cargo xtask bench futex`: what the block, mutex and threadcreate profiles cost a program
+//! whose threads wait on each other all the time, in ns per handoff of two threads passing a
+//! turn under a pthread mutex and condition variable, in four configurations measured in one invocation: (a) no profiler;
+//! (b) the floor, bpftrace with empty programs on the same tracepoints (futex enter/exit,
+//! the futex2 ones, task_newtask); (c) the profiler on that process (`--pid`); (d) the
+//! profiler system-wide.
+//!
+//! The program speaks the heap bench's protocol (`ready`, a line on stdin, `round NS`…,
+//! `done`), so it reuses its runner; configurations run in interleaved, rotated passes and
+//! are judged on their fastest round, as there.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use super::heap::program::MallocBench;
+use super::heap::report::Measured;
+use super::heap::tracer::Tracer;
+use super::{bail_if_interrupted, fresh_dir, report::target, workload};
+use crate::workspace;
+
+#[derive(clap::Args, Debug)]
+pub struct FutexArgs {
+    /// Handoffs per configuration, spread over the passes.
+    #[arg(long, default_value_t = 300_000)]
+    iterations: u64,
+}
+
+const PASSES: u64 = 3;
+const ROUNDS: u32 = 5;
+/// After a tool is attached, before the program is released (see the heap bench).
+const SETTLE: Duration = Duration::from_secs(3);
+const QUIESCE: Duration = Duration::from_secs(1);
+const PROFILER_ATTACHED: &str = "attached; capturing";
+/// The issue's target: ours at most this much over the floor.
+const MAX_OURS_VS_FLOOR: f64 = 1.15;
+
+/// Two threads pass a turn back and forth PAIRS / ROUNDS times per round, each handoff a
+/// pthread_mutex_lock, a pthread_cond_wait until it is their turn, a pthread_cond_signal and
+/// an unlock; main times each round and prints the wall time per handoff. Every handoff
+/// sleeps in FUTEX_WAIT and is woken by FUTEX_WAKE whatever the machine's load (plain
+/// lock+unlock loops hardly contend: a thread keeps the lock for its whole time slice), and
+/// the mutex is contended whenever both threads run. The BPF stats line shows the futex
+/// calls per handoff.
+const FUTEX_BENCH_C: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t turn_changed = PTHREAD_COND_INITIALIZER;
+static pthread_barrier_t start, end;
+static int turn;
+static long per_thread, rounds;
+
+static void *player(void *arg) {
+    int me = (int)(long)arg;
+    for (long r = 0; r < rounds; r++) {
+        pthread_barrier_wait(&start);
+        for (long i = 0; i < per_thread; i++) {
+            pthread_mutex_lock(&lock);
+            while (turn != me)
+                pthread_cond_wait(&turn_changed, &lock);
+            turn = !me;
+            pthread_cond_signal(&turn_changed);
+            pthread_mutex_unlock(&lock);
+        }
+        pthread_barrier_wait(&end);
+    }
+    return NULL;
+}
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3)
+        return 2;
+    long total = atol(argv[1]);
+    rounds = atol(argv[2]);
+    per_thread = total / rounds / 2;
+    pthread_barrier_init(&start, NULL, 3);
+    pthread_barrier_init(&end, NULL, 3);
+    pthread_t threads[2];
+    for (long i = 0; i < 2; i++)
+        pthread_create(&threads[i], NULL, player, (void *)i);
+    char line[16];
+    printf("ready\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        return 1;
+    for (long r = 0; r < rounds; r++) {
+        double t0 = now_ns();
+        pthread_barrier_wait(&start);
+        pthread_barrier_wait(&end);
+        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
+        fflush(stdout);
+    }
+    printf("done %d\n", turn);
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[derive(Clone, Copy)]
+enum Probe {
+    None,
+    Bpftrace,
+    /// The profiler, on the measured process only (true) or system-wide (false).
+    Profiler(bool),
+}
+
+const CONFIGS: [(&str, Probe); 4] = [
+    ("(a) no profiler", Probe::None),
+    ("(b) floor (bpftrace, empty programs)", Probe::Bpftrace),
+    ("(c) profiler --pid", Probe::Profiler(true)),
+    ("(d) profiler, system-wide", Probe::Profiler(false)),
+];
+
+/// The tracepoints the profiler attaches for block, mutex and threadcreate (futex2 ones only
+/// where the kernel has them, as the profiler does).
+const TRACEPOINTS: [&str; 9] = [
+    "syscalls:sys_enter_futex",
+    "syscalls:sys_exit_futex",
+    "syscalls:sys_enter_futex_wait",
+    "syscalls:sys_exit_futex_wait",
+    "syscalls:sys_enter_futex_waitv",
+    "syscalls:sys_exit_futex_waitv",
+    "syscalls:sys_enter_futex_wake",
+    "syscalls:sys_enter_futex_requeue",
+    "task:task_newtask",
+];
+
+pub fn run(args: &FutexArgs) -> Result<()> {
+    workspace::prepare(false)?;
+    let dir = workspace::target_dir().join("xtask-bench");
+    std::fs::create_dir_all(&dir)?;
+    let bin = workload::compile_c(&dir, "futex_bench", FUTEX_BENCH_C, &["-O1", "-pthread"])?;
+    let out = fresh_dir(&dir.join("futex-out"))?;
+    let pairs = (args.iterations / PASSES).max(u64::from(ROUNDS) * 4);
+    workload::catch_interrupt();
+    let _stats = workload::BpfStats::enable();
+    let mut measured: Vec<Measured> = CONFIGS.iter().map(|&(name, _)| Measured::new(name)).collect();
+    for pass in 0..PASSES {
+        workspace::stage(&format!("pass {}/{PASSES}: {pairs} handoffs per configuration", pass + 1));
+        for k in 0..CONFIGS.len() {
+            let i = (pass as usize + k) % CONFIGS.len();
+            let (rounds, stderr) = run_once(&bin, &out, pairs, CONFIGS[i].1)?;
+            bail_if_interrupted()?;
+            println!("    {:<40} {:>10.1} ns/handoff (median round)", CONFIGS[i].0, super::heap::report::median(&rounds));
+            measured[i].add(rounds, stderr);
+        }
+    }
+    print(&measured, pairs * PASSES);
+    println!("(profiles kept in {})", out.display());
+    Ok(())
+}
+
+fn run_once(bin: &PathBuf, out: &std::path::Path, pairs: u64, probe: Probe) -> Result<(Vec<f64>, String)> {
+    let program = MallocBench::start(bin, pairs, ROUNDS)?;
+    let pid = program.pid();
+    let tracer = match probe {
+        Probe::None => {
+            std::thread::sleep(SETTLE);
+            return Ok((program.run()?, String::new()));
+        }
+        Probe::Bpftrace => Tracer::start("bpftrace", bpftrace_cmd(), "Attaching")?,
+        Probe::Profiler(only_pid) => Tracer::start("profiler", profiler_cmd(out, only_pid.then_some(pid)), PROFILER_ATTACHED)?,
+    };
+    std::thread::sleep(SETTLE);
+    let rounds = program.run()?;
+    let stopped = tracer.stop()?;
+    std::thread::sleep(QUIESCE);
+    if !stopped.status.success() {
+        bail!("the tracer failed ({}); its stderr:\n{}", stopped.status, stopped.stderr);
+    }
+    Ok((rounds, stopped.stderr))
+}
+
+/// Empty programs on every tracepoint the profiler uses that this kernel has.
+fn bpftrace_cmd() -> Command {
+    let probes: Vec<String> = TRACEPOINTS
+        .iter()
+        .filter(|tp| {
+            let (category, name) = tp.split_once(':').unwrap_or_default();
+            std::path::Path::new("/sys/kernel/tracing/events").join(category).join(name).is_dir()
+        })
+        .map(|tp| format!("tracepoint:{tp}"))
+        .collect();
+    let mut cmd = Command::new("bpftrace");
+    cmd.args(["-e", &format!("{} {{}}", probes.join(","))]);
+    cmd
+}
+
+fn profiler_cmd(out: &std::path::Path, pid: Option<u32>) -> Command {
+    let mut cmd = Command::new(workspace::profiler_bin());
+    cmd.env("RUST_LOG", "info").args(["snapshot", "--profiles", "block,mutex,threadcreate"]);
+    if let Some(pid) = pid {
+        cmd.args(["--pid", &pid.to_string()]);
+    }
+    let name = if pid.is_some() { "pid" } else { "system" };
+    cmd.args(["--duration", "3600s", "--bpf-stats", "--output"]).arg(out.join(name));
+    cmd
+}
+
+/// `pairs`: handoffs each configuration ran in all.
+fn print(runs: &[Measured], pairs: u64) {
+    let (none, floor) = (&runs[0], &runs[1]);
+    println!();
+    println!(
+        "{:<40} {:>9} {:>13} {:>9} {:>9} {:>9}",
+        "ns per handoff", "fastest", "x no profiler", "x floor", "median", "x floor"
+    );
+    for run in runs {
+        println!(
+            "{:<40} {:>9.1} {:>12.3}x {:>8.3}x {:>9.1} {:>8.3}x",
+            run.name,
+            run.fastest(),
+            run.fastest() / none.fastest(),
+            run.fastest() / floor.fastest(),
+            run.median(),
+            run.median() / floor.median()
+        );
+    }
+    for run in &runs[2..] {
+        print_bpf_stats(run, pairs);
+    }
+    println!("targets (fastest rounds; medians in parentheses):");
+    for run in &runs[2..] {
+        let (ratio, median_ratio) = (run.fastest() / floor.fastest(), run.median() / floor.median());
+        target(
+            &format!("{} / floor <= {MAX_OURS_VS_FLOOR}", &run.name[..3]),
+            &format!("{ratio:.3}x ({median_ratio:.3}x)"),
+            Some(ratio <= MAX_OURS_VS_FLOOR),
+        );
+    }
+}
+
+/// The profiler's programs' kernel-measured runs and ns per run, summed over its runs.
+fn print_bpf_stats(run: &Measured, pairs: u64) {
+    let mut parts = Vec::new();
+    for program in ["futex_enter", "futex_exit", "thread_create"] {
+        let stats = run.stderrs.iter().filter_map(|s| super::report::bpf_stats_of(s, program));
+        let (count, ns) = stats.fold((0u64, 0u64), |(c, t), (c2, t2)| (c + c2, t + t2));
+        if count > 0 {
+            parts.push(format!(
+                "{program} {count} runs ({:.2} per handoff) {:.0} ns/run",
+                count as f64 / pairs.max(1) as f64,
+                ns as f64 / count as f64
+            ));
+        }
+    }
+    if !parts.is_empty() {
+        println!("bpf programs, {}: {}", run.name, parts.join("; "));
+    }
+}
