@@ -2,17 +2,15 @@
 //! counted under (process, thread, user stack, kernel stack) in the active map set.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::perf_event,
-    maps::PerCpuHashMap,
     programs::PerfEventContext,
     EbpfContext,
 };
 use profiler_common::{CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, bump, wanted, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
+    maps::{active_set, add_or_insert, bump, wanted, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -57,7 +55,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         kernel_stack,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
-    if !count_sample(counts, &key) {
+    if !add_or_insert(counts, &key, &1, |n| *n += 1) {
         bump(CpuCounter::CountsMapFull);
         return;
     }
@@ -72,26 +70,7 @@ fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
     unsafe { (*ctx.ctx).regs.cs & 3 == 3 }
 }
 
-/// Adds one to this CPU's count for `key`. False when the map is full.
-#[inline(always)]
-fn count_sample(counts: &PerCpuHashMap<CpuSampleKey, u64>, key: &CpuSampleKey) -> bool {
-    for _ in 0..2 {
-        if let Some(count) = counts.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU map value.
-            unsafe { *count += 1 };
-            return true;
-        }
-        match counts.insert(key, &1, BPF_NOEXIST as u64) {
-            Ok(()) => return true,
-            // Another CPU created the key between the lookup and the insert: look up again.
-            Err(err) if err == -EEXIST => continue,
-            Err(_) => return false,
-        }
-    }
-    false
-}
 
-const EEXIST: i32 = 17;
 
 /// The stack hash, or [`NO_STACK`] with the failure counted.
 #[inline(always)]

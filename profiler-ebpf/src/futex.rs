@@ -13,10 +13,9 @@
 //! after it started waiting, has its delay added under the waker's stack in the mutex maps.
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::tracepoint,
-    maps::PerCpuHashMap,
     programs::TracePointContext,
     EbpfContext,
 };
@@ -27,7 +26,7 @@ use profiler_common::{
 
 use crate::{
     maps::{
-        active_set, bump_futex, wanted, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING, FUTEX_WAKERS,
+        active_set, add_or_insert, bump_futex, wanted, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING, FUTEX_WAKERS,
         MUTEX_COUNTS_0, MUTEX_COUNTS_1, STACKS_0, STACKS_1,
     },
     stack::capture_user,
@@ -40,7 +39,6 @@ const ARG0: usize = 16;
 const ARG1: usize = 24;
 const RET: usize = 16;
 
-const EEXIST: i32 = 17;
 
 /// `futex(2)`: one program for every command, which tells waits from wakes.
 #[tracepoint]
@@ -162,7 +160,10 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack };
-    if add_wait(block, &key, delay_ns) {
+    if add_or_insert(block, &key, &WaitTotals { count: 1, delay_ns }, |t| {
+        t.count += 1;
+        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
+    }) {
         bump_futex(FutexCounter::Waits);
     } else {
         bump_futex(FutexCounter::BlockMapFull);
@@ -180,7 +181,10 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
         }
     };
     let key = WaitKey { stack: waker.stack, ..key };
-    if add_wait(mutex, &key, delay_ns) {
+    if add_or_insert(mutex, &key, &WaitTotals { count: 1, delay_ns }, |t| {
+        t.count += 1;
+        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
+    }) {
         bump_futex(FutexCounter::MutexCharged);
     } else {
         bump_futex(FutexCounter::MutexMapFull);
@@ -211,25 +215,3 @@ fn record_waker(pid_tgid: u64, uaddr: u64) {
     }
 }
 
-/// Adds one wait of `delay_ns` to this CPU's totals for `key`. False when the map is full.
-#[inline(always)]
-fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns: u64) -> bool {
-    for _ in 0..2 {
-        if let Some(t) = totals.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU value.
-            unsafe {
-                (*t).count += 1;
-                (*t).delay_ns = (*t).delay_ns.wrapping_add(delay_ns);
-            }
-            return true;
-        }
-        let first = WaitTotals { count: 1, delay_ns };
-        match totals.insert(key, &first, BPF_NOEXIST as u64) {
-            Ok(()) => return true,
-            // Another CPU created the key between the lookup and the insert: add again.
-            Err(err) if err == -EEXIST => continue,
-            Err(_) => return false,
-        }
-    }
-    false
-}

@@ -25,7 +25,7 @@ use profiler_common::{heap::HEAP_INTERVALS_LEN, HeapCounter, HeapKey, HeapTotals
 
 use crate::{
     maps::{
-        active_set, bump_heap, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
+        active_set, add_or_insert, bump_heap, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
         HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, STACKS_0, STACKS_1,
     },
     stack::capture_user,
@@ -279,7 +279,10 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
     };
     let tgid = (pid_tgid >> 32) as u32;
     let key = HeapKey { tgid, _pad: 0, stack };
-    if !add_totals(totals, &key, size) {
+    if !add_or_insert(totals, &key, &HeapTotals { count: 1, bytes: size }, |t| {
+        t.count += 1;
+        t.bytes += size;
+    }) {
         bump_heap(HeapCounter::TotalsMapFull);
     }
     let live = LiveAlloc { size, stack };
@@ -289,27 +292,3 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
     bump_heap(HeapCounter::Sampled);
 }
 
-#[inline(always)]
-fn add_totals(
-    totals: &aya_ebpf::maps::PerCpuHashMap<HeapKey, HeapTotals>,
-    key: &HeapKey,
-    size: u64,
-) -> bool {
-    for _ in 0..2 {
-        if let Some(t) = totals.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU value.
-            unsafe {
-                (*t).count += 1;
-                (*t).bytes += size;
-            }
-            return true;
-        }
-        let first = HeapTotals { count: 1, bytes: size };
-        match totals.insert(key, &first, aya_ebpf::bindings::BPF_NOEXIST as u64) {
-            Ok(()) => return true,
-            Err(err) if err == -17 => continue, // EEXIST: another CPU created it; add again.
-            Err(_) => return false,
-        }
-    }
-    false
-}

@@ -4,7 +4,7 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     Global,
@@ -155,6 +155,27 @@ pub fn bump_unwind(index: u32) {
         // SAFETY: this CPU's slot of a live array map element.
         unsafe { *slot += 1 };
     }
+}
+
+/// Updates this CPU's value for `key` with `add`, or inserts `first` when the key is new.
+/// False when the map is full. Another CPU may create the key between the lookup and the
+/// insert; then the lookup is tried again.
+#[inline(always)]
+pub fn add_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, first: &V, add: impl Fn(&mut V)) -> bool {
+    const EEXIST: i32 = 17;
+    for _ in 0..2 {
+        if let Some(value) = map.get_ptr_mut(key) {
+            // SAFETY: this CPU's slot of a live per-CPU value; programs do not nest on a CPU.
+            add(unsafe { &mut *value });
+            return true;
+        }
+        match map.insert(key, first, BPF_NOEXIST as u64) {
+            Ok(()) => return true,
+            Err(err) if err == -EEXIST => continue,
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 /// Adds one to a per-CPU counter. Per-CPU slots need no atomics: a program runs to

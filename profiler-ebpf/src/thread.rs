@@ -3,24 +3,21 @@
 //! creator's process; a fork or vfork (a new process) is not counted.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::bpf_get_current_pid_tgid,
     macros::tracepoint,
-    maps::PerCpuHashMap,
     programs::TracePointContext,
     EbpfContext,
 };
 use profiler_common::{futex::CLONE_THREAD, FutexCounter, ThreadKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, bump_futex, wanted, STACKS_0, STACKS_1, THREAD_COUNTS_0, THREAD_COUNTS_1},
+    maps::{active_set, add_or_insert, bump_futex, wanted, STACKS_0, STACKS_1, THREAD_COUNTS_0, THREAD_COUNTS_1},
     stack::capture_user,
 };
 
 /// Offset of `u64 clone_flags` in the record (`/sys/kernel/tracing/events/task/task_newtask/format`).
 const CLONE_FLAGS: usize = 32;
 
-const EEXIST: i32 = 17;
 
 #[tracepoint]
 pub fn thread_create(ctx: TracePointContext) -> u32 {
@@ -43,7 +40,7 @@ pub fn thread_create(ctx: TracePointContext) -> u32 {
         }
     };
     let key = ThreadKey { tgid, _pad: 0, stack };
-    if count(counts, &key) {
+    if add_or_insert(counts, &key, &1, |n| *n += 1) {
         bump_futex(FutexCounter::ThreadsCreated);
     } else {
         bump_futex(FutexCounter::ThreadMapFull);
@@ -51,20 +48,3 @@ pub fn thread_create(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Adds one to this CPU's count for `key`. False when the map is full.
-#[inline(always)]
-fn count(counts: &PerCpuHashMap<ThreadKey, u64>, key: &ThreadKey) -> bool {
-    for _ in 0..2 {
-        if let Some(n) = counts.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU value.
-            unsafe { *n += 1 };
-            return true;
-        }
-        match counts.insert(key, &1, BPF_NOEXIST as u64) {
-            Ok(()) => return true,
-            Err(err) if err == -EEXIST => continue,
-            Err(_) => return false,
-        }
-    }
-    false
-}

@@ -81,7 +81,10 @@ pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) ->
 pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
     match processes.remove(&pid) {
-        Ok(()) | Err(aya::maps::MapError::ElementNotFound) => Ok(()),
+        Ok(()) => Ok(()),
+        // Already gone: the exec tracepoint deleted it, or it was never written.
+        Err(aya::maps::MapError::ElementNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(map_error("delete from", maps::UNWIND_PROCESSES)(e)),
     }
 }
