@@ -28,6 +28,9 @@ use crate::{
     procs::{self, MapEntry},
 };
 
+/// Tables from this many rows on are large enough to trim the heap after building.
+const LARGE_TABLE_ROWS: usize = 64 * 1024;
+
 /// Default unwind-table memory: 32 MiB of rows.
 pub const DEFAULT_TABLE_BYTES: u64 = 32 << 20;
 
@@ -97,6 +100,8 @@ pub struct Unwinder {
     failed: HashMap<FileKey, String>,
     processes: HashMap<u32, Registered>,
     stats: UnwinderStats,
+    /// A large table was built since the heap was last trimmed.
+    trim_pending: bool,
 }
 
 impl Unwinder {
@@ -109,6 +114,7 @@ impl Unwinder {
             failed: HashMap::new(),
             processes: HashMap::new(),
             stats: UnwinderStats::default(),
+            trim_pending: false,
         }
     }
 
@@ -138,6 +144,13 @@ impl Unwinder {
                 continue;
             }
             self.register(session, pid, version)?;
+        }
+        if std::mem::take(&mut self.trim_pending) {
+            // Building a large library's table (libLLVM: ~1.3 M rows, with gimli's and the
+            // builder's buffers) leaves tens of MiB of freed heap that glibc keeps; give it
+            // back so the daemon's resident memory returns to its steady size.
+            // SAFETY: malloc_trim only releases free heap memory.
+            unsafe { libc::malloc_trim(0) };
         }
         Ok(())
     }
@@ -284,6 +297,7 @@ impl Unwinder {
         };
         self.stats.builds += 1;
         self.stats.build_time += table.stats().build_duration;
+        self.trim_pending |= table.rows().len() >= LARGE_TABLE_ROWS;
         let rows = table.rows();
         let Ok(count) = u32::try_from(rows.len()) else {
             self.stats.too_large += 1;
