@@ -66,6 +66,7 @@ pub(super) fn render(c: &Collector) -> String {
             "files_deleted_by_retention": d.files_deleted,
             "retention_errors": d.retention_errors,
             "last_dump_ms": d.last_duration.as_millis() as u64,
+            "symbol_cache_resets": c.symbol_cache_resets,
         },
         "last_error": c.last_error,
     });
