@@ -244,6 +244,7 @@ pub fn block_comments(what: &str, counters: &Counters) -> Vec<String> {
             env!("CARGO_PKG_VERSION")
         ),
         futex_drops(&f),
+        unwind_comment(counters),
     ]
 }
 
@@ -259,6 +260,7 @@ pub fn mutex_comments(what: &str, counters: &Counters) -> Vec<String> {
         ),
         format!("woken waits without a recorded waker (whole machine; not in this profile): {}", f.no_waker),
         futex_drops(&f),
+        unwind_comment(counters),
     ]
 }
 
@@ -271,6 +273,7 @@ pub fn threadcreate_comments(what: &str, counters: &Counters) -> Vec<String> {
             env!("CARGO_PKG_VERSION")
         ),
         format!("dropped (whole machine): threadcreate map full {}; stacks lost {}", f.thread_map_full, f.stack_lost),
+        unwind_comment(counters),
     ]
 }
 

@@ -16,6 +16,7 @@ use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::tracepoint,
+    maps::{HashMap, PerCpuHashMap},
     programs::TracePointContext,
     EbpfContext,
 };
@@ -118,7 +119,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
 /// A syscall tracepoint field. Tracepoint records are readable directly (the verifier checks
 /// the offset against the record), which is cheaper than a probe-read helper.
 #[inline(always)]
-fn read_field(ctx: &TracePointContext, offset: usize) -> u64 {
+pub(crate) fn read_field(ctx: &TracePointContext, offset: usize) -> u64 {
     // SAFETY: an aligned 8-byte field inside the tracepoint record.
     unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<u64>()) }
 }
@@ -136,9 +137,9 @@ fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
 
 /// Counts a finished wait in the block maps, and in the mutex maps under its waker.
 ///
-/// The stack walk comes first: the verifier explores the bounded walk loop once per distinct
-/// register state reaching it, and an outcome already decoded into constants would multiply
-/// those states past its instruction limit.
+/// The stack walk comes first: with the walk inlined, an outcome already decoded into
+/// constants multiplied the verifier's states past its instruction limit (found with the
+/// unrolled frame-pointer walk; the order is kept).
 #[inline(always)]
 fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
     let tgid = (pid_tgid >> 32) as u32;
@@ -148,22 +149,12 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
     } else {
         (&BLOCK_COUNTS_1, &MUTEX_COUNTS_1, &STACKS_1)
     };
-    let mut truncated = false;
-    let stack = match capture_user(stacks, &mut truncated) {
-        Ok(hash) => hash,
-        Err(_) => {
-            bump_futex(FutexCounter::StackLost);
-            NO_STACK
-        }
-    };
+    let stack = user_stack(stacks);
     // SAFETY: a helper without arguments.
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack };
-    if add_or_insert(block, &key, &WaitTotals { count: 1, delay_ns }, |t| {
-        t.count += 1;
-        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
-    }) {
+    if add_wait(block, &key, delay_ns) {
         bump_futex(FutexCounter::Waits);
     } else {
         bump_futex(FutexCounter::BlockMapFull);
@@ -181,13 +172,33 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
         }
     };
     let key = WaitKey { stack: waker.stack, ..key };
-    if add_or_insert(mutex, &key, &WaitTotals { count: 1, delay_ns }, |t| {
-        t.count += 1;
-        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
-    }) {
+    if add_wait(mutex, &key, delay_ns) {
         bump_futex(FutexCounter::MutexCharged);
     } else {
         bump_futex(FutexCounter::MutexMapFull);
+    }
+}
+
+/// Adds one wait of `delay_ns` under `key`. False when the map is full.
+#[inline(always)]
+fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns: u64) -> bool {
+    add_or_insert(totals, key, &WaitTotals { count: 1, delay_ns }, |t| {
+        t.count += 1;
+        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
+    })
+}
+
+/// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted
+/// (the futex and thread-creation programs share the counter).
+#[inline(always)]
+pub(crate) fn user_stack(stacks: &HashMap<u64, profiler_common::Stack>) -> u64 {
+    let mut truncated = false;
+    match capture_user(stacks, &mut truncated) {
+        Ok(hash) => hash,
+        Err(_) => {
+            bump_futex(FutexCounter::StackLost);
+            NO_STACK
+        }
     }
 }
 
@@ -195,14 +206,7 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
 #[inline(always)]
 fn record_waker(pid_tgid: u64, uaddr: u64) {
     let stacks = if active_set() == 0 { &STACKS_0 } else { &STACKS_1 };
-    let mut truncated = false;
-    let stack = match capture_user(stacks, &mut truncated) {
-        Ok(hash) => hash,
-        Err(_) => {
-            bump_futex(FutexCounter::StackLost);
-            NO_STACK
-        }
-    };
+    let stack = user_stack(stacks);
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };
