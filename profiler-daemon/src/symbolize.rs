@@ -5,10 +5,15 @@
 //! the process lived, so a process that has exited is symbolized from its files. Results are
 //! cached per (file, offset) across processes. `blazesym::Symbolizer` is not `Send`: this
 //! type lives on one thread.
+//!
+//! The profiler's own executable is named from its symbol table only, without DWARF: its
+//! ~30 MiB of debug info, paged in and parsed, would be most of the daemon's memory, and its
+//! own frames need names, not source lines.
 
 use std::{
     collections::HashMap,
     ffi::OsStr,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -42,6 +47,8 @@ pub struct Symbolizer {
     kernel: HashMap<u64, Frames>,
     /// Parsed perf maps (JIT symbols), by path; sorted by start.
     perf_maps: HashMap<PathBuf, Vec<PerfMapEntry>>,
+    /// (device, inode) of the profiler's own executable, symbolized without DWARF.
+    own_exe: Option<(u64, u64)>,
 }
 
 /// One symbol of a JIT's perf map (`START SIZE NAME`, hex).
@@ -65,7 +72,13 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
-        Self { blaze, elf: HashMap::new(), kernel: HashMap::new(), perf_maps: HashMap::new() }
+        let own_exe = std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino()));
+        Self { blaze, elf: HashMap::new(), kernel: HashMap::new(), perf_maps: HashMap::new(), own_exe }
+    }
+
+    /// Whether `path` is the profiler's own executable (however the path reaches it).
+    fn is_own_exe(&self, path: &Path) -> bool {
+        self.own_exe.is_some() && std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino())) == self.own_exe
     }
 
     /// Names JIT code addresses with the perf map at `path` (`/tmp/perf-PID.map`, the format
@@ -101,7 +114,9 @@ impl Symbolizer {
             .filter(|&off| !self.elf.contains_key(&(path.to_path_buf(), off)))
             .collect();
         if !todo.is_empty() {
-            let src = Source::Elf(Elf::new(path));
+            let mut elf = Elf::new(path);
+            elf.debug_syms = !self.is_own_exe(path);
+            let src = Source::Elf(elf);
             let results = self.blaze.symbolize(&src, Input::FileOffset(&todo));
             let frames = collect(results, todo.len());
             for (off, frames) in todo.into_iter().zip(frames) {
@@ -257,6 +272,8 @@ mod tests {
             names.iter().any(|n| n.ends_with("marker_function_for_symbolizer_test")),
             "{names:?}"
         );
+        // The test binary is the running executable: symbol table only, no source lines.
+        assert!(frames[0].iter().all(|f| f.file.is_none() && f.line == 0), "{:?}", frames[0]);
         assert!(build_id(&exe).is_some_and(|id| id.len() >= 16));
     }
 
