@@ -6,7 +6,7 @@
 //! Futex waits (block, mutex) and thread creations are counted here too, per process.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -108,7 +108,9 @@ impl Aggregate {
 
     /// Learns the stacks and processes of a batch. Reads `/proc` for processes seen for the
     /// first time, and again for those with addresses outside their known mappings.
-    pub fn learn(&mut self, batch: &Batch) {
+    /// Returns the stacks this batch stored for the first time.
+    pub fn learn(&mut self, batch: &Batch) -> HashSet<u64> {
+        let mut new_stacks = HashSet::new();
         for (&hash, frames) in &batch.stacks {
             if self.stacks.contains_key(&hash) {
                 continue;
@@ -118,6 +120,7 @@ impl Aggregate {
                 continue;
             }
             self.stacks.insert(hash, frames.as_slice().into());
+            new_stacks.insert(hash);
         }
         let now = Instant::now();
         let user_stacks = batch.cpu.iter().map(|s| (s.tgid, s.user_stack, s.tid == s.tgid, s.comm.as_str()));
@@ -143,6 +146,7 @@ impl Aggregate {
         for pid in uncovered {
             self.refresh_mappings(pid);
         }
+        new_stacks
     }
 
     /// Registers a process before it has data (heap targets), so its mappings are captured
@@ -193,7 +197,7 @@ impl Aggregate {
         for pid in &gone {
             self.processes.remove(pid);
         }
-        let mut live = std::collections::HashSet::new();
+        let mut live = HashSet::new();
         for counts in keep {
             live.extend(counts.stack_hashes());
         }

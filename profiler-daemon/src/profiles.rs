@@ -1,11 +1,11 @@
 //! What each profile type is: which stacks and values it takes from a process's aggregated
 //! data, and its pprof shape (sample types, period), following Go's runtime/pprof.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::{
     aggregate::{HeapCount, ProcessCounts, WaitCount, WaitSite},
-    ebpf::Counters,
+    ebpf::{Batch, Counters},
     resolve::{LabelValue, StackSample},
 };
 use profiler_common::{WaitOp, WaitOutcome, NO_STACK};
@@ -83,6 +83,30 @@ pub fn heap(process: &ProcessCounts, sample_bytes: u64) -> (Shape, Vec<StackSamp
         })
         .collect();
     (shape, samples)
+}
+
+/// The stacks of a drained batch's samples, by process, as the profile types above resolve
+/// them (with no values): what the collector symbolizes ahead of the dump. `only` limits them
+/// to samples with a stack in it (stacks new to the aggregate).
+pub fn batch_stacks(batch: &Batch, only: &HashSet<u64>) -> Vec<(u32, StackSample)> {
+    let sample = |user_stack, kernel_stack, user_leaf_is_return| StackSample {
+        user_stack,
+        kernel_stack,
+        user_leaf_is_return,
+        values: Vec::new(),
+        labels: Vec::new(),
+    };
+    // Heap, futex and thread stacks are taken on return from a call (see those profiles).
+    let returned = |tgid: u32, stack: u64| (tgid, sample(stack, NO_STACK, stack != NO_STACK));
+    let cpu = batch.cpu.iter().map(|s| (s.tgid, sample(s.user_stack, s.kernel_stack, false)));
+    let heap = batch.heap.iter().map(|h| returned(h.tgid, h.stack));
+    let waits = batch.block.iter().chain(&batch.mutex).map(|w| returned(w.tgid, w.stack));
+    let threads = batch.threads.iter().map(|t| returned(t.tgid, t.stack));
+    cpu.chain(heap)
+        .chain(waits)
+        .chain(threads)
+        .filter(|(_, s)| only.contains(&s.user_stack) || only.contains(&s.kernel_stack))
+        .collect()
 }
 
 /// The shape of Go's block and mutex profiles.
@@ -288,6 +312,29 @@ fn futex_drops(f: &crate::ebpf::FutexCounters) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ebpf::{RawCpuSample, RawHeapTotals};
+
+    #[test]
+    fn batch_stacks_adjust_leaves_like_the_profiles_and_keep_only_new_stacks() {
+        let cpu = |tgid, user_stack, kernel_stack| RawCpuSample { tgid, tid: tgid, comm: String::new(), user_stack, kernel_stack, count: 1 };
+        let batch = Batch {
+            cpu: vec![cpu(1, 10, NO_STACK), cpu(1, 11, 12), cpu(2, 13, NO_STACK)],
+            heap: vec![RawHeapTotals { tgid: 3, stack: 14, count: 1, bytes: 8 }],
+            ..Batch::default()
+        };
+        let only: HashSet<u64> = [10, 12, 14].into();
+        let got: Vec<(u32, u64, u64, bool)> = batch_stacks(&batch, &only)
+            .into_iter()
+            .map(|(pid, s)| (pid, s.user_stack, s.kernel_stack, s.user_leaf_is_return))
+            .collect();
+        // As `cpu` and `heap` build them; pid 2's stack 13 is not new.
+        assert_eq!(got, [(1, 10, NO_STACK, false), (1, 11, 12, false), (3, 14, NO_STACK, true)]);
+        let (_, heap_samples) = heap(
+            &ProcessCounts { heap_allocated: [(14, HeapCount { count: 1, bytes: 8 })].into(), ..ProcessCounts::default() },
+            1,
+        );
+        assert_eq!(heap_samples[0].user_leaf_is_return, got[2].3);
+    }
 
     #[test]
     fn scaling_matches_go() {

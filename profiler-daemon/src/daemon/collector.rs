@@ -20,9 +20,10 @@ use super::{
 use crate::{
     aggregate::{Aggregate, Counts, KnownProcess},
     config::{Config, ProcessFacts, ProfileKind},
-    ebpf::{HeapAttachment, Session, SessionConfig},
+    ebpf::{Batch, HeapAttachment, Session, SessionConfig},
     error::Result,
     pprof, procs, profiles,
+    resolve::{self, StackSample},
     symbolize::Symbolizer,
     unwind::{self, Unwinder},
 };
@@ -216,7 +217,7 @@ impl Collector {
             Ok(batch) => batch,
             Err(err) => return self.record_error(format!("failed to drain the BPF maps: {err}")),
         };
-        self.agg.learn(&batch);
+        let new_stacks = self.agg.learn(&batch);
         self.interval.add(&batch);
         self.total.add(&batch);
         for window in &mut self.windows {
@@ -225,6 +226,28 @@ impl Collector {
         let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
         if let Err(err) = self.unwinder.sync(&mut self.session, seen, Some(UNWIND_SYNC_BUDGET)) {
             self.record_error(format!("failed to load unwind tables: {err}"));
+        }
+        self.presymbolize(&batch, &new_stacks);
+    }
+
+    /// Symbolizes the addresses of stacks first seen in this drain, so that the dump finds
+    /// them in the symbol cache: the cost of reading a file's symbols is paid a little per
+    /// drain as stacks appear, and a dump (or a query) only encodes. Only processes the
+    /// output selects are symbolized.
+    fn presymbolize(&mut self, batch: &Batch, new_stacks: &HashSet<u64>) {
+        if new_stacks.is_empty() {
+            return;
+        }
+        let mut by_pid: BTreeMap<u32, Vec<StackSample>> = BTreeMap::new();
+        for (pid, sample) in profiles::batch_stacks(batch, new_stacks) {
+            by_pid.entry(pid).or_default().push(sample);
+        }
+        for (pid, samples) in by_pid {
+            let Some(process) = self.agg.process(pid) else { continue };
+            if self.config.processes.matches(&facts(process)) {
+                // The result is dropped: what is kept is the symbolizer's cache.
+                let _ = resolve::resolve(process, &self.agg, samples, &mut self.sym);
+            }
         }
     }
 
