@@ -38,9 +38,10 @@ pub mod maps {
     pub const STACKS_0: &str = "STACKS_0";
     /// The same for map set 1.
     pub const STACKS_1: &str = "STACKS_1";
-    /// Array of one `u32`: the map set (0 or 1) the kernel programs write to now. Userspace
-    /// flips it, lets in-flight programs finish, then drains and clears the other set, so
-    /// draining never races with the kernel's writes.
+    /// Array of one `u32`: the generation, the number of flips so far, whose low bit is the
+    /// map set (0 or 1) the kernel programs write to now. Userspace flips it, lets in-flight
+    /// programs finish, then drains and clears the other set, so draining never races with
+    /// the kernel's writes.
     pub const CONTROL: &str = "CONTROL";
     /// Index of the active-set slot in [`CONTROL`].
     pub const CONTROL_ACTIVE_SET: u32 = 0;

@@ -12,7 +12,10 @@ use profiler_common::{
     Stack, MAX_STACK_DEPTH, NO_STACK,
 };
 
-use crate::{maps::STACK_SCRATCH, user_stack};
+use crate::{
+    maps::{active_generation, StoredStack, STACKS_1, STACK_SCRATCH, STORED_STACKS, STORED_STACKS_ENTRIES},
+    user_stack,
+};
 
 /// Why a stack is missing from a sample.
 pub enum StackError {
@@ -77,15 +80,37 @@ fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, Stack
         hash = hash_frame(hash, scratch.ips[i]);
     }
     let hash = finish_hash(hash);
-    // Most samples repeat a stack already stored: a lookup is cheaper than an update, which
-    // takes the bucket lock (and for this map allocates) before it finds the key.
+    // Most samples repeat a stack this CPU stored lately: the per-CPU note of it is an array
+    // slot, cheaper than a hash lookup. It holds only for the generation it was written in:
+    // each flip, userspace drains and clears the set. If the sets flipped since the caller
+    // chose `stacks` (the generation's parity differs), neither read nor write the note.
+    let generation = active_generation();
+    let noted = generation & 1 == core::ptr::eq(stacks, &STACKS_1) as u32;
+    let slot = hash as u32 & (STORED_STACKS_ENTRIES - 1);
+    if noted {
+        if let Some(note) = STORED_STACKS.get_ptr(slot) {
+            // SAFETY: this CPU's slot; programs do not nest on a CPU for these attach types.
+            let note = unsafe { &*note };
+            if note.valid == 1 && note.hash == hash && note.generation == generation {
+                return Ok(hash);
+            }
+        }
+    }
+    // Otherwise a lookup is cheaper than an update, which takes the bucket lock (and for this
+    // map allocates) before it finds the key.
     // SAFETY: only checks for presence.
-    if unsafe { stacks.get(&hash) }.is_some() {
-        return Ok(hash);
+    if unsafe { stacks.get(&hash) }.is_none() {
+        match stacks.insert(&hash, &*scratch, BPF_NOEXIST as u64) {
+            Ok(()) => {}
+            Err(err) if err == -EEXIST => {}
+            Err(_) => return Err(StackError::MapFull),
+        }
     }
-    match stacks.insert(&hash, &*scratch, BPF_NOEXIST as u64) {
-        Ok(()) => Ok(hash),
-        Err(err) if err == -EEXIST => Ok(hash),
-        Err(_) => Err(StackError::MapFull),
+    if noted {
+        if let Some(note) = STORED_STACKS.get_ptr_mut(slot) {
+            // SAFETY: as above.
+            unsafe { *note = StoredStack { hash, generation, valid: 1 } };
+        }
     }
+    Ok(hash)
 }

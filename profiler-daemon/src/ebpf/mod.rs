@@ -71,7 +71,8 @@ pub struct Counters {
 /// The loaded programs and maps.
 pub struct Session {
     ebpf: Ebpf,
-    active_set: u32,
+    /// Map-set flips so far; the low bit is the set the kernel writes to.
+    generation: u32,
     heap_loaded: bool,
     /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
     exec_tracking_error: Option<String>,
@@ -123,7 +124,7 @@ impl Session {
             );
             message
         });
-        Ok(Self { ebpf, active_set: 0, heap_loaded: false, exec_tracking_error, _stats: stats })
+        Ok(Self { ebpf, generation: 0, heap_loaded: false, exec_tracking_error, _stats: stats })
     }
 
     /// Copies up to one shard of unwind-table rows into shard `shard` of the row memory.
@@ -196,9 +197,11 @@ impl Session {
 
     /// Flips the kernel to the other map set and drains the one it wrote to until now.
     pub fn drain(&mut self) -> Result<Batch> {
-        let drained = self.active_set;
-        self.active_set ^= 1;
-        self.set_active(self.active_set)?;
+        let drained = self.generation & 1;
+        // The kernel reads the generation, whose low bit is the set: its notes of stacks
+        // stored (`STORED_STACKS`) are per generation, so none outlives the set's clearing.
+        self.generation = self.generation.wrapping_add(1);
+        self.set_active(self.generation)?;
         // A program that read the old set index just before the flip is still writing to it.
         // BPF programs run to completion in microseconds; wait far longer than that.
         std::thread::sleep(Duration::from_millis(5));
@@ -220,9 +223,9 @@ impl Session {
         heap::live_blocks(&self.ebpf)
     }
 
-    fn set_active(&mut self, set: u32) -> Result<()> {
+    fn set_active(&mut self, generation: u32) -> Result<()> {
         let mut control: Array<&mut MapData, u32> = map_mut(&mut self.ebpf, maps::CONTROL)?;
-        control.set(maps::CONTROL_ACTIVE_SET, set, 0).map_err(map_error("write", maps::CONTROL))
+        control.set(maps::CONTROL_ACTIVE_SET, generation, 0).map_err(map_error("write", maps::CONTROL))
     }
 }
 
