@@ -89,6 +89,10 @@ fn cpu(args: &CpuArgs) -> Result<()> {
     workspace::stage(&format!("bpftrace profile:hz:{hz} with kstack+ustack for {secs} s (peer for ns/sample)"));
     let bpftrace_ns = peer::bpftrace_ns_per_sample(hz, secs);
     bail_if_interrupted()?;
+    let floor_secs = secs.min(10);
+    workspace::stage(&format!("bpftrace: empty program, then one map update, {floor_secs} s each (the machine's floor)"));
+    let (empty_ns, one_update_ns) = peer::bpftrace_floor_ns(hz, floor_secs);
+    bail_if_interrupted()?;
     let profiler_row = report::Row::profiler(&profiler);
     report::print(&profiler_row, &report::Row::perf(&perf));
     match (profiler_row.ns_per_sample, bpftrace_ns) {
@@ -98,6 +102,12 @@ fn cpu(args: &CpuArgs) -> Result<()> {
         ),
         _ => println!("bpf ns/sample of bpftrace: n/a (bpftrace missing or no bpf_stats)"),
     }
+    let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
+    println!(
+        "floor on this machine (bpftrace ns/run): empty program {}, one map update (@[pid] = count()) {}",
+        show(empty_ns),
+        show(one_update_ns)
+    );
     println!("(outputs kept in {})", out.display());
     Ok(())
 }

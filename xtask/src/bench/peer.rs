@@ -2,6 +2,8 @@
 //! count(); }`), so the profiler's BPF ns/sample is shown next to another eBPF tool's on the
 //! same machine and load. Its programs' cost is read from their fdinfo (`run_time_ns`,
 //! `run_cnt`) while it runs, which needs kernel.bpf_stats_enabled (the bench turns it on).
+//! The same way, trivial bpftrace programs measure the machine's floor: what an empty
+//! program and a single map update cost per run here (on a VM, far more than on metal).
 
 use std::{
     process::{Command, Stdio},
@@ -11,9 +13,21 @@ use std::{
 /// Average ns per run of bpftrace's profile probe over `seconds`, or `None` when bpftrace
 /// is missing or reported nothing.
 pub fn bpftrace_ns_per_sample(frequency_hz: u32, seconds: u64) -> Option<f64> {
-    let program = format!("profile:hz:{frequency_hz} {{ @[kstack, ustack] = count(); }}");
+    bpftrace_ns_per_run(&format!("profile:hz:{frequency_hz} {{ @[kstack, ustack] = count(); }}"), seconds)
+}
+
+/// The floor at `frequency_hz`: ns per run of an empty profile program and of one that does
+/// a single map update (`@[pid] = count()`).
+pub fn bpftrace_floor_ns(frequency_hz: u32, seconds: u64) -> (Option<f64>, Option<f64>) {
+    (
+        bpftrace_ns_per_run(&format!("profile:hz:{frequency_hz} {{ }}"), seconds),
+        bpftrace_ns_per_run(&format!("profile:hz:{frequency_hz} {{ @[pid] = count(); }}"), seconds),
+    )
+}
+
+fn bpftrace_ns_per_run(program: &str, seconds: u64) -> Option<f64> {
     let mut child = Command::new("bpftrace")
-        .args(["-e", &program])
+        .args(["-e", program])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
