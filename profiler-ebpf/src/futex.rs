@@ -12,6 +12,8 @@
 //! before any waiter can run. A waiter that returns woken, on a word whose last wake came
 //! after it started waiting, has its delay added under the waker's stack in the mutex maps.
 
+use core::ptr;
+
 use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
@@ -163,15 +165,19 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
         return;
     }
     let waker_key = WakerKey { tgid, _pad: 0, uaddr: wait.uaddr };
-    // SAFETY: a plain value read, copied out at once.
-    let waker = match unsafe { FUTEX_WAKERS.get(&waker_key) }.copied() {
-        Some(w) if w.wake_ns >= wait.start_ns => w,
+    // The time before the stack: `record_waker` may be rewriting the entry in place, and
+    // writes the stack before the time.
+    let waker_stack = match FUTEX_WAKERS.get_ptr(&waker_key) {
+        // SAFETY: plain field reads of a live map value.
+        Some(entry) if unsafe { ptr::read_volatile(&(*entry).wake_ns) } >= wait.start_ns => unsafe {
+            ptr::read_volatile(&(*entry).stack)
+        },
         _ => {
             bump_futex(FutexCounter::NoWaker);
             return;
         }
     };
-    let key = WaitKey { stack: waker.stack, ..key };
+    let key = WaitKey { stack: waker_stack, ..key };
     if add_wait(mutex, &key, delay_ns) {
         bump_futex(FutexCounter::MutexCharged);
     } else {
@@ -212,7 +218,18 @@ fn record_waker(pid_tgid: u64, uaddr: u64) {
     let wake_ns = unsafe { bpf_ktime_get_ns() };
     let waker = Waker { stack, wake_ns, tid: pid_tgid as u32, _pad: 0 };
     let key = WakerKey { tgid, _pad: 0, uaddr };
-    if FUTEX_WAKERS.insert(&key, &waker, BPF_ANY as u64).is_ok() {
+    // A word is usually woken again and again (the same lock or condition): overwriting its
+    // entry in place skips the LRU's allocation and list locking. `wake_ns` is written last,
+    // so a waiter that sees the new time also sees the new stack (x86 keeps stores in order).
+    if let Some(entry) = FUTEX_WAKERS.get_ptr_mut(&key) {
+        // SAFETY: a live map value of this type; plain field writes.
+        unsafe {
+            ptr::write_volatile(&mut (*entry).stack, stack);
+            ptr::write_volatile(&mut (*entry).tid, waker.tid);
+            ptr::write_volatile(&mut (*entry).wake_ns, wake_ns);
+        }
+        bump_futex(FutexCounter::Wakes);
+    } else if FUTEX_WAKERS.insert(&key, &waker, BPF_ANY as u64).is_ok() {
         bump_futex(FutexCounter::Wakes);
     } else {
         bump_futex(FutexCounter::WakerMapFull);
