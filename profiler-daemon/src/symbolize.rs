@@ -67,13 +67,16 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
-        let blaze = Blaze::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
+        let blaze = new_blaze();
         let own_exe = std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino()));
         Self { blaze, elf: HashMap::new(), kernel: HashMap::new(), perf_maps: HashMap::new(), own_exe }
+    }
+
+    /// Closes the files blazesym holds open and parsed, keeping every symbol already found:
+    /// a later address in a file opens it again. Otherwise the mapped and parsed debug info
+    /// of every file ever symbolized (those of long-gone processes too) stays in memory.
+    pub fn close_files(&mut self) {
+        self.blaze = new_blaze();
     }
 
     /// Whether `path` is the profiler's own executable (however the path reaches it).
@@ -146,6 +149,10 @@ impl Symbolizer {
         }
         addrs.iter().map(|a| self.kernel[a].clone()).collect()
     }
+}
+
+fn new_blaze() -> Blaze {
+    Blaze::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build()
 }
 
 /// Parses a perf map: `START SIZE NAME` per line, hex numbers with or without `0x`; later
@@ -275,6 +282,25 @@ mod tests {
         // The test binary is the running executable: symbol table only, no source lines.
         assert!(frames[0].iter().all(|f| f.file.is_none() && f.line == 0), "{:?}", frames[0]);
         assert!(build_id(&exe).is_some_and(|id| id.len() >= 16));
+    }
+
+    #[test]
+    fn closing_files_keeps_the_symbols_found_and_reopens_for_new_addresses() {
+        let libc = crate::procs::read_maps(std::process::id())
+            .unwrap()
+            .into_iter()
+            .find(|m| m.path.contains("libc.so"))
+            .expect("the test binary maps libc");
+        let path = Path::new(&libc.path);
+        let offsets = symbol_offsets(path, &["malloc", "free"]);
+        let (malloc, free) = (offsets[0].unwrap(), offsets[1].unwrap());
+        let mut sym = Symbolizer::new();
+        let before = sym.elf(path, &[malloc]);
+        assert!(!before[0].is_empty());
+        sym.close_files();
+        assert_eq!(sym.elf(path, &[malloc]), before);
+        let names: Vec<String> = sym.elf(path, &[free])[0].iter().map(|f| f.function.clone()).collect();
+        assert!(names.iter().any(|n| n.contains("free")), "{names:?}");
     }
 
     #[test]

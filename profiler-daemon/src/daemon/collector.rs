@@ -343,24 +343,23 @@ impl Collector {
             .collect()
     }
 
-    /// blazesym keeps every file it opened (and kallsyms) parsed and mapped; over days of
-    /// processes coming and going that only grows. Past [`SYMBOLIZER_RSS_BUDGET`], start a
-    /// fresh symbolizer: the next dump re-reads what it needs. The budget sits well above the
-    /// steady size: with whole stacks (libc, ld.so, the profiler's own DWARF) the caches for
-    /// 200 processes hold 40-60 MiB, and a budget just above the steady size (it was 48 MiB)
-    /// reset them after nearly every dump, re-parsing kallsyms and every file each time:
-    /// dumps took 3x as long and the daemon used 2.4x the CPU. Resets are counted in /status.
+    /// After each dump the symbolizer closes its files (their mapped pages and parsed debug
+    /// info are most of its memory; a file with new addresses is opened again, at most once
+    /// per interval) and keeps the symbols it found. Those results only grow as processes
+    /// come and go; past [`SYMBOLIZER_RSS_BUDGET`] they are dropped as well, and the next
+    /// dump re-reads what it needs. Resets are counted in /status.
     fn bound_symbol_caches(&mut self) {
         // JITs keep appending to their perf maps: read them afresh for each dump.
         self.sym.forget_perf_maps();
+        self.sym.close_files();
         if resident_bytes().is_some_and(|rss| rss > SYMBOLIZER_RSS_BUDGET) {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
             self.sym = Symbolizer::new();
             self.symbol_cache_resets += 1;
-            // Give the freed caches back to the system.
-            // SAFETY: malloc_trim only releases free heap memory.
-            unsafe { libc::malloc_trim(0) };
         }
+        // Give the freed parsers (and caches) back to the system.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
     }
 
     fn settings(&self) -> RenderSettings {
