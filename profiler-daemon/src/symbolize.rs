@@ -42,7 +42,11 @@ pub type Frames = Vec<Frame>;
 
 /// A caching symbolizer for ELF files and the running kernel.
 pub struct Symbolizer {
+    /// For ELF files; closed by [`Symbolizer::close_files`].
     blaze: Blaze,
+    /// For the kernel, kept open: parsing `/proc/kallsyms` again costs ~100 ms, and there is
+    /// one kernel.
+    kernel_blaze: Blaze,
     elf: HashMap<(PathBuf, u64), Frames>,
     kernel: HashMap<u64, Frames>,
     /// Parsed perf maps (JIT symbols), by path; sorted by start.
@@ -69,11 +73,18 @@ impl Symbolizer {
     pub fn new() -> Self {
         let blaze = new_blaze();
         let own_exe = std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino()));
-        Self { blaze, elf: HashMap::new(), kernel: HashMap::new(), perf_maps: HashMap::new(), own_exe }
+        Self {
+            blaze,
+            kernel_blaze: new_blaze(),
+            elf: HashMap::new(),
+            kernel: HashMap::new(),
+            perf_maps: HashMap::new(),
+            own_exe,
+        }
     }
 
-    /// Closes the files blazesym holds open and parsed, keeping every symbol already found:
-    /// a later address in a file opens it again. Otherwise the mapped and parsed debug info
+    /// Closes the ELF files blazesym holds open and parsed, keeping every symbol already
+    /// found: a later address in a file opens it again. Kernel symbols stay loaded. Otherwise the mapped and parsed debug info
     /// of every file ever symbolized (those of long-gone processes too) stays in memory.
     pub fn close_files(&mut self) {
         self.blaze = new_blaze();
@@ -141,7 +152,7 @@ impl Symbolizer {
                 debug_syms: false,
                 ..Kernel::default()
             };
-            let results = self.blaze.symbolize(&Source::Kernel(kernel), Input::AbsAddr(&todo));
+            let results = self.kernel_blaze.symbolize(&Source::Kernel(kernel), Input::AbsAddr(&todo));
             let frames = collect(results, todo.len());
             for (addr, frames) in todo.into_iter().zip(frames) {
                 self.kernel.insert(addr, frames);

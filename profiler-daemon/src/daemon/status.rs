@@ -67,6 +67,7 @@ pub(super) fn render(c: &Collector) -> String {
             "retention_errors": d.retention_errors,
             "last_dump_ms": d.last_duration.as_millis() as u64,
             "symbol_cache_resets": c.symbol_cache_resets,
+            "symbol_file_closes": c.symbol_file_closes,
         },
         "last_error": c.last_error,
     });
