@@ -156,6 +156,15 @@ impl Aggregate {
         process.last_seen = Instant::now();
     }
 
+    /// A process called `execve`: its mappings are read again (or for the first time), so
+    /// its new image is known before its first sample.
+    pub fn exec_seen(&mut self, pid: u32) {
+        if self.processes.contains_key(&pid) {
+            self.refresh_mappings(pid);
+        }
+        self.track(pid);
+    }
+
     /// A known process.
     pub fn process(&self, pid: u32) -> Option<&KnownProcess> {
         self.processes.get(&pid)

@@ -91,7 +91,8 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
-    let mut pipeline = Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder };
+    let mut pipeline =
+        Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder, pids: &args.pids };
     let interrupted = capture(&mut pipeline, args.duration)?;
     if heap {
         // Read the live blocks, then drain once more: blocks sampled since the last drain
@@ -190,6 +191,8 @@ struct Pipeline<'a> {
     agg: &'a mut Aggregate,
     counts: &'a mut Counts,
     unwinder: &'a mut Unwinder,
+    /// The `--pid` processes; empty: every process.
+    pids: &'a [u32],
 }
 
 impl Pipeline<'_> {
@@ -197,6 +200,12 @@ impl Pipeline<'_> {
         let batch = self.session.drain()?;
         self.agg.learn(&batch);
         self.counts.add(&batch);
+        // New images are registered now, not after their first sample.
+        for pid in self.unwinder.take_execs(self.session)? {
+            if self.pids.is_empty() || self.pids.contains(&pid) {
+                self.agg.exec_seen(pid);
+            }
+        }
         let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
         self.unwinder.sync(self.session, seen, Some(UNWIND_SYNC_BUDGET))
     }

@@ -1,6 +1,7 @@
 //! `sched:sched_process_exec`: a process that calls `execve` replaces every mapping, so the
 //! walker forgets the old ones at once (they would unwind the new image with the old
-//! tables) and tells userspace to register the new ones.
+//! tables), and every exec is told to userspace, which registers the new image at its next
+//! drain instead of after the process's first sample.
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 
@@ -11,9 +12,10 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: only checks for presence.
     if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
-        // Failures only delay the new registration until userspace reads the maps again.
         let _ = UNWIND_PROCESSES.remove(&tgid);
-        let _ = UNWIND_EXECS.insert(&tgid, &1, 0);
     }
+    // A failure (the map full until the next drain) only delays the registration until the
+    // process's first sample, as without this program.
+    let _ = UNWIND_EXECS.insert(&tgid, &1, 0);
     0
 }

@@ -226,6 +226,12 @@ impl Collector {
         for window in &mut self.windows {
             window.counts.add(&batch);
         }
+        match self.unwinder.take_execs(&mut self.session) {
+            // A new image is registered now, not after its first sample: until then its
+            // stacks would be walked with frame pointers only.
+            Ok(pids) => pids.into_iter().for_each(|pid| self.agg.exec_seen(pid)),
+            Err(err) => self.record_error(format!("failed to read the processes that called execve: {err}")),
+        }
         let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
         if let Err(err) = self.unwinder.sync(&mut self.session, seen, Some(UNWIND_SYNC_BUDGET)) {
             self.record_error(format!("failed to load unwind tables: {err}"));

@@ -118,10 +118,22 @@ impl Unwinder {
         }
     }
 
+    /// The processes that called `execve` since the last call (the kernel noted them). Those
+    /// registered are forgotten (the kernel already dropped their mappings); the caller makes
+    /// them known to the aggregate, and [`Unwinder::sync`] registers their new image.
+    pub fn take_execs(&mut self, session: &mut Session) -> Result<Vec<u32>> {
+        let pids = session.take_execs()?;
+        for pid in &pids {
+            if let Some(old) = self.processes.remove(pid) {
+                self.release(&old.keys);
+            }
+        }
+        Ok(pids)
+    }
+
     /// Registers the processes not registered yet, or registered with an older mapping
-    /// `version` (their mappings changed: `dlopen`), and re-registers those that called
-    /// `execve`. Stops starting new registrations after `budget` (the rest wait for the next
-    /// call); `None` registers all.
+    /// `version` (their mappings changed: `dlopen`). Stops starting new registrations after
+    /// `budget` (the rest wait for the next call); `None` registers all.
     pub fn sync(
         &mut self,
         session: &mut Session,
@@ -129,12 +141,6 @@ impl Unwinder {
         budget: Option<Duration>,
     ) -> Result<()> {
         let started = Instant::now();
-        for pid in session.take_execs()? {
-            // The kernel already forgot the mappings; forget the references, register anew.
-            if let Some(old) = self.processes.remove(&pid) {
-                self.release(&old.keys);
-            }
-        }
         for (pid, version) in processes {
             if budget.is_some_and(|b| started.elapsed() >= b) {
                 break;

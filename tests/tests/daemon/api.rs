@@ -17,7 +17,7 @@ use super::{assert_split, index_pids, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ, HEAP_S
 /// `heap` and `allocs` of the heap-opted-in heap_sites fixture are heap profiles whose
 /// default sample types are inuse_space and alloc_space and which hold its site functions;
 /// `debug=1` is text naming a site; `/status` is JSON; block, mutex and threadcreate (not
-/// implemented), and heap of a process not opted in, are 404.
+/// enabled in this configuration; see `waits`), and heap of a process not opted in, are 404.
 #[test]
 fn every_endpoint_answers_and_go_pprof_reads_it() {
     if !preflight() {

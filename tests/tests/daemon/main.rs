@@ -1,7 +1,8 @@
 //! `profiler run` end to end: the daemon against fixtures with known CPU splits and known
 //! allocation sites, one module per concern: the periodic files and retention (`files`),
 //! full and read-only output file systems (`disk`), the socket's endpoints, refusals and
-//! per-uid visibility (`api`), and SIGHUP, SIGTERM and `check-config` (`lifecycle`).
+//! per-uid visibility (`api`), the block, mutex and threadcreate profiles against a program's
+//! own lock-wait clock (`waits`), and SIGHUP, SIGTERM and `check-config` (`lifecycle`).
 //!
 //! Intervals are 1-4 s and every wait is bounded, so a hung daemon fails a test rather than
 //! hanging it. Run with `--test-threads=1`: the tests share the machine's CPUs and each
@@ -11,6 +12,7 @@ mod api;
 mod disk;
 mod files;
 mod lifecycle;
+mod waits;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
