@@ -11,7 +11,7 @@ use std::{
 use crate::{
     aggregate::{Aggregate, KnownProcess},
     procs::MapEntry,
-    symbolize::{self, Frames, Symbolizer},
+    symbolize::{Frames, Symbolizer},
 };
 
 /// The pseudo file name of kernel frames (the name perf and pprof tools use).
@@ -277,7 +277,7 @@ fn user_site(pid: u32, ns_pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Sym
         limit: map.end,
         offset: map.offset,
         path: map.path.clone(),
-        build_id: file.as_deref().and_then(symbolize::build_id),
+        build_id: file.as_deref().and_then(|path| sym.build_id(path)),
         has_functions: false,
         has_lines: false,
         has_inline_frames: false,

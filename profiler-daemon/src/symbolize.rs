@@ -53,6 +53,15 @@ pub struct Symbolizer {
     perf_maps: HashMap<PathBuf, Vec<PerfMapEntry>>,
     /// (device, inode) of the profiler's own executable, symbolized without DWARF.
     own_exe: Option<(u64, u64)>,
+    /// Build ids by path, with the identity of the file they were read from.
+    build_ids: HashMap<PathBuf, (FileIdentity, Option<String>)>,
+}
+
+/// (device, inode, size, mtime): a path naming another file than before is read again.
+type FileIdentity = (u64, u64, u64, i64);
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.size(), m.mtime()))
 }
 
 /// One symbol of a JIT's perf map (`START SIZE NAME`, hex).
@@ -80,6 +89,7 @@ impl Symbolizer {
             kernel: HashMap::new(),
             perf_maps: HashMap::new(),
             own_exe,
+            build_ids: HashMap::new(),
         }
     }
 
@@ -88,6 +98,20 @@ impl Symbolizer {
     /// of every file ever symbolized (those of long-gone processes too) stays in memory.
     pub fn close_files(&mut self) {
         self.blaze = new_blaze();
+    }
+
+    /// The build id of the ELF file at `path` ([`build_id`]), read once per file: every
+    /// profile names it for each of its mappings, and reading it maps and parses the file.
+    pub fn build_id(&mut self, path: &Path) -> Option<String> {
+        let id = identity(path)?;
+        match self.build_ids.get(path) {
+            Some((seen, build_id)) if *seen == id => build_id.clone(),
+            _ => {
+                let build_id = build_id(path);
+                self.build_ids.insert(path.to_path_buf(), (id, build_id.clone()));
+                build_id
+            }
+        }
     }
 
     /// Whether `path` is the profiler's own executable (however the path reaches it).
@@ -293,6 +317,9 @@ mod tests {
         // The test binary is the running executable: symbol table only, no source lines.
         assert!(frames[0].iter().all(|f| f.file.is_none() && f.line == 0), "{:?}", frames[0]);
         assert!(build_id(&exe).is_some_and(|id| id.len() >= 16));
+        let mut sym = Symbolizer::new();
+        assert_eq!(sym.build_id(&exe), build_id(&exe));
+        assert_eq!(sym.build_id(&exe), build_id(&exe), "from the cache");
     }
 
     #[test]
@@ -312,6 +339,25 @@ mod tests {
         assert_eq!(sym.elf(path, &[malloc]), before);
         let names: Vec<String> = sym.elf(path, &[free])[0].iter().map(|f| f.function.clone()).collect();
         assert!(names.iter().any(|n| n.contains("free")), "{names:?}");
+    }
+
+    #[test]
+    fn cached_build_ids_follow_a_path_to_its_new_file() {
+        let maps = crate::procs::read_maps(std::process::id()).unwrap();
+        let lib = |name: &str| PathBuf::from(&maps.iter().find(|m| m.path.contains(name)).expect("mapped").path);
+        let (libc, ld) = (lib("libc.so"), lib("ld-linux"));
+        let dir = std::env::temp_dir().join(format!("profiler-build-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lib.so");
+        let mut sym = Symbolizer::new();
+        std::fs::copy(&libc, &path).unwrap();
+        assert_eq!(sym.build_id(&path), build_id(&libc));
+        // Replaced the way package managers do: a new file renamed over the old name.
+        std::fs::copy(&ld, dir.join("new.so")).unwrap();
+        std::fs::rename(dir.join("new.so"), &path).unwrap();
+        assert_eq!(sym.build_id(&path), build_id(&ld));
+        assert_ne!(build_id(&libc), build_id(&ld));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
