@@ -297,6 +297,13 @@ fn display_path(dir: Option<&Path>, file: &OsStr) -> String {
 mod tests {
     use super::*;
 
+    /// The file this test process maps whose path contains `name`.
+    fn mapped_file(name: &str) -> PathBuf {
+        let maps = crate::procs::read_maps(std::process::id()).unwrap();
+        let map = maps.iter().find(|m| m.path.contains(name));
+        PathBuf::from(&map.unwrap_or_else(|| panic!("the test binary maps no {name}")).path)
+    }
+
     #[inline(never)]
     fn marker_function_for_symbolizer_test() -> u64 {
         std::hint::black_box(42)
@@ -324,12 +331,8 @@ mod tests {
 
     #[test]
     fn closing_files_keeps_the_symbols_found_and_reopens_for_new_addresses() {
-        let libc = crate::procs::read_maps(std::process::id())
-            .unwrap()
-            .into_iter()
-            .find(|m| m.path.contains("libc.so"))
-            .expect("the test binary maps libc");
-        let path = Path::new(&libc.path);
+        let libc = mapped_file("libc.so");
+        let path = libc.as_path();
         let offsets = symbol_offsets(path, &["malloc", "free"]);
         let (malloc, free) = (offsets[0].unwrap(), offsets[1].unwrap());
         let mut sym = Symbolizer::new();
@@ -343,9 +346,7 @@ mod tests {
 
     #[test]
     fn cached_build_ids_follow_a_path_to_its_new_file() {
-        let maps = crate::procs::read_maps(std::process::id()).unwrap();
-        let lib = |name: &str| PathBuf::from(&maps.iter().find(|m| m.path.contains(name)).expect("mapped").path);
-        let (libc, ld) = (lib("libc.so"), lib("ld-linux"));
+        let (libc, ld) = (mapped_file("libc.so"), mapped_file("ld-linux"));
         let dir = std::env::temp_dir().join(format!("profiler-build-id-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("lib.so");
@@ -362,12 +363,7 @@ mod tests {
 
     #[test]
     fn finds_symbol_offsets_and_aliases() {
-        let libc = crate::procs::read_maps(std::process::id())
-            .unwrap()
-            .into_iter()
-            .find(|m| m.path.contains("libc.so"))
-            .expect("the test binary maps libc");
-        let offsets = symbol_offsets(Path::new(&libc.path), &["malloc", "free", "no_such_symbol_here"]);
+        let offsets = symbol_offsets(&mapped_file("libc.so"), &["malloc", "free", "no_such_symbol_here"]);
         assert!(offsets[0].is_some() && offsets[1].is_some());
         assert_ne!(offsets[0], offsets[1]);
         assert_eq!(offsets[2], None);
