@@ -2,8 +2,7 @@
 //! `docs/unwinding.md`), frame pointers where there is no table.
 //!
 //! Starts from the thread's saved user registers (valid whether the sample hit user or kernel
-//! mode). Each step finds the frame's mapping in the process's `UNWIND_PROCESSES` entry
-//! (looked up once per walk), its
+//! mode). Each step finds the frame's mapping in the process's `UNWIND_PROCESSES` entry, its
 //! row in the mapping's table (`UNWIND_TABLES` → shards of `UNWIND_ROWS`), computes the CFA
 //! and reads the return address (and the caller's rbp, if saved) from the stack. The frame
 //! loop is a `bpf_loop` callback, so the verifier checks one step, not 127 unrolled ones.
@@ -29,7 +28,7 @@ use profiler_common::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS,
         SHARD_ROWS_SHIFT, TABLE_SEARCH_STEPS,
     },
-    Stack, UnwindCounter, UnwindKind, UnwindProcess, UnwindRow, MAX_STACK_DEPTH,
+    Stack, UnwindCounter, UnwindKind, UnwindRow, MAX_STACK_DEPTH,
 };
 
 use crate::maps::{
@@ -74,6 +73,7 @@ pub struct WalkState {
     mapping_end: u64,
     mapping_bias: u64,
     mapping_table: u32,
+    tgid: u32,
     /// 1 when `pc` is exact (the sampled pc, or restored from a signal frame), 0 when it is a
     /// return address (looked up at pc − 1, inside the call).
     exact: u32,
@@ -119,6 +119,7 @@ pub fn walk() -> bool {
         mapping_end: 0,
         mapping_bias: 0,
         mapping_table: NO_TABLE,
+        tgid,
         exact: 1,
     };
     let Some(out) = STACK_SCRATCH.get_ptr_mut(0) else { return false };
@@ -126,38 +127,19 @@ pub fn walk() -> bool {
     let out: &mut Stack = unsafe { &mut *out };
     out.len = 0;
     out.truncated = 0;
-    // The process's mappings are looked up once per walk, not per change of mapping: a
-    // hash lookup costs about as much as a frame here. The callback reads the pointer from
-    // this frame's stack (the verifier tracks the spilled map-value pointer).
-    let mut walk = Walk {
-        // SAFETY: the value is plain data that only userspace writes, by whole-value updates
-        // (a replaced value stays readable until this program ends).
-        process: unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(ptr::null(), |p| p as *const UnwindProcess),
-    };
-    // SAFETY: the callback is a static function of this object; its context is `walk`, which
-    // outlives the loop.
+    // SAFETY: the callback is a static function of this object; it takes no context.
     unsafe {
-        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, (&mut walk as *mut Walk).cast(), 0);
+        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, ptr::null_mut(), 0);
     }
     true
 }
 
-/// What the loop's callback gets from `walk`: the process's mapping list, null if it has
-/// none registered.
-#[repr(C)]
-struct Walk {
-    process: *const UnwindProcess,
-}
-
 /// One frame: records the pc and steps to the caller. 0 continues, 1 stops.
 #[inline(never)]
-extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
+extern "C" fn step_callback(_index: u64, _ctx: *mut c_void) -> i64 {
     let (Some(state), Some(out)) = (UNWIND_STATE.get_ptr_mut(0), STACK_SCRATCH.get_ptr_mut(0)) else {
         return 1;
     };
-    // SAFETY: `ctx` is the `Walk` that `walk` passed to `bpf_loop`; its pointer is null or a
-    // map value that stays readable for the whole program.
-    let process = unsafe { (*(ctx as *const Walk)).process.as_ref() };
     // SAFETY: this CPU's slots, see `walk`.
     let (state, out) = unsafe { (&mut *state, &mut *out) };
     let len = out.len as usize;
@@ -169,7 +151,7 @@ extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
         *slot = state.pc;
     }
     out.len = len as u32 + 1;
-    if step(state, process) {
+    if step(state) {
         0
     } else {
         1
@@ -185,10 +167,10 @@ enum Found {
 
 /// Steps `state` from its frame to the caller's. False when the walk ends.
 #[inline(always)]
-fn step(state: &mut WalkState, process: Option<&UnwindProcess>) -> bool {
-    let row = match find_row(state, process) {
+fn step(state: &mut WalkState) -> bool {
+    let row = match find_row(state) {
         Found::Row(row) => row,
-        Found::Fallback(reason) => return fallback_step(state, reason, process),
+        Found::Fallback(reason) => return fallback_step(state, reason),
     };
     let cfa = match row.kind {
         k if k == UnwindKind::CfaRsp as u8 => state.sp.wrapping_add((row.operand as u64) << 3),
@@ -207,7 +189,7 @@ fn step(state: &mut WalkState, process: Option<&UnwindProcess>) -> bool {
             bump_unwind(UnwindCounter::Unsupported0 as u32 + reason);
             return false;
         }
-        _ => return fallback_step(state, UnwindCounter::NoCfi, process),
+        _ => return fallback_step(state, UnwindCounter::NoCfi),
     };
     if cfa <= state.sp || cfa >= state.stack_top {
         bump_unwind(UnwindCounter::BadFrame as u32);
@@ -280,12 +262,12 @@ fn signal_frame_step(state: &mut WalkState) -> bool {
 /// The guess is taken only if `[rsp]` is an address in one of the process's executable
 /// mappings; otherwise frame pointers.
 #[inline(always)]
-fn fallback_step(state: &mut WalkState, reason: UnwindCounter, process: Option<&UnwindProcess>) -> bool {
+fn fallback_step(state: &mut WalkState, reason: UnwindCounter) -> bool {
     bump_unwind(reason as u32);
     if state.exact == 1 && reason != UnwindCounter::NoProcess {
         let sp = state.sp;
         if let Some(ra) = read_word(state, sp) {
-            if ra != 0 && ra < USER_ADDR_LIMIT && find_mapping(state, process, ra - 1).is_ok() {
+            if ra != 0 && ra < USER_ADDR_LIMIT && find_mapping(state, ra - 1).is_ok() {
                 bump_unwind(UnwindCounter::LeafGuesses as u32);
                 state.sp = sp + 8;
                 return next_pc(state, ra);
@@ -315,8 +297,9 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
 
 /// Finds the mapping holding `pc` in the process's list and caches it in `state`.
 #[inline(always)]
-fn find_mapping(state: &mut WalkState, process: Option<&UnwindProcess>, pc: u64) -> Result<(), UnwindCounter> {
-    let Some(process) = process else {
+fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
+    // SAFETY: the value is plain data that only userspace writes, by whole-value updates.
+    let Some(process) = (unsafe { UNWIND_PROCESSES.get(&state.tgid) }) else {
         return Err(UnwindCounter::NoProcess);
     };
     // The last mapping starting at or before pc.
@@ -352,14 +335,14 @@ fn find_mapping(state: &mut WalkState, process: Option<&UnwindProcess>, pc: u64)
 /// Finds the row for `state.pc`: its mapping, the mapping's table, the last row at or before
 /// the address.
 #[inline(always)]
-fn find_row(state: &mut WalkState, process: Option<&UnwindProcess>) -> Found {
+fn find_row(state: &mut WalkState) -> Found {
     // A return address is looked up inside the call instruction: a call to a `noreturn`
     // function may be the last instruction of its function.
     let pc = state.pc - (state.exact == 0) as u64;
     // Most frames are in the same file as the frame before (recursion, a library's internal
     // calls): the last mapping found saves the process lookup and the mapping search.
     if pc < state.mapping_start || pc >= state.mapping_end {
-        if let Err(reason) = find_mapping(state, process, pc) {
+        if let Err(reason) = find_mapping(state, pc) {
             return Found::Fallback(reason);
         }
     }
