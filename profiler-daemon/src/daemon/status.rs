@@ -66,6 +66,12 @@ pub(super) fn render(c: &Collector) -> String {
             "files_deleted_by_retention": d.files_deleted,
             "retention_errors": d.retention_errors,
             "last_dump_ms": d.last_duration.as_millis() as u64,
+            "last_dump": {
+                "render_ms": d.last_phases.render.as_millis() as u64,
+                "write_ms": d.last_phases.write.as_millis() as u64,
+                "retention_ms": d.last_phases.retention.as_millis() as u64,
+                "cpu_ms": d.last_phases.cpu.as_millis() as u64,
+            },
             "symbol_cache_resets": c.symbol_cache_resets,
             "symbol_file_closes": c.symbol_file_closes,
         },

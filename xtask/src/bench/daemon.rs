@@ -99,12 +99,14 @@ fn measure(dir: &Path, frequency_hz: u32, minutes: u64) -> Result<Run> {
 
 fn print_progress(s: &Sample) {
     println!(
-        "    t={:>4.0}s cpu={:>7.2}s bpf={:>7.3}s rss={:>6.1}MiB last_dump={}ms stacks={} processes={} unwind={:.1}MiB",
+        "    t={:>4.0}s cpu={:>7.2}s bpf={:>7.3}s rss={:>6.1}MiB last_dump={}ms (cpu {}ms, writing {}ms) stacks={} processes={} unwind={:.1}MiB",
         s.at.as_secs_f64(),
         s.cpu.as_secs_f64(),
         s.bpf.as_secs_f64(),
         s.rss_kib as f64 / 1024.0,
         s.last_dump_ms,
+        s.last_dump_cpu_ms,
+        s.last_dump_write_ms,
         s.stacks,
         s.processes,
         s.unwind_table_bytes as f64 / (1 << 20) as f64
@@ -177,6 +179,8 @@ impl Daemon {
             rss_kib: sample::rss_kib(pid)?,
             last_dump_ms: sample::json_number(&status, "last_dump_ms")
                 .context("/status has no output.last_dump_ms")?,
+            last_dump_cpu_ms: sample::json_number_in(&status, &["last_dump", "cpu_ms"]).unwrap_or(0),
+            last_dump_write_ms: sample::json_number_in(&status, &["last_dump", "write_ms"]).unwrap_or(0),
             stacks: sample::json_number_in(&status, &["userspace_stacks", "entries"]).unwrap_or(0),
             processes: sample::json_number(&status, "processes_tracked").unwrap_or(0),
             unwind_table_bytes: sample::json_number_in(&status, &["unwind", "table_bytes"]).unwrap_or(0),

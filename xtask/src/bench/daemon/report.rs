@@ -27,6 +27,10 @@ pub struct Sample {
     pub rss_kib: u64,
     /// How long the last interval's dump took, from /status.
     pub last_dump_ms: u64,
+    /// Of that dump: the CPU time of the thread that wrote it, and the wall time spent in
+    /// writing files (temporary file, fsync, rename), from /status.
+    pub last_dump_cpu_ms: u64,
+    pub last_dump_write_ms: u64,
     /// Distinct stacks the daemon holds, and processes it tracks, from /status.
     pub stacks: u64,
     pub processes: u64,
@@ -57,6 +61,8 @@ struct Summary {
     max_dump_ms: u64,
     /// The typical dump; the first one (cold symbol caches) is usually the slowest.
     median_dump_ms: f64,
+    /// The most CPU one dump used: what the dump costs, whatever the wait for a core.
+    max_dump_cpu_ms: u64,
 }
 
 impl Summary {
@@ -89,6 +95,7 @@ impl Summary {
             flat: (third > 0).then_some(steady <= first_rss * FLAT_GROWTH_RATIO + FLAT_SLACK_MIB),
             max_dump_ms: samples.iter().map(|s| s.last_dump_ms).max().unwrap_or(0),
             median_dump_ms: median(&dumps),
+            max_dump_cpu_ms: samples.iter().map(|s| s.last_dump_cpu_ms).max().unwrap_or(0),
         })
     }
 }
@@ -113,7 +120,7 @@ pub fn print(runs: &[Run], processes: usize) {
     println!();
     println!("{processes} processes, one dump every 10 s");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>17} {:>6} {:>9} {:>11} {:>7}",
+        "{:>9} {:>9} {:>9} {:>9} {:>17} {:>6} {:>9} {:>11} {:>13} {:>7}",
         "frequency",
         "cpu %",
         "bpf %",
@@ -122,6 +129,7 @@ pub fn print(runs: &[Run], processes: usize) {
         "flat",
         "max dump",
         "median dump",
+        "max dump cpu",
         "files"
     );
     let summaries: Vec<Option<Summary>> = runs.iter().map(|r| Summary::of(&r.samples)).collect();
@@ -131,7 +139,7 @@ pub fn print(runs: &[Run], processes: usize) {
             continue;
         };
         println!(
-            "{:>6} Hz {:>9.3} {:>9.3} {:>5.1} MiB {:>7.1}→{:<5.1} MiB {:>6} {:>6} ms {:>8.0} ms {:>7}",
+            "{:>6} Hz {:>9.3} {:>9.3} {:>5.1} MiB {:>7.1}→{:<5.1} MiB {:>6} {:>6} ms {:>8.0} ms {:>10} ms {:>7}",
             run.frequency_hz,
             s.cpu_percent,
             s.bpf_percent,
@@ -141,6 +149,7 @@ pub fn print(runs: &[Run], processes: usize) {
             s.flat.map_or("n/a", |f| if f { "yes" } else { "NO" }),
             s.max_dump_ms,
             s.median_dump_ms,
+            s.max_dump_cpu_ms,
             run.files_written,
         );
     }
@@ -199,6 +208,8 @@ mod tests {
             bpf: Duration::from_millis(cpu_ms / 10),
             rss_kib: rss_mib * 1024,
             last_dump_ms: dump_ms,
+            last_dump_cpu_ms: dump_ms / 2,
+            last_dump_write_ms: dump_ms / 4,
             stacks: 0,
             processes: 0,
             unwind_table_bytes: 0,
@@ -215,6 +226,7 @@ mod tests {
         assert!((s.bpf_percent - 0.1).abs() < 1e-9, "{s:?}");
         assert_eq!(s.max_dump_ms, 12);
         assert_eq!(s.median_dump_ms, 6.5);
+        assert_eq!(s.max_dump_cpu_ms, 6);
         assert_eq!(s.flat, Some(true));
     }
 
