@@ -43,6 +43,9 @@ pub struct DaemonConfig {
     pub socket_group: Option<&'static str>,
     /// Where profiles go; default `<scratch>/out`. Set for a tmpfs mount.
     pub output_dir: Option<PathBuf>,
+    /// A command the daemon is started under, which must exec it (e.g. `setpriv ... --`);
+    /// empty: started directly.
+    pub launcher: Vec<String>,
 }
 
 impl DaemonConfig {
@@ -61,6 +64,7 @@ impl DaemonConfig {
             min_free_bytes: "0B".into(),
             socket_group: None,
             output_dir: None,
+            launcher: Vec::new(),
         }
     }
 
@@ -131,7 +135,15 @@ impl Daemon {
         let socket = scratch.path().join("s.sock");
         let config_path = scratch.path().join("profiler.toml");
         write_file(&config_path, &config.toml(&output, &socket));
-        let mut child = Command::new(profiler_bin())
+        let mut command = match config.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(profiler_bin());
+                command
+            }
+            None => Command::new(profiler_bin()),
+        };
+        let mut child = command
             .arg("run")
             .arg("--config")
             .arg(&config_path)

@@ -2,13 +2,15 @@
 //! allocation sites, one module per concern: the periodic files and retention (`files`),
 //! full and read-only output file systems (`disk`), the socket's endpoints, refusals and
 //! per-uid visibility (`api`), the block, mutex and threadcreate profiles against a program's
-//! own lock-wait clock (`waits`), and SIGHUP, SIGTERM and `check-config` (`lifecycle`).
+//! own lock-wait clock (`waits`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), and
+//! the systemd unit's capability set (`capabilities`).
 //!
 //! Intervals are 1-4 s and every wait is bounded, so a hung daemon fails a test rather than
 //! hanging it. Run with `--test-threads=1`: the tests share the machine's CPUs and each
 //! daemon samples all of them.
 
 mod api;
+mod capabilities;
 mod disk;
 mod files;
 mod lifecycle;
