@@ -10,7 +10,7 @@ use aya_ebpf::{
 use profiler_common::{CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, wanted, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
+    maps::{active_set, add_or_insert, bump, wanted, Scratch, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -37,7 +37,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     };
 
     let mut truncated = false;
-    let user_stack = stack_or_count(capture_user(stacks, &mut truncated), CpuCounter::UserStackFailed);
+    let user_stack = stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt), CpuCounter::UserStackFailed);
     if truncated {
         bump(CpuCounter::UserStackTruncated);
     }
@@ -45,7 +45,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     let kernel_stack = if interrupted_user_mode(ctx) {
         NO_STACK
     } else {
-        stack_or_count(capture_kernel(ctx.as_ptr(), stacks), CpuCounter::KernelStackFailed)
+        stack_or_count(capture_kernel(ctx.as_ptr(), stacks, Scratch::Interrupt), CpuCounter::KernelStackFailed)
     };
 
     let key = CpuSampleKey {

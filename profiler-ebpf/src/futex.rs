@@ -30,7 +30,7 @@ use profiler_common::{
 use crate::{
     maps::{
         active_set, add_or_insert, bump_futex, wanted, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING, FUTEX_WAKERS,
-        MUTEX_COUNTS_0, MUTEX_COUNTS_1, STACKS_0, STACKS_1,
+        MUTEX_COUNTS_0, MUTEX_COUNTS_1, Scratch, STACKS_0, STACKS_1,
     },
     stack::capture_user,
 };
@@ -199,7 +199,7 @@ fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns
 #[inline(always)]
 pub(crate) fn user_stack(stacks: &HashMap<u64, profiler_common::Stack>) -> u64 {
     let mut truncated = false;
-    match capture_user(stacks, &mut truncated) {
+    match capture_user(stacks, &mut truncated, Scratch::Task) {
         Ok(hash) => hash,
         Err(_) => {
             bump_futex(FutexCounter::StackLost);

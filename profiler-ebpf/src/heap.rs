@@ -26,7 +26,7 @@ use profiler_common::{heap::HEAP_INTERVALS_LEN, HeapCounter, HeapKey, HeapTotals
 use crate::{
     maps::{
         active_set, add_or_insert, bump_heap, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
-        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, STACKS_0, STACKS_1,
+        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, Scratch, STACKS_0, STACKS_1,
     },
     stack::capture_user,
 };
@@ -270,7 +270,7 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
     let set = active_set();
     let (totals, stacks) = if set == 0 { (&HEAP_TOTALS_0, &STACKS_0) } else { (&HEAP_TOTALS_1, &STACKS_1) };
     let mut truncated = false;
-    let stack = match capture_user(stacks, &mut truncated) {
+    let stack = match capture_user(stacks, &mut truncated, Scratch::Task) {
         Ok(hash) => hash,
         Err(_) => {
             bump_heap(HeapCounter::StackLost);

@@ -82,15 +82,35 @@ pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCou
 #[map]
 pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
 
+/// Which slot of the per-CPU scratch maps (`STACK_SCRATCH`, `STACK_WINDOW`, `UNWIND_STATE`,
+/// `STORED_STACKS`) a program uses. The CPU program runs in the timer interrupt and can
+/// interrupt a uprobe program on the same CPU: the kernel keeps tracepoint and perf-event
+/// programs from nesting (its per-CPU `bpf_prog_active`), but uprobe programs do not take
+/// that guard. With one slot, a CPU sample taken during a heap walk overwrote the walk's
+/// frames with its own kernel stack (heap samples with kernel addresses as user frames).
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum Scratch {
+    /// Programs in the context of a task: uprobes and tracepoints.
+    Task = 0,
+    /// The perf-event (CPU sampling) program, in interrupt context.
+    Interrupt = 1,
+}
+
+/// Slots of each scratch map: one per [`Scratch`].
+pub const SCRATCH_SLOTS: u32 = 2;
+
 #[map]
-pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
 /// Stacks this CPU stored lately, by hash (see [`crate::stack`]): a hit skips the stack-map
-/// lookup, which costs about a microsecond per sample on these VMs.
+/// lookup, which costs about a microsecond per sample on these VMs. One table of
+/// [`STORED_STACKS_ENTRIES`] per [`Scratch`] slot.
 #[map]
-pub static STORED_STACKS: PerCpuArray<StoredStack> = PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES, 0);
+pub static STORED_STACKS: PerCpuArray<StoredStack> =
+    PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES * SCRATCH_SLOTS, 0);
 
-/// Slots of [`STORED_STACKS`]; a power of two (indexed by the hash's low bits).
+/// Entries of one [`STORED_STACKS`] table; a power of two (indexed by the hash's low bits).
 pub const STORED_STACKS_ENTRIES: u32 = 256;
 
 /// A stack hash known to be in the stack map of generation `generation`.
@@ -104,7 +124,7 @@ pub struct StoredStack {
 }
 
 #[map]
-pub static STACK_WINDOW: PerCpuArray<[u64; STACK_WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+pub static STACK_WINDOW: PerCpuArray<[u64; STACK_WINDOW_WORDS]> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
 #[map]
 pub static BLOCK_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
@@ -161,12 +181,15 @@ pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
 pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
 
 #[map]
-pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
-/// Adds one to a per-CPU unwind counter (see [`bump`]).
+/// Adds one to a per-CPU unwind counter. Both contexts of [`Scratch`] walk stacks, so a CPU
+/// sample interrupting a heap walk between this load and store loses one of the two counts:
+/// a rare off-by-one in a diagnostic counter, accepted (the BPF target's `core` offers no
+/// atomic add).
 #[inline(always)]
 pub fn bump_unwind(index: u32) {
     if let Some(slot) = UNWIND_COUNTERS.get_ptr_mut(index) {
@@ -183,7 +206,8 @@ pub fn add_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, first: &V, add: i
     const EEXIST: i32 = 17;
     for _ in 0..2 {
         if let Some(value) = map.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU value; programs do not nest on a CPU.
+            // SAFETY: this CPU's slot of a live per-CPU value; each such map belongs to
+            // programs of one context, which do not nest on a CPU.
             add(unsafe { &mut *value });
             return true;
         }
@@ -196,8 +220,8 @@ pub fn add_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, first: &V, add: i
     false
 }
 
-/// Adds one to a per-CPU counter. Per-CPU slots need no atomics: a program runs to
-/// completion on its CPU before another program on that CPU can touch the slot.
+/// Adds one to a per-CPU counter. Per-CPU slots need no atomics: each counter map belongs
+/// to programs of one [`Scratch`] context, and those do not nest on a CPU.
 #[inline(always)]
 pub fn bump(counter: CpuCounter) {
     if let Some(slot) = CPU_COUNTERS.get_ptr_mut(counter as u32) {

@@ -13,7 +13,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_generation, StoredStack, STACKS_1, STACK_SCRATCH, STORED_STACKS, STORED_STACKS_ENTRIES},
+    maps::{active_generation, Scratch, StoredStack, STACKS_1, STACK_SCRATCH, STORED_STACKS, STORED_STACKS_ENTRIES},
     user_stack,
 };
 
@@ -30,8 +30,8 @@ const EEXIST: i32 = 17;
 /// Walks the kernel stack of the sample (empty when it hit user mode) and stores it in
 /// `stacks`. Returns its hash, or [`NO_STACK`] when there is none.
 #[inline(always)]
-pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>) -> Result<u64, StackError> {
-    let scratch = scratch()?;
+pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Result<u64, StackError> {
+    let scratch = scratch(slot)?;
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: the buffer is `size` bytes of map memory owned by this program for now.
     let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, 0) };
@@ -41,32 +41,33 @@ pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>) -> Result<
     let len = (ret as usize / 8).min(MAX_STACK_DEPTH);
     scratch.len = len as u32;
     scratch.truncated = (len == MAX_STACK_DEPTH) as u32;
-    store(scratch, stacks)
+    store(scratch, stacks, slot)
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
 /// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
+/// `slot`: the caller's context (see [`Scratch`]).
 #[inline(always)]
-pub fn capture_user(stacks: &HashMap<u64, Stack>, truncated: &mut bool) -> Result<u64, StackError> {
-    if !user_stack::walk() {
+pub fn capture_user(stacks: &HashMap<u64, Stack>, truncated: &mut bool, slot: Scratch) -> Result<u64, StackError> {
+    if !user_stack::walk(slot) {
         return Ok(NO_STACK);
     }
-    let scratch = scratch()?;
+    let scratch = scratch(slot)?;
     *truncated = scratch.truncated != 0;
-    store(scratch, stacks)
+    store(scratch, stacks, slot)
 }
 
 #[inline(always)]
-fn scratch() -> Result<&'static mut Stack, StackError> {
-    let ptr = STACK_SCRATCH.get_ptr_mut(0).ok_or(StackError::Walk)?;
-    // SAFETY: this CPU's slot of the scratch array, which nothing else touches while this
-    // program runs (programs do not nest on a CPU for this attach type).
+fn scratch(slot: Scratch) -> Result<&'static mut Stack, StackError> {
+    let ptr = STACK_SCRATCH.get_ptr_mut(slot as u32).ok_or(StackError::Walk)?;
+    // SAFETY: this CPU's slot of the scratch array for the caller's context: no program of
+    // the same context nests on a CPU, and the other context has its own slot.
     Ok(unsafe { &mut *ptr })
 }
 
 /// Hashes the frames of `scratch` and inserts them into `stacks` unless already there.
 #[inline(always)]
-fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, StackError> {
+fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Result<u64, StackError> {
     let len = (scratch.len as usize).min(MAX_STACK_DEPTH);
     if len == 0 {
         return Ok(NO_STACK);
@@ -86,10 +87,10 @@ fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, Stack
     // chose `stacks` (the generation's parity differs), neither read nor write the note.
     let generation = active_generation();
     let noted = generation & 1 == core::ptr::eq(stacks, &STACKS_1) as u32;
-    let slot = hash as u32 & (STORED_STACKS_ENTRIES - 1);
+    let note_index = slot as u32 * STORED_STACKS_ENTRIES + (hash as u32 & (STORED_STACKS_ENTRIES - 1));
     if noted {
-        if let Some(note) = STORED_STACKS.get_ptr(slot) {
-            // SAFETY: this CPU's slot; programs do not nest on a CPU for these attach types.
+        if let Some(note) = STORED_STACKS.get_ptr(note_index) {
+            // SAFETY: this CPU's entry in the table of the caller's context (see `scratch`).
             let note = unsafe { &*note };
             if note.valid == 1 && note.hash == hash && note.generation == generation {
                 return Ok(hash);
@@ -107,7 +108,7 @@ fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>) -> Result<u64, Stack
         }
     }
     if noted {
-        if let Some(note) = STORED_STACKS.get_ptr_mut(slot) {
+        if let Some(note) = STORED_STACKS.get_ptr_mut(note_index) {
             // SAFETY: as above.
             unsafe { *note = StoredStack { hash, generation, valid: 1 } };
         }

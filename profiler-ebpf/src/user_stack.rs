@@ -32,7 +32,7 @@ use profiler_common::{
 };
 
 use crate::maps::{
-    bump_unwind, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES, UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
+    bump_unwind, Scratch, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES, UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
 };
 
 /// How far above the sampled stack pointer a frame may lie: the default 8 MiB main-thread
@@ -77,6 +77,8 @@ pub struct WalkState {
     /// 1 when `pc` is exact (the sampled pc, or restored from a signal frame), 0 when it is a
     /// return address (looked up at pc − 1, inside the call).
     exact: u32,
+    /// The [`Scratch`] slot of the walking program: which `STACK_WINDOW` entry is its own.
+    slot: u32,
 }
 
 /// The current thread's saved user registers.
@@ -94,17 +96,18 @@ fn user_regs() -> Option<pt_regs> {
     }
 }
 
-/// Walks the current thread's user stack into this CPU's `STACK_SCRATCH` slot, leaf first.
-/// Returns false when the thread has no user context (kernel threads).
+/// Walks the current thread's user stack into this CPU's `STACK_SCRATCH` entry for `slot`,
+/// leaf first. Returns false when the thread has no user context (kernel threads).
 #[inline(always)]
-pub fn walk() -> bool {
+pub fn walk(slot: Scratch) -> bool {
+    let slot = slot as u32;
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(regs) = user_regs() else { return false };
     if regs.rip == 0 || regs.rip >= USER_ADDR_LIMIT {
         return false;
     }
-    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else { return false };
-    // SAFETY: this CPU's scratch slot; programs do not nest on a CPU for these attach types.
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else { return false };
+    // SAFETY: this CPU's scratch entry for the caller's context, see `Scratch`.
     let state = unsafe { &mut *state };
     *state = WalkState {
         pc: regs.rip,
@@ -121,23 +124,28 @@ pub fn walk() -> bool {
         mapping_table: NO_TABLE,
         tgid,
         exact: 1,
+        slot,
     };
-    let Some(out) = STACK_SCRATCH.get_ptr_mut(0) else { return false };
+    let Some(out) = STACK_SCRATCH.get_ptr_mut(slot) else { return false };
     // SAFETY: as above.
     let out: &mut Stack = unsafe { &mut *out };
     out.len = 0;
     out.truncated = 0;
-    // SAFETY: the callback is a static function of this object; it takes no context.
+    // SAFETY: the callback is a static function of this object; its context is `slot`, on
+    // this stack for the whole loop.
     unsafe {
-        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, ptr::null_mut(), 0);
+        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, (&slot as *const u32).cast_mut().cast(), 0);
     }
     true
 }
 
-/// One frame: records the pc and steps to the caller. 0 continues, 1 stops.
+/// One frame: records the pc and steps to the caller. 0 continues, 1 stops. `ctx` points to
+/// the walk's scratch slot.
 #[inline(never)]
-extern "C" fn step_callback(_index: u64, _ctx: *mut c_void) -> i64 {
-    let (Some(state), Some(out)) = (UNWIND_STATE.get_ptr_mut(0), STACK_SCRATCH.get_ptr_mut(0)) else {
+extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
+    let slot = unsafe { *(ctx as *const u32) };
+    let (Some(state), Some(out)) = (UNWIND_STATE.get_ptr_mut(slot), STACK_SCRATCH.get_ptr_mut(slot)) else {
         return 1;
     };
     // SAFETY: this CPU's slots, see `walk`.
@@ -418,8 +426,8 @@ fn row_at(shards: *const u16, index: u32) -> Option<UnwindRow> {
 /// window around `addr`.
 #[inline(always)]
 fn read_word(state: &mut WalkState, addr: u64) -> Option<u64> {
-    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else { return None };
-    // SAFETY: this CPU's window buffer, which nothing else touches while this program runs.
+    let Some(window) = STACK_WINDOW.get_ptr_mut(state.slot) else { return None };
+    // SAFETY: this CPU's window buffer for the walk's context, see `Scratch`.
     let window = unsafe { &mut *window };
     if addr < state.window_base
         || addr + 8 > state.window_base + state.window_len
