@@ -82,6 +82,12 @@ pub struct KnownProcess {
     /// Bumped each time re-reading `/proc/PID/maps` found new mappings (`dlopen`), so the
     /// unwinder knows to reload the process's tables.
     pub maps_version: u32,
+    /// Whether any batch had data of it. Processes are also tracked before their first
+    /// sample (every `execve`, heap targets); one that exits with none is forgotten by
+    /// [`Aggregate::prune_unsampled`] within seconds rather than after the full grace, or a
+    /// machine running thousands of short commands a second would hold a grace period's
+    /// worth of them.
+    pub sampled: bool,
 }
 
 /// Processes and stacks known so far.
@@ -131,6 +137,7 @@ impl Aggregate {
         for (pid, stack, main_thread, comm) in user_stacks.chain(heap_stacks).chain(wait_stacks).chain(thread_stacks) {
             let process = self.processes.entry(pid).or_insert_with(|| first_sight(pid, comm));
             process.last_seen = now;
+            process.sampled = true;
             if main_thread && process.info.is_none() && !comm.is_empty() {
                 process.name = comm.to_string();
             }
@@ -196,21 +203,35 @@ impl Aggregate {
     /// Forgets processes not seen for `grace` that no longer exist, and keeps only the
     /// stacks that `keep` (the counts still held) reference. Returns the pids forgotten.
     pub fn prune(&mut self, grace: Duration, keep: &[&Counts]) -> Vec<u32> {
-        let now = Instant::now();
-        let gone: Vec<u32> = self
-            .processes
-            .values()
-            .filter(|p| now.duration_since(p.last_seen) > grace && !procs::exists(p.pid))
-            .map(|p| p.pid)
-            .collect();
-        for pid in &gone {
-            self.processes.remove(pid);
-        }
+        let gone = self.forget_exited(grace, |_| true);
         let mut live = HashSet::new();
         for counts in keep {
             live.extend(counts.stack_hashes());
         }
         self.stacks.retain(|hash, _| live.contains(hash));
+        gone
+    }
+
+    /// Forgets processes that exited without any data and were last seen over `grace` ago
+    /// (a few drains: a sample taken just before the exit is drained by then). Returns
+    /// their pids.
+    pub fn prune_unsampled(&mut self, grace: Duration) -> Vec<u32> {
+        self.forget_exited(grace, |p| !p.sampled)
+    }
+
+    /// Removes the processes for which `which` holds that were last seen over `grace` ago
+    /// and no longer exist.
+    fn forget_exited(&mut self, grace: Duration, which: impl Fn(&KnownProcess) -> bool) -> Vec<u32> {
+        let now = Instant::now();
+        let gone: Vec<u32> = self
+            .processes
+            .values()
+            .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && !procs::exists(p.pid))
+            .map(|p| p.pid)
+            .collect();
+        for pid in &gone {
+            self.processes.remove(pid);
+        }
         gone
     }
 
@@ -351,7 +372,7 @@ impl Counts {
 fn first_sight(pid: u32, comm: &str) -> KnownProcess {
     let info = procs::read_process(pid).ok();
     let name = info.as_ref().map_or_else(|| comm.to_string(), |i| i.name.clone());
-    KnownProcess { pid, name, info, last_seen: Instant::now(), maps_version: 0 }
+    KnownProcess { pid, name, info, last_seen: Instant::now(), maps_version: 0, sampled: false }
 }
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, sorted by address.
@@ -419,6 +440,22 @@ mod tests {
         let gone = agg.prune(Duration::ZERO, &[&counts]);
         assert_eq!(agg.stack_count(), 0, "no counts reference the stack");
         assert_eq!(gone.len(), 2, "neither pid exists");
+    }
+
+    #[test]
+    fn exited_processes_without_data_go_first() {
+        let mut agg = Aggregate::default();
+        agg.learn(&batch());
+        agg.track(PID + 9);
+        agg.exec_seen(PID + 10);
+        let live = std::process::id();
+        agg.track(live);
+        let mut gone = agg.prune_unsampled(Duration::ZERO);
+        gone.sort_unstable();
+        assert_eq!(gone, vec![PID + 9, PID + 10], "only the exited ones without data");
+        assert!(agg.process(PID).is_some() && agg.process(PID + 5).is_some(), "sampled ones wait for prune");
+        assert!(agg.process(live).is_some(), "a live process stays");
+        assert!(agg.prune_unsampled(Duration::from_secs(60)).is_empty());
     }
 
     #[test]

@@ -30,6 +30,9 @@ use crate::{
 
 /// How often the kernel maps are drained.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a process that exited without any data is kept (see `KnownProcess::sampled`):
+/// a few drains, so a sample taken just before its exit still finds it.
+const UNSAMPLED_GRACE: Duration = Duration::from_secs(3);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory; past it new stacks are counted and dropped.
@@ -232,6 +235,8 @@ impl Collector {
             Ok(pids) => pids.into_iter().for_each(|pid| self.agg.exec_seen(pid)),
             Err(err) => self.record_error(format!("failed to read the processes that called execve: {err}")),
         }
+        let gone = self.agg.prune_unsampled(UNSAMPLED_GRACE);
+        self.forget_processes(&gone);
         let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
         if let Err(err) = self.unwinder.sync(&mut self.session, seen, Some(UNWIND_SYNC_BUDGET)) {
             self.record_error(format!("failed to load unwind tables: {err}"));
@@ -312,7 +317,15 @@ impl Collector {
         let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
         let gone = self.agg.prune(grace, &keep);
         self.total.forget(&gone);
-        if let Err(err) = self.unwinder.forget(&mut self.session, &gone) {
+        self.forget_processes(&gone);
+    }
+
+    /// Drops what the session and the collector hold for exited processes.
+    fn forget_processes(&mut self, gone: &[u32]) {
+        if gone.is_empty() {
+            return;
+        }
+        if let Err(err) = self.unwinder.forget(&mut self.session, gone) {
             self.record_error(format!("failed to forget the unwind mappings of exited processes: {err}"));
         }
         let heap_gone: Vec<u32> = gone.iter().copied().filter(|pid| self.heap_pids.contains_key(pid)).collect();
@@ -320,11 +333,11 @@ impl Collector {
             self.record_error(format!("failed to clear the heap maps of exited processes: {err}"));
         }
         if self.waits_attached {
-            if let Err(err) = self.session.forget_futex_waits(&gone) {
+            if let Err(err) = self.session.forget_futex_waits(gone) {
                 self.record_error(format!("failed to clear the futex waits of exited processes: {err}"));
             }
         }
-        for pid in &gone {
+        for pid in gone {
             self.heap_pids.remove(pid);
             self.heap_failed.remove(pid);
         }
