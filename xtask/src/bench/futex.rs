@@ -7,7 +7,10 @@
 //!
 //! The program speaks the heap bench's protocol (`ready`, a line on stdin, `round NS`…,
 //! `done`), so it reuses its runner; configurations run in interleaved, rotated passes and
-//! are judged on their fastest round, as there.
+//! are judged on their fastest round, as there. Unpinned, rounds differ by whether the two
+//! threads happened to share a CPU; `--pin-cpu N` makes every handoff the same context switch
+//! on CPU N, and then ours − floor per handoff equals the programs' run time per handoff
+//! (bpf stats line) to within a few percent.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -26,6 +29,12 @@ pub struct FutexArgs {
     /// Handoffs per configuration, spread over the passes.
     #[arg(long, default_value_t = 300_000)]
     iterations: u64,
+    /// Pin both threads to this CPU. Unpinned, a round's time depends on whether the two
+    /// threads share a CPU (a context switch per handoff) or not (a cross-CPU wakeup), which
+    /// varies between rounds more than the probes cost; pinned, every handoff is the same
+    /// context switch, and the ratios show the probes' cost against the cheapest handoff.
+    #[arg(long)]
+    pin_cpu: Option<u32>,
 }
 
 const PASSES: u64 = 3;
@@ -45,7 +54,9 @@ const MAX_OURS_VS_FLOOR: f64 = 1.15;
 /// the mutex is contended whenever both threads run. The BPF stats line shows the futex
 /// calls per handoff.
 const FUTEX_BENCH_C: &str = r#"
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -58,6 +69,14 @@ static long per_thread, rounds;
 
 static void *player(void *arg) {
     int me = (int)(long)arg;
+    const char *pin = getenv("FUTEX_BENCH_CPU");
+    if (pin) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(pin), &set);
+        if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
+            abort();
+    }
     for (long r = 0; r < rounds; r++) {
         pthread_barrier_wait(&start);
         for (long i = 0; i < per_thread; i++) {
@@ -139,6 +158,11 @@ const TRACEPOINTS: [&str; 9] = [
 
 pub fn run(args: &FutexArgs) -> Result<()> {
     workspace::prepare(false)?;
+    match args.pin_cpu {
+        // Read by the program's threads; set before any thread or child exists.
+        Some(cpu) => std::env::set_var("FUTEX_BENCH_CPU", cpu.to_string()),
+        None => std::env::remove_var("FUTEX_BENCH_CPU"),
+    }
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
     let bin = workload::compile_c(&dir, "futex_bench", FUTEX_BENCH_C, &["-O1", "-pthread"])?;
