@@ -74,6 +74,33 @@ fn process_exiting_during_capture_is_still_profiled() {
     );
 }
 
+/// Several `--pid`s: the C and the Rust fixture selected, a second C fixture not. Both
+/// selected ones get a profile with their own 75/25 split and one thread; the unselected one
+/// gets no directory.
+#[test]
+fn several_pids_are_selected_and_no_other() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("several-pids");
+    let c = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let rust = Fixture::spawn(FixtureKind::CpuSplitRust, FIXTURE_S);
+    let other = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let (c_pid, rust_pid) = (c.pid().to_string(), rust.pid().to_string());
+    let output = run_profiler(&[
+        "snapshot", "--pid", &c_pid, "--pid", &rust_pid, "--duration", &format!("{CAPTURE_S}s"),
+        "--frequency", &FREQUENCY_HZ.to_string(), "--output", &out.path_arg(),
+    ]);
+    assert_success(&output, "snapshot --pid C --pid RUST");
+    for fixture in [&c, &rust] {
+        let profile = Profile::decode(&expect::profile_written(out.path(), fixture.comm(), fixture.pid()));
+        expect::single_thread_labels(&profile, fixture.pid(), fixture.comm());
+        check_share(&profile);
+    }
+    let stray = profiler_tests::process_dir(out.path(), other.comm(), other.pid());
+    assert!(!stray.exists(), "the unselected pid {} got {}: {}", other.pid(), stray.display(), profiler_tests::listing(out.path()));
+}
+
 fn check_split(kind: FixtureKind) {
     let out = TempDir::new(kind.comm());
     let fixture = Fixture::spawn(kind, FIXTURE_S);
