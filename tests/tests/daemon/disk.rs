@@ -1,5 +1,6 @@
-//! An output file system that fills up or turns read-only under the daemon: it keeps
-//! serving, counts what it could not write, and writes again once the file system recovers.
+//! An output file system that fills up or turns read-only under the daemon, or an output
+//! directory removed under it: it keeps serving, counts what it could not write, and writes
+//! again once the file system recovers.
 
 use profiler_tests::daemon::{wait_for, Daemon, DaemonConfig};
 use profiler_tests::tmpfs::Tmpfs;
@@ -60,6 +61,24 @@ fn a_read_only_output_dir_does_not_stop_the_daemon() {
     expect_counted_failure(&daemon, "/drops/profile_write_errors");
     fs.remount("rw");
     expect_new_file(&daemon, &fixture);
+}
+
+/// Ground truth: the whole output directory removed under the running daemon (an operator's
+/// `rm -rf`, a cleanup job). The next dump recreates it and writes a complete profile, and
+/// nothing was counted as a write error.
+#[test]
+fn a_vanished_output_dir_is_recreated() {
+    if !preflight() {
+        return;
+    }
+    let fixture = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
+    wait_for_files(&daemon, &fixture, 1);
+    let errors = daemon.status_u64("/drops/profile_write_errors");
+    std::fs::remove_dir_all(daemon.output()).expect("failed to remove the output directory");
+    assert!(!daemon.output().exists());
+    expect_new_file(&daemon, &fixture);
+    assert_eq!(daemon.status_u64("/drops/profile_write_errors"), errors, "writes failed after the directory was removed");
 }
 
 /// A daemon for cpu_split writing into `fs`, with the free-space floor `min_free`.
