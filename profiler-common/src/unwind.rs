@@ -112,7 +112,10 @@ pub struct UnwindTableInfo {
     pub base_address: u64,
     /// Number of rows; 0 for an unused slot.
     pub rows: u32,
-    pub _pad: u32,
+    /// Load id, unique within a session and never 0 for a loaded table: the kernel walker's
+    /// per-CPU row cache is keyed by it, so a slot reloaded with another file never serves
+    /// the old file's rows.
+    pub id: u32,
     /// Row `i` of the table is row `i mod SHARD_ROWS` of shard `shards[i / SHARD_ROWS]` of
     /// the row array.
     pub shards: [u16; MAX_TABLE_SHARDS],

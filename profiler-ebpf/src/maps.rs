@@ -172,6 +172,25 @@ pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_D
 #[map]
 pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
 
+/// Rows this CPU found lately, by (table load id, offset): a hit skips the table's binary
+/// search, whose ~16 dependent reads spread over the row array were the largest part of a
+/// frame's cost (`step_callback` was a third of the futex programs' time). One table of
+/// [`ROW_CACHE_ENTRIES`] per [`Scratch`] slot; entries are only ever whole facts about an
+/// immutable table (a reloaded slot has a new load id), so a stale entry cannot match.
+#[map]
+pub static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_ENTRIES * SCRATCH_SLOTS, 0);
+
+/// Entries of one [`ROW_CACHE`] table; a power of two.
+pub const ROW_CACHE_ENTRIES: u32 = 512;
+
+/// The row found for `key` = (table load id << 32) | offset; key 0 is empty.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedRow {
+    pub key: u64,
+    pub row: UnwindRow,
+}
+
 // 8 KiB per process: allocate as processes are registered.
 #[map]
 pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =

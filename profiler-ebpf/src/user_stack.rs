@@ -32,7 +32,8 @@ use profiler_common::{
 };
 
 use crate::maps::{
-    bump_unwind, Scratch, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES, UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
+    bump_unwind, CachedRow, Scratch, ROW_CACHE, ROW_CACHE_ENTRIES, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES,
+    UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
 };
 
 /// How far above the sampled stack pointer a frame may lie: the default 8 MiB main-thread
@@ -369,6 +370,16 @@ fn find_row(state: &mut WalkState) -> Found {
         return Found::Fallback(UnwindCounter::NoCfi);
     }
     let offset = offset as u32;
+    let key = (table.id as u64) << 32 | offset as u64;
+    let cache_index = state.slot * ROW_CACHE_ENTRIES
+        + ((offset ^ (offset >> 9) ^ table.id.wrapping_mul(0x9e37_79b1)) & (ROW_CACHE_ENTRIES - 1));
+    if table.id != 0 {
+        if let Some(cached) = ROW_CACHE.get(cache_index) {
+            if cached.key == key {
+                return Found::Row(cached.row);
+            }
+        }
+    }
 
     // The last row with pc_offset <= offset.
     set_bounds(state, 0, table.rows);
@@ -392,7 +403,16 @@ fn find_row(state: &mut WalkState) -> Found {
         return Found::Fallback(UnwindCounter::NoCfi);
     }
     match row_at(table.shards.as_ptr(), lo - 1) {
-        Some(row) => Found::Row(row),
+        Some(row) => {
+            if table.id != 0 {
+                if let Some(entry) = ROW_CACHE.get_ptr_mut(cache_index) {
+                    // SAFETY: this CPU's entry in the cache of the walk's context, see
+                    // `Scratch`: no other writer while this program runs.
+                    unsafe { *entry = CachedRow { key, row } };
+                }
+            }
+            Found::Row(row)
+        }
         None => Found::Fallback(UnwindCounter::NoTable),
     }
 }

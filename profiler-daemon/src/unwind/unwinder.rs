@@ -102,6 +102,8 @@ pub struct Unwinder {
     stats: UnwinderStats,
     /// A large table was built since the heap was last trimmed.
     trim_pending: bool,
+    /// Tables loaded so far: the last table's load id (see `UnwindTableInfo::id`).
+    tables_loaded: u32,
 }
 
 impl Unwinder {
@@ -115,6 +117,7 @@ impl Unwinder {
             processes: HashMap::new(),
             stats: UnwinderStats::default(),
             trim_pending: false,
+            tables_loaded: 0,
         }
     }
 
@@ -322,7 +325,7 @@ impl Unwinder {
                 return Ok(None);
             }
         };
-        let empty = UnwindTableInfo { base_address: 0, rows: 0, _pad: 0, shards: [0; MAX_TABLE_SHARDS] };
+        let empty = UnwindTableInfo { base_address: 0, rows: 0, id: 0, shards: [0; MAX_TABLE_SHARDS] };
         for &slot in &reservation.evicted_slots {
             session.set_unwind_table(slot, &empty)?;
         }
@@ -336,6 +339,8 @@ impl Unwinder {
         }
         info.base_address = table.base_address();
         info.rows = count;
+        self.tables_loaded += 1;
+        info.id = self.tables_loaded;
         if let Err(err) = session.set_unwind_table(reservation.slot, &info) {
             self.registry.cancel(reservation);
             return Err(err);
