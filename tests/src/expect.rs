@@ -1,6 +1,6 @@
 //! Assertions more than one test makes about a profile: the format the profiler promises for
-//! every CPU and every heap profile, where it writes them, and what a single-threaded
-//! fixture's samples must be labelled with.
+//! every CPU and every heap profile, where it writes them, what a single-threaded fixture's
+//! samples must be labelled with, and a measured value within a tolerance of the truth.
 
 use std::path::{Path, PathBuf};
 
@@ -165,4 +165,24 @@ pub fn heap_profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
         listing(out_dir)
     );
     path
+}
+
+/// Asserts |got − truth| ≤ tolerance × truth (so got = 0 when truth is 0).
+pub fn within(got: i64, truth: i64, tolerance: f64, what: &str) {
+    if let Err(message) = check_within(got, truth, tolerance, what) {
+        panic!("{message}");
+    }
+}
+
+/// [`within`] as a result, for tests that report every miss at once.
+pub fn check_within(got: i64, truth: i64, tolerance: f64, what: &str) -> Result<(), String> {
+    let off = (got - truth).abs() as f64;
+    if off <= tolerance * truth as f64 {
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: got {got}, expected {truth} ± {:.0}% (off by {:.2}%)",
+        tolerance * 100.0,
+        100.0 * off / (truth as f64).max(1.0)
+    ))
 }

@@ -2,6 +2,7 @@
 //! allocates, by construction) and the checks of a decoded heap profile against it: per-site
 //! values within a tolerance, the site as leaf frame, the `bytes` label.
 
+use crate::expect::within;
 use crate::pprof::Profile;
 
 /// With every allocation recorded, 1% is the requirement.
@@ -147,26 +148,6 @@ pub fn average_size_label(profile: &Profile, site: &str, bytes: i64) {
             sample.names()
         );
     }
-}
-
-/// Asserts |got − truth| ≤ tolerance × truth (so got = 0 when truth is 0).
-pub fn within(got: i64, truth: i64, tolerance: f64, what: &str) {
-    if let Err(message) = check_within(got, truth, tolerance, what) {
-        panic!("{message}");
-    }
-}
-
-/// [`within`] as a result, for tests that report every miss at once.
-pub fn check_within(got: i64, truth: i64, tolerance: f64, what: &str) -> Result<(), String> {
-    let off = (got - truth).abs() as f64;
-    if off <= tolerance * truth as f64 {
-        return Ok(());
-    }
-    Err(format!(
-        "{what}: got {got}, expected {truth} ± {:.0}% (off by {:.2}%)",
-        tolerance * 100.0,
-        100.0 * off / (truth as f64).max(1.0)
-    ))
 }
 
 /// The samples holding `site`, for failure messages.

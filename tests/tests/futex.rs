@@ -192,14 +192,9 @@ fn contention_format(profile: &Profile) {
 }
 
 fn within(got: i64, truth: i64, tolerance: f64, what: &str, profile: &Profile) {
-    let error = (got - truth).abs() as f64 / truth.max(1) as f64;
-    assert!(
-        error <= tolerance,
-        "{what}: {got} ns against the program's own {truth} ns ({:.1}% off, allowed {:.0}%); stacks (delay ns):\n{}",
-        error * 100.0,
-        tolerance * 100.0,
-        stacks(profile)
-    );
+    if let Err(message) = profiler_tests::expect::check_within(got, truth, tolerance, what) {
+        panic!("{message} (ns, against the program's own clock); stacks (delay ns):\n{}", stacks(profile));
+    }
 }
 
 fn stacks(profile: &Profile) -> String {

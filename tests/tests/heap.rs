@@ -9,9 +9,10 @@
 use std::path::Path;
 use std::process::Output;
 
+use profiler_tests::expect::{check_within, within};
 use profiler_tests::heap_sites::{
-    alloc_space_matches, average_size_label, check_within, site_is_leaf_and_chained, site_value,
-    site_values_match, truth_of, within, EXACT_TOLERANCE, SITES,
+    alloc_space_matches, average_size_label, site_is_leaf_and_chained, site_value, site_values_match,
+    truth_of, EXACT_TOLERANCE, SITES,
 };
 use profiler_tests::{assert_success, expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, summary, Fixture, FixtureKind, Profile, TempDir};
