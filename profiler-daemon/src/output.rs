@@ -36,19 +36,26 @@ pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
 /// Writes `bytes` to `path` atomically, creating the parent directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(fail)?;
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
+    let (file, tmp) = write_temp(path, bytes).map_err(fail)?;
+    let result = file.sync_all().and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result.map_err(fail)
+}
+
+/// Writes `bytes` to a new temporary file beside `path` (creating the directory), and
+/// returns it, still open, with its name; on failure nothing is left behind.
+fn write_temp(path: &Path, bytes: &[u8]) -> std::io::Result<(fs::File, PathBuf)> {
+    fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    let tmp = temp_path(path);
+    match fs::File::create(&tmp).and_then(|mut file| file.write_all(bytes).map(|()| file)) {
+        Ok(file) => Ok((file, tmp)),
+        Err(err) => {
+            let _ = fs::remove_file(&tmp);
+            Err(err)
+        }
+    }
 }
 
 /// Files open at once in a [`Batch`]: a dump of thousands of processes commits every this
@@ -90,21 +97,9 @@ impl Batch {
     /// Writes `bytes` to a temporary file beside `path` (creating the directory); the file
     /// appears at `path` on [`Batch::commit`].
     pub fn stage(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
-        let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).map_err(fail)?;
-        let tmp = temp_path(path);
-        let written = fs::File::create(&tmp).and_then(|mut file| file.write_all(bytes).map(|()| file));
-        match written {
-            Ok(file) => {
-                self.staged.push(Staged { file, tmp, path: path.to_path_buf(), bytes: bytes.len() as u64 });
-                Ok(())
-            }
-            Err(cause) => {
-                let _ = fs::remove_file(&tmp);
-                Err(fail(cause))
-            }
-        }
+        let (file, tmp) = write_temp(path, bytes).map_err(|cause| Error::Write { path: path.to_path_buf(), cause })?;
+        self.staged.push(Staged { file, tmp, path: path.to_path_buf(), bytes: bytes.len() as u64 });
+        Ok(())
     }
 
     /// Whether [`BATCH_MAX_OPEN`] files are staged and the batch should be committed.
