@@ -94,8 +94,9 @@ impl Symbolizer {
     }
 
     /// Closes the ELF files blazesym holds open and parsed, keeping every symbol already
-    /// found: a later address in a file opens it again. Kernel symbols stay loaded. Otherwise the mapped and parsed debug info
-    /// of every file ever symbolized (those of long-gone processes too) stays in memory.
+    /// found: a later address in a file opens it again. Kernel symbols stay loaded.
+    /// Otherwise the mapped and parsed debug info of every file ever symbolized (those of
+    /// long-gone processes too) stays in memory.
     pub fn close_files(&mut self) {
         self.blaze = new_blaze();
     }

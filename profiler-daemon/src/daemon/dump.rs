@@ -1,8 +1,7 @@
 //! One interval's dump: for each selected process with data, `DIR/<name>-<pid>/<type>-<UTC
 //! timestamp>.pb.gz` per enabled type, written atomically as one [`output::Batch`]; then
-//! retention. Failures (disk
-//! full, permission denied, a vanished directory) are counted and reported, never fatal: the
-//! next interval tries again.
+//! retention. Failures (disk full, permission denied, a vanished directory) are counted and
+//! reported, never fatal: the next interval tries again.
 
 use std::{
     path::{Path, PathBuf},
@@ -44,7 +43,7 @@ pub struct DumpStats {
 pub struct DumpPhases {
     /// Building and encoding the profiles (symbolizing what the cache lacks).
     pub render: Duration,
-    /// Writing them: temporary file, fsync, rename.
+    /// Writing them: temporary files, one `syncfs`, renames (see [`output::Batch`]).
     pub write: Duration,
     /// Deleting by age and size.
     pub retention: Duration,
@@ -53,7 +52,7 @@ pub struct DumpPhases {
 }
 
 /// CPU time of the calling thread so far.
-pub fn thread_cpu_time() -> Duration {
+fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid timespec to write to; the clock id is a constant.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };

@@ -159,7 +159,8 @@ const TRACEPOINTS: [&str; 9] = [
 pub fn run(args: &FutexArgs) -> Result<()> {
     workspace::prepare(false)?;
     match args.pin_cpu {
-        // Read by the program's threads; set before any thread or child exists.
+        // Read by the program's threads; set while this process has one thread and before
+        // the program is started.
         Some(cpu) => std::env::set_var("FUTEX_BENCH_CPU", cpu.to_string()),
         None => std::env::remove_var("FUTEX_BENCH_CPU"),
     }

@@ -28,7 +28,7 @@ pub struct Sample {
     /// How long the last interval's dump took, from /status.
     pub last_dump_ms: u64,
     /// Of that dump: the CPU time of the thread that wrote it, and the wall time spent in
-    /// writing files (temporary file, fsync, rename), from /status.
+    /// writing files (temporary files, syncfs, renames), from /status.
     pub last_dump_cpu_ms: u64,
     pub last_dump_write_ms: u64,
     /// Distinct stacks the daemon holds, and processes it tracks, from /status.
