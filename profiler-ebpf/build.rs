@@ -3,8 +3,6 @@
 fn main() {
     match which::which("bpf-linker") {
         Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
-        Err(err) => println!(
-            "cargo:warning=bpf-linker not found ({err}); run `cargo xtask setup` to install it"
-        ),
+        Err(err) => println!("cargo:warning=bpf-linker not found ({err}); run `cargo xtask setup` to install it"),
     }
 }

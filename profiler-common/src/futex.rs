@@ -162,7 +162,13 @@ impl WaitOp {
 pub fn is_wake_cmd(cmd: u32) -> bool {
     matches!(
         cmd,
-        cmd::WAKE | cmd::WAKE_BITSET | cmd::UNLOCK_PI | cmd::REQUEUE | cmd::CMP_REQUEUE | cmd::WAKE_OP | cmd::CMP_REQUEUE_PI
+        cmd::WAKE
+            | cmd::WAKE_BITSET
+            | cmd::UNLOCK_PI
+            | cmd::REQUEUE
+            | cmd::CMP_REQUEUE
+            | cmd::WAKE_OP
+            | cmd::CMP_REQUEUE_PI
     )
 }
 

@@ -192,7 +192,9 @@ impl UnwindCounter {
     pub const COUNT: u32 = Self::LeafGuesses as u32 + 1;
 }
 
-const _: () = assert!(UnwindCounter::Unsupported0 as u32 + UnwindCounter::UNSUPPORTED_REASONS == UnwindCounter::LeafGuesses as u32);
+const _: () = assert!(
+    UnwindCounter::Unsupported0 as u32 + UnwindCounter::UNSUPPORTED_REASONS == UnwindCounter::LeafGuesses as u32
+);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, padding explicit (sizes asserted above).

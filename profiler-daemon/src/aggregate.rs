@@ -377,11 +377,8 @@ fn first_sight(pid: u32, comm: &str) -> KnownProcess {
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, sorted by address.
 fn merge_maps(mut fresh: Vec<MapEntry>, old: &[MapEntry]) -> Vec<MapEntry> {
-    let kept: Vec<MapEntry> = old
-        .iter()
-        .filter(|o| !fresh.iter().any(|f| f.start < o.end && o.start < f.end))
-        .cloned()
-        .collect();
+    let kept: Vec<MapEntry> =
+        old.iter().filter(|o| !fresh.iter().any(|f| f.start < o.end && o.start < f.end)).cloned().collect();
     fresh.extend(kept);
     fresh.sort_by_key(|m| m.start);
     fresh

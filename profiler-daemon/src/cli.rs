@@ -127,7 +127,8 @@ mod tests {
     fn run_flags_are_optional_overrides() {
         let Command::Run(args) = parse(&["run"]).unwrap().command else { panic!("not run") };
         assert!(args.config.is_none() && args.output.is_none() && args.interval.is_none());
-        let cli = parse(&["run", "--config", "/c.toml", "--output", "/o", "--socket", "/s", "--interval", "5s"]).unwrap();
+        let cli =
+            parse(&["run", "--config", "/c.toml", "--output", "/o", "--socket", "/s", "--interval", "5s"]).unwrap();
         let Command::Run(args) = cli.command else { panic!("not run") };
         assert_eq!(args.interval, Some(Duration::from_secs(5)));
         assert_eq!(args.socket.as_deref(), Some(std::path::Path::new("/s")));
@@ -161,8 +162,17 @@ mod tests {
     #[test]
     fn snapshot_flags() {
         let cli = parse(&[
-            "snapshot", "--duration", "3s", "--pid", "1", "--pid", "42", "--frequency", "250",
-            "--output", "/tmp/p",
+            "snapshot",
+            "--duration",
+            "3s",
+            "--pid",
+            "1",
+            "--pid",
+            "42",
+            "--frequency",
+            "250",
+            "--output",
+            "/tmp/p",
         ])
         .unwrap();
         let Command::Snapshot(args) = cli.command else { panic!("not snapshot") };

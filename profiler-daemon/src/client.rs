@@ -28,9 +28,7 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
-    #[error(
-        "permission denied on {path}; run as root or as a member of the socket's group ([socket] group)"
-    )]
+    #[error("permission denied on {path}; run as root or as a member of the socket's group ([socket] group)")]
     PermissionDenied { path: PathBuf },
     #[error("failed to talk to the daemon on {path}")]
     Io {
@@ -107,8 +105,7 @@ fn malformed<T>(reason: impl Into<String>) -> Result<T, ReadError> {
 fn read_response(reader: &mut impl BufRead) -> Result<(u16, Vec<u8>), ReadError> {
     let status = status_code(&read_line(reader)?)?;
     let headers = read_headers(reader)?;
-    let header =
-        |name: &str| headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+    let header = |name: &str| headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
     let body = if header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")) {
         read_chunked(reader)?
     } else if let Some(length) = header("content-length") {
@@ -151,8 +148,7 @@ fn read_chunked(reader: &mut impl BufRead) -> Result<Vec<u8>, ReadError> {
     loop {
         let line = read_line(reader)?;
         let size_text = line.split(';').next().unwrap_or_default().trim();
-        let size =
-            u64::from_str_radix(size_text, 16).or_else(|_| malformed(format!("bad chunk size {line:?}")))?;
+        let size = u64::from_str_radix(size_text, 16).or_else(|_| malformed(format!("bad chunk size {line:?}")))?;
         if size == 0 {
             read_headers(reader)?; // trailers, ignored
             return Ok(body);
@@ -197,11 +193,7 @@ fn read_line(reader: &mut impl BufRead) -> Result<String, ReadError> {
         return malformed("the connection closed before a complete response");
     }
     if line.last() != Some(&b'\n') {
-        let why = if line.len() > MAX_LINE_BYTES {
-            "a line longer than 8 KiB"
-        } else {
-            "the stream ended mid-line"
-        };
+        let why = if line.len() > MAX_LINE_BYTES { "a line longer than 8 KiB" } else { "the stream ended mid-line" };
         return malformed(why);
     }
     line.pop();
@@ -230,10 +222,7 @@ mod tests {
     fn content_length_bodies() {
         let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello, and more";
         assert_eq!(parse(raw).unwrap(), (200, b"hello".to_vec()));
-        assert_eq!(
-            reason(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort"),
-            "body ended after 5 of 9 bytes"
-        );
+        assert_eq!(reason(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort"), "body ended after 5 of 9 bytes");
         assert_eq!(reason(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"), "bad content-length \"x\"");
     }
 
@@ -242,10 +231,7 @@ mod tests {
         let raw = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n\
             4;ext=1\r\nno s\r\n7\r\nuch pid\r\n0\r\nTrailer: x\r\n\r\n";
         assert_eq!(parse(raw).unwrap(), (404, b"no such pid".to_vec()));
-        assert_eq!(
-            reason(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"),
-            "bad chunk size \"zz\""
-        );
+        assert_eq!(reason(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"), "bad chunk size \"zz\"");
     }
 
     #[test]

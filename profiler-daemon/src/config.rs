@@ -23,9 +23,7 @@ use std::{
 
 pub use kind::ProfileKind;
 pub use raw::RawConfig;
-pub use select::{
-    matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES,
-};
+pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
 pub use validate::{FREQUENCY_HZ_RANGE, INTERVAL_RANGE, SAMPLE_BYTES_RANGE, SOCKET_PATH_MAX_BYTES};
 
 use crate::units::{format_bytes, format_duration};
@@ -101,8 +99,8 @@ impl HeapConfig {
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::parse(&text, path)
     }
 
@@ -148,12 +146,7 @@ impl fmt::Display for Config {
         if processes.is_all() {
             f.write_str(", all processes")?;
         } else {
-            write!(
-                f,
-                ", processes: {} include, {} exclude",
-                processes.include.len(),
-                processes.exclude.len()
-            )?;
+            write!(f, ", processes: {} include, {} exclude", processes.include.len(), processes.exclude.len())?;
         }
         let retention = &self.retention;
         write!(

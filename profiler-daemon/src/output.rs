@@ -16,10 +16,8 @@ use crate::error::{Error, Result};
 /// The directory name of a process: its name (with `/`, whitespace and control characters
 /// replaced by `_`) and its pid.
 pub fn process_dir_name(name: &str, pid: u32) -> String {
-    let clean: String = name
-        .chars()
-        .map(|c| if c == '/' || c.is_whitespace() || c.is_control() { '_' } else { c })
-        .collect();
+    let clean: String =
+        name.chars().map(|c| if c == '/' || c.is_whitespace() || c.is_control() { '_' } else { c }).collect();
     let clean = if clean.is_empty() || clean == "." || clean == ".." { "unknown".into() } else { clean };
     format!("{clean}-{pid}")
 }

@@ -101,7 +101,8 @@ pub fn label(profile: &mut ResolvedProfile) {
     let ResolvedProfile { locations, samples, .. } = profile;
     for sample in samples.iter_mut() {
         let mut functions = sample.locations.iter().flat_map(|&loc| locations[loc].frames.iter()).map(|f| &f.function);
-        let found = functions.clone().find_map(|f| classify(f)).or_else(|| functions.find_map(|f| classify_internal(f)));
+        let found =
+            functions.clone().find_map(|f| classify(f)).or_else(|| functions.find_map(|f| classify_internal(f)));
         sample.labels.push((LABEL, LabelValue::Str(found.unwrap_or(UNKNOWN).to_string())));
     }
 }
@@ -116,12 +117,12 @@ mod tests {
         assert_eq!(classify("___pthread_mutex_lock"), Some("pthread_mutex_lock"));
         assert_eq!(classify("pthread_cond_wait@@GLIBC_2.3.2"), Some("pthread_cond_wait"));
         assert_eq!(classify("__pthread_cond_signal"), Some("pthread_cond_signal"));
-        assert_eq!(
-            classify("std::sys::sync::mutex::futex::Mutex::lock_contended"),
-            Some("std::sync::Mutex::lock")
-        );
+        assert_eq!(classify("std::sys::sync::mutex::futex::Mutex::lock_contended"), Some("std::sync::Mutex::lock"));
         assert_eq!(classify("<std::sys::sync::mutex::futex::Mutex>::lock"), Some("std::sync::Mutex::lock"));
-        assert_eq!(classify("std::sys::sync::thread_parking::futex::Parker::unpark"), Some("std::thread::Thread::unpark"));
+        assert_eq!(
+            classify("std::sys::sync::thread_parking::futex::Parker::unpark"),
+            Some("std::thread::Thread::unpark")
+        );
         assert_eq!(classify("std::sys::sync::thread_parking::futex::Parker::park"), Some("std::thread::park"));
         assert_eq!(classify("std::sync::poison::mutex::Mutex<T>::lock"), None, "the public wrapper: not the wait");
         assert_eq!(classify("std::sys::sync::mutex::futex::Mutex::wake"), Some("std::sync::Mutex::unlock"));

@@ -174,7 +174,15 @@ mod tests {
 
     #[test]
     fn finds_mapping_and_offset() {
-        let info = ProcessInfo { pid: 1, name: "x".into(), exe: None, maps: parse_maps(MAPS), uid: 0, cgroup: None, ns_pid: 1 };
+        let info = ProcessInfo {
+            pid: 1,
+            name: "x".into(),
+            exe: None,
+            maps: parse_maps(MAPS),
+            uid: 0,
+            cgroup: None,
+            ns_pid: 1,
+        };
         let idx = info.mapping_of(0x7f0000000010).unwrap();
         assert_eq!(info.maps[idx].file_offset(0x7f0000000010), 0x28010);
         assert_eq!(info.mapping_of(0x55d0c0a00500), None, "not executable");

@@ -247,7 +247,9 @@ pub fn heap_comments(inuse_at: &str, counters: &Counters, sample_bytes: u64) -> 
              and not freed {inuse_at}; alloc = allocated since the probes attached (in the window)",
             env!("CARGO_PKG_VERSION")
         ),
-        format!("sampling: one sample per {sample_bytes} bytes on average (Poisson), values scaled to estimates as Go does"),
+        format!(
+            "sampling: one sample per {sample_bytes} bytes on average (Poisson), values scaled to estimates as Go does"
+        ),
         format!(
             "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
              stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
@@ -316,7 +318,14 @@ mod tests {
 
     #[test]
     fn batch_stacks_adjust_leaves_like_the_profiles_and_keep_only_new_stacks() {
-        let cpu = |tgid, user_stack, kernel_stack| RawCpuSample { tgid, tid: tgid, comm: String::new(), user_stack, kernel_stack, count: 1 };
+        let cpu = |tgid, user_stack, kernel_stack| RawCpuSample {
+            tgid,
+            tid: tgid,
+            comm: String::new(),
+            user_stack,
+            kernel_stack,
+            count: 1,
+        };
         let batch = Batch {
             cpu: vec![cpu(1, 10, NO_STACK), cpu(1, 11, 12), cpu(2, 13, NO_STACK)],
             heap: vec![RawHeapTotals { tgid: 3, stack: 14, count: 1, bytes: 8 }],
@@ -330,7 +339,10 @@ mod tests {
         // As `cpu` and `heap` build them; pid 2's stack 13 is not new.
         assert_eq!(got, [(1, 10, NO_STACK, false), (1, 11, 12, false), (3, 14, NO_STACK, true)]);
         let (_, heap_samples) = heap(
-            &ProcessCounts { heap_allocated: [(14, HeapCount { count: 1, bytes: 8 })].into(), ..ProcessCounts::default() },
+            &ProcessCounts {
+                heap_allocated: [(14, HeapCount { count: 1, bytes: 8 })].into(),
+                ..ProcessCounts::default()
+            },
             1,
         );
         assert_eq!(heap_samples[0].user_leaf_is_return, got[2].3);

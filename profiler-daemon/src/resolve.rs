@@ -136,11 +136,7 @@ pub fn resolve(
         let leaf_returns = sample.user_leaf_is_return || !kernel.is_empty();
         for (i, &ip) in user.iter().enumerate() {
             let addr = caller_adjusted(ip, i > 0 || leaf_returns);
-            let site = process
-                .info
-                .as_ref()
-                .and_then(|info| info.mapping_of(addr))
-                .map_or(Site::Unmapped, Site::User);
+            let site = process.info.as_ref().and_then(|info| info.mapping_of(addr)).map_or(Site::Unmapped, Site::User);
             locations.push(table.intern(site, addr));
         }
         resolved.push(ResolvedSample { locations, values: sample.values, labels: sample.labels });
@@ -258,7 +254,13 @@ fn kernel_mapping(addrs: &[u64]) -> MappingInfo {
     }
 }
 
-fn user_site(pid: u32, ns_pid: u32, map: &MapEntry, addrs: &[u64], sym: &mut Symbolizer) -> (Option<MappingInfo>, Vec<Frames>) {
+fn user_site(
+    pid: u32,
+    ns_pid: u32,
+    map: &MapEntry,
+    addrs: &[u64],
+    sym: &mut Symbolizer,
+) -> (Option<MappingInfo>, Vec<Frames>) {
     let file = map.is_file().then(|| openable_path(pid, map));
     let frames = match &file {
         Some(path) => {

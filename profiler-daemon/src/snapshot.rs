@@ -91,8 +91,13 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
     let start = SystemTime::now();
-    let mut pipeline =
-        Pipeline { session: &mut session, agg: &mut agg, counts: &mut counts, unwinder: &mut unwinder, pids: &args.pids };
+    let mut pipeline = Pipeline {
+        session: &mut session,
+        agg: &mut agg,
+        counts: &mut counts,
+        unwinder: &mut unwinder,
+        pids: &args.pids,
+    };
     let interrupted = capture(&mut pipeline, args.duration)?;
     if heap {
         // Read the live blocks, then drain once more: blocks sampled since the last drain
@@ -430,7 +435,14 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
     if !futex.is_empty() {
         println!("{:<24} {:>8} {:<12} {:>16}  top leaf function", "process", "pid", "profile", "delay ns/threads");
         for w in futex.iter().take(SUMMARY_ROWS * 3) {
-            println!("{:<24} {:>8} {:<12} {:>16}  {}", truncate(&w.name, 24), w.pid, w.kind, w.value, truncate(&w.hottest, 60));
+            println!(
+                "{:<24} {:>8} {:<12} {:>16}  {}",
+                truncate(&w.name, 24),
+                w.pid,
+                w.kind,
+                w.value,
+                truncate(&w.hottest, 60)
+            );
         }
         let f = counters.futex;
         println!(

@@ -147,11 +147,8 @@ impl Symbolizer {
 
     /// Symbolizes file offsets in the ELF file at `path`; one result per offset.
     pub fn elf(&mut self, path: &Path, offsets: &[u64]) -> Vec<Frames> {
-        let todo: Vec<u64> = offsets
-            .iter()
-            .copied()
-            .filter(|&off| !self.elf.contains_key(&(path.to_path_buf(), off)))
-            .collect();
+        let todo: Vec<u64> =
+            offsets.iter().copied().filter(|&off| !self.elf.contains_key(&(path.to_path_buf(), off))).collect();
         if !todo.is_empty() {
             let mut elf = Elf::new(path);
             elf.debug_syms = !self.is_own_exe(path);
@@ -215,7 +212,10 @@ fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
 /// name the file does not define. Aliases (glibc's `memalign` and `aligned_alloc`) come back
 /// with the same offset, which is how probing one address twice is avoided.
 pub fn symbol_offsets(path: &Path, names: &[&str]) -> Vec<Option<u64>> {
-    use blazesym::inspect::{source::{Elf as InspectElf, Source as InspectSource}, Inspector};
+    use blazesym::inspect::{
+        source::{Elf as InspectElf, Source as InspectSource},
+        Inspector,
+    };
     let mut elf = InspectElf::new(path);
     // The dynamic symbol table names every exported function; skip DWARF.
     elf.debug_syms = false;
@@ -269,12 +269,7 @@ fn frames_of(sym: Symbolized<'_>) -> Frames {
     let Symbolized::Sym(sym) = sym else { return Vec::new() };
     // blazesym lists inlined callees outermost first, each with the location inside it,
     // and gives the outer function the location of its first inlined call.
-    let mut frames: Frames = sym
-        .inlined
-        .iter()
-        .rev()
-        .map(|f| frame(&f.name, f.code_info.as_ref()))
-        .collect();
+    let mut frames: Frames = sym.inlined.iter().rev().map(|f| frame(&f.name, f.code_info.as_ref())).collect();
     frames.push(frame(&sym.name, sym.code_info.as_deref()));
     frames
 }
@@ -318,10 +313,7 @@ mod tests {
         let exe = PathBuf::from(&map.path);
         let frames = Symbolizer::new().elf(&exe, &[map.file_offset(addr)]);
         let names: Vec<_> = frames[0].iter().map(|f| f.function.as_str()).collect();
-        assert!(
-            names.iter().any(|n| n.ends_with("marker_function_for_symbolizer_test")),
-            "{names:?}"
-        );
+        assert!(names.iter().any(|n| n.ends_with("marker_function_for_symbolizer_test")), "{names:?}");
         // The test binary is the running executable: symbol table only, no source lines.
         assert!(frames[0].iter().all(|f| f.file.is_none() && f.line == 0), "{:?}", frames[0]);
         assert!(build_id(&exe).is_some_and(|id| id.len() >= 16));

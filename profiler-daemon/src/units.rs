@@ -13,9 +13,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(|| format!("`{text}` has no unit; write e.g. `10s`, `500ms` or `2m`"))?;
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` does not start with a number"))?;
+    let value: f64 = number.parse().map_err(|_| format!("`{text}` does not start with a number"))?;
     let nanos_per_unit: f64 = match unit {
         "ns" => 1.0,
         "us" | "µs" => 1e3,
@@ -57,9 +55,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` has no unit; write e.g. `512KiB`, `1GiB` or `1B`"))?;
     let (number, unit) = text.split_at(split);
     let Some(&(_, bytes_per_unit)) = BYTE_UNITS.iter().find(|(name, _)| *name == unit) else {
-        return Err(format!(
-            "`{unit}` in `{text}` is not a unit; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
-        ));
+        return Err(format!("`{unit}` in `{text}` is not a unit; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"));
     };
     let too_large = || format!("`{text}` is too large");
     // Whole numbers take the exact integer path: f64 cannot hold every u64.
@@ -78,8 +74,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 /// `512MiB`, `1000B`), so that [`parse_bytes`] reads back the same number.
 pub fn format_bytes(bytes: u64) -> String {
     let binary = BYTE_UNITS[..5].iter().rev();
-    let (unit, size) =
-        binary.copied().find(|&(_, size)| bytes != 0 && bytes.is_multiple_of(size)).unwrap_or(("B", 1));
+    let (unit, size) = binary.copied().find(|&(_, size)| bytes != 0 && bytes.is_multiple_of(size)).unwrap_or(("B", 1));
     format!("{}{unit}", bytes / size)
 }
 
@@ -96,10 +91,8 @@ pub fn format_duration(duration: Duration) -> String {
         ("ns", 1),
     ];
     let nanos = duration.as_nanos();
-    let (unit, size) = UNITS
-        .into_iter()
-        .find(|&(_, size)| nanos != 0 && nanos.is_multiple_of(size))
-        .unwrap_or(("s", 1_000_000_000));
+    let (unit, size) =
+        UNITS.into_iter().find(|&(_, size)| nanos != 0 && nanos.is_multiple_of(size)).unwrap_or(("s", 1_000_000_000));
     format!("{}{unit}", nanos / size)
 }
 

@@ -30,14 +30,11 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         return;
     }
     let set = active_set();
-    let (counts, stacks) = if set == 0 {
-        (&CPU_COUNTS_0, &STACKS_0)
-    } else {
-        (&CPU_COUNTS_1, &STACKS_1)
-    };
+    let (counts, stacks) = if set == 0 { (&CPU_COUNTS_0, &STACKS_0) } else { (&CPU_COUNTS_1, &STACKS_1) };
 
     let mut truncated = false;
-    let user_stack = stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt), CpuCounter::UserStackFailed);
+    let user_stack =
+        stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt), CpuCounter::UserStackFailed);
     if truncated {
         bump(CpuCounter::UserStackTruncated);
     }
@@ -48,13 +45,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         stack_or_count(capture_kernel(ctx.as_ptr(), stacks, Scratch::Interrupt), CpuCounter::KernelStackFailed)
     };
 
-    let key = CpuSampleKey {
-        tgid,
-        tid,
-        user_stack,
-        kernel_stack,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
+    let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };
     if !add_or_insert(counts, &key, &1, |n| *n += 1) {
         bump(CpuCounter::CountsMapFull);
         return;
@@ -69,8 +60,6 @@ fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
     // SAFETY: the perf_event context's registers are readable for the whole program.
     unsafe { (*ctx.ctx).regs.cs & 3 == 3 }
 }
-
-
 
 /// The stack hash, or [`NO_STACK`] with the failure counted.
 #[inline(always)]

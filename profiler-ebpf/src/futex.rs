@@ -29,8 +29,8 @@ use profiler_common::{
 
 use crate::{
     maps::{
-        active_set, add_or_insert, bump_futex, wanted, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING, FUTEX_WAKERS,
-        MUTEX_COUNTS_0, MUTEX_COUNTS_1, Scratch, STACKS_0, STACKS_1,
+        active_set, add_or_insert, bump_futex, wanted, Scratch, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING,
+        FUTEX_WAKERS, MUTEX_COUNTS_0, MUTEX_COUNTS_1, STACKS_0, STACKS_1,
     },
     stack::capture_user,
 };
@@ -41,7 +41,6 @@ use crate::{
 const ARG0: usize = 16;
 const ARG1: usize = 24;
 const RET: usize = 16;
-
 
 /// `futex(2)`: one program for every command, which tells waits from wakes.
 #[tracepoint]
@@ -235,4 +234,3 @@ fn record_waker(pid_tgid: u64, uaddr: u64) {
         bump_futex(FutexCounter::WakerMapFull);
     }
 }
-

@@ -14,10 +14,7 @@
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::bpf_get_prandom_u32,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -25,8 +22,8 @@ use profiler_common::{heap::HEAP_INTERVALS_LEN, HeapCounter, HeapKey, HeapTotals
 
 use crate::{
     maps::{
-        active_set, add_or_insert, bump_heap, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
-        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, Scratch, STACKS_0, STACKS_1,
+        active_set, add_or_insert, bump_heap, Scratch, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
+        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, STACKS_0, STACKS_1,
     },
     stack::capture_user,
 };
@@ -166,15 +163,8 @@ fn on_entry(ctx: &ProbeContext, size: u64, old_ptr: u64, out_ptr: u64) {
         return;
     }
     let sampled = take_sample(size);
-    let pending = PendingAlloc {
-        size,
-        old_ptr,
-        out_ptr,
-        entry_sp: sp,
-        sampled: sampled as u32,
-        _pad: 0,
-        entered_ns: now,
-    };
+    let pending =
+        PendingAlloc { size, old_ptr, out_ptr, entry_sp: sp, sampled: sampled as u32, _pad: 0, entered_ns: now };
     if HEAP_PENDING.insert(&pid_tgid, &pending, BPF_ANY as u64).is_err() {
         bump_heap(HeapCounter::PendingMapFull);
     }
@@ -291,4 +281,3 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
     }
     bump_heap(HeapCounter::Sampled);
 }
-

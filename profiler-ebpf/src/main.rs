@@ -6,8 +6,8 @@
 #![no_main]
 
 mod cpu;
-mod futex;
 mod exec;
+mod futex;
 mod heap;
 mod maps;
 mod stack;

@@ -11,13 +11,13 @@ use aya_ebpf::{
 };
 use profiler_common::{
     heap::HEAP_INTERVALS_LEN,
-    stack::STACK_WINDOW_WORDS,
     maps::{
         CPU_COUNTS_MAX_ENTRIES, FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES,
         HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
         THREAD_COUNTS_MAX_ENTRIES, UNWIND_EXECS_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
         UNWIND_TABLES_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES,
     },
+    stack::STACK_WINDOW_WORDS,
     CpuCounter, CpuSampleKey, FutexCounter, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
     PendingWait, Stack, ThreadKey, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo, WaitKey, WaitTotals,
     Waker, WakerKey,
@@ -30,19 +30,15 @@ use crate::user_stack::WalkState;
 pub static FILTER_PIDS: Global<u8> = Global::new(0);
 
 #[map]
-pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> =
-    PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> =
-    PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
 
 // Stacks are 1 KiB each: allocate on insert instead of preallocating 16 MiB per set.
 #[map]
-pub static STACKS_0: HashMap<u64, Stack> =
-    HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+pub static STACKS_0: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
-pub static STACKS_1: HashMap<u64, Stack> =
-    HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+pub static STACKS_1: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Mean bytes between heap samples; 0 or 1 samples every allocation (set at load time).
 #[unsafe(no_mangle)]
@@ -57,12 +53,10 @@ pub static HEAP_TOTALS_1: PerCpuHashMap<HeapKey, HeapTotals> =
 
 // Sized for many live blocks; allocate entries as they come instead of preallocating.
 #[map]
-pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> =
-    HashMap::with_max_entries(HEAP_LIVE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(HEAP_LIVE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static HEAP_PENDING: HashMap<u64, PendingAlloc> =
-    HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
+pub static HEAP_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
 
 #[map]
 pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVALS_LEN, 0);

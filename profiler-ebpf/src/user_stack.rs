@@ -17,16 +17,15 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     bindings::pt_regs,
     helpers::{
-        bpf_probe_read_kernel,
-        bpf_get_current_pid_tgid,
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs},
     },
 };
 use profiler_common::{
     stack::STACK_WINDOW_WORDS,
     unwind::{
-        sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS,
-        SHARD_ROWS_SHIFT, TABLE_SEARCH_STEPS,
+        sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
+        TABLE_SEARCH_STEPS,
     },
     Stack, UnwindCounter, UnwindKind, UnwindRow, MAX_STACK_DEPTH,
 };

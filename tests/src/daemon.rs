@@ -75,10 +75,7 @@ impl DaemonConfig {
             items.join(", ")
         };
         let names = |names: &[&str]| {
-            let items: Vec<String> = names
-                .iter()
-                .map(|n| format!("{{ name = {n:?} }}"))
-                .collect();
+            let items: Vec<String> = names.iter().map(|n| format!("{{ name = {n:?} }}")).collect();
             items.join(", ")
         };
         let mut text = format!(
@@ -91,10 +88,7 @@ impl DaemonConfig {
         if let Some(group) = self.socket_group {
             text += &format!("group = {group:?}\n");
         }
-        text += &format!(
-            "\n[retention]\nmin_free_bytes = {:?}\n",
-            self.min_free_bytes
-        );
+        text += &format!("\n[retention]\nmin_free_bytes = {:?}\n", self.min_free_bytes);
         if let Some(max_age) = &self.max_age {
             text += &format!("max_age = {max_age:?}\n");
         }
@@ -128,10 +122,7 @@ impl Daemon {
     /// answers `/status` with 200 (the signal handlers are installed by then too).
     pub fn start(config: &DaemonConfig) -> Self {
         let scratch = TempDir::new("daemon");
-        let output = config
-            .output_dir
-            .clone()
-            .unwrap_or_else(|| scratch.path().join("out"));
+        let output = config.output_dir.clone().unwrap_or_else(|| scratch.path().join("out"));
         let socket = scratch.path().join("s.sock");
         let config_path = scratch.path().join("profiler.toml");
         write_file(&config_path, &config.toml(&output, &socket));
@@ -153,19 +144,8 @@ impl Daemon {
             .spawn()
             .unwrap_or_else(|e| panic!("failed to start profiler run: {e}"));
         let log = Arc::new(Mutex::new(Vec::new()));
-        collect(
-            child.stderr.take().expect("stderr is piped"),
-            Arc::clone(&log),
-        );
-        let mut daemon = Self {
-            child,
-            scratch,
-            config_path,
-            output,
-            socket,
-            log,
-            exit: None,
-        };
+        collect(child.stderr.take().expect("stderr is piped"), Arc::clone(&log));
+        let mut daemon = Self { child, scratch, config_path, output, socket, log, exit: None };
         daemon.wait_ready();
         daemon
     }
@@ -174,15 +154,9 @@ impl Daemon {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = self.try_exit() {
-                panic!(
-                    "profiler run exited with {status} while starting; log:\n{}",
-                    self.log()
-                );
+                panic!("profiler run exited with {status} while starting; log:\n{}", self.log());
             }
-            if matches!(
-                profiler_daemon::client::get(&self.socket, "/status"),
-                Ok((200, _))
-            ) {
+            if matches!(profiler_daemon::client::get(&self.socket, "/status"), Ok((200, _))) {
                 return;
             }
             assert!(
@@ -230,25 +204,15 @@ impl Daemon {
     /// `GET path`, which must answer 200; returns the body.
     pub fn get_ok(&self, path: &str) -> Vec<u8> {
         let (status, body) = self.get(path);
-        assert_eq!(
-            status,
-            200,
-            "GET {path}: {}; daemon log:\n{}",
-            String::from_utf8_lossy(&body),
-            self.log()
-        );
+        assert_eq!(status, 200, "GET {path}: {}; daemon log:\n{}", String::from_utf8_lossy(&body), self.log());
         body
     }
 
     /// `/status`, parsed.
     pub fn status(&self) -> serde_json::Value {
         let body = self.get_ok("/status");
-        serde_json::from_slice(&body).unwrap_or_else(|e| {
-            panic!(
-                "/status is not JSON ({e}):\n{}",
-                String::from_utf8_lossy(&body)
-            )
-        })
+        serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("/status is not JSON ({e}):\n{}", String::from_utf8_lossy(&body)))
     }
 
     /// The number at JSON pointer `pointer` of `/status` (`/output/files_written`).
@@ -263,11 +227,7 @@ impl Daemon {
     /// Waits until the log contains `needle`; panics with the log after `timeout`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
         let found = wait_for(timeout, || self.log().contains(needle));
-        assert!(
-            found,
-            "the daemon did not log {needle:?} within {timeout:?}; log:\n{}",
-            self.log()
-        );
+        assert!(found, "the daemon did not log {needle:?} within {timeout:?}; log:\n{}", self.log());
     }
 
     /// Replaces the config file (the daemon reads it again on SIGHUP).
@@ -280,12 +240,7 @@ impl Daemon {
         // SAFETY: kill has no memory-safety preconditions; the child is ours and unreaped, so
         // the pid cannot have been reused.
         let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(
-            rc,
-            0,
-            "failed to send signal {signal} to the daemon: {}",
-            std::io::Error::last_os_error()
-        );
+        assert_eq!(rc, 0, "failed to send signal {signal} to the daemon: {}", std::io::Error::last_os_error());
     }
 
     /// Waits up to `timeout` for the daemon to exit; returns its status if it did.
@@ -340,8 +295,7 @@ fn collect(mut pipe: impl Read + Send + 'static, log: Arc<Mutex<Vec<u8>>>) {
 }
 
 fn write_file(path: &Path, text: &str) {
-    std::fs::write(path, text)
-        .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
 }
 
 /// Polls `condition` every 100 ms until it holds (true) or `timeout` passes (false).
@@ -378,9 +332,7 @@ pub fn profile_files(dir: &Path, kind: &str) -> Vec<PathBuf> {
 
 /// The final path component as text.
 pub fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// The file's modification time.

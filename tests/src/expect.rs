@@ -13,39 +13,17 @@ pub const SAMPLE_TYPES: [(&str, &str); 2] = [("samples", "count"), ("cpu", "nano
 /// Sample types, period type, period = 1e9 / `frequency_hz`, cpu value = samples × period in
 /// every sample, and comments that report dropped samples and unsymbolized frames.
 pub fn cpu_profile_format(profile: &Profile, frequency_hz: i64) {
-    let types: Vec<(&str, &str)> = profile
-        .sample_types
-        .iter()
-        .map(|(t, u)| (t.as_str(), u.as_str()))
-        .collect();
+    let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|(t, u)| (t.as_str(), u.as_str())).collect();
     assert_eq!(types, SAMPLE_TYPES, "sample_type");
-    let period_type = profile
-        .period_type
-        .as_ref()
-        .map(|(t, u)| (t.as_str(), u.as_str()));
+    let period_type = profile.period_type.as_ref().map(|(t, u)| (t.as_str(), u.as_str()));
     assert_eq!(period_type, Some(("cpu", "nanoseconds")), "period_type");
     let period = 1_000_000_000 / frequency_hz;
     assert_eq!(profile.period, period, "period for {frequency_hz} Hz");
     let (count, cpu) = (profile.value_index("samples"), profile.value_index("cpu"));
     for sample in &profile.samples {
-        assert_eq!(
-            sample.values.len(),
-            2,
-            "values of sample {:?}",
-            sample.names()
-        );
-        assert!(
-            sample.values[count] > 0,
-            "sample with count {} at {:?}",
-            sample.values[count],
-            sample.names()
-        );
-        assert_eq!(
-            sample.values[cpu],
-            sample.values[count] * period,
-            "cpu ns of sample {:?}",
-            sample.names()
-        );
+        assert_eq!(sample.values.len(), 2, "values of sample {:?}", sample.names());
+        assert!(sample.values[count] > 0, "sample with count {} at {:?}", sample.values[count], sample.names());
+        assert_eq!(sample.values[cpu], sample.values[count] * period, "cpu ns of sample {:?}", sample.names());
     }
     let comments = profile.comments.join("\n").to_lowercase();
     let reports_unresolved = comments.contains("unresolved") || comments.contains("without symbol");
@@ -59,18 +37,8 @@ pub fn cpu_profile_format(profile: &Profile, frequency_hz: i64) {
 /// Every sample of a single-threaded process carries `tid` = its pid and `thread` = its comm.
 pub fn single_thread_labels(profile: &Profile, pid: u32, comm: &str) {
     for sample in &profile.samples {
-        assert_eq!(
-            sample.label_num("tid"),
-            Some(i64::from(pid)),
-            "tid label of {:?}",
-            sample.labels
-        );
-        assert_eq!(
-            sample.label_str("thread"),
-            Some(comm),
-            "thread label of {:?}",
-            sample.labels
-        );
+        assert_eq!(sample.label_num("tid"), Some(i64::from(pid)), "tid label of {:?}", sample.labels);
+        assert_eq!(sample.label_str("thread"), Some(comm), "thread label of {:?}", sample.labels);
     }
 }
 
@@ -89,43 +57,24 @@ pub fn busy_thread_sample_count(profile: &Profile, seconds: u32, frequency_hz: i
 /// returns its path.
 pub fn profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
     let path = profile_path(out_dir, comm, pid);
-    assert!(
-        path.is_file(),
-        "no profile at {}; output holds:\n{}",
-        path.display(),
-        listing(out_dir)
-    );
+    assert!(path.is_file(), "no profile at {}; output holds:\n{}", path.display(), listing(out_dir));
     path
 }
 
 /// The sample value types, in order, of every heap profile (Go's heap profile).
-pub const HEAP_SAMPLE_TYPES: [(&str, &str); 4] = [
-    ("alloc_objects", "count"),
-    ("alloc_space", "bytes"),
-    ("inuse_objects", "count"),
-    ("inuse_space", "bytes"),
-];
+pub const HEAP_SAMPLE_TYPES: [(&str, &str); 4] =
+    [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
 
 /// Sample types, period type `space/bytes`, period = `sample_bytes`, default sample type
 /// `inuse_space`, a `bytes` label (unit "bytes") on every sample, no negative value, and
 /// comments that say what inuse means, the sampling rate and the drop counts.
 pub fn heap_profile_format(profile: &Profile, sample_bytes: i64) {
-    let types: Vec<(&str, &str)> = profile
-        .sample_types
-        .iter()
-        .map(|(t, u)| (t.as_str(), u.as_str()))
-        .collect();
+    let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|(t, u)| (t.as_str(), u.as_str())).collect();
     assert_eq!(types, HEAP_SAMPLE_TYPES, "sample_type");
-    let period_type = profile
-        .period_type
-        .as_ref()
-        .map(|(t, u)| (t.as_str(), u.as_str()));
+    let period_type = profile.period_type.as_ref().map(|(t, u)| (t.as_str(), u.as_str()));
     assert_eq!(period_type, Some(("space", "bytes")), "period_type");
     assert_eq!(profile.period, sample_bytes, "period");
-    assert_eq!(
-        profile.default_sample_type, "inuse_space",
-        "default_sample_type"
-    );
+    assert_eq!(profile.default_sample_type, "inuse_space", "default_sample_type");
     for sample in &profile.samples {
         assert!(
             sample.values.len() == 4 && sample.values.iter().all(|&v| v >= 0),
@@ -142,11 +91,7 @@ pub fn heap_profile_format(profile: &Profile, sample_bytes: i64) {
     }
     let comments = profile.comments.join("\n");
     for phrase in ["since the probes attached", "live map full"] {
-        assert!(
-            comments.contains(phrase),
-            "comments should contain {phrase:?}: {:?}",
-            profile.comments
-        );
+        assert!(comments.contains(phrase), "comments should contain {phrase:?}: {:?}", profile.comments);
     }
     assert!(
         comments.contains(&sample_bytes.to_string()),
@@ -158,12 +103,7 @@ pub fn heap_profile_format(profile: &Profile, sample_bytes: i64) {
 /// The heap profile of `comm`/`pid` exists at `DIR/<comm>-<pid>/heap.pb.gz`; returns its path.
 pub fn heap_profile_written(out_dir: &Path, comm: &str, pid: u32) -> PathBuf {
     let path = heap_profile_path(out_dir, comm, pid);
-    assert!(
-        path.is_file(),
-        "no heap profile at {}; output holds:\n{}",
-        path.display(),
-        listing(out_dir)
-    );
+    assert!(path.is_file(), "no heap profile at {}; output holds:\n{}", path.display(), listing(out_dir));
     path
 }
 

@@ -19,37 +19,20 @@ const CFLAGS: &[&str] = &[
 
 /// Added for the heap fixtures: without them GCC treats the allocator as builtins and deletes
 /// malloc/free pairs and allocations whose blocks it can prove unread, even at -O1.
-const CFLAGS_HEAP: &[&str] = &[
-    "-fno-builtin-malloc",
-    "-fno-builtin-free",
-    "-fno-builtin-calloc",
-    "-fno-builtin-realloc",
-];
+const CFLAGS_HEAP: &[&str] =
+    &["-fno-builtin-malloc", "-fno-builtin-free", "-fno-builtin-calloc", "-fno-builtin-realloc"];
 
 /// The flags of the fixtures built the way distributions and release builds are: optimized,
 /// no frame pointers (leaf or not). No inlining and no tail calls still, so each named
 /// function is its own frame and the expected chains are real.
-const CFLAGS_NO_FRAME_POINTERS: &[&str] = &[
-    "-O2",
-    "-g",
-    "-fomit-frame-pointer",
-    "-fno-optimize-sibling-calls",
-    "-fno-inline",
-];
+const CFLAGS_NO_FRAME_POINTERS: &[&str] =
+    &["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"];
 
 /// The Rust release fixture: optimized, no frame pointers, inlining on.
 const RUSTFLAGS_RELEASE: &[&str] = &["-C", "opt-level=3", "-g", "--edition", "2021"];
 
 /// The Rust fixture flags. `opt-level=1` keeps `#[inline(never)]` functions as real frames.
-const RUSTFLAGS: &[&str] = &[
-    "-C",
-    "opt-level=1",
-    "-C",
-    "force-frame-pointers=yes",
-    "-g",
-    "--edition",
-    "2021",
-];
+const RUSTFLAGS: &[&str] = &["-C", "opt-level=1", "-C", "force-frame-pointers=yes", "-g", "--edition", "2021"];
 
 /// The fixture programs. Each prints `ready` once it runs its own code. The CPU fixtures take
 /// their run time in seconds as argv[1]; `HeapSites` takes a delay and a linger time.
@@ -128,23 +111,20 @@ impl FixtureKind {
 
     /// Builds the fixture if it is missing or older than its source; returns the binary path.
     pub fn build(self) -> PathBuf {
-        let source = crate::workspace_root()
-            .join("tests/fixtures")
-            .join(self.source_name());
+        let source = crate::workspace_root().join("tests/fixtures").join(self.source_name());
         let out_dir = crate::target_dir().join("fixtures");
         let binary = out_dir.join(self.comm());
         if is_fresh(&binary, &source) {
             return binary;
         }
-        std::fs::create_dir_all(&out_dir)
-            .unwrap_or_else(|e| panic!("failed to create {}: {e}", out_dir.display()));
+        std::fs::create_dir_all(&out_dir).unwrap_or_else(|e| panic!("failed to create {}: {e}", out_dir.display()));
         // Build under a temporary name and rename, so an interrupted build never leaves a
         // truncated binary that looks fresh.
         let partial = out_dir.join(format!("{}.partial-{}", self.comm(), std::process::id()));
         let mut cmd = self.compiler_command(&source, &partial);
-        let output = cmd.output().unwrap_or_else(|e| {
-            panic!("failed to run {cmd:?} (is it installed? cargo xtask setup installs it): {e}")
-        });
+        let output = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("failed to run {cmd:?} (is it installed? cargo xtask setup installs it): {e}"));
         assert!(
             output.status.success(),
             "failed to build fixture {}: {cmd:?} exited with {}\n{}",
@@ -221,17 +201,10 @@ impl Fixture {
     /// workspace cannot make the exec fail. `setpriv` execs the fixture: the pid is its own.
     pub fn spawn_as_nobody(kind: FixtureKind, seconds: u32, scratch: &Path) -> Self {
         let copy = scratch.join(kind.comm());
-        std::fs::copy(kind.build(), &copy).unwrap_or_else(|e| {
-            panic!(
-                "failed to copy fixture {} to {}: {e}",
-                kind.comm(),
-                copy.display()
-            )
-        });
+        std::fs::copy(kind.build(), &copy)
+            .unwrap_or_else(|e| panic!("failed to copy fixture {} to {}: {e}", kind.comm(), copy.display()));
         let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(&copy)
-            .arg(seconds.to_string());
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&copy).arg(seconds.to_string());
         Self::from_command(kind, cmd)
     }
 
@@ -260,12 +233,7 @@ impl Fixture {
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
         let mut line = String::new();
         let read = stdout.read_line(&mut line);
-        let fixture = Self {
-            kind,
-            child,
-            stdout,
-            reaped: false,
-        };
+        let fixture = Self { kind, child, stdout, reaped: false };
         assert!(
             matches!(read, Ok(n) if n > 0) && line.trim() == "ready",
             "fixture {} did not print `ready` (read {read:?}, got {line:?})",
@@ -292,10 +260,7 @@ impl Fixture {
         let read = self.stdout.read_line(&mut line);
         let value = line.trim().strip_prefix(key).and_then(|rest| rest.trim().parse().ok());
         value.unwrap_or_else(|| {
-            panic!(
-                "fixture {} did not print `{key} N` (read {read:?}, got {line:?})",
-                self.kind.comm()
-            )
+            panic!("fixture {} did not print `{key} N` (read {read:?}, got {line:?})", self.kind.comm())
         })
     }
 

@@ -29,14 +29,7 @@ pub fn raw_of(profile: &Path, sample_index: &str) -> String {
 /// value, however small its share (pprof otherwise hides those under 0.5%). Panics unless it
 /// exits 0.
 pub fn top_of(profile: &Path, sample_index: &str) -> String {
-    go_tool_pprof(
-        &[
-            &format!("-sample_index={sample_index}"),
-            "-nodefraction=0",
-            "-top",
-        ],
-        profile,
-    )
+    go_tool_pprof(&[&format!("-sample_index={sample_index}"), "-nodefraction=0", "-top"], profile)
 }
 
 /// Runs `go tool pprof -tagfocus=FOCUS -raw FILE` (e.g. FOCUS `primitive=pthread_mutex_lock`:
@@ -50,10 +43,7 @@ fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
     let mut cmd = Command::new("go");
     // -symbolize=none: the profile carries its own function names; never let pprof go looking
     // for binaries or symbol servers.
-    cmd.args(["tool", "pprof"])
-        .args(flags)
-        .arg("-symbolize=none")
-        .arg(profile);
+    cmd.args(["tool", "pprof"]).args(flags).arg("-symbolize=none").arg(profile);
     let output = crate::run::run_with_timeout(&mut cmd, GO_PPROF_TIMEOUT);
     assert!(
         output.status.success(),
@@ -67,10 +57,7 @@ fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
 fn require_go() {
     match Command::new("go").arg("version").output() {
         Ok(out) if out.status.success() => {}
-        Ok(out) => panic!(
-            "`go version` failed ({}): install golang-go (cargo xtask setup does)",
-            out.status
-        ),
+        Ok(out) => panic!("`go version` failed ({}): install golang-go (cargo xtask setup does)", out.status),
         Err(e) if e.kind() == ErrorKind::NotFound => {
             panic!("`go` is not on PATH: install golang-go (cargo xtask setup does)")
         }

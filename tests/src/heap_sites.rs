@@ -70,10 +70,7 @@ const fn site(name: &'static str, count: i64, size: i64, kept: bool) -> Site {
 }
 
 pub fn truth_of(name: &str) -> &'static Site {
-    SITES
-        .iter()
-        .find(|s| s.name == name)
-        .expect("a site of SITES")
+    SITES.iter().find(|s| s.name == name).expect("a site of SITES")
 }
 
 /// Value `type_name` summed over the samples whose stack holds `site`. Sites never call
@@ -94,12 +91,7 @@ pub fn site_values_match(profile: &Profile, site: &Site) {
         let got = site_value(profile, site.name, type_name);
         let what = format!("{} {type_name}", site.name);
         if truth == 0 {
-            assert_eq!(
-                got,
-                0,
-                "{what}: expected 0; {}",
-                site_breakdown(profile, site.name)
-            );
+            assert_eq!(got, 0, "{what}: expected 0; {}", site_breakdown(profile, site.name));
         } else if got == 0 {
             panic!(
                 "{what}: expected {truth}, got 0 \
@@ -122,9 +114,7 @@ pub fn alloc_space_matches(profile: &Profile, site: &Site) {
 pub fn site_is_leaf_and_chained(profile: &Profile, site: &str, type_name: &str) {
     let total = site_value(profile, site, type_name);
     let leaf = profile.value_where(type_name, |s| s.leaf_is(site));
-    let chained = profile.value_where(type_name, |s| {
-        s.leaf_is(site) && s.has_chain(&[site, "main"])
-    });
+    let chained = profile.value_where(type_name, |s| s.leaf_is(site) && s.has_chain(&[site, "main"]));
     assert!(
         leaf as f64 >= 0.99 * total as f64,
         "only {leaf} of {total} {type_name} bytes in {site} have it as leaf frame; {}",
@@ -141,12 +131,7 @@ pub fn site_is_leaf_and_chained(profile: &Profile, site: &str, type_name: &str) 
 /// The `bytes` label of the site's samples is its average block size.
 pub fn average_size_label(profile: &Profile, site: &str, bytes: i64) {
     for sample in profile.samples.iter().filter(|s| s.contains(site)) {
-        assert_eq!(
-            sample.label_num_unit("bytes"),
-            Some((bytes, Some("bytes"))),
-            "bytes label of {:?}",
-            sample.names()
-        );
+        assert_eq!(sample.label_num_unit("bytes"), Some((bytes, Some("bytes"))), "bytes label of {:?}", sample.names());
     }
 }
 
@@ -158,8 +143,5 @@ fn site_breakdown(profile: &Profile, site: &str) -> String {
         .filter(|s| s.contains(site))
         .map(|s| format!("  {:?} {:?}", s.values, s.names()))
         .collect();
-    format!(
-        "samples holding {site} (alloc_objects, alloc_space, inuse_objects, inuse_space):\n{}",
-        lines.join("\n")
-    )
+    format!("samples holding {site} (alloc_objects, alloc_space, inuse_objects, inuse_space):\n{}", lines.join("\n"))
 }

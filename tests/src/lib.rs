@@ -16,8 +16,8 @@ pub mod expect;
 pub mod fixture;
 pub mod go_pprof;
 pub mod heap_sites;
-pub mod perf;
 pub mod http;
+pub mod perf;
 pub mod pprof;
 pub mod preflight;
 pub mod run;
@@ -28,8 +28,8 @@ pub use fixture::{Fixture, FixtureKind};
 pub use pprof::{name_matches, Frame, Profile};
 pub use preflight::preflight;
 pub use run::{
-    assert_success, heap_profile_path, listing, process_dir, profile_path, run_profiler,
-    run_profiler_as_nobody, TempDir,
+    assert_success, heap_profile_path, listing, process_dir, profile_path, run_profiler, run_profiler_as_nobody,
+    TempDir,
 };
 
 use std::path::PathBuf;
@@ -37,10 +37,7 @@ use std::path::PathBuf;
 /// The workspace root (the parent of this crate's manifest directory).
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    manifest.parent().expect("tests/ has a parent").to_path_buf()
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `<workspace>/target`.

@@ -60,10 +60,7 @@ pub struct Profile {
 /// Whether the profile's `name` is the function `wanted`: equal (C), or a Rust path ending in
 /// `::wanted` (`cpu_split_rs::hot_a` matches `hot_a`).
 pub fn name_matches(name: &str, wanted: &str) -> bool {
-    name == wanted
-        || name
-            .strip_suffix(wanted)
-            .is_some_and(|prefix| prefix.ends_with("::"))
+    name == wanted || name.strip_suffix(wanted).is_some_and(|prefix| prefix.ends_with("::"))
 }
 
 impl Profile {
@@ -93,22 +90,13 @@ impl Profile {
         self.sample_types
             .iter()
             .position(|(ty, _)| ty == type_name)
-            .unwrap_or_else(|| {
-                panic!(
-                    "profile has no sample type {type_name:?}: {:?}",
-                    self.sample_types
-                )
-            })
+            .unwrap_or_else(|| panic!("profile has no sample type {type_name:?}: {:?}", self.sample_types))
     }
 
     /// The sum of value `type_name` over the samples for which `pred` holds.
     pub fn value_where(&self, type_name: &str, pred: impl Fn(&Sample) -> bool) -> i64 {
         let i = self.value_index(type_name);
-        self.samples
-            .iter()
-            .filter(|s| pred(s))
-            .map(|s| s.values[i])
-            .sum()
+        self.samples.iter().filter(|s| pred(s)).map(|s| s.values[i]).sum()
     }
 
     /// The sum of value `type_name` over all samples.
@@ -132,11 +120,8 @@ impl Profile {
 
     /// All function names in the profile's stacks, for failure messages.
     pub fn function_names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self
-            .samples
-            .iter()
-            .flat_map(|s| s.stack.iter().map(|f| f.function.as_str()))
-            .collect();
+        let mut names: Vec<&str> =
+            self.samples.iter().flat_map(|s| s.stack.iter().map(|f| f.function.as_str())).collect();
         names.sort_unstable();
         names.dedup();
         names
@@ -146,9 +131,7 @@ impl Profile {
 impl Sample {
     /// Whether any frame is `function` (see [`name_matches`]).
     pub fn contains(&self, function: &str) -> bool {
-        self.stack
-            .iter()
-            .any(|f| name_matches(&f.function, function))
+        self.stack.iter().any(|f| name_matches(&f.function, function))
     }
 
     /// Whether the stack holds `leaf_to_root` in that order (callee before caller), with any
@@ -163,43 +146,28 @@ impl Sample {
 
     /// The frames after the kernel ones: the user stack, leaf first.
     pub fn user_frames(&self) -> &[Frame] {
-        let first_user = self
-            .stack
-            .iter()
-            .position(|f| !f.kernel)
-            .unwrap_or(self.stack.len());
+        let first_user = self.stack.iter().position(|f| !f.kernel).unwrap_or(self.stack.len());
         &self.stack[first_user..]
     }
 
     /// The string value of label `key`, if present.
     pub fn label_str(&self, key: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|l| l.key == key)
-            .and_then(|l| l.str.as_deref())
+        self.labels.iter().find(|l| l.key == key).and_then(|l| l.str.as_deref())
     }
 
     /// The numeric label `key` with its unit, if present.
     pub fn label_num_unit(&self, key: &str) -> Option<(i64, Option<&str>)> {
-        self.labels
-            .iter()
-            .find(|l| l.key == key)
-            .and_then(|l| Some((l.num?, l.num_unit.as_deref())))
+        self.labels.iter().find(|l| l.key == key).and_then(|l| Some((l.num?, l.num_unit.as_deref())))
     }
 
     /// The numeric value of label `key`, if present.
     pub fn label_num(&self, key: &str) -> Option<i64> {
-        self.labels
-            .iter()
-            .find(|l| l.key == key)
-            .and_then(|l| l.num)
+        self.labels.iter().find(|l| l.key == key).and_then(|l| l.num)
     }
 
     /// Whether the leaf frame (the first user frame) is `function`.
     pub fn leaf_is(&self, function: &str) -> bool {
-        self.user_frames()
-            .first()
-            .is_some_and(|f| name_matches(&f.function, function))
+        self.user_frames().first().is_some_and(|f| name_matches(&f.function, function))
     }
 
     /// The stack's function names, leaf first, for failure messages.
@@ -212,10 +180,7 @@ impl Sample {
 pub fn has_chain(stack: &[Frame], leaf_to_root: &[&str]) -> bool {
     let mut wanted = leaf_to_root.iter().peekable();
     for frame in stack {
-        if wanted
-            .peek()
-            .is_some_and(|w| name_matches(&frame.function, w))
-        {
+        if wanted.peek().is_some_and(|w| name_matches(&frame.function, w)) {
             wanted.next();
         }
     }
@@ -256,11 +221,7 @@ impl<'a> Resolver<'a> {
 
     fn sample(&self, sample: &proto::Sample) -> Sample {
         Sample {
-            stack: sample
-                .location_id
-                .iter()
-                .flat_map(|&id| self.frames(id))
-                .collect(),
+            stack: sample.location_id.iter().flat_map(|&id| self.frames(id)).collect(),
             values: sample.value.clone(),
             labels: sample.label.iter().map(|l| self.label(l)).collect(),
         }
@@ -273,19 +234,11 @@ impl<'a> Resolver<'a> {
             .get(&location_id)
             .unwrap_or_else(|| panic!("sample references missing location {location_id}"));
         let kernel = self.kernel_mappings.contains(&location.mapping_id);
-        let frame = |function: String| Frame {
-            function,
-            address: location.address,
-            kernel,
-        };
+        let frame = |function: String| Frame { function, address: location.address, kernel };
         if location.line.is_empty() {
             return vec![frame(String::new())];
         }
-        location
-            .line
-            .iter()
-            .map(|line| frame(self.function_name(line.function_id)))
-            .collect()
+        location.line.iter().map(|line| frame(self.function_name(line.function_id))).collect()
     }
 
     fn function_name(&self, function_id: u64) -> String {
@@ -313,70 +266,28 @@ mod tests {
     /// A profile with one sample: kernel `read_zero` → user `hot_a` (with `spin` inlined into
     /// it) → `main`.
     fn tiny() -> proto::Profile {
-        let strings = [
-            "",
-            "samples",
-            "count",
-            "[kernel.kallsyms]",
-            "read_zero",
-            "spin",
-            "hot_a",
-            "main",
-            "tid",
-        ];
+        let strings = ["", "samples", "count", "[kernel.kallsyms]", "read_zero", "spin", "hot_a", "main", "tid"];
         proto::Profile {
             string_table: strings.iter().map(|s| s.to_string()).collect(),
             sample_type: vec![proto::ValueType { r#type: 1, unit: 2 }],
-            mapping: vec![proto::Mapping {
-                id: 1,
-                filename: 3,
-                ..Default::default()
-            }],
-            function: (4..=7)
-                .map(|i| proto::Function {
-                    id: i as u64,
-                    name: i,
-                    ..Default::default()
-                })
-                .collect(),
+            mapping: vec![proto::Mapping { id: 1, filename: 3, ..Default::default() }],
+            function: (4..=7).map(|i| proto::Function { id: i as u64, name: i, ..Default::default() }).collect(),
             location: vec![
-                proto::Location {
-                    id: 10,
-                    mapping_id: 1,
-                    line: vec![line(4)],
-                    ..Default::default()
-                },
-                proto::Location {
-                    id: 11,
-                    mapping_id: 0,
-                    line: vec![line(5), line(6)],
-                    ..Default::default()
-                },
-                proto::Location {
-                    id: 12,
-                    mapping_id: 0,
-                    line: vec![line(7)],
-                    ..Default::default()
-                },
+                proto::Location { id: 10, mapping_id: 1, line: vec![line(4)], ..Default::default() },
+                proto::Location { id: 11, mapping_id: 0, line: vec![line(5), line(6)], ..Default::default() },
+                proto::Location { id: 12, mapping_id: 0, line: vec![line(7)], ..Default::default() },
             ],
             sample: vec![proto::Sample {
                 location_id: vec![10, 11, 12],
                 value: vec![3],
-                label: vec![proto::Label {
-                    key: 8,
-                    num: 42,
-                    ..Default::default()
-                }],
+                label: vec![proto::Label { key: 8, num: 42, ..Default::default() }],
             }],
             ..Default::default()
         }
     }
 
     fn line(function_id: u64) -> proto::Line {
-        proto::Line {
-            function_id,
-            line: 0,
-        }
+        proto::Line { function_id, line: 0 }
     }
 
     #[test]
@@ -404,9 +315,6 @@ mod tests {
         assert!(name_matches("cpu_split_rs::hot_a", "hot_a"));
         assert!(name_matches("hot_a", "hot_a"));
         assert!(!name_matches("not_hot_a", "hot_a"));
-        assert!(!name_matches(
-            "cpu_split_rs::hot_a::h0123456789abcdef",
-            "hot_a"
-        ));
+        assert!(!name_matches("cpu_split_rs::hot_a::h0123456789abcdef", "hot_a"));
     }
 }

@@ -31,14 +31,8 @@ pub fn require_root() {
 /// The first missing kernel feature, named for a human, or `None` if all are present.
 fn missing_kernel_feature() -> Option<String> {
     let probes: [(&str, &str); 3] = [
-        (
-            "/proc/sys/kernel/perf_event_paranoid",
-            "perf events (CONFIG_PERF_EVENTS)",
-        ),
-        (
-            "/proc/sys/kernel/unprivileged_bpf_disabled",
-            "the bpf syscall (CONFIG_BPF_SYSCALL)",
-        ),
+        ("/proc/sys/kernel/perf_event_paranoid", "perf events (CONFIG_PERF_EVENTS)"),
+        ("/proc/sys/kernel/unprivileged_bpf_disabled", "the bpf syscall (CONFIG_BPF_SYSCALL)"),
         ("/proc/kallsyms", "kernel symbols (CONFIG_KALLSYMS)"),
     ];
     probes

@@ -41,9 +41,7 @@ pub fn run_profiler_as_nobody(scratch: &TempDir, args: &[&str]) -> Output {
     let copy = scratch.path().join("profiler");
     std::fs::copy(profiler_bin(), &copy).expect("failed to copy the profiler binary");
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&copy)
-        .args(args);
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&copy).args(args);
     run_with_timeout(&mut cmd, PROFILER_TIMEOUT)
 }
 
@@ -125,8 +123,7 @@ impl TempDir {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("profiler-tests-{}-{n}-{label}", std::process::id());
         let path = std::env::temp_dir().join(name);
-        std::fs::create_dir(&path)
-            .unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("failed to chmod {}: {e}", path.display()));
         Self { path }
@@ -143,11 +140,7 @@ impl TempDir {
 
     /// `self.path()` joined with `name`, as a `String` for use in argument lists.
     pub fn arg(&self, name: &str) -> String {
-        self.path
-            .join(name)
-            .to_str()
-            .expect("temp paths are UTF-8")
-            .to_owned()
+        self.path.join(name).to_str().expect("temp paths are UTF-8").to_owned()
     }
 }
 

@@ -21,10 +21,7 @@ pub struct HeapRow {
 /// The rows of any table (CPU or heap) whose pid column is `pid`, as printed.
 pub fn rows_naming(stdout: &str, pid: u32) -> Vec<&str> {
     let pid = pid.to_string();
-    stdout
-        .lines()
-        .filter(|line| line.split_whitespace().nth(1) == Some(pid.as_str()))
-        .collect()
+    stdout.lines().filter(|line| line.split_whitespace().nth(1) == Some(pid.as_str())).collect()
 }
 
 /// The heap table's rows: the lines after its header (the one naming `inuse bytes`) up to the
@@ -71,11 +68,7 @@ wrote 2 profiles to /tmp/hp (8 cpu samples, 0 lost to a full map; 3924 heap samp
     fn reads_heap_rows_and_counts() {
         assert_eq!(
             heap_rows(SUMMARY),
-            [HeapRow {
-                pid: 16457,
-                inuse_bytes: 87029280,
-                top_site: "site_big_live".into()
-            }]
+            [HeapRow { pid: 16457, inuse_bytes: 87029280, top_site: "site_big_live".into() }]
         );
         assert_eq!(not_tracked_as_live(SUMMARY), Some(3824));
         assert_eq!(rows_naming(SUMMARY, 16457).len(), 2);

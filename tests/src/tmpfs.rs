@@ -20,16 +20,10 @@ impl Tmpfs {
     pub fn mount(label: &str, size: &str) -> Self {
         let dir = TempDir::new(label);
         let mount_point = dir.path().join("mnt");
-        std::fs::create_dir(&mount_point)
-            .unwrap_or_else(|e| panic!("failed to create {}: {e}", mount_point.display()));
+        std::fs::create_dir(&mount_point).unwrap_or_else(|e| panic!("failed to create {}: {e}", mount_point.display()));
         let options = format!("size={size},mode=0755");
-        run(Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
-            .arg(&mount_point));
-        Self {
-            mount_point,
-            _dir: dir,
-        }
+        run(Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(&mount_point));
+        Self { mount_point, _dir: dir }
     }
 
     pub fn path(&self) -> &Path {
@@ -39,17 +33,14 @@ impl Tmpfs {
     /// `mount -o remount,OPTION` (`ro` or `rw`).
     pub fn remount(&self, option: &str) {
         let options = format!("remount,{option}");
-        run(Command::new("mount")
-            .args(["-o", &options])
-            .arg(&self.mount_point));
+        run(Command::new("mount").args(["-o", &options]).arg(&self.mount_point));
     }
 
     /// Fills the file system with one file of zeros (dd stops at ENOSPC); returns its path.
     pub fn fill(&self) -> PathBuf {
         let file = self.mount_point.join("fill");
         let mut cmd = Command::new("dd");
-        cmd.args(["if=/dev/zero", "bs=4k"])
-            .arg(format!("of={}", file.display()));
+        cmd.args(["if=/dev/zero", "bs=4k"]).arg(format!("of={}", file.display()));
         // dd exits 1 when the device fills up, which is the point.
         run_with_timeout(&mut cmd, Duration::from_secs(30));
         let free = profiler_daemon::daemon::retention::available_bytes(&self.mount_point)
@@ -64,10 +55,7 @@ impl Drop for Tmpfs {
         let status = Command::new("umount").arg(&self.mount_point).status();
         if !status.is_ok_and(|s| s.success()) {
             // Still busy: detach it now; the kernel frees it when the last user goes.
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mount_point)
-                .status();
+            let _ = Command::new("umount").arg("-l").arg(&self.mount_point).status();
         }
     }
 }

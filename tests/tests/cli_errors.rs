@@ -5,32 +5,18 @@
 use std::os::unix::fs::PermissionsExt;
 use std::process::Output;
 
-use profiler_tests::{
-    preflight, run_profiler, run_profiler_as_nobody, Fixture, FixtureKind, TempDir,
-};
+use profiler_tests::{preflight, run_profiler, run_profiler_as_nobody, Fixture, FixtureKind, TempDir};
 
 /// Asserts `output` is a clean CLI error whose stderr mentions each of `words` (any case).
 fn assert_cli_error(output: &Output, case: &str, words: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let context = format!("{case}: exit {}, stderr:\n{stderr}", output.status);
-    assert!(
-        matches!(output.status.code(), Some(code) if code != 0),
-        "expected a non-zero exit; {context}"
-    );
-    assert!(
-        stderr.starts_with("error:"),
-        "stderr should start with `error:`; {context}"
-    );
+    assert!(matches!(output.status.code(), Some(code) if code != 0), "expected a non-zero exit; {context}");
+    assert!(stderr.starts_with("error:"), "stderr should start with `error:`; {context}");
     let lower = stderr.to_lowercase();
-    assert!(
-        !lower.contains("panicked") && !lower.contains("backtrace"),
-        "a panic is not an error message; {context}"
-    );
+    assert!(!lower.contains("panicked") && !lower.contains("backtrace"), "a panic is not an error message; {context}");
     for word in words {
-        assert!(
-            lower.contains(&word.to_lowercase()),
-            "stderr should mention {word:?}; {context}"
-        );
+        assert!(lower.contains(&word.to_lowercase()), "stderr should mention {word:?}; {context}");
     }
 }
 
@@ -55,15 +41,7 @@ fn bad_frequency_is_rejected() {
     }
     let out = TempDir::new("frequency");
     for value in ["0", "100000"] {
-        let output = run_profiler(&[
-            "snapshot",
-            "--duration",
-            "1s",
-            "--frequency",
-            value,
-            "--output",
-            &out.path_arg(),
-        ]);
+        let output = run_profiler(&["snapshot", "--duration", "1s", "--frequency", value, "--output", &out.path_arg()]);
         assert_cli_error(&output, &format!("--frequency {value}"), &["frequency"]);
     }
 }
@@ -76,19 +54,9 @@ fn missing_pid_is_rejected() {
     }
     let out = TempDir::new("pid");
     // Above the default pid_max (32768, or 4194304 on large machines it is rarely reached).
-    let pid = (4_000_000u32..)
-        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-        .expect("a free pid");
+    let pid = (4_000_000u32..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).expect("a free pid");
     let pid = pid.to_string();
-    let output = run_profiler(&[
-        "snapshot",
-        "--pid",
-        &pid,
-        "--duration",
-        "1s",
-        "--output",
-        &out.path_arg(),
-    ]);
+    let output = run_profiler(&["snapshot", "--pid", &pid, "--duration", "1s", "--output", &out.path_arg()]);
     assert_cli_error(&output, &format!("--pid {pid}"), &[&pid, "no such process"]);
 }
 
@@ -106,15 +74,7 @@ fn unwritable_output_is_rejected() {
     // still reaches that point.
     let fixture = Fixture::spawn(FixtureKind::CpuSplitC, 10);
     let pid = fixture.pid().to_string();
-    let output = run_profiler(&[
-        "snapshot",
-        "--pid",
-        &pid,
-        "--duration",
-        "1s",
-        "--output",
-        &output_dir,
-    ]);
+    let output = run_profiler(&["snapshot", "--pid", &pid, "--duration", "1s", "--output", &output_dir]);
     assert_cli_error(&output, &format!("--output {output_dir}"), &[&output_dir]);
 }
 
@@ -128,23 +88,9 @@ fn missing_privileges_are_explained() {
     // Writable for nobody, so the only thing the run can lack is privileges.
     let out = scratch.path().join("out");
     std::fs::create_dir(&out).expect("failed to create output dir");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777))
-        .expect("failed to chmod output dir");
-    let output = run_profiler_as_nobody(
-        &scratch,
-        &[
-            "snapshot",
-            "--duration",
-            "1s",
-            "--output",
-            &scratch.arg("out"),
-        ],
-    );
-    assert_cli_error(
-        &output,
-        "snapshot as uid 65534",
-        &["CAP_BPF", "CAP_PERFMON"],
-    );
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("failed to chmod output dir");
+    let output = run_profiler_as_nobody(&scratch, &["snapshot", "--duration", "1s", "--output", &scratch.arg("out")]);
+    assert_cli_error(&output, "snapshot as uid 65534", &["CAP_BPF", "CAP_PERFMON"]);
 }
 
 /// `--profiles heap` without `--pid` is refused: heap probes slow every allocation of a
@@ -156,19 +102,8 @@ fn heap_without_pid_is_rejected() {
     }
     let out = TempDir::new("heap-no-pid");
     for profiles in ["heap", "cpu,heap"] {
-        let output = run_profiler(&[
-            "snapshot",
-            "--profiles",
-            profiles,
-            "--duration",
-            "1s",
-            "--output",
-            &out.path_arg(),
-        ]);
-        assert_cli_error(
-            &output,
-            &format!("--profiles {profiles} without --pid"),
-            &["heap", "--pid"],
-        );
+        let output =
+            run_profiler(&["snapshot", "--profiles", profiles, "--duration", "1s", "--output", &out.path_arg()]);
+        assert_cli_error(&output, &format!("--profiles {profiles} without --pid"), &["heap", "--pid"]);
     }
 }

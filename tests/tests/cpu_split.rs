@@ -48,15 +48,7 @@ fn process_exiting_during_capture_is_still_profiled() {
     let mut fixture = Fixture::spawn(FixtureKind::CpuSplitC, 2);
     let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
     let output = std::thread::scope(|scope| {
-        let args = [
-            "snapshot",
-            "--pid",
-            &pid,
-            "--duration",
-            "5s",
-            "--output",
-            &out_arg,
-        ];
+        let args = ["snapshot", "--pid", &pid, "--duration", "5s", "--output", &out_arg];
         let profiler = scope.spawn(move || run_profiler(&args));
         // Reap the fixture as soon as it exits, as its parent would: the profiler must not
         // depend on /proc/PID outliving the process.
@@ -88,8 +80,17 @@ fn several_pids_are_selected_and_no_other() {
     let other = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
     let (c_pid, rust_pid) = (c.pid().to_string(), rust.pid().to_string());
     let output = run_profiler(&[
-        "snapshot", "--pid", &c_pid, "--pid", &rust_pid, "--duration", &format!("{CAPTURE_S}s"),
-        "--frequency", &FREQUENCY_HZ.to_string(), "--output", &out.path_arg(),
+        "snapshot",
+        "--pid",
+        &c_pid,
+        "--pid",
+        &rust_pid,
+        "--duration",
+        &format!("{CAPTURE_S}s"),
+        "--frequency",
+        &FREQUENCY_HZ.to_string(),
+        "--output",
+        &out.path_arg(),
     ]);
     assert_success(&output, "snapshot --pid C --pid RUST");
     for fixture in [&c, &rust] {
@@ -98,7 +99,13 @@ fn several_pids_are_selected_and_no_other() {
         check_share(&profile);
     }
     let stray = profiler_tests::process_dir(out.path(), other.comm(), other.pid());
-    assert!(!stray.exists(), "the unselected pid {} got {}: {}", other.pid(), stray.display(), profiler_tests::listing(out.path()));
+    assert!(
+        !stray.exists(),
+        "the unselected pid {} got {}: {}",
+        other.pid(),
+        stray.display(),
+        profiler_tests::listing(out.path())
+    );
 }
 
 fn check_split(kind: FixtureKind) {

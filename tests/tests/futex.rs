@@ -54,12 +54,7 @@ fn mutex_waits_match_the_programs_own_clock() {
     let got = block.value_where("delay", under_lock);
     within(got, lock_truth, DELAY_TOLERANCE, "block delay under contend_lock", &block);
     for sample in block.samples.iter().filter(|s| under_lock(s)) {
-        assert_eq!(
-            sample.label_str("primitive"),
-            Some("pthread_mutex_lock"),
-            "primitive of {:?}",
-            sample.names()
-        );
+        assert_eq!(sample.label_str("primitive"), Some("pthread_mutex_lock"), "primitive of {:?}", sample.names());
     }
 
     let mutex_path = written(out.path(), &fixture, "mutex");
@@ -69,7 +64,10 @@ fn mutex_waits_match_the_programs_own_clock() {
     within(got, lock_truth, MUTEX_TOLERANCE, "mutex delay charged to release_lock", &mutex);
 
     let focused = go_pprof::raw_tagfocus(&block_path, "primitive=pthread_mutex_lock");
-    assert!(focused.contains("contend_lock"), "`-tagfocus primitive=pthread_mutex_lock -raw` lacks contend_lock:\n{focused}");
+    assert!(
+        focused.contains("contend_lock"),
+        "`-tagfocus primitive=pthread_mutex_lock -raw` lacks contend_lock:\n{focused}"
+    );
     // -raw lists every location, so judge the filter by the samples' labels.
     let samples = focused.split("Samples:").nth(1).and_then(|rest| rest.split("Locations").next()).unwrap_or("");
     let primitives: Vec<&str> = samples.lines().filter(|l| l.contains("primitive:[")).collect();
@@ -126,8 +124,15 @@ fn rust_std_mutex_is_seen() {
 
     let block = Profile::decode(&written(out.path(), &fixture, "block"));
     contention_format(&block);
-    let under = |s: &Sample| s.has_chain(&["contend", "locker"]) && s.label_str("futex_op") == Some("FUTEX_WAIT_BITSET");
-    within(block.value_where("delay", under), truth, DELAY_TOLERANCE, "block delay under contend (FUTEX_WAIT_BITSET)", &block);
+    let under =
+        |s: &Sample| s.has_chain(&["contend", "locker"]) && s.label_str("futex_op") == Some("FUTEX_WAIT_BITSET");
+    within(
+        block.value_where("delay", under),
+        truth,
+        DELAY_TOLERANCE,
+        "block delay under contend (FUTEX_WAIT_BITSET)",
+        &block,
+    );
     for sample in block.samples.iter().filter(|s| under(s)) {
         assert_eq!(sample.label_str("primitive"), Some("std::sync::Mutex::lock"), "primitive of {:?}", sample.names());
     }
@@ -185,7 +190,11 @@ fn contention_format(profile: &Profile) {
     assert_eq!(profile.period, 1, "period");
     for sample in &profile.samples {
         assert!(sample.values[0] > 0 && sample.values[1] >= 0, "values {:?} of {:?}", sample.values, sample.names());
-        assert!(sample.label_str("futex_op").is_some() && sample.label_str("outcome").is_some(), "labels {:?}", sample.labels);
+        assert!(
+            sample.label_str("futex_op").is_some() && sample.label_str("outcome").is_some(),
+            "labels {:?}",
+            sample.labels
+        );
         assert!(sample.label_str("primitive").is_some(), "no primitive label: {:?}", sample.labels);
     }
     assert!(profile.comments.join("\n").contains("dropped"), "comments should report drops: {:?}", profile.comments);

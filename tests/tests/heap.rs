@@ -11,8 +11,8 @@ use std::process::Output;
 
 use profiler_tests::expect::{check_within, within};
 use profiler_tests::heap_sites::{
-    alloc_space_matches, average_size_label, site_is_leaf_and_chained, site_value, site_values_match,
-    truth_of, EXACT_TOLERANCE, SITES,
+    alloc_space_matches, average_size_label, site_is_leaf_and_chained, site_value, site_values_match, truth_of,
+    EXACT_TOLERANCE, SITES,
 };
 use profiler_tests::{assert_success, expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, summary, Fixture, FixtureKind, Profile, TempDir};
@@ -28,11 +28,7 @@ const LARGE_TOLERANCE: f64 = 0.10;
 /// requirement for sites ≥ 8 MiB can only hold for sites of large blocks). Within 50% still
 /// tells a scaled estimate from an unscaled one (−88%), or from one that counts each call
 /// twice (+100%).
-const MID_SITES: [&str; 3] = [
-    "site_mid_live",
-    "site_aligned_mid_live",
-    "site_reallocarray_mid_live",
-];
+const MID_SITES: [&str; 3] = ["site_mid_live", "site_aligned_mid_live", "site_reallocarray_mid_live"];
 const MID_TOLERANCE: f64 = 0.5;
 /// σ of the total in-use estimate ≈ 5% (mostly the mid sites'), so 20% is over 4σ.
 const TOTAL_TOLERANCE: f64 = 0.2;
@@ -56,15 +52,8 @@ fn every_allocation_recorded_matches_ground_truth() {
     }
     let out = TempDir::new("heap-exact");
     let mut fixture = heap_fixture(LINGER_S);
-    let output = snapshot(
-        &fixture,
-        &out,
-        &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"],
-    );
-    assert_success(
-        &output,
-        "snapshot --profiles cpu,heap --heap-sample-bytes 1",
-    );
+    let output = snapshot(&fixture, &out, &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"]);
+    assert_success(&output, "snapshot --profiles cpu,heap --heap-sample-bytes 1");
     fixture.expect_line("allocated");
     let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
     let profile = Profile::decode(&path);
@@ -109,11 +98,7 @@ fn default_sampling_estimates_large_sites() {
     let truth: i64 = SITES.iter().map(|s| s.inuse_space).sum();
     let total = profile.total("inuse_space");
     misses.extend(check_within(total, truth, TOTAL_TOLERANCE, "total inuse_space").err());
-    assert!(
-        misses.is_empty(),
-        "with 512 KiB sampling:\n{}",
-        misses.join("\n")
-    );
+    assert!(misses.is_empty(), "with 512 KiB sampling:\n{}", misses.join("\n"));
     for name in MID_SITES {
         site_is_leaf_and_chained(&profile, name, "inuse_space");
     }
@@ -130,15 +115,8 @@ fn unselected_process_is_not_probed() {
     let out = TempDir::new("heap-unselected");
     let mut chosen = heap_fixture(LINGER_S);
     let mut other = heap_fixture(LINGER_S);
-    let output = snapshot(
-        &chosen,
-        &out,
-        &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"],
-    );
-    assert_success(
-        &output,
-        "snapshot --pid CHOSEN with another heap fixture running",
-    );
+    let output = snapshot(&chosen, &out, &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"]);
+    assert_success(&output, "snapshot --pid CHOSEN with another heap fixture running");
     chosen.expect_line("allocated");
     other.expect_line("allocated");
     let stray = process_dir(out.path(), other.comm(), other.pid());
@@ -150,11 +128,7 @@ fn unselected_process_is_not_probed() {
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let rows = summary::rows_naming(&stdout, other.pid());
-    assert!(
-        rows.is_empty(),
-        "the summary names the unselected pid {}: {rows:?}\n{stdout}",
-        other.pid()
-    );
+    assert!(rows.is_empty(), "the summary names the unselected pid {}: {rows:?}\n{stdout}", other.pid());
     // The chosen one's counts are its own alone (one fixture's worth, not two).
     let path = expect::heap_profile_written(out.path(), chosen.comm(), chosen.pid());
     let profile = Profile::decode(&path);
@@ -177,11 +151,8 @@ fn cpu_samples_during_heap_walks_do_not_corrupt_them() {
     }
     let out = TempDir::new("heap-cpu-nesting");
     let mut fixture = heap_fixture(LINGER_S);
-    let output = snapshot(
-        &fixture,
-        &out,
-        &["--profiles", "cpu,heap", "--heap-sample-bytes", "1", "--frequency", "4999"],
-    );
+    let output =
+        snapshot(&fixture, &out, &["--profiles", "cpu,heap", "--heap-sample-bytes", "1", "--frequency", "4999"]);
     assert_success(&output, "snapshot --profiles cpu,heap --heap-sample-bytes 1 --frequency 4999");
     fixture.expect_line("allocated");
     let cpu = Profile::decode(&profiler_tests::profile_path(out.path(), fixture.comm(), fixture.pid()));
@@ -219,14 +190,7 @@ fn full_live_map_is_reported() {
     }
     let out = TempDir::new("heap-full");
     let mut fixture = heap_fixture(LINGER_S);
-    let args = [
-        "--profiles",
-        "heap",
-        "--heap-sample-bytes",
-        "1",
-        "--heap-max-live",
-        "100",
-    ];
+    let args = ["--profiles", "heap", "--heap-sample-bytes", "1", "--heap-max-live", "100"];
     let output = snapshot(&fixture, &out, &args);
     assert_success(&output, "snapshot --heap-max-live 100");
     fixture.expect_line("allocated");
@@ -234,12 +198,8 @@ fn full_live_map_is_reported() {
     let profile = Profile::decode(&path);
     expect::heap_profile_format(&profile, 1);
     let comments = profile.comments.join("\n");
-    let full = count_after(&comments, "live map full ").unwrap_or_else(|| {
-        panic!(
-            "no `live map full N` in the comments: {:?}",
-            profile.comments
-        )
-    });
+    let full = count_after(&comments, "live map full ")
+        .unwrap_or_else(|| panic!("no `live map full N` in the comments: {:?}", profile.comments));
     // At least every live block past the 100 slots found the map full.
     let live_truth: i64 = SITES.iter().map(|s| s.inuse_objects).sum();
     let at_least = u64::try_from(live_truth - 100).expect("more live blocks than slots");
@@ -250,16 +210,9 @@ fn full_live_map_is_reported() {
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let reported = summary::not_tracked_as_live(&stdout);
-    assert_eq!(
-        reported,
-        Some(full),
-        "the summary should report the {full} samples not tracked as live:\n{stdout}"
-    );
+    assert_eq!(reported, Some(full), "the summary should report the {full} samples not tracked as live:\n{stdout}");
     let live = profile.total("inuse_objects");
-    assert!(
-        live <= 100,
-        "{live} in-use objects from a live map of 100 entries"
-    );
+    assert!(live <= 100, "{live} in-use objects from a live map of 100 entries");
     for site in &SITES {
         alloc_space_matches(&profile, site);
     }
@@ -292,10 +245,7 @@ fn process_exiting_during_capture_is_handled() {
     let profile = Profile::decode(&path);
     expect::heap_profile_format(&profile, 1);
     let comments = profile.comments.join("\n");
-    assert!(
-        comments.contains("exited"),
-        "the comments should say the process exited: {comments}"
-    );
+    assert!(comments.contains("exited"), "the comments should say the process exited: {comments}");
     // Blocks it never freed stay in use: exit does not free them.
     for site in &SITES {
         site_values_match(&profile, site);
@@ -313,15 +263,7 @@ fn snapshot(fixture: &Fixture, out: &TempDir, extra: &[&str]) -> Output {
 }
 
 fn snapshot_args<'a>(pid: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "snapshot",
-        "--pid",
-        pid,
-        "--duration",
-        CAPTURE,
-        "--output",
-        out,
-    ];
+    let mut args = vec!["snapshot", "--pid", pid, "--duration", CAPTURE, "--output", out];
     args.extend_from_slice(extra);
     args
 }
@@ -333,41 +275,20 @@ fn summary_row(output: &Output, fixture: &Fixture, truth: i64) {
     let row = rows
         .iter()
         .find(|r| r.pid == fixture.pid())
-        .unwrap_or_else(|| {
-            panic!(
-                "no heap row for pid {} in the summary:\n{stdout}",
-                fixture.pid()
-            )
-        });
-    within(
-        row.inuse_bytes as i64,
-        truth,
-        EXACT_TOLERANCE,
-        "summary inuse bytes",
-    );
-    assert_eq!(
-        row.top_site, "site_big_live",
-        "top in-use site in the summary:\n{stdout}"
-    );
+        .unwrap_or_else(|| panic!("no heap row for pid {} in the summary:\n{stdout}", fixture.pid()));
+    within(row.inuse_bytes as i64, truth, EXACT_TOLERANCE, "summary inuse bytes");
+    assert_eq!(row.top_site, "site_big_live", "top in-use site in the summary:\n{stdout}");
 }
 
 /// Go's pprof reads the file by in-use and by allocated bytes and names the sites.
 fn go_pprof_reads(path: &Path) {
     let top = go_pprof::top_of(path, "inuse_space");
     for site in SITES.iter().filter(|s| s.inuse_space > 0) {
-        assert!(
-            top.contains(site.name),
-            "`go tool pprof -sample_index=inuse_space -top` lacks {}:\n{top}",
-            site.name
-        );
+        assert!(top.contains(site.name), "`go tool pprof -sample_index=inuse_space -top` lacks {}:\n{top}", site.name);
     }
     let raw = go_pprof::raw_of(path, "alloc_space");
     for site in SITES.iter().filter(|s| s.alloc_space > 0) {
-        assert!(
-            raw.contains(site.name),
-            "`go tool pprof -sample_index=alloc_space -raw` lacks {}:\n{raw}",
-            site.name
-        );
+        assert!(raw.contains(site.name), "`go tool pprof -sample_index=alloc_space -raw` lacks {}:\n{raw}", site.name);
     }
 }
 

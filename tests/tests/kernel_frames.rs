@@ -61,26 +61,14 @@ fn looks_like_address(name: &str) -> bool {
 
 /// Every kernel frame has a real name, and the read path is among them.
 fn check_kernel_names(profile: &Profile) {
-    let mut names: Vec<&str> = profile
-        .samples
-        .iter()
-        .flat_map(|s| s.kernel_frames().map(|f| f.function.as_str()))
-        .collect();
+    let mut names: Vec<&str> =
+        profile.samples.iter().flat_map(|s| s.kernel_frames().map(|f| f.function.as_str())).collect();
     names.sort_unstable();
     names.dedup();
-    let bad: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.is_empty() || looks_like_address(n))
-        .collect();
+    let bad: Vec<&str> = names.iter().copied().filter(|n| n.is_empty() || looks_like_address(n)).collect();
+    assert!(bad.is_empty(), "unnamed or hex kernel frames {bad:?} among {names:?}");
     assert!(
-        bad.is_empty(),
-        "unnamed or hex kernel frames {bad:?} among {names:?}"
-    );
-    assert!(
-        names
-            .iter()
-            .any(|n| n.contains("read") || n.to_lowercase().contains("syscall")),
+        names.iter().any(|n| n.contains("read") || n.to_lowercase().contains("syscall")),
         "no kernel frame names the read path (read_zero, vfs_read, do_syscall_64, ...): {names:?}"
     );
 }
@@ -92,11 +80,7 @@ fn check_kernel_before_user(profile: &Profile) {
         assert!(
             user.iter().all(|f| !f.kernel),
             "kernel frame below a user frame in {:?}",
-            sample
-                .stack
-                .iter()
-                .map(|f| (f.function.as_str(), f.kernel))
-                .collect::<Vec<_>>()
+            sample.stack.iter().map(|f| (f.function.as_str(), f.kernel)).collect::<Vec<_>>()
         );
     }
 }
@@ -107,13 +91,8 @@ fn check_user_chain(profile: &Profile, in_kernel: impl Fn(&Sample) -> bool) {
     let user_chain = |s: &Sample| profiler_tests::pprof::has_chain(s.user_frames(), &chain);
     let kernel = profile.value_where("samples", &in_kernel);
     let chained = profile.value_where("samples", |s| in_kernel(s) && user_chain(s));
-    let broken: Vec<Vec<&str>> = profile
-        .samples
-        .iter()
-        .filter(|s| in_kernel(s) && !user_chain(s))
-        .take(5)
-        .map(|s| s.names())
-        .collect();
+    let broken: Vec<Vec<&str>> =
+        profile.samples.iter().filter(|s| in_kernel(s) && !user_chain(s)).take(5).map(|s| s.names()).collect();
     assert!(
         chained as f64 >= MIN_USER_CHAIN_SHARE * kernel as f64,
         "only {chained} of {kernel} kernel-mode samples have user frames {chain:?}; some that do not: {broken:?}"

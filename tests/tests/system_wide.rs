@@ -21,35 +21,19 @@ fn system_wide_snapshot_profiles_every_busy_process() {
         .expect("output directory exists")
         .map(|e| e.expect("readable output directory").path())
         .collect();
-    assert!(
-        dirs.len() >= 2,
-        "expected at least 2 profile directories:\n{}",
-        listing(out.path())
-    );
+    assert!(dirs.len() >= 2, "expected at least 2 profile directories:\n{}", listing(out.path()));
     for dir in &dirs {
         let path = dir.join("cpu.pb.gz");
-        assert!(
-            path.is_file(),
-            "{} has no cpu.pb.gz:\n{}",
-            dir.display(),
-            listing(out.path())
-        );
+        assert!(path.is_file(), "{} has no cpu.pb.gz:\n{}", dir.display(), listing(out.path()));
         let profile = Profile::decode(&path);
-        assert!(
-            !profile.samples.is_empty(),
-            "{} holds no samples",
-            path.display()
-        );
+        assert!(!profile.samples.is_empty(), "{} holds no samples", path.display());
     }
     for fixture in [&c, &rust] {
         let path = expect::profile_written(out.path(), fixture.comm(), fixture.pid());
         let profile = Profile::decode(&path);
         let tid = i64::from(fixture.pid());
         assert!(
-            profile
-                .samples
-                .iter()
-                .all(|s| s.label_num("tid") == Some(tid)),
+            profile.samples.iter().all(|s| s.label_num("tid") == Some(tid)),
             "{} holds samples of other threads than {tid}",
             path.display()
         );

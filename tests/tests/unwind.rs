@@ -20,7 +20,8 @@ fn snapshot(fixture: &Fixture, out: &TempDir, extra: &[&str]) -> Profile {
     let frequency = FREQUENCY_HZ.to_string();
     let duration = format!("{CAPTURE_S}s");
     let out_arg = out.path_arg();
-    let mut args = vec!["snapshot", "--pid", &pid, "--duration", &duration, "--frequency", &frequency, "--output", &out_arg];
+    let mut args =
+        vec!["snapshot", "--pid", &pid, "--duration", &duration, "--frequency", &frequency, "--output", &out_arg];
     args.extend_from_slice(extra);
     let output = run_profiler(&args);
     assert_success(&output, "snapshot --pid of a fixture without frame pointers");
@@ -28,7 +29,11 @@ fn snapshot(fixture: &Fixture, out: &TempDir, extra: &[&str]) -> Profile {
 }
 
 /// The share of samples (by count) for which `pred` holds, among those where `among` holds.
-fn share(profile: &Profile, among: impl Fn(&profiler_tests::pprof::Sample) -> bool, pred: impl Fn(&profiler_tests::pprof::Sample) -> bool) -> (f64, i64) {
+fn share(
+    profile: &Profile,
+    among: impl Fn(&profiler_tests::pprof::Sample) -> bool,
+    pred: impl Fn(&profiler_tests::pprof::Sample) -> bool,
+) -> (f64, i64) {
     let all = profile.value_where("samples", &among);
     let good = profile.value_where("samples", |s| among(s) && pred(s));
     (good as f64 / all.max(1) as f64, all)
@@ -91,7 +96,10 @@ fn omit_frame_pointer_split_matches_ground_truth() {
         );
     }
     let top = go_pprof::top(&expect::profile_written(out.path(), fixture.comm(), fixture.pid()));
-    assert!(top.contains("hot_a") && top.contains("work_loop"), "go tool pprof -top lacks the fixture's functions:\n{top}");
+    assert!(
+        top.contains("hot_a") && top.contains("work_loop"),
+        "go tool pprof -top lacks the fixture's functions:\n{top}"
+    );
 }
 
 /// Hot paths inside libc (qsort calling back into the program, a large memcpy): the caller
@@ -111,7 +119,9 @@ fn callers_above_libc_are_found_like_perf_dwarf() {
     assert!(perf_status.success(), "perf record failed: {perf_status}");
     unwound_by_tables(&profile);
 
-    let in_sort = |s: &profiler_tests::pprof::Sample| s.contains("compare_ints") || s.stack.iter().any(|f| f.function.contains("qsort"));
+    let in_sort = |s: &profiler_tests::pprof::Sample| {
+        s.contains("compare_ints") || s.stack.iter().any(|f| f.function.contains("qsort"))
+    };
     let (sorted, n_sort) = share(&profile, in_sort, |s| s.has_chain(&["sort_loop", "main"]));
     assert!(n_sort > 0, "no sample in qsort or compare_ints: {:?}", profile.function_names());
     assert!(
@@ -168,7 +178,17 @@ fn heap_sites_without_frame_pointers_are_attributed() {
     let pid = fixture.pid().to_string();
     let out_arg = out.path_arg();
     let output = run_profiler(&[
-        "snapshot", "--pid", &pid, "--duration", "4s", "--output", &out_arg, "--profiles", "heap", "--heap-sample-bytes", "1",
+        "snapshot",
+        "--pid",
+        &pid,
+        "--duration",
+        "4s",
+        "--output",
+        &out_arg,
+        "--profiles",
+        "heap",
+        "--heap-sample-bytes",
+        "1",
     ]);
     assert_success(&output, "heap snapshot of a fixture without frame pointers");
     fixture.expect_line("allocated");
@@ -256,7 +276,9 @@ fn a_process_that_execs_gets_its_new_tables() {
     assert!(
         chained >= 0.6,
         "only {chained:.3} of {n} fixture samples carry their chain after the exec: {:?}",
-        examples(&profile, |s| !(s.contains("hot_a") || s.contains("hot_b")) || s.has_chain(&chain_of("hot_a")) || s.has_chain(&chain_of("hot_b")))
+        examples(&profile, |s| !(s.contains("hot_a") || s.contains("hot_b"))
+            || s.has_chain(&chain_of("hot_a"))
+            || s.has_chain(&chain_of("hot_b")))
     );
 }
 

@@ -15,8 +15,8 @@
 mod daemon;
 mod futex;
 mod heap;
-mod peer;
 mod measure;
+mod peer;
 mod report;
 mod unwind;
 mod workload;
@@ -78,9 +78,7 @@ fn cpu(args: &CpuArgs) -> Result<()> {
     let _spinners = workload::Spinners::start(&dir, SPINNERS)?;
     let _stats = workload::BpfStats::enable();
     let (secs, hz) = (args.seconds, args.frequency_hz);
-    workspace::stage(&format!(
-        "profiler snapshot for {secs} s at {hz} Hz ({SPINNERS} spinners running)"
-    ));
+    workspace::stage(&format!("profiler snapshot for {secs} s at {hz} Hz ({SPINNERS} spinners running)"));
     let profiler = measure::run(profiler_cmd(args, &out))?;
     bail_if_interrupted()?;
     workspace::stage(&format!("perf record for {secs} s at {hz} Hz"));
@@ -90,7 +88,9 @@ fn cpu(args: &CpuArgs) -> Result<()> {
     let bpftrace_ns = peer::bpftrace_ns_per_sample(hz, secs);
     bail_if_interrupted()?;
     let floor_secs = secs.min(10);
-    workspace::stage(&format!("bpftrace: empty program, then one map update, {floor_secs} s each (the machine's floor)"));
+    workspace::stage(&format!(
+        "bpftrace: empty program, then one map update, {floor_secs} s each (the machine's floor)"
+    ));
     let (empty_ns, one_update_ns) = peer::bpftrace_floor_ns(hz, floor_secs);
     bail_if_interrupted()?;
     let profiler_row = report::Row::profiler(&profiler);
@@ -115,12 +115,7 @@ fn cpu(args: &CpuArgs) -> Result<()> {
 fn profiler_cmd(args: &CpuArgs, out: &Path) -> Command {
     let mut cmd = Command::new(workspace::profiler_bin());
     cmd.args(["snapshot", "--duration", &format!("{}s", args.seconds)])
-        .args([
-            "--frequency",
-            &args.frequency_hz.to_string(),
-            "--bpf-stats",
-            "--output",
-        ])
+        .args(["--frequency", &args.frequency_hz.to_string(), "--bpf-stats", "--output"])
         .arg(out);
     cmd
 }
@@ -129,18 +124,9 @@ fn profiler_cmd(args: &CpuArgs, out: &Path) -> Command {
 /// with a PMU too, where perf would otherwise default to hardware cycles.
 fn perf_cmd(args: &CpuArgs, out: &Path) -> Command {
     let mut cmd = Command::new("/usr/bin/perf");
-    cmd.args([
-        "record",
-        "-e",
-        "cpu-clock",
-        "-F",
-        &args.frequency_hz.to_string(),
-        "-a",
-        "-g",
-        "-o",
-    ])
-    .arg(out.join("perf.data"))
-    .args(["--", "sleep", &args.seconds.to_string()]);
+    cmd.args(["record", "-e", "cpu-clock", "-F", &args.frequency_hz.to_string(), "-a", "-g", "-o"])
+        .arg(out.join("perf.data"))
+        .args(["--", "sleep", &args.seconds.to_string()]);
     cmd
 }
 

@@ -6,11 +6,7 @@ use clap::Parser;
 use crate::bench;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "xtask",
-    bin_name = "cargo xtask",
-    about = "Set up, run, test and benchmark the profiler."
-)]
+#[command(name = "xtask", bin_name = "cargo xtask", about = "Set up, run, test and benchmark the profiler.")]
 pub enum Cli {
     /// Check the build and run prerequisites; install what is missing when root on Debian.
     Setup {
@@ -49,14 +45,8 @@ mod tests {
     #[test]
     fn pass_through_with_and_without_separator() {
         let expected = ["--duration", "5s", "--pid", "1"];
-        assert_eq!(
-            snapshot_args(&["x", "snapshot", "--", "--duration", "5s", "--pid", "1"]),
-            expected
-        );
-        assert_eq!(
-            snapshot_args(&["x", "snapshot", "--duration", "5s", "--pid", "1"]),
-            expected
-        );
+        assert_eq!(snapshot_args(&["x", "snapshot", "--", "--duration", "5s", "--pid", "1"]), expected);
+        assert_eq!(snapshot_args(&["x", "snapshot", "--duration", "5s", "--pid", "1"]), expected);
         assert!(snapshot_args(&["x", "snapshot"]).is_empty());
     }
 
@@ -74,8 +64,7 @@ mod tests {
 
     #[test]
     fn bench_heap_iterations() {
-        let cli =
-            Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");
+        let cli = Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");
         assert!(matches!(cli, Cli::Bench(bench::Bench::Heap(_))));
         assert!(Cli::try_parse_from(["x", "bench", "heap"]).is_ok());
     }

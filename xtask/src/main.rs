@@ -18,11 +18,9 @@ use cli::Cli;
 
 fn main() -> ExitCode {
     let result = match Cli::parse() {
-        Cli::Setup { for_test } => setup::run(setup::Needs {
-            go: for_test,
-            privileges: false,
-        })
-        .map(|()| ExitCode::SUCCESS),
+        Cli::Setup { for_test } => {
+            setup::run(setup::Needs { go: for_test, privileges: false }).map(|()| ExitCode::SUCCESS)
+        }
         Cli::Snapshot { args } => snapshot::run(&args),
         Cli::Test { args } => test::run(&args),
         Cli::Bench(bench) => bench::run(bench),

@@ -55,10 +55,7 @@ impl Host {
     fn detect() -> Host {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
-        Host {
-            root,
-            apt: which("apt-get").is_some(),
-        }
+        Host { root, apt: which("apt-get").is_some() }
     }
 
     /// Prefix for commands we print for the user: `sudo ` unless already root.
@@ -103,21 +100,16 @@ pub fn run(needs: Needs) -> Result<()> {
 /// Finds `program` on PATH, like `command -v`.
 pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| is_executable(p))
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| is_executable(p))
 }
 
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Runs a probe command and returns its stdout when it succeeds; `None` if absent or failing.
 pub fn probe(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -25,6 +25,5 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
 }
 
 fn has_output(args: &[String]) -> bool {
-    args.iter()
-        .any(|a| a == "--output" || a.starts_with("--output="))
+    args.iter().any(|a| a == "--output" || a.starts_with("--output="))
 }

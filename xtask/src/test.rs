@@ -11,19 +11,12 @@ use crate::workspace;
 pub fn run(args: &[String]) -> Result<ExitCode> {
     workspace::prepare(true)?;
     let mut cmd = workspace::cargo();
-    cmd.args([
-        "test",
-        "--release",
-        "--workspace",
-        "--exclude",
-        "profiler-ebpf",
-        "--",
-    ])
-    // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
-    // system-wide, so running them in parallel would let them see each other.
-    .arg("--test-threads=1")
-    .args(args)
-    .env("PROFILER_BIN", workspace::profiler_bin());
+    cmd.args(["test", "--release", "--workspace", "--exclude", "profiler-ebpf", "--"])
+        // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
+        // system-wide, so running them in parallel would let them see each other.
+        .arg("--test-threads=1")
+        .args(args)
+        .env("PROFILER_BIN", workspace::profiler_bin());
     workspace::stage(&workspace::shell_line(&cmd));
     let status = cmd.status().context("failed to run cargo test")?;
     if !status.success() {

@@ -11,10 +11,7 @@ use anyhow::{bail, Context, Result};
 /// The workspace root: xtask lives one level below it.
 pub fn root() -> PathBuf {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .parent()
-        .expect("xtask sits inside the workspace")
-        .to_path_buf()
+    manifest_dir.parent().expect("xtask sits inside the workspace").to_path_buf()
 }
 
 /// Cargo's target dir, honouring `CARGO_TARGET_DIR` so we look where cargo built.
@@ -40,19 +37,12 @@ pub fn cargo() -> Command {
 
 /// A command as a shell line (`PROFILER_BIN=… cargo test …`), for stage banners.
 pub fn shell_line(cmd: &Command) -> String {
-    let envs = cmd.get_envs().filter_map(|(key, value)| {
-        Some(format!(
-            "{}={}",
-            key.to_string_lossy(),
-            value?.to_string_lossy()
-        ))
-    });
+    let envs = cmd
+        .get_envs()
+        .filter_map(|(key, value)| Some(format!("{}={}", key.to_string_lossy(), value?.to_string_lossy())));
     let program = std::iter::once(cmd.get_program().to_string_lossy().into_owned());
     let args = cmd.get_args().map(|arg| arg.to_string_lossy().into_owned());
-    envs.chain(program)
-        .chain(args)
-        .collect::<Vec<_>>()
-        .join(" ")
+    envs.chain(program).chain(args).collect::<Vec<_>>().join(" ")
 }
 
 /// Prints the stage banner so a long log shows where it is.
@@ -76,10 +66,7 @@ pub fn prepare(go: bool) -> anyhow::Result<()> {
 
 pub fn build_release() -> Result<()> {
     stage("cargo build --release");
-    let status = cargo()
-        .args(["build", "--release"])
-        .status()
-        .context("failed to run cargo")?;
+    let status = cargo().args(["build", "--release"]).status().context("failed to run cargo")?;
     if !status.success() {
         bail!("cargo build --release failed ({status}); fix the build errors above, or run `cargo xtask setup` if a tool is missing");
     }
@@ -93,9 +80,6 @@ pub fn build_release() -> Result<()> {
 /// Maps a child's status to our exit code; a signal death becomes 128 + signal like a shell.
 pub fn exit_code(status: ExitStatus) -> ExitCode {
     use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|sig| 128 + sig))
-        .unwrap_or(1);
+    let code = status.code().or_else(|| status.signal().map(|sig| 128 + sig)).unwrap_or(1);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -44,8 +44,7 @@ pub fn bind(config: &SocketConfig) -> Result<UnixListener, ApiError> {
     // Until the chmod below the socket has the umask's mode; a umask that lets others write
     // is unusual enough for a root daemon that the short window is accepted rather than
     // changing the process-wide umask under other threads.
-    let listener =
-        StdListener::bind(path).map_err(|source| ApiError::Bind { path: path.to_owned(), source })?;
+    let listener = StdListener::bind(path).map_err(|source| ApiError::Bind { path: path.to_owned(), source })?;
     restrict(path, config.group.as_deref(), gid).and_then(|()| to_tokio(path, listener)).inspect_err(|_| {
         // A socket with the wrong owner or mode must not stay behind for a client to find.
         let _ = fs::remove_file(path);
@@ -101,9 +100,7 @@ pub fn group_id(group: &str) -> Result<u32, ApiError> {
         let mut found: *mut libc::group = std::ptr::null_mut();
         // SAFETY: every pointer is valid for the call and `buf.len()` is the buffer's real
         // length; `entry`'s string pointers point into `buf`, which outlives their (no) use.
-        let rc = unsafe {
-            libc::getgrnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found)
-        };
+        let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
         match rc {
             0 if found.is_null() => return Err(unknown()),
             0 => return Ok(entry.gr_gid),

@@ -45,20 +45,14 @@ pub async fn handle<B>(
     Ok(response)
 }
 
-async fn answer(
-    request: ApiRequest,
-    collector: &CollectorHandle,
-    viewer: Viewer,
-    slack: Duration,
-) -> Response<Body> {
+async fn answer(request: ApiRequest, collector: &CollectorHandle, viewer: Viewer, slack: Duration) -> Response<Body> {
     let deadline = window(request).unwrap_or_default() + slack;
     match tokio::time::timeout(deadline, dispatch(request, collector, viewer)).await {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => query_error(&err),
         Err(_) => {
             warn!(uid = viewer.uid, ?request, "the collector did not answer in time");
-            let reason =
-                format!("the collector did not answer within {}; try again later", format_duration(deadline));
+            let reason = format!("the collector did not answer within {}; try again later", format_duration(deadline));
             text(StatusCode::SERVICE_UNAVAILABLE, render::error_body(&reason))
         }
     }

@@ -28,9 +28,7 @@ pub use server::{serve, Limits};
 /// Why the socket could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error(
-        "failed to create the socket directory {path}; check its parent's permissions or set [socket] path"
-    )]
+    #[error("failed to create the socket directory {path}; check its parent's permissions or set [socket] path")]
     CreateDir {
         path: PathBuf,
         #[source]
@@ -38,7 +36,9 @@ pub enum ApiError {
     },
     #[error("{path} exists and is not a socket; remove it or set another [socket] path")]
     NotASocket { path: PathBuf },
-    #[error("another process is answering on {path}; stop it (`systemctl stop profiler`) or set another [socket] path")]
+    #[error(
+        "another process is answering on {path}; stop it (`systemctl stop profiler`) or set another [socket] path"
+    )]
     InUse { path: PathBuf },
     #[error("failed to remove the stale socket {path}; remove it by hand")]
     RemoveStale {
@@ -71,9 +71,7 @@ pub enum ApiError {
         #[source]
         source: io::Error,
     },
-    #[error(
-        "socket group {group:?} does not exist; create it (`groupadd {group}`) or change [socket] group"
-    )]
+    #[error("socket group {group:?} does not exist; create it (`groupadd {group}`) or change [socket] group")]
     UnknownGroup { group: String },
     #[error("failed to look up socket group {group:?}")]
     GroupLookup {

@@ -133,10 +133,7 @@ mod tests {
     fn unknown_names_list_the_allowed_ones() {
         let p = Params::parse("second=5").unwrap();
         let err = p.only("/debug/pprof/profile", &["pid", "seconds"]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            r#"unknown parameter "second" for /debug/pprof/profile; allowed: pid, seconds"#
-        );
+        assert_eq!(err.to_string(), r#"unknown parameter "second" for /debug/pprof/profile; allowed: pid, seconds"#);
         let err = p.only("/status", &[]).unwrap_err();
         assert_eq!(err.to_string(), r#"unknown parameter "second": /status takes no parameters"#);
     }

@@ -100,8 +100,7 @@ mod tests {
 
     #[test]
     fn index_hides_other_users_processes() {
-        let entries =
-            [entry(1, 0, vec![]), entry(2, 1000, vec![(ProfileKind::Block, 3)]), entry(3, 1001, vec![])];
+        let entries = [entry(1, 0, vec![]), entry(2, 1000, vec![(ProfileKind::Block, 3)]), entry(3, 1001, vec![])];
         let text = index(Viewer { uid: 1000 }, &entries);
         assert!(text.starts_with("# 1 processes visible to uid 1000\n"), "{text}");
         assert!(text.contains("\n2 proc2 1000\n  block"), "{text}");

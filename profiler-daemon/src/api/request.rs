@@ -164,9 +164,7 @@ fn pid(params: &Params) -> Result<u32, BadRequest> {
     let text = params.get("pid").ok_or_else(|| BadRequest::bad("missing pid parameter"))?;
     match digits(text) {
         Some(pid @ 1..) if pid <= u64::from(PID_MAX_LIMIT) => Ok(pid as u32),
-        _ => {
-            Err(BadRequest::bad(format!("pid must be a process id from 1 to {PID_MAX_LIMIT}, got {text:?}")))
-        }
+        _ => Err(BadRequest::bad(format!("pid must be a process id from 1 to {PID_MAX_LIMIT}, got {text:?}"))),
     }
 }
 

@@ -61,9 +61,7 @@ fn values_are_percent_decoded() {
 
 #[test]
 fn unknown_paths_are_404() {
-    for path in
-        ["/", "/debug", "/debug/pprof/goroutine", "/debug/pprof/heap/", "/debug/pprof//heap", "/statusx"]
-    {
+    for path in ["/", "/debug", "/debug/pprof/goroutine", "/debug/pprof/heap/", "/debug/pprof//heap", "/statusx"] {
         let err = get(path, None).unwrap_err();
         assert_eq!(err.status, 404, "{path}");
         assert_eq!(err.reason, format!("no such endpoint {path}; see /debug/pprof/ or /status"));
@@ -117,10 +115,7 @@ fn unknown_and_duplicate_parameters() {
     let (status, reason) = refused("/debug/pprof/profile", "pid=1&debug=1");
     assert_eq!((status, reason.contains(r#""debug""#)), (400, true), "Go has no text CPU profile");
     let (status, reason) = refused("/status", "verbose=1");
-    assert_eq!(
-        (status, reason.as_str()),
-        (400, r#"unknown parameter "verbose": /status takes no parameters"#)
-    );
+    assert_eq!((status, reason.as_str()), (400, r#"unknown parameter "verbose": /status takes no parameters"#));
     assert_eq!(refused("/debug/pprof/", "pid=1").0, 400);
     let (status, reason) = refused("/debug/pprof/heap", "pid=1&pid=2");
     assert_eq!((status, reason.as_str()), (400, r#"parameter "pid" is given more than once"#));
@@ -161,8 +156,7 @@ fn path_strategy() -> impl Strategy<Value = String> {
 }
 
 fn query_strategy() -> impl Strategy<Value = Option<String>> {
-    let pair =
-        ("(pid|seconds|debug|[a-z%+]{0,4})", "[0-9a-f%+=&]{0,12}").prop_map(|(k, v)| format!("{k}={v}"));
+    let pair = ("(pid|seconds|debug|[a-z%+]{0,4})", "[0-9a-f%+=&]{0,12}").prop_map(|(k, v)| format!("{k}={v}"));
     let structured = prop::collection::vec(pair, 0..5).prop_map(|pairs| pairs.join("&"));
     prop::option::of(prop_oneof![structured, any::<String>()])
 }

@@ -162,8 +162,7 @@ async fn serve_connection(stream: UnixStream, shared: Shared, _slot: OwnedSemaph
         }
     };
     let Shared { collector, limits, mut stop, .. } = shared;
-    let service =
-        service_fn(move |req| handler::handle(req, collector.clone(), viewer, limits.request_slack));
+    let service = service_fn(move |req| handler::handle(req, collector.clone(), viewer, limits.request_slack));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

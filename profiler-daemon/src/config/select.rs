@@ -114,10 +114,7 @@ pub fn matches_any(matchers: &[Matcher], process: &ProcessFacts<'_>) -> bool {
 
 /// Validates a list; `key` is the list's key, e.g. `heap.include`.
 pub(super) fn matchers_from_raw(raw: &[RawMatcher], key: &str) -> Result<Vec<Matcher>, InvalidValue> {
-    raw.iter()
-        .enumerate()
-        .map(|(index, entry)| Matcher::from_raw(entry, &format!("{key}[{index}]")))
-        .collect()
+    raw.iter().enumerate().map(|(index, entry)| Matcher::from_raw(entry, &format!("{key}[{index}]"))).collect()
 }
 
 fn is_under(path: &str, prefix: &str) -> bool {
@@ -202,11 +199,7 @@ fn not_exactly_one(raw: &RawMatcher, key: &str) -> InvalidValue {
     .into_iter()
     .filter_map(|(name, is_set)| is_set.then_some(name))
     .collect();
-    let found = if set.is_empty() {
-        "the matcher is empty".to_owned()
-    } else {
-        format!("sets {}", set.join(" and "))
-    };
+    let found = if set.is_empty() { "the matcher is empty".to_owned() } else { format!("sets {}", set.join(" and ")) };
     InvalidValue::new(
         key,
         format!(
@@ -270,11 +263,9 @@ mod tests {
 
     #[test]
     fn unknown_facts_never_match() {
-        for matcher in [
-            Matcher::Exe("/usr/sbin/nginx".into()),
-            Matcher::Cgroup("/".into()),
-            Matcher::Unit("nginx.service".into()),
-        ] {
+        for matcher in
+            [Matcher::Exe("/usr/sbin/nginx".into()), Matcher::Cgroup("/".into()), Matcher::Unit("nginx.service".into())]
+        {
             assert!(!matcher.matches(&BARE), "{matcher:?}");
         }
     }
@@ -290,8 +281,7 @@ mod tests {
         let but_not_4242 = ProcessSelection { exclude: vec![Matcher::Pid(4242)], ..only_nginx };
         assert!(!but_not_4242.matches(&nginx()));
 
-        let all_but_nginx =
-            ProcessSelection { include: vec![], exclude: vec![Matcher::Unit("nginx.service".into())] };
+        let all_but_nginx = ProcessSelection { include: vec![], exclude: vec![Matcher::Unit("nginx.service".into())] };
         assert!(!all_but_nginx.matches(&nginx()) && all_but_nginx.matches(&BARE));
     }
 
@@ -332,16 +322,12 @@ mod tests {
     #[test]
     fn validates_units() {
         let unit = |unit: &str| RawMatcher { unit: Some(unit.into()), ..RawMatcher::default() };
-        for good in ["nginx.service", "session-3.scope", "user.slice", "dbus.socket", "a.timer", "home.mount"]
-        {
+        for good in ["nginx.service", "session-3.scope", "user.slice", "dbus.socket", "a.timer", "home.mount"] {
             assert_eq!(parse(unit(good)), Ok(Matcher::Unit(good.into())));
         }
         for bad in ["nginx", ".service", "nginx.target", "a/b.service", "my app.service"] {
             let err = parse(unit(bad)).unwrap_err();
-            assert!(
-                err.starts_with("processes.include[0].unit: ") && err.contains(".service .scope"),
-                "{err}"
-            );
+            assert!(err.starts_with("processes.include[0].unit: ") && err.contains(".service .scope"), "{err}");
         }
     }
 

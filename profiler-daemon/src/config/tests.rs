@@ -44,11 +44,7 @@ fn empty_file_is_the_default() {
     assert_eq!(config.interval, Duration::from_secs(60));
     assert_eq!(
         config.retention,
-        Retention {
-            max_age: Duration::from_secs(7 * 86_400),
-            max_total_bytes: 1 << 30,
-            min_free_bytes: 512 << 20
-        }
+        Retention { max_age: Duration::from_secs(7 * 86_400), max_total_bytes: 1 << 30, min_free_bytes: 512 << 20 }
     );
     assert_eq!(config.profiles, [ProfileKind::Cpu]);
     assert_eq!(config.cpu.frequency_hz, 19);
@@ -156,11 +152,7 @@ fn rejects_bad_byte_sizes() {
         "0 is out of range; allowed 1B to no limit",
     );
     assert_rejected("[retention]\nmin_free_bytes = -1", "retention.min_free_bytes", "-1 is not a byte size");
-    assert_rejected(
-        "[retention]\nmin_free_bytes = \"512\"",
-        "retention.min_free_bytes",
-        r#""512" is not a byte size"#,
-    );
+    assert_rejected("[retention]\nmin_free_bytes = \"512\"", "retention.min_free_bytes", r#""512" is not a byte size"#);
     assert_rejected("[heap]\nsample_bytes = 0", "heap.sample_bytes", "0 is out of range; allowed 1B to 1GiB");
     assert_rejected("[heap]\nsample_bytes = \"2GiB\"", "heap.sample_bytes", "allowed 1B to 1GiB");
 }
@@ -194,10 +186,7 @@ fn rejects_bad_group_names() {
             "is not a group name; write a non-empty name without '/', ':' or spaces",
         );
     }
-    assert_eq!(
-        parse("[socket]\ngroup = \"prof-users_1\"").unwrap().socket.group.as_deref(),
-        Some("prof-users_1")
-    );
+    assert_eq!(parse("[socket]\ngroup = \"prof-users_1\"").unwrap().socket.group.as_deref(), Some("prof-users_1"));
 }
 
 #[test]
@@ -229,11 +218,7 @@ fn rejects_bad_matchers_with_their_index() {
         "processes.exclude[0]",
         "sets pid and name; a matcher sets exactly one",
     );
-    assert_rejected(
-        "[heap]\ninclude = [{ unit = \"nginx\" }]",
-        "heap.include[0].unit",
-        "is not a systemd unit name",
-    );
+    assert_rejected("[heap]\ninclude = [{ unit = \"nginx\" }]", "heap.include[0].unit", "is not a systemd unit name");
     assert_rejected("[[processes.include]]\n", "processes.include[0]", "the matcher is empty");
 }
 
@@ -252,10 +237,7 @@ fn assert_parse_error(text: &str, needles: &[&str]) {
 #[test]
 fn rejects_unknown_keys() {
     assert_parse_error("intervall = \"60s\"", &["unknown field `intervall`, expected one of", "`interval`"]);
-    assert_parse_error(
-        "[retention]\nmax_size = \"1GiB\"",
-        &["unknown field `max_size`", "`max_total_bytes`"],
-    );
+    assert_parse_error("[retention]\nmax_size = \"1GiB\"", &["unknown field `max_size`", "`max_total_bytes`"]);
     assert_parse_error("[processes]\ninclude = [{ comm = \"x\" }]", &["unknown field `comm`", "`name`"]);
     assert_parse_error("[gpu]\n", &["unknown field `gpu`"]);
 }
@@ -297,10 +279,7 @@ fn check_loads_the_file_and_summarises() {
             path.display()
         )
     );
-    assert_eq!(
-        err.to_string(),
-        format!("{}: interval: \"0s\" is out of range; allowed 1s to 1d", path.display())
-    );
+    assert_eq!(err.to_string(), format!("{}: interval: \"0s\" is out of range; allowed 1s to 1d", path.display()));
 }
 
 /// Keys and values the fuzzer combines into TOML-ish lines.
@@ -327,8 +306,7 @@ fn toml_ish_line() -> impl Strategy<Value = String> {
     ]);
     let value = prop_oneof![
         any::<i64>().prop_map(|n| n.to_string()),
-        "[0-9]{0,25}(\\.[0-9]{0,5})?(ns|us|ms|s|m|h|d|B|KiB|GiB|TiB|KB|TB|[a-zµ]{0,3})"
-            .prop_map(|s| format!("{s:?}")),
+        "[0-9]{0,25}(\\.[0-9]{0,5})?(ns|us|ms|s|m|h|d|B|KiB|GiB|TiB|KB|TB|[a-zµ]{0,3})".prop_map(|s| format!("{s:?}")),
         "[ -~]{0,12}".prop_map(|s| format!("{s:?}")),
         Just("[]".to_owned()),
         Just("[{ pid = 1 }, { unit = \"a.service\" }, { cgroup = \"/\" }]".to_owned()),

@@ -32,19 +32,12 @@ impl TryFrom<RawConfig> for Config {
             output_dir: absolute_path(&raw.output_dir, "output_dir", "/var/lib/profiler")?,
             socket: SocketConfig {
                 path: socket_path(&raw.socket.path, "socket.path")?,
-                group: raw
-                    .socket
-                    .group
-                    .as_deref()
-                    .map(|group| group_name(group, "socket.group"))
-                    .transpose()?,
+                group: raw.socket.group.as_deref().map(|group| group_name(group, "socket.group")).transpose()?,
             },
             interval,
             retention: retention(&raw.retention, interval)?,
             profiles: profiles(&raw.profiles, "profiles")?,
-            cpu: CpuConfig {
-                frequency_hz: integer_in(raw.cpu.frequency_hz, "cpu.frequency_hz", FREQUENCY_HZ_RANGE)?,
-            },
+            cpu: CpuConfig { frequency_hz: integer_in(raw.cpu.frequency_hz, "cpu.frequency_hz", FREQUENCY_HZ_RANGE)? },
             processes: ProcessSelection {
                 include: matchers_from_raw(&raw.processes.include, "processes.include")?,
                 exclude: matchers_from_raw(&raw.processes.exclude, "processes.exclude")?,
@@ -96,11 +89,7 @@ fn duration(value: &Quantity, key: &str) -> Result<Duration, InvalidValue> {
     }
 }
 
-fn duration_in(
-    value: &Quantity,
-    key: &str,
-    range: RangeInclusive<Duration>,
-) -> Result<Duration, InvalidValue> {
+fn duration_in(value: &Quantity, key: &str, range: RangeInclusive<Duration>) -> Result<Duration, InvalidValue> {
     let parsed = duration(value, key)?;
     if !range.contains(&parsed) {
         let (min, max) = (format_duration(*range.start()), format_duration(*range.end()));
@@ -149,8 +138,7 @@ fn integer_in(value: i64, key: &str, range: RangeInclusive<u32>) -> Result<u32, 
 /// guess: require absolute ones.
 fn absolute_path(path: &Path, key: &str, example: &str) -> Result<PathBuf, InvalidValue> {
     if !path.is_absolute() {
-        let problem =
-            format!("{:?} is not an absolute path; write e.g. {example:?}", path.display().to_string());
+        let problem = format!("{:?} is not an absolute path; write e.g. {example:?}", path.display().to_string());
         return Err(InvalidValue::new(key, problem));
     }
     Ok(path.to_owned())

@@ -161,7 +161,8 @@ impl Collector {
         let mut next_dump = Instant::now() + self.config.interval;
         let mut next_scan = Instant::now();
         loop {
-            let wake = [next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline)).min();
+            let wake =
+                [next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline)).min();
             let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
             match rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
                 Ok(Some(Command::Shutdown { reply })) => {
@@ -289,7 +290,10 @@ impl Collector {
     fn dump(&mut self) {
         self.refresh_live();
         let end = SystemTime::now();
-        let window = Window { start: self.interval_start, duration: end.duration_since(self.interval_start).unwrap_or_default() };
+        let window = Window {
+            start: self.interval_start,
+            duration: end.duration_since(self.interval_start).unwrap_or_default(),
+        };
         let interval = std::mem::take(&mut self.interval);
         let started = Instant::now();
         let targets = self.dump_targets(&interval);
@@ -420,7 +424,11 @@ impl Collector {
             .collect()
     }
 
-    fn query(&mut self, query: ProfileQuery, reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>) {
+    fn query(
+        &mut self,
+        query: ProfileQuery,
+        reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>,
+    ) {
         if let Err(err) = self.check_query(&query) {
             let _ = reply.send(Err(err));
             return;
@@ -472,19 +480,36 @@ impl Collector {
         }
     }
 
-    fn answer(&mut self, query: &ProfileQuery, counts: &crate::aggregate::ProcessCounts, window: &Window) -> std::result::Result<ProfileBody, QueryError> {
+    fn answer(
+        &mut self,
+        query: &ProfileQuery,
+        counts: &crate::aggregate::ProcessCounts,
+        window: &Window,
+    ) -> std::result::Result<ProfileBody, QueryError> {
         let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?.clone();
         let counters = self.counters().unwrap_or_default();
         let comments = match query.kind.profile_kind() {
-            ProfileKind::Heap => profiles::heap_comments("when this profile was taken", &counters, self.config.heap.sample_bytes),
+            ProfileKind::Heap => {
+                profiles::heap_comments("when this profile was taken", &counters, self.config.heap.sample_bytes)
+            }
             ProfileKind::Block => profiles::block_comments("daemon query", &counters),
             ProfileKind::Mutex => profiles::mutex_comments("daemon query", &counters),
             ProfileKind::ThreadCreate => profiles::threadcreate_comments("daemon query", &counters),
             ProfileKind::Cpu => profiles::cpu_comments("daemon query", &counters),
         };
         let alloc_default = query.kind == QueryKind::Allocs;
-        let profile = render(&self.agg, &process, counts, query.kind.profile_kind(), alloc_default, self.settings(), window, comments, &mut self.sym)
-            .ok_or(QueryError::NotEnabled(query.kind.profile_kind()))?;
+        let profile = render(
+            &self.agg,
+            &process,
+            counts,
+            query.kind.profile_kind(),
+            alloc_default,
+            self.settings(),
+            window,
+            comments,
+            &mut self.sym,
+        )
+        .ok_or(QueryError::NotEnabled(query.kind.profile_kind()))?;
         let bytes = if query.text { pprof::legacy_text(&profile).into_bytes() } else { pprof::encode_gzip(&profile) };
         Ok(ProfileBody { bytes, text: query.text })
     }
@@ -492,7 +517,8 @@ impl Collector {
     /// Answers the windows whose time is up.
     fn finish_windows(&mut self) {
         let now = Instant::now();
-        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.windows).into_iter().partition(|w| w.deadline <= now);
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.windows).into_iter().partition(|w| w.deadline <= now);
         self.windows = waiting;
         if due.is_empty() {
             return;

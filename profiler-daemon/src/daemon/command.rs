@@ -104,16 +104,31 @@ pub struct IndexEntry {
 /// Requests to the collector.
 #[derive(Debug)]
 pub enum Command {
-    Index { viewer: Viewer, reply: oneshot::Sender<Vec<IndexEntry>> },
-    Profile { query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>> },
+    Index {
+        viewer: Viewer,
+        reply: oneshot::Sender<Vec<IndexEntry>>,
+    },
+    Profile {
+        query: ProfileQuery,
+        reply: oneshot::Sender<Result<ProfileBody, QueryError>>,
+    },
     /// `/status` as a JSON document.
-    Status { reply: oneshot::Sender<String> },
+    Status {
+        reply: oneshot::Sender<String>,
+    },
     /// Write one interval's dump now (the timer sends this).
-    Dump { reply: oneshot::Sender<()> },
+    Dump {
+        reply: oneshot::Sender<()>,
+    },
     /// Apply a new, already validated configuration.
-    Reload { config: Box<Config>, reply: oneshot::Sender<Result<(), String>> },
+    Reload {
+        config: Box<Config>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     /// Write a final dump and stop.
-    Shutdown { reply: oneshot::Sender<()> },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// The front's handle on the collector; cheap to clone.

@@ -99,16 +99,26 @@ pub fn write_interval(
         let (Some(process), Some(counts)) = (agg.process(*pid), interval.process(*pid)) else { continue };
         for &kind in kinds {
             let comments = match kind {
-                ProfileKind::Heap => profiles::heap_comments("at the end of the interval", counters, settings.heap_sample_bytes),
-                ProfileKind::Block => profiles::block_comments("daemon interval dump: values are for the interval", counters),
-                ProfileKind::Mutex => profiles::mutex_comments("daemon interval dump: values are for the interval", counters),
+                ProfileKind::Heap => {
+                    profiles::heap_comments("at the end of the interval", counters, settings.heap_sample_bytes)
+                }
+                ProfileKind::Block => {
+                    profiles::block_comments("daemon interval dump: values are for the interval", counters)
+                }
+                ProfileKind::Mutex => {
+                    profiles::mutex_comments("daemon interval dump: values are for the interval", counters)
+                }
                 ProfileKind::ThreadCreate => {
                     profiles::threadcreate_comments("daemon interval dump: values are for the interval", counters)
                 }
-                ProfileKind::Cpu => profiles::cpu_comments("daemon interval dump: values are for the interval", counters),
+                ProfileKind::Cpu => {
+                    profiles::cpu_comments("daemon interval dump: values are for the interval", counters)
+                }
             };
             let started = Instant::now();
-            let Some(profile) = render(agg, process, counts, kind, false, settings, window, comments, sym) else { continue };
+            let Some(profile) = render(agg, process, counts, kind, false, settings, window, comments, sym) else {
+                continue;
+            };
             let bytes = pprof::encode_gzip(&profile);
             phases.render += started.elapsed();
             let started = Instant::now();

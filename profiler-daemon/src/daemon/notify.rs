@@ -55,11 +55,7 @@ impl Notifier {
     /// A notifier from explicit values, as `from_env` would read them: `notify_socket` is an
     /// absolute path or `@name` (abstract namespace); `watchdog_usec` is the deadline in µs;
     /// `watchdog_pid`, when set, must be this process for the watchdog to apply to it.
-    pub fn new(
-        notify_socket: Option<&OsStr>,
-        watchdog_usec: Option<&str>,
-        watchdog_pid: Option<&str>,
-    ) -> Self {
+    pub fn new(notify_socket: Option<&OsStr>, watchdog_usec: Option<&str>, watchdog_pid: Option<&str>) -> Self {
         let Some(name) = notify_socket.filter(|name| !name.is_empty()) else {
             return Self::disabled();
         };
@@ -71,13 +67,8 @@ impl Notifier {
                 None
             }
         };
-        let watchdog_interval = target
-            .as_ref()
-            .and(watchdog_interval(watchdog_usec, watchdog_pid));
-        Self {
-            target,
-            watchdog_interval,
-        }
+        let watchdog_interval = target.as_ref().and(watchdog_interval(watchdog_usec, watchdog_pid));
+        Self { target, watchdog_interval }
     }
 
     /// A notifier that sends nothing.
@@ -152,11 +143,7 @@ impl Target {
         // its socket; blocking would stall the daemon's timers and socket server with it, so a
         // full queue is reported like any other failed send instead.
         socket.set_nonblocking(true)?;
-        Ok(Self {
-            socket,
-            addr,
-            name: name.to_string_lossy().into_owned(),
-        })
+        Ok(Self { socket, addr, name: name.to_string_lossy().into_owned() })
     }
 }
 
@@ -187,10 +174,7 @@ fn watchdog_interval(usec: Option<&str>, pid: Option<&str>) -> Option<Duration> 
         Ok(0) => None,
         Ok(usec) => Some(Duration::from_micros(usec) / 2),
         Err(_) => {
-            tracing::warn!(
-                watchdog_usec = usec,
-                "ignoring WATCHDOG_USEC: not a number of microseconds"
-            );
+            tracing::warn!(watchdog_usec = usec, "ignoring WATCHDOG_USEC: not a number of microseconds");
             None
         }
     }
@@ -203,10 +187,7 @@ fn one_line(text: &str) -> String {
 
 /// `CLOCK_MONOTONIC` in µs, the clock systemd compares `MONOTONIC_USEC` against.
 fn monotonic_usec() -> io::Result<u64> {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `now` is a valid, writable timespec for the duration of the call.
     if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
         return Err(io::Error::last_os_error());
@@ -228,14 +209,11 @@ mod tests {
 
     impl FakeSystemd {
         fn bind(test: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("profiler-notify-{test}-{}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!("profiler-notify-{test}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             let socket = UnixDatagram::bind(dir.join("notify")).unwrap();
-            socket
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .unwrap();
+            socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             Self { dir, socket }
         }
 
@@ -278,15 +256,8 @@ mod tests {
         let before = monotonic_usec().unwrap();
         notifier.reloading();
         let message = systemd.recv();
-        let usec: u64 = message
-            .strip_prefix("RELOADING=1\nMONOTONIC_USEC=")
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(
-            usec >= before && usec <= monotonic_usec().unwrap(),
-            "{message}"
-        );
+        let usec: u64 = message.strip_prefix("RELOADING=1\nMONOTONIC_USEC=").unwrap().parse().unwrap();
+        assert!(usec >= before && usec <= monotonic_usec().unwrap(), "{message}");
         notifier.ready_after_reload("reloaded");
         assert_eq!(systemd.recv(), "READY=1\nSTATUS=reloaded");
     }
@@ -296,9 +267,7 @@ mod tests {
         let name = format!("profiler-notify-test-{}", std::process::id());
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let socket = UnixDatagram::bind_addr(&addr).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let notifier = Notifier::new(Some(OsStr::new(&format!("@{name}"))), None, None);
         notifier.watchdog();
         let mut buf = [0u8; 64];
@@ -314,11 +283,7 @@ mod tests {
             Notifier::new(Some(OsStr::new("relative/path")), None, None),
         ] {
             assert!(!notifier.is_enabled());
-            assert_eq!(
-                notifier.watchdog_interval(),
-                None,
-                "no watchdog without a socket"
-            );
+            assert_eq!(notifier.watchdog_interval(), None, "no watchdog without a socket");
             notifier.ready("x");
             notifier.reloading();
             notifier.watchdog();
@@ -348,11 +313,7 @@ mod tests {
         assert_eq!(watchdog_interval(None, Some(&own_pid)), None);
 
         let systemd = FakeSystemd::bind("interval");
-        let notifier = Notifier::new(
-            Some(systemd.path().as_os_str()),
-            Some("30000000"),
-            Some(&own_pid),
-        );
+        let notifier = Notifier::new(Some(systemd.path().as_os_str()), Some("30000000"), Some(&own_pid));
         assert_eq!(notifier.watchdog_interval(), half);
     }
 }

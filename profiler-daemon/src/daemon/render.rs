@@ -7,8 +7,7 @@ use crate::{
     aggregate::{Aggregate, KnownProcess, ProcessCounts},
     config::ProfileKind,
     pprof::{self, proto::Profile},
-    primitive, profiles,
-    resolve,
+    primitive, profiles, resolve,
     symbolize::Symbolizer,
 };
 

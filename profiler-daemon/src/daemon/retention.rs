@@ -84,13 +84,7 @@ pub fn enforce(dir: &Path, policy: &Retention, now: SystemTime) -> RetentionRepo
     let mut profiles = list_profiles(dir, &mut report);
     profiles.sort();
     let mut touched_dirs = BTreeSet::new();
-    let kept = delete_expired(
-        profiles,
-        policy.max_age,
-        now,
-        &mut report,
-        &mut touched_dirs,
-    );
+    let kept = delete_expired(profiles, policy.max_age, now, &mut report, &mut touched_dirs);
     let kept = delete_oldest_over_limits(kept, dir, policy, &mut report, &mut touched_dirs);
     report.remaining_files = kept.len() as u64;
     report.remaining_bytes = kept.iter().map(|profile| profile.bytes).sum();
@@ -112,21 +106,14 @@ pub fn free_space_ok(dir: &Path, min_free_bytes: u64) -> Result<bool, io::Error>
 /// is what keeps the host usable when the disk fills.
 pub fn available_bytes(dir: &Path) -> Result<u64, io::Error> {
     let name = || dir.display();
-    let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} contains a NUL byte", name()),
-        )
-    })?;
+    let path = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{} contains a NUL byte", name())))?;
     // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
     let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is NUL-terminated and `stats` is writable, both live across the call.
     if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
         let err = io::Error::last_os_error();
-        return Err(io::Error::new(
-            err.kind(),
-            format!("failed to read free space of {}: {err}", name()),
-        ));
+        return Err(io::Error::new(err.kind(), format!("failed to read free space of {}: {err}", name())));
     }
     Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
 }
@@ -183,22 +170,12 @@ fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<Prof
     }
     let path = entry.path();
     // `DirEntry::metadata` does not follow symlinks; `is_file` then rules them out.
-    match entry
-        .metadata()
-        .and_then(|meta| Ok((meta.is_file(), meta.len(), meta.modified()?)))
-    {
-        Ok((true, bytes, modified)) => Some(Profile {
-            modified,
-            path,
-            bytes,
-        }),
+    match entry.metadata().and_then(|meta| Ok((meta.is_file(), meta.len(), meta.modified()?))) {
+        Ok((true, bytes, modified)) => Some(Profile { modified, path, bytes }),
         Ok((false, ..)) => None,
         Err(err) if err.kind() == io::ErrorKind::NotFound => None,
         Err(err) => {
-            report.record(format!(
-                "failed to read the size and age of {}: {err}",
-                path.display()
-            ));
+            report.record(format!("failed to read the size and age of {}: {err}", path.display()));
             None
         }
     }
@@ -215,9 +192,7 @@ fn delete_expired(
 ) -> Vec<Profile> {
     let mut kept = Vec::with_capacity(profiles.len());
     for profile in profiles {
-        let age = now
-            .duration_since(profile.modified)
-            .unwrap_or(Duration::ZERO);
+        let age = now.duration_since(profile.modified).unwrap_or(Duration::ZERO);
         if age <= max_age || !delete(&profile, report, touched_dirs) {
             kept.push(profile);
         }
@@ -266,11 +241,7 @@ struct FreeSpace<'a> {
 
 impl<'a> FreeSpace<'a> {
     fn new(dir: &'a Path, min_free_bytes: u64) -> Self {
-        Self {
-            dir,
-            min_free_bytes,
-            failed: false,
-        }
+        Self { dir, min_free_bytes, failed: false }
     }
 
     fn is_low(&mut self, report: &mut RetentionReport) -> bool {
@@ -290,11 +261,7 @@ impl<'a> FreeSpace<'a> {
 
 /// Deletes one profile. Returns whether it is gone, which includes having vanished already
 /// (then it is not counted as deleted by this pass).
-fn delete(
-    profile: &Profile,
-    report: &mut RetentionReport,
-    touched_dirs: &mut BTreeSet<PathBuf>,
-) -> bool {
+fn delete(profile: &Profile, report: &mut RetentionReport, touched_dirs: &mut BTreeSet<PathBuf>) -> bool {
     match fs::remove_file(&profile.path) {
         Ok(()) => {
             report.deleted_files += 1;
@@ -321,15 +288,8 @@ fn remove_emptied_dirs(dirs: &BTreeSet<PathBuf>, report: &mut RetentionReport) {
     for dir in dirs {
         match fs::remove_dir(dir) {
             Ok(()) => report.removed_dirs += 1,
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::DirectoryNotEmpty | io::ErrorKind::NotFound
-                ) => {}
-            Err(err) => report.record(format!(
-                "failed to remove emptied directory {}: {err}",
-                dir.display()
-            )),
+            Err(err) if matches!(err.kind(), io::ErrorKind::DirectoryNotEmpty | io::ErrorKind::NotFound) => {}
+            Err(err) => report.record(format!("failed to remove emptied directory {}: {err}", dir.display())),
         }
     }
 }
@@ -349,14 +309,10 @@ mod tests {
 
     impl OutputDir {
         fn new(test: &str) -> Self {
-            let root = std::env::temp_dir()
-                .join(format!("profiler-retention-{test}-{}", std::process::id()));
+            let root = std::env::temp_dir().join(format!("profiler-retention-{test}-{}", std::process::id()));
             let _ = fs::remove_dir_all(&root);
             fs::create_dir_all(&root).unwrap();
-            Self {
-                root,
-                now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-            }
+            Self { root, now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000) }
         }
 
         /// Writes `bytes` bytes at `relative`, last modified `age` before `now`.
@@ -364,12 +320,7 @@ mod tests {
             let path = self.root.join(relative);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             fs::write(&path, vec![0u8; bytes]).unwrap();
-            fs::File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_modified(self.now - age)
-                .unwrap();
+            fs::File::options().write(true).open(&path).unwrap().set_modified(self.now - age).unwrap();
             path
         }
 
@@ -385,11 +336,7 @@ mod tests {
     }
 
     fn policy(max_age: Duration, max_total_bytes: u64) -> Retention {
-        Retention {
-            max_age,
-            max_total_bytes,
-            min_free_bytes: 0,
-        }
+        Retention { max_age, max_total_bytes, min_free_bytes: 0 }
     }
 
     #[test]
@@ -399,26 +346,14 @@ mod tests {
         let new = out.file("app-1/cpu-20231113T000000Z.pb.gz", 20, DAY);
         out.file("gone-2/cpu-20231101T000000Z.pb.gz", 30, 8 * DAY);
         let future = out.file("app-1/heap-20231115T000000Z.pb.gz", 5, Duration::ZERO);
-        fs::File::options()
-            .write(true)
-            .open(&future)
-            .unwrap()
-            .set_modified(out.now + HOUR)
-            .unwrap();
+        fs::File::options().write(true).open(&future).unwrap().set_modified(out.now + HOUR).unwrap();
 
         let report = out.enforce(&policy(7 * DAY, 1 << 30));
-        assert_eq!(
-            (report.deleted_files, report.deleted_bytes),
-            (2, 40),
-            "{report:?}"
-        );
+        assert_eq!((report.deleted_files, report.deleted_bytes), (2, 40), "{report:?}");
         assert_eq!((report.remaining_files, report.remaining_bytes), (2, 25));
         assert_eq!((report.removed_dirs, report.errors), (1, 0));
         assert!(!old.exists() && new.exists() && future.exists());
-        assert!(
-            !out.root.join("gone-2").exists(),
-            "emptied process dir removed"
-        );
+        assert!(!out.root.join("gone-2").exists(), "emptied process dir removed");
     }
 
     #[test]
@@ -430,15 +365,8 @@ mod tests {
         let newest = out.file("a-1/cpu-2.pb.gz", 100, HOUR);
 
         let report = out.enforce(&policy(7 * DAY, 250));
-        assert_eq!(
-            (report.deleted_files, report.remaining_bytes),
-            (2, 200),
-            "{report:?}"
-        );
-        assert!(
-            !oldest.exists() && !tie_first.exists(),
-            "oldest, then by name"
-        );
+        assert_eq!((report.deleted_files, report.remaining_bytes), (2, 200), "{report:?}");
+        assert!(!oldest.exists() && !tie_first.exists(), "oldest, then by name");
         assert!(tie_second.exists() && newest.exists());
         assert_eq!(report.removed_dirs, 0, "both dirs still hold a profile");
     }
@@ -459,17 +387,10 @@ mod tests {
         let profile = out.file("app-1/cpu-1.pb.gz", 10, age);
 
         let report = out.enforce(&policy(DAY, 1));
-        assert_eq!(
-            (report.deleted_files, report.remaining_files, report.errors),
-            (1, 0, 0),
-            "{report:?}"
-        );
+        assert_eq!((report.deleted_files, report.remaining_files, report.errors), (1, 0, 0), "{report:?}");
         assert!(!profile.exists());
         assert!(ignored.iter().all(|path| path.exists()) && target.exists());
-        assert!(
-            out.root.join("app-1").exists(),
-            "the dir still holds the temp file"
-        );
+        assert!(out.root.join("app-1").exists(), "the dir still holds the temp file");
     }
 
     #[test]
@@ -480,31 +401,15 @@ mod tests {
         let vanished = out.root.join("app-1/vanished.pb.gz");
         let real = out.file("app-1/real.pb.gz", 7, 2 * DAY);
         let then = out.now - 2 * DAY;
-        let profiles = [&stuck, &vanished, &real]
-            .map(|path| Profile {
-                modified: then,
-                path: path.clone(),
-                bytes: 7,
-            })
-            .to_vec();
+        let profiles =
+            [&stuck, &vanished, &real].map(|path| Profile { modified: then, path: path.clone(), bytes: 7 }).to_vec();
 
         let mut report = RetentionReport::default();
         let mut touched = BTreeSet::new();
         let kept = delete_expired(profiles, DAY, out.now, &mut report, &mut touched);
         assert_eq!(kept.len(), 1, "only the undeletable one is kept");
-        assert_eq!(
-            (report.deleted_files, report.errors),
-            (1, 1),
-            "a vanished file is no error"
-        );
-        assert!(
-            report
-                .last_error
-                .as_deref()
-                .unwrap()
-                .contains("stuck.pb.gz"),
-            "{report:?}"
-        );
+        assert_eq!((report.deleted_files, report.errors), (1, 1), "a vanished file is no error");
+        assert!(report.last_error.as_deref().unwrap().contains("stuck.pb.gz"), "{report:?}");
         assert!(!real.exists());
         assert!(report.to_string().contains("1 error(s)"), "{report}");
     }
@@ -514,21 +419,9 @@ mod tests {
         let out = OutputDir::new("free");
         out.file("a-1/cpu-1.pb.gz", 10, HOUR);
         out.file("b-2/cpu-1.pb.gz", 10, 2 * HOUR);
-        let floor = Retention {
-            max_age: 7 * DAY,
-            max_total_bytes: 1 << 30,
-            min_free_bytes: u64::MAX,
-        };
+        let floor = Retention { max_age: 7 * DAY, max_total_bytes: 1 << 30, min_free_bytes: u64::MAX };
         let report = out.enforce(&floor);
-        assert_eq!(
-            (
-                report.deleted_files,
-                report.remaining_files,
-                report.removed_dirs
-            ),
-            (2, 0, 2),
-            "{report:?}"
-        );
+        assert_eq!((report.deleted_files, report.remaining_files, report.removed_dirs), (2, 0, 2), "{report:?}");
     }
 
     #[test]

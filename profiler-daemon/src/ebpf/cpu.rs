@@ -36,10 +36,8 @@ pub(super) fn attach(ebpf: &mut Ebpf, frequency_hz: u32) -> Result<()> {
         .try_into()
         .map_err(program_error("find", PROGRAM))?;
     program.load().map_err(program_error("load", PROGRAM))?;
-    let cpus = online_cpus().map_err(|(path, source)| Error::Io {
-        action: format!("read the online CPUs from {path}"),
-        source,
-    })?;
+    let cpus = online_cpus()
+        .map_err(|(path, source)| Error::Io { action: format!("read the online CPUs from {path}"), source })?;
     for cpu in cpus {
         program
             .attach(

@@ -91,10 +91,17 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
         .map(|(key, count)| raw_cpu_sample(&key, count))
         .collect();
     let heap = drain_per_cpu(ebpf, HEAP_TOTALS[set], |values: &[HeapTotals]| {
-        values.iter().fold(HeapTotals::default(), |a, v| HeapTotals { count: a.count + v.count, bytes: a.bytes + v.bytes })
+        values
+            .iter()
+            .fold(HeapTotals::default(), |a, v| HeapTotals { count: a.count + v.count, bytes: a.bytes + v.bytes })
     })?
     .into_iter()
-    .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals { tgid: key.tgid, stack: key.stack, count: t.count, bytes: t.bytes })
+    .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals {
+        tgid: key.tgid,
+        stack: key.stack,
+        count: t.count,
+        bytes: t.bytes,
+    })
     .collect();
     let block = drain_waits(ebpf, BLOCK_COUNTS[set])?;
     let mutex = drain_waits(ebpf, MUTEX_COUNTS[set])?;

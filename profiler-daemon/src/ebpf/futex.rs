@@ -71,9 +71,7 @@ pub(super) fn attach(ebpf: &mut Ebpf, waits: bool, threads: bool) -> Result<Fute
                 report.missing.push(what);
                 continue;
             }
-            tracepoint(ebpf, program)?
-                .attach(category, name)
-                .map_err(program_error("attach (tracepoint)", program))?;
+            tracepoint(ebpf, program)?.attach(category, name).map_err(program_error("attach (tracepoint)", program))?;
             report.attached.push(what);
         }
     }
@@ -96,10 +94,7 @@ fn tracepoint_exists(category: &str, name: &str) -> bool {
 }
 
 fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut TracePoint> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| missing(name))?
-        .try_into()
-        .map_err(program_error("find", name))
+    ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))
 }
 
 /// Deletes the waits in flight of processes that are gone (a thread killed inside a wait
@@ -109,7 +104,8 @@ pub(super) fn forget_processes(ebpf: &mut Ebpf, tgids: &[u32]) -> Result<usize> 
         return Ok(0);
     }
     let mut pending: HashMap<&mut MapData, u64, PendingWait> = map_mut(ebpf, maps::FUTEX_PENDING)?;
-    let dead: Vec<u64> = pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
+    let dead: Vec<u64> =
+        pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
     Ok(dead.iter().filter(|key| pending.remove(key).is_ok()).count())
 }
 

@@ -86,10 +86,8 @@ pub(super) fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
-    let maps = procs::read_maps(pid).map_err(|source| Error::Io {
-        action: format!("read /proc/{pid}/maps to find its C library"),
-        source,
-    })?;
+    let maps = procs::read_maps(pid)
+        .map_err(|source| Error::Io { action: format!("read /proc/{pid}/maps to find its C library"), source })?;
     let library = find_libc(&maps).ok_or(Error::NoAllocator(pid))?;
     // Through the process's root, so a process in a container gets its own libc.
     let target = format!("/proc/{pid}/root{library}");
@@ -136,7 +134,9 @@ fn attach_error(pid: u32, function: &'static str, source: ProgramError) -> Error
         cause = err.source();
     }
     if denied {
-        return Error::Privileges { missing: format!("CAP_SYS_ADMIN (needed to put uprobes on {function} in pid {pid})") };
+        return Error::Privileges {
+            missing: format!("CAP_SYS_ADMIN (needed to put uprobes on {function} in pid {pid})"),
+        };
     }
     Error::Program { action: "attach (uprobe)", program: "heap probes", source }
 }
@@ -148,17 +148,16 @@ fn find_libc(maps: &[procs::MapEntry]) -> Option<String> {
         .map(|m| m.path.as_str())
         .find(|path| {
             let name = path.rsplit('/').next().unwrap_or(path);
-            name.starts_with("libc.so") || name.starts_with("libc-2.") || name.starts_with("libc.musl")
+            name.starts_with("libc.so")
+                || name.starts_with("libc-2.")
+                || name.starts_with("libc.musl")
                 || name.starts_with("ld-musl")
         })
         .map(str::to_string)
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| missing(name))?
-        .try_into()
-        .map_err(program_error("find", name))
+    ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))
 }
 
 /// Fills the interval table with the exponential distribution's quantiles at the midpoints
@@ -207,7 +206,8 @@ pub(super) fn forget_processes(ebpf: &mut Ebpf, tgids: &[u32]) -> Result<usize> 
         removed += usize::from(live.remove(key).is_ok());
     }
     let mut pending: HashMap<&mut MapData, u64, profiler_common::PendingAlloc> = map_mut(ebpf, maps::HEAP_PENDING)?;
-    let dead: Vec<u64> = pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
+    let dead: Vec<u64> =
+        pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
     for key in &dead {
         removed += usize::from(pending.remove(key).is_ok());
     }

@@ -279,9 +279,6 @@ fn map_error(action: &'static str, map: &'static str) -> impl Fn(aya::maps::MapE
     move |source| Error::Map { action, map, source }
 }
 
-fn program_error(
-    action: &'static str,
-    program: &'static str,
-) -> impl Fn(aya::programs::ProgramError) -> Error {
+fn program_error(action: &'static str, program: &'static str) -> impl Fn(aya::programs::ProgramError) -> Error {
     move |source| Error::Program { action, program, source }
 }

@@ -113,10 +113,8 @@ impl ProfileBuilder {
     /// function the address belongs to) and returns its id. `mapping_id` 0 means none.
     pub fn add_location(&mut self, mapping_id: u64, address: u64, lines: &[(FunctionKey, i64)]) -> u64 {
         let id = self.profile.location.len() as u64 + 1;
-        let line = lines
-            .iter()
-            .map(|(key, line)| Line { function_id: self.function(key.clone()), line: *line })
-            .collect();
+        let line =
+            lines.iter().map(|(key, line)| Line { function_id: self.function(key.clone()), line: *line }).collect();
         self.profile.location.push(Location { id, mapping_id, address, line, is_folded: false });
         id
     }

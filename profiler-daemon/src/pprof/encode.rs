@@ -3,7 +3,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{proto::{Label, Profile}, FunctionKey, MappingSpec, ProfileBuilder};
+use super::{
+    proto::{Label, Profile},
+    FunctionKey, MappingSpec, ProfileBuilder,
+};
 use crate::{
     profiles::Shape,
     resolve::{LabelValue, LocationInfo, ResolvedProfile},
@@ -41,8 +44,7 @@ pub fn encode(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta) -> 
             })
         })
         .collect();
-    let location_ids: Vec<u64> =
-        resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids)).collect();
+    let location_ids: Vec<u64> = resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids)).collect();
     for sample in &resolved.samples {
         let ids = sample.locations.iter().map(|&i| location_ids[i]).collect();
         let labels = sample.labels.iter().map(|(key, value)| label(&mut b, key, value)).collect();
@@ -154,8 +156,7 @@ mod tests {
         assert_eq!(p.time_nanos, 5_000_000_000);
         assert_eq!(p.duration_nanos, 2_000_000_000);
         assert_eq!(p.sample[0].value, [5, 50_000_000]);
-        let labels: Vec<_> =
-            p.sample[0].label.iter().map(|l| (s(l.key), l.num, s(l.str), s(l.num_unit))).collect();
+        let labels: Vec<_> = p.sample[0].label.iter().map(|l| (s(l.key), l.num, s(l.str), s(l.num_unit))).collect();
         assert_eq!(labels, [("tid", 8, "", ""), ("thread", 0, "w", ""), ("bytes", 64, "", "bytes")]);
         let leaf = &p.location[p.sample[0].location_id[0] as usize - 1];
         let names: Vec<_> = leaf.line.iter().map(|l| s(p.function[l.function_id as usize - 1].name)).collect();

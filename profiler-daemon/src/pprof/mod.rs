@@ -19,9 +19,9 @@ use std::{
 
 pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
 pub use encode::{encode, ProfileMeta};
-pub use text::legacy_text;
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use prost::Message;
+pub use text::legacy_text;
 
 /// Serializes and gzips a profile, the form `go tool pprof` reads.
 pub fn encode_gzip(profile: &proto::Profile) -> Vec<u8> {

@@ -107,12 +107,7 @@ impl HeapColumns {
     /// `[inuse_objects, inuse_space, alloc_objects, alloc_space]`; missing columns are 0.
     fn values(self, sample: &Sample) -> [i64; 4] {
         let at = |i: Option<usize>| i.and_then(|i| sample.value.get(i).copied()).unwrap_or(0);
-        [
-            at(Some(self.inuse_objects)),
-            at(Some(self.inuse_space)),
-            at(self.alloc_objects),
-            at(self.alloc_space),
-        ]
+        [at(Some(self.inuse_objects)), at(Some(self.inuse_space)), at(self.alloc_objects), at(self.alloc_space)]
     }
 }
 
@@ -163,12 +158,7 @@ mod tests {
 
     /// Two stacks sharing `main`; the leaf of the first has an inlined frame.
     fn add_stacks(b: &mut ProfileBuilder, values: [Vec<i64>; 2]) {
-        let m = b.add_mapping(&MappingSpec {
-            start: 0x1000,
-            limit: 0x9000,
-            file: "/bin/app",
-            ..Default::default()
-        });
+        let m = b.add_mapping(&MappingSpec { start: 0x1000, limit: 0x9000, file: "/bin/app", ..Default::default() });
         let leaf = b.add_location(m, 0x1100, &[(key("inlined", "a.c"), 3), (key("hot", "a.c"), 10)]);
         let main = b.add_location(m, 0x1200, &[(key("main", "main.c"), 20)]);
         let raw = b.add_location(0, 0xdead, &[]);
@@ -204,8 +194,7 @@ heap profile: 4: 2048 [10: 4196] @ heap/1048576
 
     #[test]
     fn other_profiles_use_the_generic_layout() {
-        let mut b =
-            ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")], ("cpu", "nanoseconds"), 10);
+        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")], ("cpu", "nanoseconds"), 10);
         add_stacks(&mut b, [vec![3, 30], vec![1, 10]]);
         // Through the wire format, as the server renders decoded profiles.
         let profile = decode(&encode_gzip(&b.finish()), "test").unwrap();

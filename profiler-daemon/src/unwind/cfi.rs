@@ -4,8 +4,8 @@
 
 use gimli::constants::{DW_OP_breg7, DW_OP_deref};
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EndianSlice, FrameDescriptionEntry, LittleEndian, Reader,
-    RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, EndianSlice, FrameDescriptionEntry, LittleEndian, Reader, RegisterRule,
+    UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
 };
 use profiler_common::unwind::{sigframe, RA_CFA_OFFSET};
 
@@ -49,9 +49,8 @@ where
         if fde.len() == 0 {
             continue;
         }
-        let rows = evaluate(section, bases, &mut ctx, &fde).unwrap_or_else(|_| {
-            vec![(fde.initial_address(), Rule::Unsupported(Unsupported::BadCfi))]
-        });
+        let rows = evaluate(section, bases, &mut ctx, &fde)
+            .unwrap_or_else(|_| vec![(fde.initial_address(), Rule::Unsupported(Unsupported::BadCfi))]);
         out.fdes.push(FdeRows { start: fde.initial_address(), end: fde.end_address(), rows });
     }
     Ok(out)
@@ -131,9 +130,7 @@ fn plt_threshold(cfa: &[u8]) -> Option<u8> {
     // DW_OP_lit3; DW_OP_shl; DW_OP_plus
     const LIT0: u8 = 0x30;
     match *cfa {
-        [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22]
-            if (LIT0..LIT0 + 16).contains(&lit) =>
-        {
+        [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22] if (LIT0..LIT0 + 16).contains(&lit) => {
             Some(lit - LIT0)
         }
         _ => None,
@@ -142,11 +139,7 @@ fn plt_threshold(cfa: &[u8]) -> Option<u8> {
 
 /// Whether the row is glibc's `__restore_rt`: CFA = *(rsp + 160), rip and rbp saved in the
 /// kernel's signal frame at the fixed `sigcontext` offsets.
-fn is_signal_frame<'a, S: UnwindSection<Slice<'a>>>(
-    row: &UnwindTableRow<usize>,
-    cfa: &[u8],
-    section: &S,
-) -> bool {
+fn is_signal_frame<'a, S: UnwindSection<Slice<'a>>>(row: &UnwindTableRow<usize>, cfa: &[u8], section: &S) -> bool {
     let saved_at = |register| match row.register(register) {
         Some(RegisterRule::Expression(expr)) => rsp_relative(expression_bytes(&expr, section)),
         _ => None,
@@ -171,10 +164,7 @@ fn rsp_relative(expression: &[u8]) -> Option<(i64, bool)> {
     Some((offset, deref))
 }
 
-fn expression_bytes<'a, S: UnwindSection<Slice<'a>>>(
-    expression: &UnwindExpression<usize>,
-    section: &S,
-) -> &'a [u8] {
+fn expression_bytes<'a, S: UnwindSection<Slice<'a>>>(expression: &UnwindExpression<usize>, section: &S) -> &'a [u8] {
     expression.get(section).map_or(&[], |expression| expression.0.slice())
 }
 

@@ -67,10 +67,8 @@ pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, BuildError> {
     }
     let mut segments = Vec::new();
     for index in 0..count {
-        let start = index
-            .checked_mul(entry_len as u64)
-            .and_then(|off| off.checked_add(phoff))
-            .ok_or(BuildError::Truncated)?;
+        let start =
+            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(BuildError::Truncated)?;
         let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
         if u32_at(header, 0)? == PT_LOAD {
             segments.push(LoadSegment {
@@ -115,9 +113,7 @@ impl<'a> Elf<'a> {
         if names_index == SHN_XINDEX {
             names_index = u32_at(bytes, to_usize(shoff)? + 40)? as u16;
         }
-        let sections = (0..count)
-            .map(|index| section_at(bytes, shoff, index))
-            .collect::<Result<Vec<_>, _>>()?;
+        let sections = (0..count).map(|index| section_at(bytes, shoff, index)).collect::<Result<Vec<_>, _>>()?;
         let names = match sections.get(usize::from(names_index)) {
             Some(table) => file_range(bytes, table.offset, table.size)?,
             None => &[],
@@ -127,19 +123,12 @@ impl<'a> Elf<'a> {
 
     /// The header of the section called `name`, if there is one with contents in the file.
     pub fn section(&self, name: &str) -> Option<Section> {
-        self.sections
-            .iter()
-            .find(|s| s.kind != SHT_NOBITS && self.name(s) == Some(name.as_bytes()))
-            .copied()
+        self.sections.iter().find(|s| s.kind != SHT_NOBITS && self.name(s) == Some(name.as_bytes())).copied()
     }
 
     /// The address ranges of the sections holding code (with or without contents in the file).
     pub fn executable_ranges(&self) -> Vec<std::ops::Range<u64>> {
-        self.sections
-            .iter()
-            .filter(|s| s.flags & SHF_EXECINSTR != 0)
-            .map(Section::address_range)
-            .collect()
+        self.sections.iter().filter(|s| s.flags & SHF_EXECINSTR != 0).map(Section::address_range).collect()
     }
 
     /// The contents of `section`, inflated if it is compressed.
@@ -168,10 +157,7 @@ fn inflate(raw: &[u8]) -> Result<Vec<u8>, BuildError> {
     let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
     // The declared size bounds the output, so a corrupt header cannot make it grow forever.
     let mut out = Vec::with_capacity(to_usize(size)?.min(MAX_PREALLOCATED_BYTES));
-    flate2::read::ZlibDecoder::new(stream)
-        .take(size)
-        .read_to_end(&mut out)
-        .map_err(BuildError::Inflate)?;
+    flate2::read::ZlibDecoder::new(stream).take(size).read_to_end(&mut out).map_err(BuildError::Inflate)?;
     Ok(out)
 }
 

@@ -118,18 +118,12 @@ fn check_against_readelf(path: &Path, table: &UnwindTable) -> usize {
     let bytes = std::fs::read(path).expect("read the ELF file");
     let elf = Elf::parse(&bytes).expect("parse the ELF file");
     let code = elf.executable_ranges();
-    let plt: Vec<Range<u64>> = [".plt", ".plt.sec"]
-        .iter()
-        .filter_map(|name| elf.section(name))
-        .map(|s| s.address_range())
-        .collect();
-    let in_any =
-        |ranges: &[Range<u64>], address| ranges.iter().any(|r: &Range<u64>| r.contains(&address));
+    let plt: Vec<Range<u64>> =
+        [".plt", ".plt.sec"].iter().filter_map(|name| elf.section(name)).map(|s| s.address_range()).collect();
+    let in_any = |ranges: &[Range<u64>], address| ranges.iter().any(|r: &Range<u64>| r.contains(&address));
 
-    let fdes: Vec<ReadelfFde> = readelf_fdes(path)
-        .into_iter()
-        .filter(|fde| !fde.pc.is_empty() && in_any(&code, fde.pc.start))
-        .collect();
+    let fdes: Vec<ReadelfFde> =
+        readelf_fdes(path).into_iter().filter(|fde| !fde.pc.is_empty() && in_any(&code, fde.pc.start)).collect();
     let mut mismatches = Vec::new();
     let mut checked = 0;
     for fde in &fdes {
@@ -146,10 +140,8 @@ fn check_against_readelf(path: &Path, table: &UnwindTable) -> usize {
             let want = expected(columns, in_any(&plt, *start), fde.signal);
             for address in [*start, start + (end - start) / 2, end - 1] {
                 if !agrees(table.lookup(address), want) {
-                    mismatches.push(format!(
-                        "{address:#x}: table {:?}, readelf {want:?} {columns:?}",
-                        table.lookup(address)
-                    ));
+                    mismatches
+                        .push(format!("{address:#x}: table {:?}, readelf {want:?} {columns:?}", table.lookup(address)));
                 }
             }
             checked += 1;
@@ -183,8 +175,7 @@ struct ScratchDir(PathBuf);
 
 impl ScratchDir {
     fn new(name: &str) -> ScratchDir {
-        let dir =
-            std::env::temp_dir().join(format!("profiler-unwind-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("profiler-unwind-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
         ScratchDir(dir)
     }
@@ -213,8 +204,7 @@ fn compile_fixture(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
 }
 
 fn build_file(path: &Path) -> UnwindTable {
-    let bytes =
-        std::fs::read(path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()));
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()));
     build(&bytes).unwrap_or_else(|e| panic!("failed to build the table of {}: {e}", path.display()))
 }
 
@@ -227,10 +217,7 @@ fn libc_agrees_with_readelf() {
     let table = build_file(Path::new(LIBC));
     let checked = check_against_readelf(Path::new(LIBC), &table);
     assert!(checked > 10_000, "only {checked} rows checked");
-    assert!(
-        count_rules(&table, |r| matches!(r, Rule::Plt { rip_threshold: 11 })) > 0,
-        "libc's .plt"
-    );
+    assert!(count_rules(&table, |r| matches!(r, Rule::Plt { rip_threshold: 11 })) > 0, "libc's .plt");
     assert_eq!(count_rules(&table, |r| *r == Rule::SignalFrame), 1, "__restore_rt");
     assert!(count_rules(&table, |r| *r == Rule::EndOfStack) > 0, "clone's thread start");
 }
@@ -244,9 +231,7 @@ fn gcc_omit_frame_pointer_agrees_with_readelf() {
     let unsupported = &table.stats().unsupported;
     assert!(unsupported.get(Unsupported::CfaRegister) > 0, "DRAP's r10 CFA: {unsupported:?}");
     assert!(unsupported.get(Unsupported::CfaExpression) > 0, "DRAP's CFA expression");
-    assert!(
-        count_rules(&table, |r| matches!(r, Rule::Frame { register: CfaRegister::Rbp, .. })) > 0
-    );
+    assert!(count_rules(&table, |r| matches!(r, Rule::Frame { register: CfaRegister::Rbp, .. })) > 0);
     assert!(count_rules(&table, |r| matches!(r, Rule::Plt { .. })) > 0);
     assert!(count_rules(&table, |r| *r == Rule::EndOfStack) > 0, "_start");
 }
@@ -254,13 +239,7 @@ fn gcc_omit_frame_pointer_agrees_with_readelf() {
 #[test]
 fn gcc_debug_frame_agrees_with_readelf() {
     let dir = ScratchDir::new("debug-frame");
-    let flags = [
-        "-O2",
-        "-fomit-frame-pointer",
-        "-g",
-        "-fno-asynchronous-unwind-tables",
-        "-fno-unwind-tables",
-    ];
+    let flags = ["-O2", "-fomit-frame-pointer", "-g", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"];
     let binary = compile_fixture(&dir.0, "fixture", &flags);
     let table = build_file(&binary);
     // The fixture's own functions are only in .debug_frame; crt's are in .eh_frame.
@@ -295,12 +274,8 @@ fn report_table_sizes_and_build_times() {
         let bytes = std::fs::read(path).expect("read the file");
         let (table, best) = best_of(5, || build(&bytes).expect("table builds"));
         let stats = table.stats();
-        let unsupported: Vec<String> = stats
-            .unsupported
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(r, n)| format!("{}={n}", r.name()))
-            .collect();
+        let unsupported: Vec<String> =
+            stats.unsupported.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{}={n}", r.name())).collect();
         println!(
             "{:<44} {:>9} {:>7} {:>10} {:>8} {:>10.1} {:>9.2}  {}",
             path.file_name().unwrap_or_default().to_string_lossy(),

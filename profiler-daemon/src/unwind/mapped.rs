@@ -18,9 +18,8 @@ impl MappedFile {
         // SAFETY: a private read-only mapping of `len` bytes of an open file. A file truncated
         // while mapped would fault on access; executables in use cannot be written (ETXTBSY)
         // and libraries are replaced by rename, not rewritten in place.
-        let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
-        };
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }

@@ -34,8 +34,7 @@ pub(super) fn readelf_fdes(path: &Path) -> Vec<ReadelfFde> {
     // tables anyway, so check the output rather than the status.
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("Contents of the .eh_frame section")
-            || stdout.contains("Contents of the .debug_frame section"),
+        stdout.contains("Contents of the .eh_frame section") || stdout.contains("Contents of the .debug_frame section"),
         "readelf printed no CFI for {} ({}): {}",
         path.display(),
         output.status,
@@ -71,8 +70,7 @@ fn parse_readelf(text: &str) -> Vec<ReadelfFde> {
             ["LOC", rest @ ..] => columns = rest.iter().map(|c| c.to_string()).collect(),
             [loc, values @ ..] if loc.len() == 16 && loc.bytes().all(|b| b.is_ascii_hexdigit()) => {
                 assert_eq!(values.len(), columns.len(), "readelf row {line:?} under {columns:?}");
-                let row: Columns =
-                    columns.iter().cloned().zip(values.iter().map(|v| v.to_string())).collect();
+                let row: Columns = columns.iter().cloned().zip(values.iter().map(|v| v.to_string())).collect();
                 match &current_cie {
                     Some(key) => cies.get_mut(key).expect("cie seen").1 = Some(row),
                     None => fdes.last_mut().expect("row after an FDE").rows.push((hex(loc), row)),

@@ -15,10 +15,8 @@ pub fn report(paths: &[impl AsRef<Path>]) -> Result<String> {
         let io = |source| Error::Io { action: format!("read {} (is it an ELF file?)", path.display()), source };
         let file = File::open(path).map_err(io)?;
         let mapped = MappedFile::map(&file).map_err(io)?;
-        let table = super::build(mapped.bytes()).map_err(|e| Error::Usage(format!(
-            "{}: no unwind table can be built: {e}",
-            path.display()
-        )))?;
+        let table = super::build(mapped.bytes())
+            .map_err(|e| Error::Usage(format!("{}: no unwind table can be built: {e}", path.display())))?;
         let s = table.stats();
         let unsupported: Vec<String> =
             s.unsupported.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{} {n}", r.name())).collect();

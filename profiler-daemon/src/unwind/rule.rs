@@ -142,9 +142,7 @@ impl Rule {
             UnwindKind::Plt => Rule::Plt { rip_threshold: row.operand as u8 },
             UnwindKind::SignalFrame => Rule::SignalFrame,
             UnwindKind::EndOfStack => Rule::EndOfStack,
-            UnwindKind::Unsupported => {
-                Rule::Unsupported(*Unsupported::ALL.get(usize::from(row.operand))?)
-            }
+            UnwindKind::Unsupported => Rule::Unsupported(*Unsupported::ALL.get(usize::from(row.operand))?),
         })
     }
 }

@@ -123,8 +123,7 @@ fn read_eh_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildErr
     if let Some(got) = elf.section(".got") {
         bases = bases.set_got(got.addr);
     }
-    cfi::read_section(&section, &bases)
-        .map_err(|source| BuildError::Cfi { section: ".eh_frame", source })
+    cfi::read_section(&section, &bases).map_err(|source| BuildError::Cfi { section: ".eh_frame", source })
 }
 
 fn read_debug_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildError> {
@@ -137,10 +136,7 @@ fn read_debug_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, Build
 
 /// Lays the FDEs of all sections out by address and encodes them. An FDE that starts inside
 /// an earlier one is dropped; the earlier one wins (at equal starts, the earlier section).
-pub(crate) fn assemble(
-    sections: Vec<SectionCfi>,
-    executable: &[Range<u64>],
-) -> Result<UnwindTable, BuildError> {
+pub(crate) fn assemble(sections: Vec<SectionCfi>, executable: &[Range<u64>]) -> Result<UnwindTable, BuildError> {
     let mut stats = BuildStats::default();
     let mut fdes: Vec<(usize, FdeRows)> = Vec::new();
     for (order, section) in sections.into_iter().enumerate() {
@@ -149,8 +145,7 @@ pub(crate) fn assemble(
     }
     fdes.sort_by_key(|(order, fde)| (fde.start, *order));
 
-    let in_code =
-        |address| executable.is_empty() || executable.iter().any(|r| r.contains(&address));
+    let in_code = |address| executable.is_empty() || executable.iter().any(|r| r.contains(&address));
     let mut rules: Vec<(u64, Option<Rule>)> = Vec::new();
     let mut covered_to = 0;
     for (_, fde) in fdes {
@@ -185,10 +180,7 @@ fn count_unsupported(rules: &[(u64, Option<Rule>)]) -> ReasonCounts {
     counts
 }
 
-fn encode(
-    rules: Vec<(u64, Option<Rule>)>,
-    mut stats: BuildStats,
-) -> Result<UnwindTable, BuildError> {
+fn encode(rules: Vec<(u64, Option<Rule>)>, mut stats: BuildStats) -> Result<UnwindTable, BuildError> {
     let base_address = rules.first().map_or(0, |(address, _)| *address);
     let rows = rules
         .into_iter()
@@ -277,11 +269,7 @@ mod tests {
         let rules = [
             rsp(8),
             Rule::Frame { register: CfaRegister::Rbp, offset_bytes: 16, rbp: RbpRule::AtCfa(-16) },
-            Rule::Frame {
-                register: CfaRegister::Rsp,
-                offset_bytes: MAX_CFA_OFFSET,
-                rbp: RbpRule::AtCfa(-1024),
-            },
+            Rule::Frame { register: CfaRegister::Rsp, offset_bytes: MAX_CFA_OFFSET, rbp: RbpRule::AtCfa(-1024) },
             Rule::Plt { rip_threshold: 11 },
             Rule::SignalFrame,
             Rule::EndOfStack,

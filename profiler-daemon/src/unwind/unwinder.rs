@@ -207,11 +207,8 @@ impl Unwinder {
                 return Ok(());
             }
         };
-        let mut process = Box::new(UnwindProcess {
-            len: 0,
-            _pad: 0,
-            mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS],
-        });
+        let mut process =
+            Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         let mut keys = Vec::new();
         let mut len = 0;
         for entry in maps.iter().filter(|m| m.is_file() || m.path == "[vdso]") {
@@ -286,10 +283,7 @@ impl Unwinder {
             read_vdso(pid, entry).map(|bytes| super::build(&bytes))
         } else {
             let path = map_files_path(pid, entry);
-            File::open(&path)
-                .and_then(|f| MappedFile::map(&f))
-                .ok()
-                .map(|mapped| super::build(mapped.bytes()))
+            File::open(&path).and_then(|f| MappedFile::map(&f)).ok().map(|mapped| super::build(mapped.bytes()))
         };
         let table = match built {
             Some(Ok(table)) => table,
@@ -377,11 +371,7 @@ fn bias(entry: &MapEntry, segments: &[LoadSegment]) -> Option<u64> {
         let first = s.file_offset & !(PAGE - 1);
         (first..s.file_offset + s.file_size.max(1)).contains(&entry.offset)
     };
-    let segment = segments
-        .iter()
-        .filter(|s| s.executable)
-        .find(covers)
-        .or_else(|| segments.iter().find(covers))?;
+    let segment = segments.iter().filter(|s| s.executable).find(covers).or_else(|| segments.iter().find(covers))?;
     let vaddr = entry.offset.wrapping_sub(segment.file_offset).wrapping_add(segment.vaddr);
     Some(entry.start.wrapping_sub(vaddr))
 }

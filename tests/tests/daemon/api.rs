@@ -31,45 +31,22 @@ fn every_endpoint_answers_and_go_pprof_reads_it() {
     let cpu = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
     // 8 s: the daemon looks for new heap targets every 5 s.
     let mut heap = Fixture::spawn_with_args(FixtureKind::HeapSites, &["8", "120"]);
-    let attached = wait_for(Duration::from_secs(7), || {
-        heap_processes(&daemon).contains(&u64::from(heap.pid()))
-    });
-    assert!(
-        attached,
-        "heap probes not attached to heap_sites within 7 s: {:#}",
-        daemon.status()
-    );
+    let attached = wait_for(Duration::from_secs(7), || heap_processes(&daemon).contains(&u64::from(heap.pid())));
+    assert!(attached, "heap probes not attached to heap_sites within 7 s: {:#}", daemon.status());
     heap.expect_line("allocated");
     let listed = wait_for(SOON, || {
         let pids = index_pids(&daemon.get_ok("/debug/pprof/"));
         pids.contains(&cpu.pid()) && pids.contains(&heap.pid())
     });
     let index = String::from_utf8_lossy(&daemon.get_ok("/debug/pprof/")).into_owned();
-    assert!(
-        listed,
-        "the index lacks pid {} or {}:\n{index}",
-        cpu.pid(),
-        heap.pid()
-    );
-    assert!(
-        index.contains("/debug/pprof/heap?pid="),
-        "the index lists no heap profile:\n{index}"
-    );
+    assert!(listed, "the index lacks pid {} or {}:\n{index}", cpu.pid(), heap.pid());
+    assert!(index.contains("/debug/pprof/heap?pid="), "the index lists no heap profile:\n{index}");
 
     check_cpu_endpoint(&daemon, cpu.pid());
     check_heap_endpoints(&daemon, heap.pid());
     let status = daemon.status();
-    for key in [
-        "/version",
-        "/uptime_seconds",
-        "/samples/cpu",
-        "/output/files_written",
-        "/drops",
-    ] {
-        assert!(
-            status.pointer(key).is_some(),
-            "/status lacks {key}: {status:#}"
-        );
+    for key in ["/version", "/uptime_seconds", "/samples/cpu", "/output/files_written", "/drops"] {
+        assert!(status.pointer(key).is_some(), "/status lacks {key}: {status:#}");
     }
     for endpoint in ["block", "mutex", "threadcreate"] {
         let (code, body) = daemon.get(&format!("/debug/pprof/{endpoint}?pid={}", cpu.pid()));
@@ -97,21 +74,10 @@ fn check_heap_dumps(daemon: &Daemon, pid: u32) {
             profile.value_where("inuse_space", |s| s.leaf_is("site_malloc_live")) > 0
         })
     });
-    assert!(
-        dumped,
-        "no heap dump with site_malloc_live in use within {SOON:?}:\n{}",
-        listing(&dir)
-    );
-    let last = daemon::profile_files(&dir, "heap")
-        .pop()
-        .expect("a heap dump");
+    assert!(dumped, "no heap dump with site_malloc_live in use within {SOON:?}:\n{}", listing(&dir));
+    let last = daemon::profile_files(&dir, "heap").pop().expect("a heap dump");
     let profile = Profile::decode(&last);
-    assert_eq!(
-        profile.default_sample_type,
-        "inuse_space",
-        "{}",
-        last.display()
-    );
+    assert_eq!(profile.default_sample_type, "inuse_space", "{}", last.display());
     go_pprof::raw(&last);
 }
 
@@ -132,10 +98,7 @@ fn malformed_requests_get_4xx_and_the_daemon_keeps_serving() {
         ("/debug/pprof/profile".into(), 400),
         ("/debug/pprof/profile?pid=abc".into(), 400),
         (format!("/debug/pprof/profile?pid={pid}&seconds=x"), 400),
-        (
-            format!("/debug/pprof/profile?pid={pid}&seconds=100000"),
-            400,
-        ),
+        (format!("/debug/pprof/profile?pid={pid}&seconds=100000"), 400),
         (format!("/debug/pprof/profile?pid={pid}&second=5"), 400),
         (format!("/debug/pprof/profile?pid={pid}&pid={pid}"), 400),
         ("/status?verbose=1".into(), 400),
@@ -150,31 +113,17 @@ fn malformed_requests_get_4xx_and_the_daemon_keeps_serving() {
             "GET {path}: the reason should be one line: {body:?}"
         );
     }
-    let post =
-        b"POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-    assert_eq!(
-        raw_exchange(daemon.socket(), post),
-        Some(405),
-        "POST /status"
-    );
+    let post = b"POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_exchange(daemon.socket(), post), Some(405), "POST /status");
     let long_line = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
-    let long_header = format!(
-        "GET /status HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
-        "b".repeat(100_000)
-    );
+    let long_header = format!("GET /status HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "b".repeat(100_000));
     for (what, request) in [("request line", long_line), ("header", long_header)] {
         let code = raw_exchange(daemon.socket(), request.as_bytes());
-        assert!(
-            code.is_none_or(|c| (400..500).contains(&c)),
-            "a 100 KB {what} got {code:?}"
-        );
+        assert!(code.is_none_or(|c| (400..500).contains(&c)), "a 100 KB {what} got {code:?}");
     }
     let garbage = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n";
     let code = raw_exchange(daemon.socket(), garbage);
-    assert!(
-        code.is_none_or(|c| (400..500).contains(&c)),
-        "garbage got {code:?}"
-    );
+    assert!(code.is_none_or(|c| (400..500).contains(&c)), "garbage got {code:?}");
     daemon.get_ok("/status");
 }
 
@@ -195,41 +144,19 @@ fn a_non_root_client_cannot_see_roots_processes() {
         let pids = index_pids(&daemon.get_ok("/debug/pprof/"));
         pids.contains(&roots.pid()) && pids.contains(&nobodys.pid())
     });
-    assert!(
-        both,
-        "root's index lacks a fixture: {}",
-        String::from_utf8_lossy(&daemon.get_ok("/debug/pprof/"))
-    );
+    assert!(both, "root's index lacks a fixture: {}", String::from_utf8_lossy(&daemon.get_ok("/debug/pprof/")));
 
     let index = curl(daemon.socket(), "/debug/pprof/", true);
     let text = String::from_utf8_lossy(&index.body);
     assert_eq!(index.status, 200, "index as nobody: {text}");
     let pids = index_pids(&index.body);
-    assert!(
-        pids.contains(&nobodys.pid()),
-        "nobody's index lacks its own pid {}:\n{text}",
-        nobodys.pid()
-    );
-    assert!(
-        !pids.contains(&roots.pid()),
-        "nobody's index shows root's pid {}:\n{text}",
-        roots.pid()
-    );
+    assert!(pids.contains(&nobodys.pid()), "nobody's index lacks its own pid {}:\n{text}", nobodys.pid());
+    assert!(!pids.contains(&roots.pid()), "nobody's index shows root's pid {}:\n{text}", roots.pid());
     let path = |pid: u32| format!("/debug/pprof/profile?pid={pid}&seconds=1");
     let denied = curl(daemon.socket(), &path(roots.pid()), true);
-    assert_eq!(
-        denied.status,
-        403,
-        "root's profile as nobody: {}",
-        String::from_utf8_lossy(&denied.body)
-    );
+    assert_eq!(denied.status, 403, "root's profile as nobody: {}", String::from_utf8_lossy(&denied.body));
     let own = curl(daemon.socket(), &path(nobodys.pid()), true);
-    assert_eq!(
-        own.status,
-        200,
-        "own profile as nobody: {}",
-        String::from_utf8_lossy(&own.body)
-    );
+    assert_eq!(own.status, 200, "own profile as nobody: {}", String::from_utf8_lossy(&own.body));
 }
 
 fn heap_processes(daemon: &Daemon) -> Vec<u64> {
@@ -243,8 +170,7 @@ fn heap_processes(daemon: &Daemon) -> Vec<u64> {
 /// Saves a response body next to the daemon's config, for the decoders.
 fn save(daemon: &Daemon, name: &str, body: &[u8]) -> PathBuf {
     let path = daemon.scratch().join(name);
-    std::fs::write(&path, body)
-        .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+    std::fs::write(&path, body).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     path
 }
 
@@ -255,10 +181,7 @@ fn check_cpu_endpoint(daemon: &Daemon, pid: u32) {
     let profile = Profile::decode(&file);
     assert_split(&profile, &file);
     let top = go_pprof::top(&file);
-    assert!(
-        go_pprof::flat_percent(&top, "hot_a").is_some(),
-        "go tool pprof -top lacks hot_a:\n{top}"
-    );
+    assert!(go_pprof::flat_percent(&top, "hot_a").is_some(), "go tool pprof -top lacks hot_a:\n{top}");
 }
 
 /// heap, allocs and heap?debug=1 of the heap_sites fixture.
@@ -267,17 +190,10 @@ fn check_heap_endpoints(daemon: &Daemon, pid: u32) {
         let body = daemon.get_ok(&format!("/debug/pprof/{endpoint}?pid={pid}"));
         let file = save(daemon, &format!("{endpoint}.pb.gz"), &body);
         let profile = Profile::decode(&file);
-        let types: Vec<&str> = profile
-            .sample_types
-            .iter()
-            .map(|(t, _)| t.as_str())
-            .collect();
+        let types: Vec<&str> = profile.sample_types.iter().map(|(t, _)| t.as_str()).collect();
         let wanted: Vec<&str> = expect::HEAP_SAMPLE_TYPES.iter().map(|(t, _)| *t).collect();
         assert_eq!(types, wanted, "{endpoint} sample types");
-        assert_eq!(
-            profile.default_sample_type, default_type,
-            "{endpoint} default sample type"
-        );
+        assert_eq!(profile.default_sample_type, default_type, "{endpoint} default sample type");
         // 1000 x malloc(1000), kept; every allocation is sampled at 1 B, so within 1%.
         let live = profile.value_where("inuse_space", |s| s.leaf_is("site_malloc_live"));
         assert!(
@@ -285,25 +201,11 @@ fn check_heap_endpoints(daemon: &Daemon, pid: u32) {
             "{endpoint}: inuse_space of site_malloc_live is {live}, expected 1000000 ± 1%"
         );
         let top = go_pprof::top(&file);
-        assert!(
-            top.contains("site_"),
-            "go tool pprof -top of {endpoint} names no site:\n{top}"
-        );
+        assert!(top.contains("site_"), "go tool pprof -top of {endpoint} names no site:\n{top}");
     }
-    let text = curl(
-        daemon.socket(),
-        &format!("/debug/pprof/heap?pid={pid}&debug=1"),
-        false,
-    );
+    let text = curl(daemon.socket(), &format!("/debug/pprof/heap?pid={pid}&debug=1"), false);
     let body = String::from_utf8_lossy(&text.body);
     assert_eq!(text.status, 200, "heap?debug=1: {body}");
-    assert!(
-        text.content_type.starts_with("text/plain"),
-        "heap?debug=1 content type {:?}",
-        text.content_type
-    );
-    assert!(
-        body.contains("site_malloc_live"),
-        "heap?debug=1 names no site:\n{body}"
-    );
+    assert!(text.content_type.starts_with("text/plain"), "heap?debug=1 content type {:?}", text.content_type);
+    assert!(body.contains("site_malloc_live"), "heap?debug=1 names no site:\n{body}");
 }

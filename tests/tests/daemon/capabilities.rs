@@ -43,9 +43,10 @@ fn the_units_capabilities_are_enough() {
     config.profiles = vec!["cpu", "block", "mutex", "threadcreate"];
     let names = setpriv_names();
     let set: Vec<String> = caps.iter().map(|c| format!("+{}", setpriv_name(c, &names))).collect();
-    config.launcher = ["setpriv", "--bounding-set", &format!("-all,{}", set.join(",")), "--inh-caps", "-all", "--no-new-privs", "--"]
-        .map(String::from)
-        .to_vec();
+    config.launcher =
+        ["setpriv", "--bounding-set", &format!("-all,{}", set.join(",")), "--inh-caps", "-all", "--no-new-privs", "--"]
+            .map(String::from)
+            .to_vec();
     let daemon = Daemon::start(&config);
     let mask = caps.iter().fold(0u64, |m, c| m | 1 << cap_number(c, &names));
     assert_eq!(
@@ -75,7 +76,8 @@ fn the_units_capabilities_are_enough() {
     }
     let kernel_file = wait_for_files(&daemon, &kernel, 1).remove(0);
     let profile = Profile::decode(&kernel_file);
-    let mut kernel_names: Vec<&str> = profile.samples.iter().flat_map(|s| s.kernel_frames().map(|f| f.function.as_str())).collect();
+    let mut kernel_names: Vec<&str> =
+        profile.samples.iter().flat_map(|s| s.kernel_frames().map(|f| f.function.as_str())).collect();
     kernel_names.sort_unstable();
     kernel_names.dedup();
     assert!(
@@ -124,10 +126,6 @@ fn cap_number(cap: &str, names: &[String]) -> u32 {
 /// `CapEff` of a process, from `/proc/PID/status`.
 fn effective_caps(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the daemon's /proc status");
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .expect("a CapEff line")
-        .trim();
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:")).expect("a CapEff line").trim();
     u64::from_str_radix(hex, 16).expect("CapEff is hex")
 }

@@ -78,7 +78,11 @@ fn a_vanished_output_dir_is_recreated() {
     std::fs::remove_dir_all(daemon.output()).expect("failed to remove the output directory");
     assert!(!daemon.output().exists());
     expect_new_file(&daemon, &fixture);
-    assert_eq!(daemon.status_u64("/drops/profile_write_errors"), errors, "writes failed after the directory was removed");
+    assert_eq!(
+        daemon.status_u64("/drops/profile_write_errors"),
+        errors,
+        "writes failed after the directory was removed"
+    );
 }
 
 /// A daemon for cpu_split writing into `fs`, with the free-space floor `min_free`.
@@ -95,14 +99,8 @@ fn expect_counted_failure(daemon: &Daemon, pointer: &str) {
     let before = daemon.status_u64(pointer);
     let counted = wait_for(SOON, || daemon.status_u64(pointer) > before);
     let status = daemon.status();
-    assert!(
-        counted,
-        "{pointer} did not go up within {SOON:?}: {status:#}"
-    );
-    assert!(
-        status["last_error"].as_str().is_some_and(|e| !e.is_empty()),
-        "last_error is not set: {status:#}"
-    );
+    assert!(counted, "{pointer} did not go up within {SOON:?}: {status:#}");
+    assert!(status["last_error"].as_str().is_some_and(|e| !e.is_empty()), "last_error is not set: {status:#}");
     daemon.get_ok("/debug/pprof/");
 }
 

@@ -9,9 +9,7 @@ use profiler_tests::daemon::{self, Daemon, DaemonConfig};
 use profiler_tests::{expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{Fixture, FixtureKind, Profile};
 
-use super::{
-    assert_split, file_size, mtime_gaps, wait_for_files, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ,
-};
+use super::{assert_split, file_size, mtime_gaps, wait_for_files, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ};
 
 /// Ground truth: the daemon cuts a profile every `interval` (2 s) for a process with samples.
 /// After a few intervals `cpu_split-<pid>/` holds that many `cpu-<stamp>.pb.gz` files, their
@@ -27,18 +25,12 @@ fn files_appear_every_interval_and_decode() {
     let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
     let files = wait_for_files(&daemon, &fixture, 3);
     let stamps: Vec<String> = files.iter().map(|f| daemon::stamp(f)).collect();
-    assert!(
-        stamps.windows(2).all(|w| w[0] < w[1]),
-        "stamps do not increase: {stamps:?}"
-    );
+    assert!(stamps.windows(2).all(|w| w[0] < w[1]), "stamps do not increase: {stamps:?}");
     let mut by_time = files.clone();
     by_time.sort_by_key(|f| daemon::modified(f));
     assert_eq!(by_time, files, "name order is not write order");
     for gap in mtime_gaps(&files) {
-        assert!(
-            (1.5..3.0).contains(&gap),
-            "files {gap:.2} s apart at a 2 s interval: {files:?}"
-        );
+        assert!((1.5..3.0).contains(&gap), "files {gap:.2} s apart at a 2 s interval: {files:?}");
     }
     for file in &files {
         let profile = Profile::decode(file);
@@ -79,35 +71,16 @@ fn retention_by_size_deletes_the_oldest() {
         seen.extend(files.iter().map(|f| daemon::file_name(f)));
         std::thread::sleep(Duration::from_millis(100));
     }
-    let remaining: Vec<String> = daemon::profile_files(&dir, "cpu")
-        .iter()
-        .map(|f| daemon::file_name(f))
-        .collect();
+    let remaining: Vec<String> = daemon::profile_files(&dir, "cpu").iter().map(|f| daemon::file_name(f)).collect();
     seen.extend(remaining.iter().cloned());
-    assert!(
-        seen.len() >= 8,
-        "only {} files in 12 s at a 1 s interval: {seen:?}",
-        seen.len()
-    );
+    assert!(seen.len() >= 8, "only {} files in 12 s at a 1 s interval: {seen:?}", seen.len());
     assert!(
         peak_bytes <= LIMIT_BYTES + largest_file,
         "the directory held {peak_bytes} bytes, over the {LIMIT_BYTES} B cap plus one file ({largest_file} B)"
     );
-    let newest: Vec<String> = seen
-        .iter()
-        .rev()
-        .take(remaining.len())
-        .rev()
-        .cloned()
-        .collect();
-    assert_eq!(
-        remaining, newest,
-        "retention should keep exactly the newest files; seen {seen:?}"
-    );
-    assert!(
-        remaining.len() < seen.len() - 2 && !remaining.is_empty(),
-        "kept {remaining:?} of {seen:?}"
-    );
+    let newest: Vec<String> = seen.iter().rev().take(remaining.len()).rev().cloned().collect();
+    assert_eq!(remaining, newest, "retention should keep exactly the newest files; seen {seen:?}");
+    assert!(remaining.len() < seen.len() - 2 && !remaining.is_empty(), "kept {remaining:?} of {seen:?}");
     let deleted = daemon.status_u64("/output/files_deleted_by_retention");
     assert!(deleted > 0, "/status counts no deletions");
 }
@@ -143,31 +116,18 @@ fn retention_by_age_deletes_old_files() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let remaining: BTreeSet<String> = daemon::profile_files(&dir, "cpu")
-        .iter()
-        .map(|f| daemon::file_name(f))
-        .collect();
-    assert!(
-        seen.len() >= 7,
-        "only {} files in 10 s: {seen:?}",
-        seen.len()
-    );
+    let remaining: BTreeSet<String> = daemon::profile_files(&dir, "cpu").iter().map(|f| daemon::file_name(f)).collect();
+    assert!(seen.len() >= 7, "only {} files in 10 s: {seen:?}", seen.len());
     let first: Vec<&String> = seen.iter().take(3).collect();
     assert!(
         first.iter().all(|name| !remaining.contains(*name)),
         "the first files {first:?} are still there: {remaining:?}"
     );
-    assert!(
-        remaining.len() <= 4,
-        "{} files left with max_age 2s: {remaining:?}",
-        remaining.len()
-    );
+    assert!(remaining.len() <= 4, "{} files left with max_age 2s: {remaining:?}", remaining.len());
     assert!(daemon.status_u64("/output/files_deleted_by_retention") > 0);
 }
 
 fn age_s(file: &Path) -> f64 {
     // A file deleted between listing and stat has no age; 0 passes every check.
-    std::fs::metadata(file)
-        .and_then(|m| m.modified())
-        .map_or(0.0, |t| t.elapsed().unwrap_or_default().as_secs_f64())
+    std::fs::metadata(file).and_then(|m| m.modified()).map_or(0.0, |t| t.elapsed().unwrap_or_default().as_secs_f64())
 }

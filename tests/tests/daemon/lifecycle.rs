@@ -8,10 +8,7 @@ use profiler_tests::daemon::{self, wait_for, Daemon, DaemonConfig};
 use profiler_tests::{go_pprof, listing, preflight, process_dir, run_profiler};
 use profiler_tests::{Fixture, FixtureKind, Profile};
 
-use super::{
-    file_size, mtime_gaps, new_files, no_temporary_files, wait_for_files, CPU_SPLIT, FIXTURE_S,
-    SOON,
-};
+use super::{file_size, mtime_gaps, new_files, no_temporary_files, wait_for_files, CPU_SPLIT, FIXTURE_S, SOON};
 
 /// Ground truth: the old configuration's interval. After SIGHUP with garbage in the file the
 /// daemon logs "invalid configuration, keeping the old one", still answers, and still cuts
@@ -32,10 +29,7 @@ fn sighup_with_a_bad_config_keeps_the_old_one() {
     assert_eq!(daemon.status_u64("/output/interval_seconds"), 2);
     let old = new_files(&daemon, &fixture, 3);
     for gap in mtime_gaps(&old) {
-        assert!(
-            (1.5..3.0).contains(&gap),
-            "files {gap:.2} s apart after a bad reload: {old:?}"
-        );
+        assert!((1.5..3.0).contains(&gap), "files {gap:.2} s apart after a bad reload: {old:?}");
     }
 
     config.interval = "4s".into();
@@ -46,10 +40,7 @@ fn sighup_with_a_bad_config_keeps_the_old_one() {
     // The first dump after the reload may still be on the old schedule; the next two are not.
     let new = new_files(&daemon, &fixture, 3);
     let gap = mtime_gaps(&new)[1];
-    assert!(
-        (3.5..5.0).contains(&gap),
-        "files {gap:.2} s apart after reloading a 4 s interval: {new:?}"
-    );
+    assert!((3.5..5.0).contains(&gap), "files {gap:.2} s apart after reloading a 4 s interval: {new:?}");
 }
 
 /// Ground truth: nothing collected is lost at shutdown. SIGTERM sent right after a dump (0.2 s,
@@ -65,9 +56,7 @@ fn sigterm_leaves_a_final_complete_dump() {
     let mut daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
     wait_for_files(&daemon, &fixture, 1);
     let written = daemon.status_u64("/output/files_written");
-    let dumped = wait_for(SOON, || {
-        daemon.status_u64("/output/files_written") > written
-    });
+    let dumped = wait_for(SOON, || daemon.status_u64("/output/files_written") > written);
     assert!(dumped, "no dump within {SOON:?}");
     // Enough for the final dump to have samples (199 Hz), little enough that it usually
     // lands in the same second as the dump just seen.
@@ -81,20 +70,9 @@ fn sigterm_leaves_a_final_complete_dump() {
     let sent = Instant::now();
     let status = daemon.wait_exit(Duration::from_secs(20));
     let took = sent.elapsed();
-    assert!(
-        status.is_some(),
-        "the daemon did not exit within 20 s of SIGTERM; log:\n{}",
-        daemon.log()
-    );
-    assert!(
-        status.unwrap().success(),
-        "the daemon exited with {status:?}; log:\n{}",
-        daemon.log()
-    );
-    assert!(
-        took <= Duration::from_secs(5),
-        "the daemon took {took:?} to exit after SIGTERM"
-    );
+    assert!(status.is_some(), "the daemon did not exit within 20 s of SIGTERM; log:\n{}", daemon.log());
+    assert!(status.unwrap().success(), "the daemon exited with {status:?}; log:\n{}", daemon.log());
+    assert!(took <= Duration::from_secs(5), "the daemon took {took:?} to exit after SIGTERM");
     daemon.wait_for_log("stopped", Duration::from_secs(1));
 
     let dir = process_dir(daemon.output(), fixture.comm(), fixture.pid());
@@ -108,19 +86,10 @@ fn sigterm_leaves_a_final_complete_dump() {
             file_size(file)
         );
     }
-    assert_eq!(
-        after.len(),
-        before.len() + 1,
-        "expected one more file after SIGTERM:\n{}",
-        listing(&dir)
-    );
+    assert_eq!(after.len(), before.len() + 1, "expected one more file after SIGTERM:\n{}", listing(&dir));
     let last = after.last().expect("files");
     let profile = Profile::decode(last);
-    assert!(
-        !profile.samples.is_empty(),
-        "the final dump {} has no samples",
-        last.display()
-    );
+    assert!(!profile.samples.is_empty(), "the final dump {} has no samples", last.display());
     go_pprof::raw(last);
     no_temporary_files(&dir);
 }
@@ -134,25 +103,15 @@ fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
     let shipped = profiler_tests::workspace_root().join("config/profiler.toml");
     let output = run_profiler(&["check-config", shipped.to_str().expect("UTF-8 path")]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "check-config {}: {output:?}",
-        shipped.display()
-    );
-    assert!(
-        stdout.starts_with("ok: "),
-        "check-config should print ok: {stdout}"
-    );
+    assert!(output.status.success(), "check-config {}: {output:?}", shipped.display());
+    assert!(stdout.starts_with("ok: "), "check-config should print ok: {stdout}");
 
     let scratch = profiler_tests::TempDir::new("check-config");
     let cases = [
         ("[cpu]\nfrequency_hz = 0\n", "cpu.frequency_hz"),
         ("[retention]\nmax_agee = \"1d\"\n", "max_agee"),
         ("interval = \"0s\"\n", "interval"),
-        (
-            "[processes]\ninclude = [{ name = \"a\", pid = 1 }]\n",
-            "processes.include[0]",
-        ),
+        ("[processes]\ninclude = [{ name = \"a\", pid = 1 }]\n", "processes.include[0]"),
     ];
     for (text, key) in cases {
         let file = scratch.path().join("bad.toml");
@@ -160,10 +119,7 @@ fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
         let output = run_profiler(&["check-config", file.to_str().expect("UTF-8 path")]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "check-config accepted {text:?}");
-        assert!(
-            stderr.contains(key),
-            "check-config of {text:?} should name {key}: {stderr}"
-        );
+        assert!(stderr.contains(key), "check-config of {text:?} should name {key}: {stderr}");
     }
 }
 
@@ -201,6 +157,8 @@ fn short_lived_processes_without_data_are_forgotten_soon() {
          exited processes without data are kept"
     );
     // The test means something only if the commands were tracked at all.
-    assert!(peak > before + SLACK || daemon.status()["unwind"]["exec_tracking_error"].is_string(),
-        "the {COMMANDS} commands never showed in processes_tracked (peak {peak}, before {before})");
+    assert!(
+        peak > before + SLACK || daemon.status()["unwind"]["exec_tracking_error"].is_string(),
+        "the {COMMANDS} commands never showed in processes_tracked (peak {peak}, before {before})"
+    );
 }

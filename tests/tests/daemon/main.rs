@@ -38,24 +38,15 @@ const HEAP_SITES: &str = "heap_sites";
 
 /// Waits until the fixture's directory holds at least `n` CPU profiles; returns them.
 fn wait_for_files(daemon: &Daemon, fixture: &Fixture, n: usize) -> Vec<PathBuf> {
-    let enough = wait_for(SOON, || {
-        daemon.profiles(fixture.comm(), fixture.pid(), "cpu").len() >= n
-    });
-    assert!(
-        enough,
-        "fewer than {n} cpu profiles within {SOON:?}; output holds:\n{}",
-        listing(daemon.output())
-    );
+    let enough = wait_for(SOON, || daemon.profiles(fixture.comm(), fixture.pid(), "cpu").len() >= n);
+    assert!(enough, "fewer than {n} cpu profiles within {SOON:?}; output holds:\n{}", listing(daemon.output()));
     daemon.profiles(fixture.comm(), fixture.pid(), "cpu")
 }
 
 /// Waits until `n` CPU profiles that were not there on entry have appeared; returns them in
 /// name order.
 fn new_files(daemon: &Daemon, fixture: &Fixture, n: usize) -> Vec<PathBuf> {
-    let old: BTreeSet<PathBuf> = daemon
-        .profiles(fixture.comm(), fixture.pid(), "cpu")
-        .into_iter()
-        .collect();
+    let old: BTreeSet<PathBuf> = daemon.profiles(fixture.comm(), fixture.pid(), "cpu").into_iter().collect();
     let fresh = || -> Vec<PathBuf> {
         let files = daemon.profiles(fixture.comm(), fixture.pid(), "cpu");
         files.into_iter().filter(|f| !old.contains(f)).collect()
@@ -72,10 +63,7 @@ fn new_files(daemon: &Daemon, fixture: &Fixture, n: usize) -> Vec<PathBuf> {
 /// Seconds between consecutive files' modification times.
 fn mtime_gaps(files: &[PathBuf]) -> Vec<f64> {
     let times: Vec<SystemTime> = files.iter().map(|f| daemon::modified(f)).collect();
-    times
-        .windows(2)
-        .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64())
-        .collect()
+    times.windows(2).map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64()).collect()
 }
 
 fn file_size(file: &Path) -> u64 {
@@ -86,11 +74,7 @@ fn file_size(file: &Path) -> u64 {
 fn assert_split(profile: &Profile, file: &Path) {
     let in_fn = |f: &str| profile.value_where("samples", |s| s.contains(f)) as f64;
     let (a, b) = (in_fn("hot_a"), in_fn("hot_b"));
-    assert!(
-        a + b >= 50.0,
-        "{} has only {a} + {b} samples in hot_a/hot_b",
-        file.display()
-    );
+    assert!(a + b >= 50.0, "{} has only {a} + {b} samples in hot_a/hot_b", file.display());
     let share = a / (a + b);
     assert!(
         (share - HOT_A_SHARE).abs() <= SHARE_TOLERANCE,
@@ -108,17 +92,10 @@ fn no_temporary_files(dir: &Path) {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.contains(".tmp"))
         .collect();
-    assert!(
-        leftovers.is_empty(),
-        "temporary files left in {}: {leftovers:?}",
-        dir.display()
-    );
+    assert!(leftovers.is_empty(), "temporary files left in {}: {leftovers:?}", dir.display());
 }
 
 /// The pids of an index (`/debug/pprof/`): the lines that start with a number.
 fn index_pids(body: &[u8]) -> Vec<u32> {
-    String::from_utf8_lossy(body)
-        .lines()
-        .filter_map(|line| line.split_whitespace().next()?.parse().ok())
-        .collect()
+    String::from_utf8_lossy(body).lines().filter_map(|line| line.split_whitespace().next()?.parse().ok()).collect()
 }

@@ -42,14 +42,36 @@ fn block_mutex_and_threadcreate_endpoints_match_the_programs_own_clock() {
 
     let under_lock = |s: &Sample| s.has_chain(&["contend_lock", "locker"]);
     // The waits reach the daemon at its next drain (every second).
-    let block = fetch_until(&daemon, "block", pid, |p| p.value_where("delay", under_lock) as f64 >= lock_truth as f64 * (1.0 - DELAY_TOLERANCE));
-    within(block.1.value_where("delay", under_lock), lock_truth, DELAY_TOLERANCE, "block delay under contend_lock", &block.0);
-    assert!(go_pprof::raw(&block.0).contains("contend_lock"), "`go tool pprof -raw` of {} lacks contend_lock", block.0.display());
+    let block = fetch_until(&daemon, "block", pid, |p| {
+        p.value_where("delay", under_lock) as f64 >= lock_truth as f64 * (1.0 - DELAY_TOLERANCE)
+    });
+    within(
+        block.1.value_where("delay", under_lock),
+        lock_truth,
+        DELAY_TOLERANCE,
+        "block delay under contend_lock",
+        &block.0,
+    );
+    assert!(
+        go_pprof::raw(&block.0).contains("contend_lock"),
+        "`go tool pprof -raw` of {} lacks contend_lock",
+        block.0.display()
+    );
 
     let under_unlock = |s: &Sample| s.has_chain(&["release_lock", "locker"]);
     let mutex = fetch_until(&daemon, "mutex", pid, |p| p.value_where("delay", under_unlock) > 0);
-    within(mutex.1.value_where("delay", under_unlock), lock_truth, MUTEX_TOLERANCE, "mutex delay charged to release_lock", &mutex.0);
-    assert!(go_pprof::raw(&mutex.0).contains("release_lock"), "`go tool pprof -raw` of {} lacks release_lock", mutex.0.display());
+    within(
+        mutex.1.value_where("delay", under_unlock),
+        lock_truth,
+        MUTEX_TOLERANCE,
+        "mutex delay charged to release_lock",
+        &mutex.0,
+    );
+    assert!(
+        go_pprof::raw(&mutex.0).contains("release_lock"),
+        "`go tool pprof -raw` of {} lacks release_lock",
+        mutex.0.display()
+    );
 
     let threads = fetch_until(&daemon, "threadcreate", pid, |p| p.total("threadcreate") >= THREADS_CREATED);
     assert_eq!(threads.1.total("threadcreate"), THREADS_CREATED, "threads created, in {}", threads.0.display());
@@ -64,7 +86,10 @@ fn block_mutex_and_threadcreate_endpoints_match_the_programs_own_clock() {
     // The interval files: the waits are spread over the intervals the fixture ran in.
     let dir = process_dir(daemon.output(), LOCK_CONTENTION, pid);
     let dumped = wait_for(SOON, || {
-        let delay: i64 = daemon::profile_files(&dir, "block").iter().map(|f| Profile::decode(f).value_where("delay", under_lock)).sum();
+        let delay: i64 = daemon::profile_files(&dir, "block")
+            .iter()
+            .map(|f| Profile::decode(f).value_where("delay", under_lock))
+            .sum();
         delay as f64 >= lock_truth as f64 * (1.0 - DELAY_TOLERANCE)
     });
     assert!(dumped, "the block dumps do not add up to the fixture's lock waits within {SOON:?}:\n{}", listing(&dir));

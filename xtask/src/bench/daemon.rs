@@ -55,9 +55,7 @@ pub fn run(args: &DaemonArgs) -> Result<()> {
     let _stats = workload::BpfStats::enable();
     let spinners = (args.processes / 10).max(1);
     let idlers = args.processes - spinners.min(args.processes);
-    workspace::stage(&format!(
-        "starting {spinners} spinners and {idlers} idle processes"
-    ));
+    workspace::stage(&format!("starting {spinners} spinners and {idlers} idle processes"));
     let _fleet = Fleet::start(&dir, spinners, idlers)?;
     let stale = set_aside_old_outputs(&dir, &args.frequencies)?;
     let mut runs = Vec::new();
@@ -114,11 +112,7 @@ fn measure(dir: &Path, frequency_hz: u32, minutes: u64) -> Result<Run> {
     }
     let status = sample::get(&daemon.socket, "/status")?;
     daemon.stop()?;
-    Ok(Run {
-        frequency_hz,
-        samples,
-        files_written: sample::json_number(&status, "files_written").unwrap_or(0),
-    })
+    Ok(Run { frequency_hz, samples, files_written: sample::json_number(&status, "files_written").unwrap_or(0) })
 }
 
 fn print_progress(s: &Sample) {
@@ -153,11 +147,9 @@ impl Daemon {
              [retention]\nmin_free_bytes = \"0B\"\n\n[cpu]\nfrequency_hz = {frequency_hz}\n",
             INTERVAL.as_secs()
         );
-        std::fs::write(&config, text)
-            .with_context(|| format!("failed to write {}", config.display()))?;
+        std::fs::write(&config, text).with_context(|| format!("failed to write {}", config.display()))?;
         let log = dir.join(format!("profiler-{frequency_hz}hz.log"));
-        let stderr = std::fs::File::create(&log)
-            .with_context(|| format!("failed to create {}", log.display()))?;
+        let stderr = std::fs::File::create(&log).with_context(|| format!("failed to create {}", log.display()))?;
         let child = Command::new(workspace::profiler_bin())
             .arg("run")
             .arg("--config")
@@ -176,10 +168,7 @@ impl Daemon {
         let deadline = Instant::now() + START_TIMEOUT;
         while sample::get(&self.socket, "/status").is_err() {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "profiler run exited with {status} while starting; see {}",
-                    log.display()
-                );
+                bail!("profiler run exited with {status} while starting; see {}", log.display());
             }
             if Instant::now() > deadline {
                 bail!(
@@ -201,8 +190,7 @@ impl Daemon {
             cpu: sample::cpu_time(pid)?,
             bpf: sample::bpf_run_time(pid),
             rss_kib: sample::rss_kib(pid)?,
-            last_dump_ms: sample::json_number(&status, "last_dump_ms")
-                .context("/status has no output.last_dump_ms")?,
+            last_dump_ms: sample::json_number(&status, "last_dump_ms").context("/status has no output.last_dump_ms")?,
             last_dump_cpu_ms: sample::json_number_in(&status, &["last_dump", "cpu_ms"]).unwrap_or(0),
             last_dump_write_ms: sample::json_number_in(&status, &["last_dump", "write_ms"]).unwrap_or(0),
             stacks: sample::json_number_in(&status, &["userspace_stacks", "entries"]).unwrap_or(0),

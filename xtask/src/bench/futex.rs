@@ -178,7 +178,11 @@ pub fn run(args: &FutexArgs) -> Result<()> {
             let i = (pass as usize + k) % CONFIGS.len();
             let (rounds, stderr) = run_once(&bin, &out, pairs, CONFIGS[i].1)?;
             bail_if_interrupted()?;
-            println!("    {:<40} {:>10.1} ns/handoff (median round)", CONFIGS[i].0, super::heap::report::median(&rounds));
+            println!(
+                "    {:<40} {:>10.1} ns/handoff (median round)",
+                CONFIGS[i].0,
+                super::heap::report::median(&rounds)
+            );
             measured[i].add(rounds, stderr);
         }
     }
@@ -196,7 +200,9 @@ fn run_once(bin: &PathBuf, out: &std::path::Path, pairs: u64, probe: Probe) -> R
             return Ok((program.run()?, String::new()));
         }
         Probe::Bpftrace => Tracer::start("bpftrace", bpftrace_cmd(), "Attaching")?,
-        Probe::Profiler(only_pid) => Tracer::start("profiler", profiler_cmd(out, only_pid.then_some(pid)), PROFILER_ATTACHED)?,
+        Probe::Profiler(only_pid) => {
+            Tracer::start("profiler", profiler_cmd(out, only_pid.then_some(pid)), PROFILER_ATTACHED)?
+        }
     };
     std::thread::sleep(SETTLE);
     let rounds = program.run()?;

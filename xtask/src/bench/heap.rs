@@ -55,10 +55,7 @@ const CONFIGS: [(&str, Probe); 5] = [
     ("(a) no profiler", Probe::None),
     ("(b) uprobe floor (bpftrace, empty)", Probe::Bpftrace),
     ("(c) profiler, every allocation", Probe::Profiler(1)),
-    (
-        "(d) profiler, 512 KiB sampling",
-        Probe::Profiler(SAMPLED_BYTES),
-    ),
+    ("(d) profiler, 512 KiB sampling", Probe::Profiler(SAMPLED_BYTES)),
     ("(e) unselected, profiler on another", Probe::Other),
 ];
 
@@ -76,13 +73,7 @@ pub fn run(args: &HeapArgs) -> Result<()> {
     let measured = bench.passes()?;
     let [none, floor, every, sampled, unselected] =
         <[Measured; 5]>::try_from(measured).unwrap_or_else(|_| unreachable!("five configurations"));
-    report::print(&report::Runs {
-        none,
-        floor,
-        every,
-        sampled,
-        unselected,
-    });
+    report::print(&report::Runs { none, floor, every, sampled, unselected });
     println!("(profiles kept in {})", bench.out.display());
     Ok(())
 }
@@ -109,25 +100,14 @@ impl Bench {
     /// Every configuration once per pass, each pass starting one configuration later, so a
     /// slow stretch of the machine does not land on one configuration only.
     fn passes(&self) -> Result<Vec<Measured>> {
-        let mut measured: Vec<Measured> = CONFIGS
-            .iter()
-            .map(|&(name, _)| Measured::new(name))
-            .collect();
+        let mut measured: Vec<Measured> = CONFIGS.iter().map(|&(name, _)| Measured::new(name)).collect();
         for pass in 0..PASSES {
-            workspace::stage(&format!(
-                "pass {}/{PASSES}: {} pairs per configuration",
-                pass + 1,
-                self.pairs
-            ));
+            workspace::stage(&format!("pass {}/{PASSES}: {} pairs per configuration", pass + 1, self.pairs));
             for k in 0..CONFIGS.len() {
                 let i = (pass as usize + k) % CONFIGS.len();
                 let (rounds, stderr) = self.run_once(CONFIGS[i].1)?;
                 bail_if_interrupted()?;
-                println!(
-                    "    {:<40} {:>10.1} ns/pair (median round)",
-                    CONFIGS[i].0,
-                    report::median(&rounds)
-                );
+                println!("    {:<40} {:>10.1} ns/pair (median round)", CONFIGS[i].0, report::median(&rounds));
                 measured[i].add(rounds, stderr);
             }
         }
@@ -149,20 +129,12 @@ impl Bench {
                 traced(Tracer::start("bpftrace", cmd, "Attaching")?, program)
             }
             Probe::Profiler(sample_bytes) => {
-                let tracer = Tracer::start(
-                    "profiler",
-                    self.profiler_cmd(pid, sample_bytes),
-                    PROFILER_ATTACHED,
-                )?;
+                let tracer = Tracer::start("profiler", self.profiler_cmd(pid, sample_bytes), PROFILER_ATTACHED)?;
                 traced(tracer, program)
             }
             Probe::Other => {
                 let sleeper = MallocBench::start(&self.bin, self.pairs, ROUNDS)?;
-                let tracer = Tracer::start(
-                    "profiler",
-                    self.profiler_cmd(sleeper.pid(), 1),
-                    PROFILER_ATTACHED,
-                )?;
+                let tracer = Tracer::start("profiler", self.profiler_cmd(sleeper.pid(), 1), PROFILER_ATTACHED)?;
                 traced(tracer, program)
             }
         }
@@ -188,11 +160,7 @@ fn traced(tracer: Tracer, program: MallocBench) -> Result<(Vec<f64>, String)> {
     let stopped = tracer.stop()?;
     std::thread::sleep(QUIESCE);
     if !stopped.status.success() {
-        bail!(
-            "the tracer failed ({}); its stderr:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
+        bail!("the tracer failed ({}); its stderr:\n{}", stopped.status, stopped.stderr);
     }
     Ok((rounds, stopped.stderr))
 }

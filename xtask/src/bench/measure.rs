@@ -25,9 +25,7 @@ pub struct Run {
 pub fn run(mut cmd: Command) -> Result<Run> {
     cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("failed to start {cmd:?}"))?;
+    let mut child = cmd.spawn().with_context(|| format!("failed to start {cmd:?}"))?;
     let mut pipe = child.stderr.take().context("stderr was piped")?;
     // Drained on a thread so a chatty child never blocks on a full pipe while we wait.
     let reader = thread::spawn(move || {
@@ -35,20 +33,14 @@ pub fn run(mut cmd: Command) -> Result<Run> {
         let _ = pipe.read_to_string(&mut text);
         text
     });
-    let (status, usage) =
-        wait4(child.id()).with_context(|| format!("failed to wait for {cmd:?}"))?;
+    let (status, usage) = wait4(child.id()).with_context(|| format!("failed to wait for {cmd:?}"))?;
     let wall = start.elapsed();
     let stderr = reader.join().unwrap_or_default();
     if !status.success() {
         bail!("{cmd:?} failed ({status}); its stderr:\n{stderr}");
     }
     let cpu = timeval(usage.ru_utime) + timeval(usage.ru_stime);
-    Ok(Run {
-        cpu,
-        wall,
-        max_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
-        stderr,
-    })
+    Ok(Run { cpu, wall, max_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0), stderr })
 }
 
 /// Reaps `pid` ourselves (instead of `Child::wait`) because only wait4 returns its rusage.

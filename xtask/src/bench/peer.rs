@@ -26,12 +26,8 @@ pub fn bpftrace_floor_ns(frequency_hz: u32, seconds: u64) -> (Option<f64>, Optio
 }
 
 fn bpftrace_ns_per_run(program: &str, seconds: u64) -> Option<f64> {
-    let mut child = Command::new("bpftrace")
-        .args(["-e", program])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
+    let mut child =
+        Command::new("bpftrace").args(["-e", program]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
     std::thread::sleep(Duration::from_secs(seconds));
     let (runs, ns) = prog_stats(child.id());
     // SAFETY: kill with a valid pid and signal; SIGINT lets bpftrace detach cleanly.

@@ -19,25 +19,13 @@ impl<'a> Row<'a> {
     /// The profiler with `--bpf-stats` prints `bpf-stats: program=cpu_sample run_count=N run_time_ns=T`.
     pub fn profiler(run: &'a Run) -> Row<'a> {
         let stats = bpf_stats(&run.stderr);
-        let ns_per_sample = stats
-            .filter(|&(n, _)| n > 0)
-            .map(|(n, t)| t as f64 / n as f64);
-        Row {
-            name: "profiler",
-            run,
-            samples: stats.map(|(n, _)| n),
-            ns_per_sample,
-        }
+        let ns_per_sample = stats.filter(|&(n, _)| n > 0).map(|(n, t)| t as f64 / n as f64);
+        Row { name: "profiler", run, samples: stats.map(|(n, _)| n), ns_per_sample }
     }
 
     /// perf ends with `[ perf record: Captured and wrote X MB FILE (N samples) ]`.
     pub fn perf(run: &'a Run) -> Row<'a> {
-        Row {
-            name: "perf",
-            run,
-            samples: perf_samples(&run.stderr),
-            ns_per_sample: None,
-        }
+        Row { name: "perf", run, samples: perf_samples(&run.stderr), ns_per_sample: None }
     }
 
     fn rss_mib(&self) -> f64 {
@@ -53,8 +41,7 @@ impl<'a> Row<'a> {
             cpu,
             share,
             self.rss_mib(),
-            self.ns_per_sample
-                .map_or("n/a".into(), |ns| format!("{ns:.0}")),
+            self.ns_per_sample.map_or("n/a".into(), |ns| format!("{ns:.0}")),
             self.samples.map_or("n/a".into(), |n| n.to_string()),
         );
     }
@@ -74,22 +61,10 @@ pub fn print(profiler: &Row, perf: &Row) {
     println!("targets:");
     let ns = profiler.ns_per_sample;
     let ns_shown = ns.map_or("n/a".into(), |ns| format!("{ns:.0}"));
-    target(
-        &format!("bpf ns/sample <= {MAX_NS_PER_SAMPLE}"),
-        &ns_shown,
-        ns.map(|ns| ns <= MAX_NS_PER_SAMPLE),
-    );
-    target(
-        "profiler cpu < perf cpu",
-        &format!("{ratio:.2}x"),
-        Some(ratio < 1.0),
-    );
+    target(&format!("bpf ns/sample <= {MAX_NS_PER_SAMPLE}"), &ns_shown, ns.map(|ns| ns <= MAX_NS_PER_SAMPLE));
+    target("profiler cpu < perf cpu", &format!("{ratio:.2}x"), Some(ratio < 1.0));
     let rss = profiler.rss_mib();
-    target(
-        &format!("profiler RSS <= {MAX_RSS_MIB} MiB"),
-        &format!("{rss:.1}"),
-        Some(rss <= MAX_RSS_MIB),
-    );
+    target(&format!("profiler RSS <= {MAX_RSS_MIB} MiB"), &format!("{rss:.1}"), Some(rss <= MAX_RSS_MIB));
 }
 
 /// One `  NAME  VALUE  PASS|MISS|n/a` line under `targets:`.
@@ -113,21 +88,15 @@ pub(in crate::bench) fn bpf_stats_of(stderr: &str, program: &str) -> Option<(u64
     let wanted = format!("program={program}");
     let line = stderr.lines().find_map(|l| {
         let line = &l[l.find("bpf-stats: ")?..];
-        line.split_whitespace()
-            .any(|kv| kv == wanted)
-            .then_some(line)
+        line.split_whitespace().any(|kv| kv == wanted).then_some(line)
     })?;
-    let field = |key: &str| {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
-    };
+    let field =
+        |key: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok());
     Some((field("run_count")?, field("run_time_ns")?))
 }
 
 fn perf_samples(stderr: &str) -> Option<u64> {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("perf record: Captured and wrote"))?;
+    let line = stderr.lines().find(|l| l.contains("perf record: Captured and wrote"))?;
     let open = line.rfind('(')?;
     line[open + 1..].split_whitespace().next()?.parse().ok()
 }
@@ -138,18 +107,14 @@ mod tests {
 
     #[test]
     fn parses_bpf_stats_line() {
-        let stderr =
-            "INFO starting\nbpf-stats: program=cpu_sample run_count=5940 run_time_ns=4752000\n";
+        let stderr = "INFO starting\nbpf-stats: program=cpu_sample run_count=5940 run_time_ns=4752000\n";
         assert_eq!(bpf_stats(stderr), Some((5940, 4752000)));
     }
 
     #[test]
     fn bpf_stats_absent_or_other_program() {
         assert_eq!(bpf_stats("nothing here"), None);
-        assert_eq!(
-            bpf_stats("bpf-stats: program=other run_count=1 run_time_ns=2"),
-            None
-        );
+        assert_eq!(bpf_stats("bpf-stats: program=other run_count=1 run_time_ns=2"), None);
     }
 
     #[test]

@@ -41,18 +41,35 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
         workload::SPINNER_C,
         &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
     )?;
-    let fp = workload::compile_c(&dir, "spin_fp", workload::SPINNER_C, &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"])?;
+    let fp = workload::compile_c(
+        &dir,
+        "spin_fp",
+        workload::SPINNER_C,
+        &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"],
+    )?;
     let mut rows = Vec::new();
     for depth in DEPTHS {
         let mut row = (depth, None, None);
         for (bin, slot) in [(&no_fp, 1), (&fp, 2)] {
-            workspace::stage(&format!("{} s at {} Hz, {SPINNERS} spinners {depth} frames deep ({})", args.seconds, args.frequency_hz, bin.display()));
+            workspace::stage(&format!(
+                "{} s at {} Hz, {SPINNERS} spinners {depth} frames deep ({})",
+                args.seconds,
+                args.frequency_hz,
+                bin.display()
+            ));
             let mut spinners = Vec::new();
             for _ in 0..SPINNERS {
                 spinners.push(Command::new(bin).arg(depth.to_string()).spawn().context("failed to start a spinner")?);
             }
             let mut cmd = Command::new(workspace::profiler_bin());
-            cmd.args(["snapshot", "--duration", &format!("{}s", args.seconds), "--frequency", &args.frequency_hz.to_string(), "--bpf-stats"]);
+            cmd.args([
+                "snapshot",
+                "--duration",
+                &format!("{}s", args.seconds),
+                "--frequency",
+                &args.frequency_hz.to_string(),
+                "--bpf-stats",
+            ]);
             for s in &spinners {
                 cmd.args(["--pid", &s.id().to_string()]);
             }
@@ -106,7 +123,9 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
 
 fn verdict(what: &str, ns: Option<f64>, target: f64) {
     match ns {
-        Some(ns) => println!("{what}: {ns:.0} ns/sample, target ≤ {target:.0}: {}", if ns <= target { "PASS" } else { "MISS" }),
+        Some(ns) => {
+            println!("{what}: {ns:.0} ns/sample, target ≤ {target:.0}: {}", if ns <= target { "PASS" } else { "MISS" })
+        }
         None => println!("{what}: n/a (no bpf_stats)"),
     }
 }

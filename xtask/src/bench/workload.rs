@@ -37,9 +37,7 @@ impl Spinners {
         let bin = compile(dir)?;
         let mut spinners = Spinners(Vec::with_capacity(count));
         for _ in 0..count {
-            let child = Command::new(&bin)
-                .spawn()
-                .with_context(|| format!("failed to start {}", bin.display()))?;
+            let child = Command::new(&bin).spawn().with_context(|| format!("failed to start {}", bin.display()))?;
             spinners.0.push(child);
         }
         Ok(spinners)
@@ -87,9 +85,7 @@ impl BpfStats {
         match std::fs::write(STATS_SYSCTL, "1") {
             Ok(()) => Some(BpfStats { previous }),
             Err(err) => {
-                eprintln!(
-                    "warning: cannot enable {STATS_SYSCTL} ({err}); bpf ns/sample will be n/a"
-                );
+                eprintln!("warning: cannot enable {STATS_SYSCTL} ({err}); bpf ns/sample will be n/a");
                 None
             }
         }
@@ -99,10 +95,7 @@ impl BpfStats {
 impl Drop for BpfStats {
     fn drop(&mut self) {
         if let Err(err) = std::fs::write(STATS_SYSCTL, self.previous.trim()) {
-            eprintln!(
-                "warning: failed to restore {STATS_SYSCTL} to {} ({err})",
-                self.previous.trim()
-            );
+            eprintln!("warning: failed to restore {STATS_SYSCTL} to {} ({err})", self.previous.trim());
         }
     }
 }

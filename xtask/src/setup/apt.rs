@@ -46,11 +46,7 @@ pub fn packages(go: bool) -> Vec<Package> {
 
 /// Installs whatever is missing in one apt-get run (when allowed), then reports each package.
 pub fn check(host: &Host, packages: &[Package], report: &mut Report) {
-    let missing: Vec<&str> = packages
-        .iter()
-        .filter(|p| !(p.present)())
-        .map(|p| p.name)
-        .collect();
+    let missing: Vec<&str> = packages.iter().filter(|p| !(p.present)()).map(|p| p.name).collect();
     let attempted = !missing.is_empty() && host.root && host.apt;
     if attempted {
         install(&missing);
@@ -67,31 +63,20 @@ fn status(host: &Host, package: &Package, missing: &[&str], attempted: bool) -> 
     } else if attempted && (package.present)() {
         Status::Installed(what)
     } else {
-        Status::Missing {
-            what,
-            fix: install_command(host, package.name),
-        }
+        Status::Missing { what, fix: install_command(host, package.name) }
     }
 }
 
 /// `apt-get update` only here, so an all-present machine never touches the network. Failures
 /// are not fatal here: the re-probe afterwards decides, and reports the command to retry.
 fn install(names: &[&str]) {
-    println!(
-        "installing: {} (apt-get update && apt-get install)",
-        names.join(" ")
-    );
+    println!("installing: {} (apt-get update && apt-get install)", names.join(" "));
     let _ = Command::new("apt-get").arg("update").status();
-    let _ = Command::new("apt-get")
-        .args(["install", "-y"])
-        .args(names)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status();
+    let _ =
+        Command::new("apt-get").args(["install", "-y"]).args(names).env("DEBIAN_FRONTEND", "noninteractive").status();
 }
 
 fn install_command(host: &Host, name: &str) -> String {
     let sudo = host.sudo();
-    format!(
-        "{sudo}apt-get update && {sudo}DEBIAN_FRONTEND=noninteractive apt-get install -y {name}"
-    )
+    format!("{sudo}apt-get update && {sudo}DEBIAN_FRONTEND=noninteractive apt-get install -y {name}")
 }

@@ -13,40 +13,24 @@ const CAP_BPF: u32 = 39;
 pub fn privileges(host: &Host, required: bool) -> Status {
     let what = "root or CAP_BPF+CAP_PERFMON+CAP_SYS_ADMIN (loading eBPF, system-wide perf events)";
     if has_caps() {
-        let who = if host.root {
-            "root"
-        } else {
-            "CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN"
-        };
+        let who = if host.root { "root" } else { "CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN" };
         return Status::Ok(format!("privileges ({who})"));
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let fix = format!("sudo -E env \"PATH=$PATH\" cargo xtask {}", args.join(" "));
     if required {
-        Status::Missing {
-            what: what.into(),
-            fix,
-        }
+        Status::Missing { what: what.into(), fix }
     } else {
-        Status::Warning(format!(
-            "not privileged: profiling needs {what}; run snapshot/test/bench as root"
-        ))
+        Status::Warning(format!("not privileged: profiling needs {what}; run snapshot/test/bench as root"))
     }
 }
 
 /// Reads the effective capability set: uid 0 alone is not enough inside a container.
 fn has_caps() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .map(str::trim);
-    let bits = cap_eff
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .unwrap_or(0);
-    [CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF]
-        .iter()
-        .all(|cap| bits & (1 << cap) != 0)
+    let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
+    let bits = cap_eff.and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(0);
+    [CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF].iter().all(|cap| bits & (1 << cap) != 0)
 }
 
 /// tracefs is required; debugfs only helps tools that use the legacy
@@ -62,9 +46,7 @@ fn mount(host: &Host, fstype: &str, dir: &str, required: bool) -> Status {
         return Status::Ok(what);
     }
     if host.root {
-        let _ = Command::new("mount")
-            .args(["-t", fstype, fstype, dir])
-            .status();
+        let _ = Command::new("mount").args(["-t", fstype, fstype, dir]).status();
         if is_mounted(fstype, dir) {
             return Status::Installed(format!("{what} (mounted)"));
         }

@@ -36,21 +36,12 @@ fn nightly() -> Status {
     let what = "rustup toolchain nightly".to_string();
     let Some(list) = probe(rustup().args(["toolchain", "list"])) else {
         let fix = "curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh".into();
-        return Status::Missing {
-            what: "rustup".into(),
-            fix,
-        };
+        return Status::Missing { what: "rustup".into(), fix };
     };
     // `nightly-x86_64-…` is the floating nightly; `nightly-2026-…` is a dated one, not it.
-    let floating = |name: &str| {
-        name.strip_prefix("nightly-")
-            .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
-    };
-    if list
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .any(floating)
-    {
+    let floating =
+        |name: &str| name.strip_prefix("nightly-").is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()));
+    if list.lines().filter_map(|l| l.split_whitespace().next()).any(floating) {
         return Status::Ok(what);
     }
     // Printed for a human to run, never run here: which nightly it fetches decides its LLVM.
@@ -62,34 +53,25 @@ fn nightly() -> Status {
 fn rust_src() -> Status {
     let what = "rust-src for nightly (needed by -Z build-std=core)".to_string();
     let installed = || {
-        let list =
-            probe(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]));
+        let list = probe(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]));
         list.is_some_and(|l| l.lines().any(|c| c.starts_with("rust-src")))
     };
     if installed() {
         return Status::Ok(what);
     }
     println!("installing: rust-src for nightly (rustup component add)");
-    let _ = rustup()
-        .args(["component", "add", "rust-src", "--toolchain", "nightly"])
-        .status();
+    let _ = rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]).status();
     if installed() {
         Status::Installed(what)
     } else {
-        Status::Missing {
-            what,
-            fix: "rustup component add rust-src --toolchain nightly".into(),
-        }
+        Status::Missing { what, fix: "rustup component add rust-src --toolchain nightly".into() }
     }
 }
 
 /// bpf-linker links with the LLVM it was built for; nightly's bitcode must be readable by it.
 fn nightly_llvm() -> Status {
     let verbose = probe(rustup().args(["run", "nightly", "rustc", "-vV"])).unwrap_or_default();
-    let llvm = verbose
-        .lines()
-        .find_map(|l| l.strip_prefix("LLVM version: "))
-        .unwrap_or("unknown");
+    let llvm = verbose.lines().find_map(|l| l.strip_prefix("LLVM version: ")).unwrap_or("unknown");
     if llvm.starts_with("22.") {
         Status::Ok(format!("nightly rustc uses LLVM {llvm}"))
     } else {
@@ -109,36 +91,21 @@ fn bpf_linker(report: &mut Report) {
     };
     if !Path::new(LLVM_PREFIX).join("lib/libLLVM.so").exists() {
         let fix = format!("install llvm-22-dev first, then {fix}");
-        return report.add(Status::Missing {
-            what: format!("{what}; {why}"),
-            fix,
-        });
+        return report.add(Status::Missing { what: format!("{what}; {why}"), fix });
     }
     install(&why);
     match find() {
         Ok((desc, path)) => report_found(report, Status::Installed(desc), &path),
-        Err(why) => report.add(Status::Missing {
-            what: format!("{what}; {why}"),
-            fix,
-        }),
+        Err(why) => report.add(Status::Missing { what: format!("{what}; {why}"), fix }),
     }
 }
 
 fn install(why: &str) {
-    println!(
-        "installing: bpf-linker 0.13.0 for LLVM 22 ({why}; cargo install takes about 3 minutes)"
-    );
+    println!("installing: bpf-linker 0.13.0 for LLVM 22 ({why}; cargo install takes about 3 minutes)");
     let path = std::env::var("PATH").unwrap_or_default();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
-        .args([
-            "install",
-            "bpf-linker@0.13.0",
-            "--locked",
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ])
+        .args(["install", "bpf-linker@0.13.0", "--locked", "--no-default-features", "--features", "llvm-22"])
         // Without these the build looks for the default LLVM and fails with `-lLLVM` not found.
         .env("PATH", format!("{LLVM_PREFIX}/bin:{path}"))
         .env("LLVM_PREFIX", LLVM_PREFIX)
@@ -151,9 +118,7 @@ fn install(why: &str) {
 /// The first good copy, looking on PATH (what rustc will run) and then in cargo's bin dir
 /// (where `cargo install` puts it); otherwise why the first copy found is unusable.
 fn find() -> Result<(String, PathBuf), String> {
-    let in_cargo_bin = cargo_bin()
-        .map(|dir| dir.join("bpf-linker"))
-        .filter(|p| p.is_file());
+    let in_cargo_bin = cargo_bin().map(|dir| dir.join("bpf-linker")).filter(|p| p.is_file());
     let mut why = None;
     for path in [which("bpf-linker"), in_cargo_bin].into_iter().flatten() {
         match inspect(&path) {
@@ -182,10 +147,7 @@ fn inspect(path: &Path) -> Result<String, String> {
     if ldd.contains("libLLVM.so.22") || dynamic.contains("llvm-22") {
         Ok(format!("{version} (LLVM 22) at {}", path.display()))
     } else {
-        Err(format!(
-            "{} is not linked against libLLVM.so.22",
-            path.display()
-        ))
+        Err(format!("{} is not linked against libLLVM.so.22", path.display()))
     }
 }
 
@@ -193,14 +155,9 @@ fn inspect(path: &Path) -> Result<String, String> {
 fn report_found(report: &mut Report, status: Status, found: &Path) {
     report.add(status);
     if which("bpf-linker").as_deref() != Some(found) {
-        let dir = found
-            .parent()
-            .map(|d| d.display().to_string())
-            .unwrap_or_default();
-        let warning = format!(
-            "PATH does not resolve bpf-linker to {}; put it first: export PATH={dir}:$PATH",
-            found.display()
-        );
+        let dir = found.parent().map(|d| d.display().to_string()).unwrap_or_default();
+        let warning =
+            format!("PATH does not resolve bpf-linker to {}; put it first: export PATH={dir}:$PATH", found.display());
         report.add(Status::Warning(warning));
     }
 }

@@ -26,10 +26,7 @@ async fn cpu_profiles_are_gzipped_proto_downloads() {
     let response = server.raw(&get_request("/debug/pprof/profile?pid=4242&seconds=2")).await;
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
     assert!(response.contains("\r\ncontent-type: application/octet-stream\r\n"), "{response}");
-    assert!(
-        response.contains("\r\ncontent-disposition: attachment; filename=\"cpu-4242.pb.gz\"\r\n"),
-        "{response}"
-    );
+    assert!(response.contains("\r\ncontent-disposition: attachment; filename=\"cpu-4242.pb.gz\"\r\n"), "{response}");
 
     let path = server.path.clone();
     let (status, body) =
@@ -52,10 +49,7 @@ async fn named_profiles_pass_window_and_debug_through() {
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
     assert!(response.contains("\r\ncontent-type: text/plain; charset=utf-8\r\n"), "{response}");
     assert!(!response.contains("content-disposition"), "{response}");
-    assert!(
-        response.ends_with(&format!("\r\n\r\nviewer={} kind=Allocs window=Some(1s)\n", euid())),
-        "{response}"
-    );
+    assert!(response.ends_with(&format!("\r\n\r\nviewer={} kind=Allocs window=Some(1s)\n", euid())), "{response}");
     let (status, body) = server.get("/debug/pprof/heap?pid=4242&debug=1").await;
     assert_eq!((status, body), (200, format!("viewer={} kind=Heap window=None\n", euid())));
     let response = server.raw(&get_request("/debug/pprof/heap?pid=4242")).await;
@@ -71,10 +65,7 @@ async fn status_is_json() {
     assert!(response.contains("\r\ncontent-type: application/json\r\n"), "{response}");
     assert!(response.ends_with(&format!("\r\n\r\n{}\n", fake::STATUS_JSON)), "{response}");
     let head = server.raw(b"HEAD /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
-    assert!(
-        head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
-        "no body for HEAD: {head}"
-    );
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"), "no body for HEAD: {head}");
     let path = server.path.clone();
     let text = tokio::task::spawn_blocking(move || crate::client::status(&path)).await.unwrap().unwrap();
     assert_eq!(text, format!("{}\n", fake::STATUS_JSON));
@@ -91,11 +82,7 @@ async fn bad_requests_get_a_4xx_and_the_server_keeps_serving() {
         ("/nope", 404, "no such endpoint /nope; see /debug/pprof/ or /status\n"),
         ("/debug/pprof/profile", 400, "missing pid parameter\n"),
         ("/debug/pprof/heap?pid=abc", 400, "pid must be a process id from 1 to 4194304, got \"abc\"\n"),
-        (
-            "/debug/pprof/profile?pid=1&seconds=abc",
-            400,
-            "seconds must be a whole number of seconds, got \"abc\"\n",
-        ),
+        ("/debug/pprof/profile?pid=1&seconds=abc", 400, "seconds must be a whole number of seconds, got \"abc\"\n"),
         ("/debug/pprof/profile?pid=1&seconds=301", 400, "seconds=301 is over the cap of 300 seconds\n"),
         ("/debug/pprof/heap?pid=1&debug=2", 400, "debug must be 0 or 1, got \"2\"\n"),
         ("/status?x=1", 400, "unknown parameter \"x\": /status takes no parameters\n"),
@@ -103,9 +90,7 @@ async fn bad_requests_get_a_4xx_and_the_server_keeps_serving() {
     for (uri, status, reason) in cases {
         assert_eq!(server.get(uri).await, (status, reason.to_string()), "{uri}");
     }
-    let post = server
-        .raw(b"POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        .await;
+    let post = server.raw(b"POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
     assert!(post.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{post}");
     assert!(post.contains("\r\nallow: GET, HEAD\r\n"), "{post}");
     let garbage = server.raw(b"\x16\x03\x01 not http at all\r\n\r\n").await;
@@ -133,8 +118,7 @@ async fn collector_errors_map_to_statuses() {
 #[tokio::test]
 async fn keep_alive_serves_several_requests_on_one_connection() {
     let server = Server::start("keepalive", test_limits()).await;
-    let two =
-        b"GET /status HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let two = b"GET /status HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let response = server.raw(two).await;
     assert_eq!(response.matches("HTTP/1.1 200 OK\r\n").count(), 1, "{response}");
     assert_eq!(response.matches("HTTP/1.1 404 Not Found\r\n").count(), 1, "{response}");

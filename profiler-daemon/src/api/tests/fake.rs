@@ -27,9 +27,7 @@ pub async fn collector(mut commands: mpsc::Receiver<Command>) {
             Command::Index { viewer, reply } => drop(reply.send(index(viewer))),
             Command::Status { reply } => drop(reply.send(STATUS_JSON.into())),
             // Profiles run concurrently, as the real collector's windows do.
-            Command::Profile { query, reply } => {
-                drop(tokio::spawn(async move { reply.send(profile(query).await) }))
-            }
+            Command::Profile { query, reply } => drop(tokio::spawn(async move { reply.send(profile(query).await) })),
             Command::Dump { reply } | Command::Shutdown { reply } => drop(reply.send(())),
             Command::Reload { reply, .. } => drop(reply.send(Ok(()))),
         }

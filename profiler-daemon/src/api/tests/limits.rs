@@ -44,10 +44,7 @@ async fn connections_beyond_the_limit_get_503() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let response = server.raw(&get_request("/status")).await;
     assert!(response.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{response}");
-    assert!(
-        response.ends_with("\r\n\r\ntoo many connections to the profiler socket; try again later\n"),
-        "{response}"
-    );
+    assert!(response.ends_with("\r\n\r\ntoo many connections to the profiler socket; try again later\n"), "{response}");
     drop(holder);
     let deadline = Instant::now() + Duration::from_secs(3);
     while server.raw(&get_request("/status")).await.contains(" 503 ") {
@@ -63,10 +60,7 @@ async fn a_collector_that_does_not_answer_gets_503() {
     let server = Server::start("slow", limits).await;
     let started = Instant::now();
     let (status, body) = server.get(&format!("/debug/pprof/heap?pid={}", fake::PID_SLOW)).await;
-    assert_eq!(
-        (status, body.as_str()),
-        (503, "the collector did not answer within 200ms; try again later\n")
-    );
+    assert_eq!((status, body.as_str()), (503, "the collector did not answer within 200ms; try again later\n"));
     assert!(started.elapsed() < fake::SLOW_DEFAULT, "answered at the deadline, not when the collector did");
     // A window extends the deadline: 1 s of profile plus 0.2 s of slack succeeds.
     let (status, _) = server.get(&format!("/debug/pprof/profile?pid={}&seconds=1", fake::PID_SLOW)).await;

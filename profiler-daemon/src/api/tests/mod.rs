@@ -100,11 +100,7 @@ async fn read_to_close(stream: &mut UnixStream) -> String {
 }
 
 fn test_limits() -> Limits {
-    Limits {
-        header_read_timeout: Duration::from_secs(2),
-        shutdown_grace: Duration::from_secs(3),
-        ..Limits::default()
-    }
+    Limits { header_read_timeout: Duration::from_secs(2), shutdown_grace: Duration::from_secs(3), ..Limits::default() }
 }
 
 fn get_request(uri: &str) -> Vec<u8> {

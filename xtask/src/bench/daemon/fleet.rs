@@ -42,10 +42,7 @@ impl Fleet {
     pub fn start(dir: &Path, spinners: usize, idlers: usize) -> Result<Fleet> {
         let spinners = Spinners::start(dir, spinners)?;
         let bin = compile(dir)?;
-        let mut fleet = Fleet {
-            _spinners: spinners,
-            idlers: Vec::with_capacity(idlers),
-        };
+        let mut fleet = Fleet { _spinners: spinners, idlers: Vec::with_capacity(idlers) };
         for _ in 0..idlers {
             let child = Command::new(&bin)
                 .stdin(Stdio::null())

@@ -74,11 +74,7 @@ impl Summary {
         }
         let percent = |a: Duration, b: Duration| 100.0 * b.saturating_sub(a).as_secs_f64() / wall;
         // The samples before the first dump show 0 ms.
-        let dumps: Vec<f64> = samples
-            .iter()
-            .filter(|s| s.last_dump_ms > 0)
-            .map(|s| s.last_dump_ms as f64)
-            .collect();
+        let dumps: Vec<f64> = samples.iter().filter(|s| s.last_dump_ms > 0).map(|s| s.last_dump_ms as f64).collect();
         let rss: Vec<f64> = samples.iter().map(|s| s.rss_kib as f64 / 1024.0).collect();
         let third = rss.len() / 3;
         let (first_rss, steady) = if third == 0 {
@@ -153,9 +149,7 @@ pub fn print(runs: &[Run], processes: usize) {
             run.files_written,
         );
     }
-    println!(
-        "(cpu % and bpf % are of one core; bpf % is the programs' run time in the sampled tasks)"
-    );
+    println!("(cpu % and bpf % are of one core; bpf % is the programs' run time in the sampled tasks)");
     for run in runs {
         if let Some(last) = run.samples.last() {
             println!(
@@ -184,11 +178,7 @@ pub fn print(runs: &[Run], processes: usize) {
             &format!("{:.1} MiB", s.peak_rss_mib),
             Some(s.peak_rss_mib <= MAX_RSS_MIB),
         );
-        target(
-            &format!("{hz} Hz: RSS flat"),
-            &format!("{:+.1} MiB", s.steady_rss_mib - s.first_rss_mib),
-            s.flat,
-        );
+        target(&format!("{hz} Hz: RSS flat"), &format!("{:+.1} MiB", s.steady_rss_mib - s.first_rss_mib), s.flat);
         target(
             &format!("{hz} Hz: dump < {MAX_DUMP_MS} ms"),
             &format!("{} ms", s.max_dump_ms),
@@ -234,10 +224,7 @@ mod tests {
     fn growing_rss_is_not_flat() {
         let samples: Vec<Sample> = (0..9).map(|i| sample(i * 5, 0, 30 + 2 * i, 0)).collect();
         let s = Summary::of(&samples).unwrap();
-        assert_eq!(
-            (s.first_rss_mib, s.steady_rss_mib, s.peak_rss_mib),
-            (32.0, 44.0, 46.0)
-        );
+        assert_eq!((s.first_rss_mib, s.steady_rss_mib, s.peak_rss_mib), (32.0, 44.0, 46.0));
         assert_eq!(s.flat, Some(false));
     }
 

@@ -16,10 +16,7 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
     let ticks = stat_ticks(&stat).with_context(|| format!("unexpected format of {path}"))?;
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let per_second = u64::try_from(per_second)
-        .ok()
-        .filter(|&t| t > 0)
-        .unwrap_or(100);
+    let per_second = u64::try_from(per_second).ok().filter(|&t| t > 0).unwrap_or(100);
     Ok(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
 }
 
@@ -36,8 +33,7 @@ fn stat_ticks(stat: &str) -> Option<u64> {
 /// The resident set size of process `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> Result<u64> {
     let path = format!("/proc/{pid}/status");
-    let status =
-        std::fs::read_to_string(&path).with_context(|| format!("failed to read {path}"))?;
+    let status = std::fs::read_to_string(&path).with_context(|| format!("failed to read {path}"))?;
     status_kib(&status, "VmRSS:").with_context(|| format!("no VmRSS in {path}"))
 }
 
@@ -49,9 +45,7 @@ fn status_kib(status: &str, key: &str) -> Option<u64> {
 /// Total `run_time_ns` of the BPF programs whose fds process `pid` holds: zero unless
 /// `kernel.bpf_stats_enabled` is on. Unreadable entries count as zero.
 pub fn bpf_run_time(pid: u32) -> Duration {
-    let entries = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .into_iter()
-        .flatten();
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).into_iter().flatten();
     let total: u64 = entries
         .flatten()
         .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
@@ -68,20 +62,13 @@ fn fdinfo_number(info: &str, key: &str) -> Option<u64> {
 
 /// `GET path` on the daemon's socket; the body of a 200 answer, else an error.
 pub fn get(socket: &Path, path: &str) -> Result<String> {
-    let mut stream = UnixStream::connect(socket)
-        .with_context(|| format!("failed to connect to {}", socket.display()))?;
+    let mut stream =
+        UnixStream::connect(socket).with_context(|| format!("failed to connect to {}", socket.display()))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
     let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .with_context(|| format!("failed to read the answer to GET {path}"))?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("malformed answer to GET {path}"))?;
+    stream.read_to_string(&mut response).with_context(|| format!("failed to read the answer to GET {path}"))?;
+    let (head, body) = response.split_once("\r\n\r\n").with_context(|| format!("malformed answer to GET {path}"))?;
     if !head.starts_with("HTTP/1.1 200") {
         bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
     }
@@ -102,11 +89,7 @@ pub fn json_number_in(json: &str, path: &[&str]) -> Option<u64> {
         let quoted = format!("\"{key}\":");
         start += json[start..].find(&quoted)? + quoted.len();
     }
-    let digits: String = json[start..]
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
+    let digits: String = json[start..].trim_start().chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
 }
 
@@ -137,10 +120,7 @@ mod tests {
         assert_eq!(json_number(json, "output"), None);
         assert_eq!(json_number(json, "absent"), None);
         let nested = "{\"heap_live\": {\"entries\": 1}, \"userspace_stacks\": {\"entries\": 22}}";
-        assert_eq!(
-            json_number_in(nested, &["userspace_stacks", "entries"]),
-            Some(22)
-        );
+        assert_eq!(json_number_in(nested, &["userspace_stacks", "entries"]), Some(22));
         assert_eq!(json_number_in(nested, &["entries"]), Some(1));
     }
 }

@@ -67,7 +67,12 @@ int main(int argc, char **argv) {
 
 /// Compiles the program into `dir`; returns the binary.
 pub fn compile(dir: &Path) -> Result<PathBuf> {
-    crate::bench::workload::compile_c(dir, "malloc_bench", MALLOC_BENCH_C, &["-O1", "-fno-builtin-malloc", "-fno-builtin-free"])
+    crate::bench::workload::compile_c(
+        dir,
+        "malloc_bench",
+        MALLOC_BENCH_C,
+        &["-O1", "-fno-builtin-malloc", "-fno-builtin-free"],
+    )
 }
 
 /// One paused copy of the program.
@@ -88,11 +93,7 @@ impl MallocBench {
             .with_context(|| format!("failed to start {}", bin.display()))?;
         let stdin = child.stdin.take().context("stdin was piped")?;
         let stdout = child.stdout.take().context("stdout was piped")?;
-        let mut bench = MallocBench {
-            child,
-            stdin,
-            lines: BufReader::new(stdout).lines(),
-        };
+        let mut bench = MallocBench { child, stdin, lines: BufReader::new(stdout).lines() };
         let first = bench.next_line()?;
         if first != "ready" {
             bail!("{} printed {first:?} instead of `ready`", bin.display());
@@ -111,11 +112,7 @@ impl MallocBench {
         loop {
             let line = self.next_line()?;
             if let Some(ns) = line.strip_prefix("round ") {
-                rounds.push(
-                    ns.trim()
-                        .parse()
-                        .with_context(|| format!("bad line {line:?}"))?,
-                );
+                rounds.push(ns.trim().parse().with_context(|| format!("bad line {line:?}"))?);
             } else if line.starts_with("done") {
                 return Ok(rounds);
             } else {
@@ -127,10 +124,7 @@ impl MallocBench {
     fn next_line(&mut self) -> Result<String> {
         match self.lines.next() {
             Some(line) => line.context("failed to read the malloc bench's stdout"),
-            None => bail!(
-                "the malloc bench exited early ({:?})",
-                self.child.try_wait()
-            ),
+            None => bail!("the malloc bench exited early ({:?})", self.child.try_wait()),
         }
     }
 }
@@ -145,8 +139,7 @@ impl Drop for MallocBench {
 /// The C library the process maps, from /proc/PID/maps: the file the probes must go on.
 pub fn libc_path(pid: u32) -> Result<String> {
     let maps_path = format!("/proc/{pid}/maps");
-    let maps = std::fs::read_to_string(&maps_path)
-        .with_context(|| format!("failed to read {maps_path}"))?;
+    let maps = std::fs::read_to_string(&maps_path).with_context(|| format!("failed to read {maps_path}"))?;
     maps.lines()
         .filter_map(|line| line.split_whitespace().nth(5))
         .find(|path| is_libc(path))

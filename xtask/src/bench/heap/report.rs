@@ -25,11 +25,7 @@ pub struct Measured {
 
 impl Measured {
     pub fn new(name: &'static str) -> Measured {
-        Measured {
-            name,
-            rounds: Vec::new(),
-            stderrs: Vec::new(),
-        }
+        Measured { name, rounds: Vec::new(), stderrs: Vec::new() }
     }
 
     /// Adds one run's rounds and stderr.
@@ -49,10 +45,7 @@ impl Measured {
     }
 
     fn slowest(&self) -> f64 {
-        self.rounds
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max)
+        self.rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max)
     }
 
     /// `(run_count, run_time_ns)` of `program` summed over the runs that printed it.
@@ -79,21 +72,9 @@ pub fn print(runs: &Runs) {
     println!();
     println!(
         "{:<38} {:>9} {:>13} {:>9} {:>9} {:>9} {:>9}",
-        "ns per malloc+free pair",
-        "fastest",
-        "x no profiler",
-        "x floor",
-        "median",
-        "x floor",
-        "slowest"
+        "ns per malloc+free pair", "fastest", "x no profiler", "x floor", "median", "x floor", "slowest"
     );
-    for run in [
-        &runs.none,
-        &runs.floor,
-        &runs.every,
-        &runs.sampled,
-        &runs.unselected,
-    ] {
+    for run in [&runs.none, &runs.floor, &runs.every, &runs.sampled, &runs.unselected] {
         println!(
             "{:<38} {:>9.1} {:>12.3}x {:>8.3}x {:>9.1} {:>8.3}x {:>9.1}",
             run.name,
@@ -109,34 +90,15 @@ pub fn print(runs: &Runs) {
         print_bpf_stats(run, floor);
     }
     println!("targets (fastest rounds; medians in parentheses):");
-    ratio_target(
-        "every allocation / floor",
-        &runs.every,
-        floor,
-        MAX_EVERY_VS_FLOOR,
-    );
-    ratio_target(
-        "512 KiB sampling / floor",
-        &runs.sampled,
-        floor,
-        MAX_SAMPLED_VS_FLOOR,
-    );
-    ratio_target(
-        "unselected / no profiler",
-        &runs.unselected,
-        none,
-        MAX_UNSELECTED_VS_NONE,
-    );
+    ratio_target("every allocation / floor", &runs.every, floor, MAX_EVERY_VS_FLOOR);
+    ratio_target("512 KiB sampling / floor", &runs.sampled, floor, MAX_SAMPLED_VS_FLOOR);
+    ratio_target("unselected / no profiler", &runs.unselected, none, MAX_UNSELECTED_VS_NONE);
 }
 
 fn ratio_target(name: &str, run: &Measured, base: &Measured, max: f64) {
     let ratio = run.fastest() / base.fastest();
     let median_ratio = run.median() / base.median();
-    target(
-        &format!("{name} <= {max}"),
-        &format!("{ratio:.3}x ({median_ratio:.3}x)"),
-        Some(ratio <= max),
-    );
+    target(&format!("{name} <= {max}"), &format!("{ratio:.3}x ({median_ratio:.3}x)"), Some(ratio <= max));
 }
 
 /// `bpf programs, NAME: malloc_enter N runs 150 ns/run; ...` when `--bpf-stats` printed,
@@ -189,21 +151,12 @@ mod tests {
     #[test]
     fn bpf_stats_add_up_over_runs() {
         let mut run = Measured::new("x");
-        run.add(
-            vec![1.0],
-            "bpf-stats: program=free_enter run_count=2 run_time_ns=10\n".into(),
-        );
-        run.add(
-            vec![2.0],
-            "bpf-stats: program=free_enter run_count=3 run_time_ns=20\n".into(),
-        );
+        run.add(vec![1.0], "bpf-stats: program=free_enter run_count=2 run_time_ns=10\n".into());
+        run.add(vec![2.0], "bpf-stats: program=free_enter run_count=3 run_time_ns=20\n".into());
         run.add(vec![3.0], String::new());
         assert_eq!(run.bpf_stats("free_enter"), Some((5, 30)));
         assert_eq!(run.bpf_stats("alloc_exit"), None);
-        assert_eq!(
-            (run.fastest(), run.median(), run.slowest()),
-            (1.0, 2.0, 3.0)
-        );
+        assert_eq!((run.fastest(), run.median(), run.slowest()), (1.0, 2.0, 3.0));
     }
 
     #[test]

@@ -41,13 +41,7 @@ impl Tracer {
         let (tx_out, stdout_lines) = mpsc::channel();
         let stderr = collect(child.stderr.take().context("stderr was piped")?, tx_err);
         let stdout = collect(child.stdout.take().context("stdout was piped")?, tx_out);
-        let mut tracer = Tracer {
-            name: name.to_owned(),
-            child,
-            stderr_lines,
-            stderr,
-            stdout,
-        };
+        let mut tracer = Tracer { name: name.to_owned(), child, stderr_lines, stderr, stdout };
         tracer.wait_for(marker, &stdout_lines)?;
         Ok(tracer)
     }
@@ -65,17 +59,10 @@ impl Tracer {
                 }
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "{} exited ({status}) before printing {marker:?}; it printed:\n{}",
-                    self.name,
-                    seen.join("\n")
-                );
+                bail!("{} exited ({status}) before printing {marker:?}; it printed:\n{}", self.name, seen.join("\n"));
             }
             if Instant::now() >= deadline {
-                bail!(
-                    "{} did not print {marker:?} within {ATTACH_TIMEOUT:?}",
-                    self.name
-                );
+                bail!("{} did not print {marker:?} within {ATTACH_TIMEOUT:?}", self.name);
             }
             thread::sleep(Duration::from_millis(10));
         }
@@ -91,10 +78,7 @@ impl Tracer {
         let stdout = std::mem::replace(&mut self.stdout, thread::spawn(String::new));
         // stdout (bpftrace's empty maps, the profiler's summary) is drained but not needed.
         let _ = stdout.join();
-        Ok(Stopped {
-            status,
-            stderr: stderr.join().unwrap_or_default(),
-        })
+        Ok(Stopped { status, stderr: stderr.join().unwrap_or_default() })
     }
 }
 
