@@ -1,5 +1,5 @@
-//! The block, mutex and threadcreate profiles' map layout: futex waits in flight, the last
-//! waker of each futex word, per-stack wait totals, and thread-creation counts.
+//! The block and mutex profiles' map layout: futex waits in flight, the last waker of each
+//! futex word, and per-stack wait totals.
 
 /// Key of the wait totals (block and mutex maps): (process, wait operation, outcome, stack).
 /// In the block maps `stack` is the waiting thread's user stack; in the mutex maps it is the
@@ -60,21 +60,11 @@ pub struct Waker {
     pub _pad: u32,
 }
 
-/// Key of the thread-creation counts: (creating process, creating thread's user stack).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ThreadKey {
-    pub tgid: u32,
-    pub _pad: u32,
-    pub stack: u64,
-}
-
 const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
 const _: () = assert!(core::mem::size_of::<WaitTotals>() == 16);
 const _: () = assert!(core::mem::size_of::<PendingWait>() == 24);
 const _: () = assert!(core::mem::size_of::<WakerKey>() == 16);
 const _: () = assert!(core::mem::size_of::<Waker>() == 24);
-const _: () = assert!(core::mem::size_of::<ThreadKey>() == 16);
 
 /// The futex command bits of `futex(2)`'s `op` (the kernel's `FUTEX_CMD_MASK`: without
 /// `FUTEX_PRIVATE_FLAG` (128) and `FUTEX_CLOCK_REALTIME` (256)).
@@ -96,9 +86,6 @@ pub mod cmd {
     pub const CMP_REQUEUE_PI: u32 = 12;
     pub const LOCK_PI2: u32 = 13;
 }
-
-/// `CLONE_THREAD` of `clone(2)`: the new task shares the creator's thread group.
-pub const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// The waiting operation of a wait, recorded as a sample label.
 #[repr(u16)]
@@ -246,18 +233,14 @@ pub enum FutexCounter {
     MutexMapFull = 5,
     /// Stacks not stored (stack map full or unreadable); counted with no stack.
     StackLost = 6,
-    /// Threads created and counted.
-    ThreadsCreated = 7,
-    /// Thread creations lost because the threadcreate map was full.
-    ThreadMapFull = 8,
     /// Wakes issued and recorded as a futex word's last waker.
-    Wakes = 9,
+    Wakes = 7,
     /// Wakes not recorded because the waker map update failed.
-    WakerMapFull = 10,
+    WakerMapFull = 8,
 }
 
 impl FutexCounter {
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 9;
     pub const ALL: [FutexCounter; Self::COUNT as usize] = [
         FutexCounter::Waits,
         FutexCounter::MutexCharged,
@@ -266,8 +249,6 @@ impl FutexCounter {
         FutexCounter::BlockMapFull,
         FutexCounter::MutexMapFull,
         FutexCounter::StackLost,
-        FutexCounter::ThreadsCreated,
-        FutexCounter::ThreadMapFull,
         FutexCounter::Wakes,
         FutexCounter::WakerMapFull,
     ];
@@ -281,5 +262,4 @@ mod pod {
     unsafe impl aya::Pod for super::PendingWait {}
     unsafe impl aya::Pod for super::WakerKey {}
     unsafe impl aya::Pod for super::Waker {}
-    unsafe impl aya::Pod for super::ThreadKey {}
 }

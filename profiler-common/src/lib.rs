@@ -3,22 +3,27 @@
 //!
 //! Everything here is `#[repr(C)]`, `Copy`, built from fixed-width integers with explicit
 //! padding, and checked for size at compile time, because the kernel side (bpfel, `no_std`)
-//! and the userspace side (x86_64) must agree byte for byte. Neither side spells a map name as
-//! a literal: both use the constants below. The `user` feature adds aya's `Pod` impls; the
-//! kernel build never sees aya.
+//! and the userspace side (x86_64) must agree byte for byte. Userspace never spells a map or
+//! program name as a literal: it uses the constants below, and a daemon test parses the
+//! embedded object and checks that each constant names a map or program in it and that each
+//! map in it is named here ([`maps::ALL`], [`programs::ALL`]). The kernel side names a map
+//! after its static and a program after its function, so those must equal the constants.
+//! The `user` feature adds aya's `Pod` impls; the kernel build never sees aya.
 #![no_std]
 
 pub mod cpu;
 pub mod futex;
 pub mod heap;
 pub mod stack;
+pub mod thread;
 pub mod unwind;
 
 pub use cpu::{CpuCounter, CpuSampleKey};
-pub use futex::{FutexCounter, PendingWait, ThreadKey, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey};
+pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
-pub use unwind::{UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use thread::{ThreadCounter, ThreadKey};
+pub use unwind::{Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
 pub mod globals {
@@ -49,10 +54,14 @@ pub mod maps {
     pub const CPU_COUNTERS: &str = "CPU_COUNTERS";
     /// Hash of tgid (`u32`) → `u8`: the processes sampled when `FILTER_PIDS` is set.
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
-    /// Per-CPU scratch array of one [`crate::Stack`] (too big for the 512-byte BPF stack).
+    /// Kernel-only scratch maps: per-CPU working memory of the programs (a stack too big for
+    /// the 512-byte BPF stack, the stack window a walk copies, the walk's registers, the
+    /// caches of stored stacks and found rows, the heap sampler's countdown). Userspace never
+    /// opens them; they are named so that every map of the object is accounted for.
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
-    /// Per-CPU array of one window of user stack words copied during a walk.
     pub const STACK_WINDOW: &str = "STACK_WINDOW";
+    pub const STORED_STACKS: &str = "STORED_STACKS";
+    pub const ROW_CACHE: &str = "ROW_CACHE";
 
     /// Per-CPU hash of [`crate::HeapKey`] → [`crate::HeapTotals`], for map set 0.
     pub const HEAP_TOTALS_0: &str = "HEAP_TOTALS_0";
@@ -122,8 +131,10 @@ pub mod maps {
     /// LRU hash of [`crate::WakerKey`] → [`crate::Waker`]: the last wake on each futex word.
     /// Not flipped: it is state.
     pub const FUTEX_WAKERS: &str = "FUTEX_WAKERS";
-    /// Per-CPU array of `u64` futex and thread counters, indexed by [`crate::FutexCounter`].
+    /// Per-CPU array of `u64` futex counters, indexed by [`crate::FutexCounter`].
     pub const FUTEX_COUNTERS: &str = "FUTEX_COUNTERS";
+    /// Per-CPU array of `u64` thread-creation counters, indexed by [`crate::ThreadCounter`].
+    pub const THREAD_COUNTERS: &str = "THREAD_COUNTERS";
 
     /// Distinct (process, op, outcome, stack) keys per map set, in each of block and mutex.
     pub const WAIT_COUNTS_MAX_ENTRIES: u32 = 16_384;
@@ -140,4 +151,142 @@ pub mod maps {
     pub const STACKS_MAX_ENTRIES: u32 = 16_384;
     /// Processes that can be selected with `--pid`.
     pub const TARGET_PIDS_MAX_ENTRIES: u32 = 4_096;
+
+    /// Every map of the object, by name (besides the compiler's data sections that hold the
+    /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
+    pub const ALL: [&str; 34] = [
+        CPU_COUNTS_0,
+        CPU_COUNTS_1,
+        STACKS_0,
+        STACKS_1,
+        CONTROL,
+        CPU_COUNTERS,
+        TARGET_PIDS,
+        STACK_SCRATCH,
+        STACK_WINDOW,
+        STORED_STACKS,
+        ROW_CACHE,
+        HEAP_TOTALS_0,
+        HEAP_TOTALS_1,
+        HEAP_LIVE,
+        HEAP_PENDING,
+        HEAP_INTERVALS,
+        HEAP_COUNTDOWN,
+        HEAP_COUNTERS,
+        UNWIND_ROWS,
+        UNWIND_TABLES,
+        UNWIND_PROCESSES,
+        UNWIND_COUNTERS,
+        UNWIND_STATE,
+        UNWIND_EXECS,
+        BLOCK_COUNTS_0,
+        BLOCK_COUNTS_1,
+        MUTEX_COUNTS_0,
+        MUTEX_COUNTS_1,
+        THREAD_COUNTS_0,
+        THREAD_COUNTS_1,
+        FUTEX_PENDING,
+        FUTEX_WAKERS,
+        FUTEX_COUNTERS,
+        THREAD_COUNTERS,
+    ];
+}
+
+/// Program names: each is the name of its function in `profiler-ebpf`.
+pub mod programs {
+    /// perf_event on the CPU clock.
+    pub const CPU_SAMPLE: &str = "cpu_sample";
+    /// Allocator entry uprobes.
+    pub const MALLOC_ENTER: &str = "malloc_enter";
+    pub const CALLOC_ENTER: &str = "calloc_enter";
+    pub const REALLOC_ENTER: &str = "realloc_enter";
+    pub const REALLOCARRAY_ENTER: &str = "reallocarray_enter";
+    pub const POSIX_MEMALIGN_ENTER: &str = "posix_memalign_enter";
+    pub const MEMALIGN_ENTER: &str = "memalign_enter";
+    pub const PVALLOC_ENTER: &str = "pvalloc_enter";
+    pub const FREE_ENTER: &str = "free_enter";
+    /// The uretprobe shared by every allocator function but `free`.
+    pub const ALLOC_EXIT: &str = "alloc_exit";
+    /// `syscalls:sys_enter_futex`.
+    pub const FUTEX_ENTER: &str = "futex_enter";
+    /// `syscalls:sys_exit_futex` and the futex2 waits' exits.
+    pub const FUTEX_EXIT: &str = "futex_exit";
+    pub const FUTEX_WAIT_ENTER: &str = "futex_wait_enter";
+    pub const FUTEX_WAITV_ENTER: &str = "futex_waitv_enter";
+    pub const FUTEX_WAKE_ENTER: &str = "futex_wake_enter";
+    pub const FUTEX_REQUEUE_ENTER: &str = "futex_requeue_enter";
+    /// `task:task_newtask`.
+    pub const THREAD_CREATE: &str = "thread_create";
+    /// `sched:sched_process_exec`.
+    pub const UNWIND_EXEC: &str = "unwind_exec";
+
+    /// The heap profile's programs.
+    pub const HEAP: [&str; 9] = [
+        MALLOC_ENTER,
+        CALLOC_ENTER,
+        REALLOC_ENTER,
+        REALLOCARRAY_ENTER,
+        POSIX_MEMALIGN_ENTER,
+        MEMALIGN_ENTER,
+        PVALLOC_ENTER,
+        FREE_ENTER,
+        ALLOC_EXIT,
+    ];
+    /// The block and mutex profiles' programs.
+    pub const FUTEX: [&str; 6] =
+        [FUTEX_ENTER, FUTEX_EXIT, FUTEX_WAIT_ENTER, FUTEX_WAITV_ENTER, FUTEX_WAKE_ENTER, FUTEX_REQUEUE_ENTER];
+
+    /// Every program of the object.
+    pub const ALL: [&str; 18] = [
+        CPU_SAMPLE,
+        MALLOC_ENTER,
+        CALLOC_ENTER,
+        REALLOC_ENTER,
+        REALLOCARRAY_ENTER,
+        POSIX_MEMALIGN_ENTER,
+        MEMALIGN_ENTER,
+        PVALLOC_ENTER,
+        FREE_ENTER,
+        ALLOC_EXIT,
+        FUTEX_ENTER,
+        FUTEX_EXIT,
+        FUTEX_WAIT_ENTER,
+        FUTEX_WAITV_ENTER,
+        FUTEX_WAKE_ENTER,
+        FUTEX_REQUEUE_ENTER,
+        THREAD_CREATE,
+        UNWIND_EXEC,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        for (list, what) in [(&maps::ALL[..], "map"), (&programs::ALL[..], "program")] {
+            for (i, a) in list.iter().enumerate() {
+                assert!(!list[i + 1..].contains(a), "{what} name {a} is listed twice");
+            }
+        }
+    }
+
+    #[test]
+    fn counter_enums_are_numbered_in_order() {
+        for (i, c) in CpuCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        for (i, c) in FutexCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        for (i, c) in HeapCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        assert_eq!(UnwindCounter::unsupported(Unsupported::BadCfi), UnwindCounter::COUNT - 1);
+        for (i, reason) in Unsupported::ALL.iter().enumerate() {
+            assert_eq!(Unsupported::from_index(i as u16), Some(*reason));
+        }
+        assert_eq!(Unsupported::from_index(Unsupported::COUNT as u16), None);
+    }
 }

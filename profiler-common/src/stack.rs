@@ -4,9 +4,6 @@
 /// Frames kept per stack: the kernel's `perf_event_max_stack` default.
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Words of user stack the kernel copies per read while walking frames (a power of two).
-pub const STACK_WINDOW_WORDS: usize = 64;
-
 /// The stack hash recorded when no stack was taken (kernel thread with no user stack, a
 /// sample in user mode with no kernel stack, or a failed walk, which is counted).
 pub const NO_STACK: u64 = 0;
@@ -58,15 +55,32 @@ pub fn finish_hash(h: u64) -> u64 {
     }
 }
 
-/// The key the kernel gives `frames`; used by userspace tests and tools.
-pub fn hash_frames(frames: &[u64]) -> u64 {
-    let mut h = hash_seed(frames.len() as u32);
-    for &ip in frames {
-        h = hash_frame(h, ip);
-    }
-    finish_hash(h)
-}
-
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding bytes (size asserted above).
 unsafe impl aya::Pod for Stack {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(frames: &[u64]) -> u64 {
+        finish_hash(frames.iter().fold(hash_seed(frames.len() as u32), |h, &ip| hash_frame(h, ip)))
+    }
+
+    #[test]
+    fn hashes_depend_on_order_and_length_and_are_never_no_stack() {
+        assert_ne!(hash(&[1, 2]), hash(&[2, 1]));
+        assert_ne!(hash(&[0]), hash(&[0, 0]));
+        assert_ne!(hash(&[]), NO_STACK);
+        assert_eq!(finish_hash(NO_STACK), 1);
+        assert_eq!(hash(&[0x401000, 0x401234]), hash(&[0x401000, 0x401234]));
+    }
+
+    #[test]
+    fn frames_are_capped_at_the_depth_limit() {
+        let mut stack = Stack { len: MAX_STACK_DEPTH as u32 + 5, truncated: 1, ips: [7; MAX_STACK_DEPTH] };
+        assert_eq!(stack.frames().len(), MAX_STACK_DEPTH);
+        stack.len = 2;
+        assert_eq!(stack.frames(), &[7, 7]);
+    }
+}

@@ -177,24 +177,79 @@ pub enum UnwindCounter {
     EndOfStack = 8,
     /// Signal frames stepped through.
     SignalFrames = 9,
-    /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`
-    /// (indices 10..17).
-    Unsupported0 = 10,
     /// Interrupted frames without CFI stepped as leaves (return address at `[rsp]`, which
     /// pointed into known code): glibc's `clone3` at its syscall, JIT leaf functions.
-    LeafGuesses = 17,
+    LeafGuesses = 10,
+    /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`
+    /// (an [`Unsupported`] index). Last, so that a new reason renumbers no other counter.
+    Unsupported0 = 11,
 }
 
 impl UnwindCounter {
-    /// Reasons an `Unsupported` row can carry (the daemon's `Unsupported::COUNT`).
-    pub const UNSUPPORTED_REASONS: u32 = 7;
     /// Number of counters (the length of the `UNWIND_COUNTERS` array).
-    pub const COUNT: u32 = Self::LeafGuesses as u32 + 1;
+    pub const COUNT: u32 = Self::Unsupported0 as u32 + Unsupported::COUNT as u32;
+
+    /// The counter of walks stopped at unsupported CFI for `reason`.
+    pub const fn unsupported(reason: Unsupported) -> u32 {
+        Self::Unsupported0 as u32 + reason as u32
+    }
 }
 
-const _: () = assert!(
-    UnwindCounter::Unsupported0 as u32 + UnwindCounter::UNSUPPORTED_REASONS == UnwindCounter::LeafGuesses as u32
-);
+/// Why a CFI row could not be expressed. The index is stored in the row's operand (kind
+/// [`UnwindKind::Unsupported`]), so the kernel counts stopped walks per reason
+/// ([`UnwindCounter::Unsupported0`] + index): both sides read this one definition.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unsupported {
+    /// The CFA is based on a register other than rsp or rbp (hand-written assembly, stack
+    /// realignment through r10).
+    CfaRegister = 0,
+    /// The CFA offset is negative, not a multiple of 8, or above the largest a row holds.
+    CfaOffset = 1,
+    /// The CFA is a DWARF expression other than the PLT and signal-frame ones.
+    CfaExpression = 2,
+    /// The return address is not at CFA − 8.
+    ReturnAddress = 3,
+    /// rbp is restored by a rule other than "unchanged" or "saved at CFA + n".
+    RbpRule = 4,
+    /// rbp is saved at an offset that is positive, not a multiple of 8, or below −1024.
+    RbpOffset = 5,
+    /// The FDE could not be parsed or its CFI program failed to evaluate.
+    BadCfi = 6,
+}
+
+impl Unsupported {
+    /// Number of reasons.
+    pub const COUNT: usize = 7;
+    /// All reasons, in index order.
+    pub const ALL: [Unsupported; Self::COUNT] = [
+        Unsupported::CfaRegister,
+        Unsupported::CfaOffset,
+        Unsupported::CfaExpression,
+        Unsupported::ReturnAddress,
+        Unsupported::RbpRule,
+        Unsupported::RbpOffset,
+        Unsupported::BadCfi,
+    ];
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unsupported::CfaRegister => "cfa_register",
+            Unsupported::CfaOffset => "cfa_offset",
+            Unsupported::CfaExpression => "cfa_expression",
+            Unsupported::ReturnAddress => "return_address",
+            Unsupported::RbpRule => "rbp_rule",
+            Unsupported::RbpOffset => "rbp_offset",
+            Unsupported::BadCfi => "bad_cfi",
+        }
+    }
+
+    /// The reason a row's operand names; `None` for an index no builder writes.
+    pub fn from_index(index: u16) -> Option<Unsupported> {
+        Self::ALL.get(usize::from(index)).copied()
+    }
+}
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, padding explicit (sizes asserted above).

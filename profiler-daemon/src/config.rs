@@ -7,7 +7,6 @@
 //! kept as written), and `Config::try_from(raw)` (in `config/validate.rs`) checks every value
 //! once. The documented default file is `config/profiler.toml`; an empty file means the same.
 
-mod kind;
 pub mod raw;
 mod select;
 mod validate;
@@ -21,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-pub use kind::ProfileKind;
+pub use crate::profiles::ProfileKind;
 pub use raw::RawConfig;
 pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
 pub use validate::{FREQUENCY_HZ_RANGE, INTERVAL_RANGE, SAMPLE_BYTES_RANGE, SOCKET_PATH_MAX_BYTES};
@@ -96,19 +95,67 @@ impl HeapConfig {
     }
 }
 
+/// Command-line flags that override the file (`profiler run --output DIR ...`). They are
+/// applied to the file's raw values before validation, so a flag is checked exactly as the
+/// key it replaces, and an error names the flag.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub output_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub interval: Option<Duration>,
+}
+
+impl Overrides {
+    fn apply(&self, raw: &mut RawConfig) {
+        if let Some(dir) = &self.output_dir {
+            raw.output_dir.clone_from(dir);
+        }
+        if let Some(socket) = &self.socket {
+            raw.socket.path.clone_from(socket);
+        }
+        if let Some(interval) = self.interval {
+            raw.interval = raw::Quantity::Text(format_duration(interval));
+        }
+    }
+
+    /// The flag that set `key`, if one did.
+    fn flag_for(&self, key: &str) -> Option<&'static str> {
+        match key {
+            "output_dir" if self.output_dir.is_some() => Some("--output"),
+            "socket.path" if self.socket.is_some() => Some("--socket"),
+            "interval" if self.interval.is_some() => Some("--interval"),
+            _ => None,
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text, path)
+        Self::load_with(Some(path), &Overrides::default())
+    }
+
+    /// Reads the file at `path` (`None`: the defaults, as an empty file), applies the
+    /// flags, and validates the result once.
+    pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let (mut raw, path) = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+                (parse_raw(&text, path)?, path.to_owned())
+            }
+            None => (RawConfig::default(), PathBuf::from("the built-in defaults")),
+        };
+        overrides.apply(&mut raw);
+        Self::try_from(raw).map_err(|invalid| match overrides.flag_for(&invalid.key) {
+            Some(flag) => ConfigError::Flag { flag, problem: invalid.problem },
+            None => invalid.in_file(&path),
+        })
     }
 
     /// Validates TOML text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
-        Self::try_from(raw).map_err(|invalid| invalid.in_file(path))
+        Self::try_from(parse_raw(text, path)?).map_err(|invalid| invalid.in_file(path))
     }
 
     /// Whether the profile type is enabled.
@@ -165,6 +212,10 @@ impl fmt::Display for Config {
     }
 }
 
+fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
+    toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+}
+
 /// What `profiler check-config FILE` prints on success: `ok: FILE: <summary>`.
 pub fn check(path: &Path) -> Result<String, ConfigError> {
     let config = Config::load(path)?;
@@ -193,6 +244,10 @@ pub enum ConfigError {
     /// A well-formed value outside what the key allows.
     #[error("{}: {key}: {problem}", path.display())]
     Invalid { path: PathBuf, key: String, problem: String },
+
+    /// A command-line flag's value outside what the key it overrides allows.
+    #[error("{flag}: {problem}")]
+    Flag { flag: &'static str, problem: String },
 }
 
 /// A value rejected by `Config::try_from(raw)`, before a file name is known.

@@ -1,5 +1,9 @@
-//! The library's error type. Each variant names the object and, for errors a user can fix,
-//! what to do next. `main` prints the chain and maps it to the exit code.
+//! The errors every stage shares (privileges, pids, the output directory, writes), and
+//! [`chain`], how an error prints with its causes. Each boundary has its own error type
+//! besides (`ebpf::Error`, `CaptureError`, `ConfigError`, `ApiError`, ...), carrying its
+//! source, so a message names the object and the cause (`Permission denied`, `Address in
+//! use`) and, where a user can fix it, what to do next. Each command's error wraps the ones
+//! it can meet; `main` prints the chain and maps it to the exit code.
 
 use std::{io, path::PathBuf};
 
@@ -14,12 +18,7 @@ pub enum Error {
     #[error("no such process: pid {0} (check the pid with `ps -p {0}`)")]
     NoSuchProcess(u32),
 
-    #[error(
-        "pid {0} maps no C library exporting malloc and free (statically linked, or a custom \
-         allocator?); heap profiling probes the C library's allocator"
-    )]
-    NoAllocator(u32),
-
+    /// A combination of flags that cannot work, with what to do instead.
     #[error("{0}")]
     Usage(String),
 
@@ -30,28 +29,6 @@ pub enum Error {
 
     #[error("failed to write {}: {cause}", path.display())]
     Write { path: PathBuf, cause: io::Error },
-
-    #[error("the kernel lacks {feature}: {detail}")]
-    KernelFeature { feature: &'static str, detail: String },
-
-    #[error("failed to load the eBPF programs")]
-    Load(#[source] aya::EbpfError),
-
-    #[error("failed to {action} the eBPF program {program}")]
-    Program {
-        action: &'static str,
-        program: &'static str,
-        #[source]
-        source: aya::programs::ProgramError,
-    },
-
-    #[error("failed to {action} the BPF map {map}")]
-    Map {
-        action: &'static str,
-        map: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
 
     #[error("failed to {action}")]
     Io {
@@ -73,4 +50,17 @@ pub fn chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_keep_every_cause() {
+        let err = Error::Io { action: "bind /run/x.sock".into(), source: io::Error::from(io::ErrorKind::AddrInUse) };
+        let text = chain(&err);
+        assert!(text.starts_with("failed to bind /run/x.sock: "), "{text}");
+        assert!(text.to_lowercase().contains("in use"), "the cause survives: {text}");
+    }
 }

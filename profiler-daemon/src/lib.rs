@@ -1,28 +1,35 @@
 //! profiler's userspace: a one-way pipeline from the kernel's maps to pprof files.
 //!
 //! ```text
-//! ebpf (load, attach, drain) → aggregate (one owner, /proc capture) → resolve + symbolize
-//!   → pprof (encode) → output (atomic files)
+//! capture (ebpf: load, attach, drain; catalog: processes and stacks; unwind: the kernel
+//!   walker's tables) → profiles (each kind's counts and samples) → render (resolve +
+//!   symbolize → pprof) → sink (files) or a socket reply
 //! ```
 //!
 //! Only [`ebpf`] touches aya, only [`symbolize`] touches blazesym, only [`pprof`] touches the
-//! protobuf types. [`snapshot`] wires the stages for the one-shot command.
+//! protobuf types. [`snapshot`] and [`daemon`] are the two drivers of the same pipeline;
+//! [`control`] is the protocol between the daemon's front and its collector.
 
-pub mod aggregate;
 pub mod api;
+pub mod capture;
+pub mod catalog;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod ebpf;
 pub mod error;
+pub mod ids;
 pub mod output;
 pub mod pprof;
 pub mod preflight;
 pub mod primitive;
 pub mod procs;
 pub mod profiles;
+pub mod render;
 pub mod resolve;
+pub mod sink;
 pub mod snapshot;
 pub mod symbolize;
 pub mod units;

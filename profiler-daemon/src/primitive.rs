@@ -11,8 +11,8 @@ use crate::resolve::{LabelValue, ResolvedProfile};
 /// The label key.
 pub const LABEL: &str = "primitive";
 
-/// The value when no known primitive is on the stack (a raw `syscall(SYS_futex)`, or frames
-/// lost below the C library until the `.eh_frame` unwinder lands).
+/// The value when no known primitive is on the stack (a raw `syscall(SYS_futex)`, or a stack
+/// whose walk stopped inside the C library, which the profile comment counts).
 pub const UNKNOWN: &str = "unknown";
 
 /// C library functions that wait on or wake a futex, by exported name. glibc also exports

@@ -18,6 +18,10 @@ pub struct MapEntry {
     pub path: String,
     /// Inode of the file (0 for anonymous and special mappings).
     pub inode: u64,
+    /// No longer in the process's latest `/proc/PID/maps` (a `dlclose`d library, the image
+    /// an `execve` replaced): kept so that samples taken before still resolve, but not a
+    /// mapping the process has now.
+    pub unmapped: bool,
 }
 
 impl MapEntry {
@@ -145,6 +149,7 @@ fn parse_maps_line(line: &str) -> Option<MapEntry> {
         offset: u64::from_str_radix(offset, 16).ok()?,
         path: path.to_string(),
         inode: inode.parse().ok()?,
+        unmapped: false,
     })
 }
 

@@ -9,7 +9,8 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Aggregate, KnownProcess},
+    catalog::{Catalog, KnownProcess},
+    ids::{Pid, StackId},
     procs::MapEntry,
     symbolize::{Frames, Symbolizer},
 };
@@ -56,10 +57,8 @@ pub enum LabelValue {
 /// One stack and its values, before symbolization.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StackSample {
-    /// User stack hash or `NO_STACK`.
-    pub user_stack: u64,
-    /// Kernel stack hash or `NO_STACK`.
-    pub kernel_stack: u64,
+    pub user_stack: StackId,
+    pub kernel_stack: StackId,
     /// The user leaf is a return address (a stack taken on return from a probed function),
     /// so it is symbolized at the call instruction like every caller frame.
     pub user_leaf_is_return: bool,
@@ -93,7 +92,7 @@ pub struct FrameStats {
 /// A process's samples, symbolized, ready to encode.
 #[derive(Clone, Debug, Default)]
 pub struct ResolvedProfile {
-    pub pid: u32,
+    pub pid: Pid,
     pub name: String,
     pub mappings: Vec<MappingInfo>,
     pub locations: Vec<LocationInfo>,
@@ -110,10 +109,10 @@ enum Site {
     Unmapped,
 }
 
-/// Resolves `samples` of `process`, whose stacks are in `agg`.
+/// Resolves `samples` of `process`, whose stacks are in `catalog`.
 pub fn resolve(
     process: &KnownProcess,
-    agg: &Aggregate,
+    catalog: &Catalog,
     samples: Vec<StackSample>,
     sym: &mut Symbolizer,
 ) -> ResolvedProfile {
@@ -121,7 +120,7 @@ pub fn resolve(
     let mut resolved = Vec::with_capacity(samples.len());
     let mut missing_stacks = 0;
     for sample in samples {
-        let (kernel, user) = match (agg.stack(sample.kernel_stack), agg.stack(sample.user_stack)) {
+        let (kernel, user) = match (catalog.stack(sample.kernel_stack), catalog.stack(sample.user_stack)) {
             (Some(k), Some(u)) => (k, u),
             (k, u) => {
                 missing_stacks += 1;
@@ -142,9 +141,9 @@ pub fn resolve(
         resolved.push(ResolvedSample { locations, values: sample.values, labels: sample.labels });
     }
     resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
-    let maps = process.info.as_ref().map_or(&[][..], |info| &info.maps[..]);
-    let ns_pid = process.info.as_ref().map_or(process.pid, |info| info.ns_pid);
-    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid, ns_pid, maps, sym);
+    let maps = process.maps();
+    let ns_pid = process.info.as_ref().map_or(process.pid.0, |info| info.ns_pid);
+    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid.0, ns_pid, maps, sym);
     frames.missing_stacks = missing_stacks;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
@@ -314,6 +313,61 @@ fn openable_path(pid: u32, map: &MapEntry) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::Sighting;
+
+    /// A catalogue holding one uninspected process (pid far above pid_max: nothing is read
+    /// from /proc) and the stacks 1 (user: leaf, caller) and 2 (kernel: leaf, caller).
+    fn catalog() -> (Catalog, Pid) {
+        let pid = Pid(0x7fff_fff3);
+        let stacks = [(StackId(1), vec![0x1000, 0x2000]), (StackId(2), vec![0xffff_0000, 0xffff_1000])].into();
+        let seen = Sighting {
+            pid,
+            user_stack: StackId(1),
+            kernel_stack: StackId(2),
+            user_leaf_is_return: false,
+            main_thread_name: None,
+        };
+        let mut catalog = Catalog::default();
+        catalog.learn(&stacks, &[seen]);
+        (catalog, pid)
+    }
+
+    fn addresses(samples: Vec<StackSample>) -> Vec<Vec<u64>> {
+        let (catalog, pid) = catalog();
+        let resolved = resolve(catalog.process(pid).unwrap(), &catalog, samples, &mut Symbolizer::new());
+        resolved.samples.iter().map(|s| s.locations.iter().map(|&l| resolved.locations[l].address).collect()).collect()
+    }
+
+    fn sample(user: u64, kernel: u64, user_leaf_is_return: bool) -> StackSample {
+        StackSample {
+            user_stack: StackId(user),
+            kernel_stack: StackId(kernel),
+            user_leaf_is_return,
+            values: vec![1],
+            labels: vec![],
+        }
+    }
+
+    #[test]
+    fn callers_are_symbolized_at_the_call_and_leaves_where_they_are() {
+        // A sampled pc is exact; every caller is a return address, looked up one byte back.
+        assert_eq!(addresses(vec![sample(1, 0, false)]), [vec![0x1000, 0x1fff]]);
+        // A stack taken on return from a call: its leaf is a return address too.
+        assert_eq!(addresses(vec![sample(1, 0, true)]), [vec![0x0fff, 0x1fff]]);
+        // Under a kernel stack (a syscall), the user leaf is the syscall's return point;
+        // kernel frames first, their callers adjusted too.
+        assert_eq!(addresses(vec![sample(1, 2, false)]), [vec![0xffff_0000, 0xffff_0fff, 0x0fff, 0x1fff]]);
+    }
+
+    #[test]
+    fn a_stack_never_drained_is_counted_not_invented() {
+        let (catalog, pid) = catalog();
+        let resolved =
+            resolve(catalog.process(pid).unwrap(), &catalog, vec![sample(9, 0, false)], &mut Symbolizer::new());
+        assert_eq!(resolved.frames.missing_stacks, 1);
+        assert!(resolved.samples[0].locations.is_empty());
+        assert_eq!(resolved.frames.unmapped, 0);
+    }
 
     fn mapping(path: &str, start: u64) -> MappingInfo {
         MappingInfo {

@@ -1,42 +1,54 @@
 //! On-CPU sampling: a perf_event program on the CPU clock of every online CPU. Each sample is
 //! counted under (process, thread, user stack, kernel stack) in the active map set.
+#![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::perf_event,
+    macros::{map, perf_event},
+    maps::{PerCpuArray, PerCpuHashMap},
     programs::PerfEventContext,
     EbpfContext,
 };
-use profiler_common::{CpuCounter, CpuSampleKey, NO_STACK};
+use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, wanted, Scratch, CPU_COUNTS_0, CPU_COUNTS_1, STACKS_0, STACKS_1},
+    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
     stack::{capture_kernel, capture_user, StackError},
 };
 
+#[map]
+pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+
+#[map]
+pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCounter::COUNT, 0);
+
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    try_cpu_sample(&ctx);
-    0
+    match try_cpu_sample(&ctx) {
+        Ok(()) | Err(()) => 0,
+    }
 }
 
+/// `Err` for a sample that is not counted (idle, filtered out, or the counts map full).
 #[inline(always)]
-fn try_cpu_sample(ctx: &PerfEventContext) {
+fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     // tid 0 is the idle task: the CPU was not running anything.
     if tid == 0 || !wanted(tgid) {
-        return;
+        return Err(());
     }
     let set = active_set();
-    let (counts, stacks) = if set == 0 { (&CPU_COUNTS_0, &STACKS_0) } else { (&CPU_COUNTS_1, &STACKS_1) };
+    let (counts, stacks) = (pick_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1), stacks_of(set));
 
     let mut truncated = false;
     let user_stack =
         stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt), CpuCounter::UserStackFailed);
     if truncated {
-        bump(CpuCounter::UserStackTruncated);
+        count(CpuCounter::UserStackTruncated);
     }
     // A sample that interrupted user mode has no kernel stack: skip the helper call.
     let kernel_stack = if interrupted_user_mode(ctx) {
@@ -47,10 +59,16 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
 
     let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };
     if !add_or_insert(counts, &key, &1, |n| *n += 1) {
-        bump(CpuCounter::CountsMapFull);
-        return;
+        count(CpuCounter::CountsMapFull);
+        return Err(());
     }
-    bump(CpuCounter::Samples);
+    count(CpuCounter::Samples);
+    Ok(())
+}
+
+#[inline(always)]
+fn count(counter: CpuCounter) {
+    bump(&CPU_COUNTERS, counter as u32);
 }
 
 /// Whether the sample interrupted user mode (the low two bits of the saved `cs` are the
@@ -67,11 +85,11 @@ fn stack_or_count(result: Result<u64, StackError>, walk_failed: CpuCounter) -> u
     match result {
         Ok(hash) => hash,
         Err(StackError::Walk) => {
-            bump(walk_failed);
+            count(walk_failed);
             NO_STACK
         }
         Err(StackError::MapFull) => {
-            bump(CpuCounter::StacksMapFull);
+            count(CpuCounter::StacksMapFull);
             NO_STACK
         }
     }

@@ -3,9 +3,20 @@
 //! tables), and every exec is told to userspace, which registers the new image at its next
 //! drain instead of after the process's first sample.
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+#![allow(non_upper_case_globals)]
 
-use crate::maps::{UNWIND_EXECS, UNWIND_PROCESSES};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
+use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
+
+use crate::user_stack::UNWIND_PROCESSES;
+
+#[map]
+pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
 #[tracepoint]
 pub fn unwind_exec(_ctx: TracePointContext) -> u32 {

@@ -11,29 +11,51 @@
 //! `futex_wake`/`futex_requeue`) records its stack as the futex word's last waker at entry,
 //! before any waiter can run. A waiter that returns woken, on a word whose last wake came
 //! after it started waiting, has its delay added under the waker's stack in the mutex maps.
+#![allow(non_upper_case_globals)]
 
 use core::ptr;
 
 use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
-    macros::tracepoint,
-    maps::{HashMap, PerCpuHashMap},
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
-    EbpfContext,
 };
 use profiler_common::{
     futex::{is_wake_cmd, FUTEX_CMD_MASK},
-    FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
+    maps::{FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
+    FutexCounter, PendingWait, Stack, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
 };
 
 use crate::{
-    maps::{
-        active_set, add_or_insert, bump_futex, wanted, Scratch, BLOCK_COUNTS_0, BLOCK_COUNTS_1, FUTEX_PENDING,
-        FUTEX_WAKERS, MUTEX_COUNTS_0, MUTEX_COUNTS_1, STACKS_0, STACKS_1,
-    },
+    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
     stack::capture_user,
+    tracepoint::read_field,
 };
+
+#[map]
+pub static BLOCK_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static BLOCK_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static MUTEX_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static MUTEX_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
+    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+
+#[map]
+pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(FUTEX_PENDING_MAX_ENTRIES, 0);
+
+// LRU: words nobody wakes any more age out instead of filling the map.
+#[map]
+pub static FUTEX_WAKERS: LruHashMap<WakerKey, Waker> = LruHashMap::with_max_entries(FUTEX_WAKERS_MAX_ENTRIES, 0);
+
+#[map]
+pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FutexCounter::COUNT, 0);
 
 /// Field offsets in the syscall tracepoint records (see
 /// `/sys/kernel/tracing/events/syscalls/sys_enter_futex/format`): every syscall argument is
@@ -45,25 +67,28 @@ const RET: usize = 16;
 /// `futex(2)`: one program for every command, which tells waits from wakes.
 #[tracepoint]
 pub fn futex_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !wanted((pid_tgid >> 32) as u32) {
-        return 0;
+    match try_futex_enter(&ctx) {
+        Ok(()) | Err(()) => 0,
     }
-    let uaddr = read_field(&ctx, ARG0);
-    let cmd = read_field(&ctx, ARG1) as u32 & FUTEX_CMD_MASK;
+}
+
+#[inline(always)]
+fn try_futex_enter(ctx: &TracePointContext) -> Result<(), ()> {
+    let pid_tgid = wanted_thread()?;
+    let uaddr = read_field(ctx, ARG0);
+    let cmd = read_field(ctx, ARG1) as u32 & FUTEX_CMD_MASK;
     if let Some(op) = WaitOp::of_cmd(cmd) {
         begin_wait(pid_tgid, uaddr, op);
     } else if is_wake_cmd(cmd) {
         record_waker(pid_tgid, uaddr);
     }
-    0
+    Ok(())
 }
 
 /// futex2 `futex_wait(uaddr, val, mask, flags, timeout, clockid)`.
 #[tracepoint]
 pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if wanted((pid_tgid >> 32) as u32) {
+    if let Ok(pid_tgid) = wanted_thread() {
         begin_wait(pid_tgid, read_field(&ctx, ARG0), WaitOp::Futex2Wait);
     }
     0
@@ -73,8 +98,7 @@ pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
 /// single word to find a waker by; it goes to the block profile only.
 #[tracepoint]
 pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if wanted((pid_tgid >> 32) as u32) {
+    if let Ok(pid_tgid) = wanted_thread() {
         begin_wait(pid_tgid, 0, WaitOp::Futex2Waitv);
     }
     0
@@ -83,8 +107,7 @@ pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
 /// futex2 `futex_wake(uaddr, mask, nr, flags)`.
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if wanted((pid_tgid >> 32) as u32) {
+    if let Ok(pid_tgid) = wanted_thread() {
         record_waker(pid_tgid, read_field(&ctx, ARG0));
     }
     0
@@ -94,35 +117,54 @@ pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
 /// `waiters[0].uaddr` (a `struct futex_waitv` is `{ u64 val; u64 uaddr; u32 flags; u32 _; }`).
 #[tracepoint]
 pub fn futex_requeue_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !wanted((pid_tgid >> 32) as u32) {
-        return 0;
+    match try_futex_requeue_enter(&ctx) {
+        Ok(()) | Err(()) => 0,
     }
-    let waiters = read_field(&ctx, ARG0);
+}
+
+#[inline(always)]
+fn try_futex_requeue_enter(ctx: &TracePointContext) -> Result<(), ()> {
+    let pid_tgid = wanted_thread()?;
+    let waiters = read_field(ctx, ARG0);
     // SAFETY: a fault-safe read of the caller's argument array.
-    if let Ok(uaddr) = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) } {
-        record_waker(pid_tgid, uaddr);
-    }
-    0
+    let uaddr = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) }.map_err(|_| ())?;
+    record_waker(pid_tgid, uaddr);
+    Ok(())
 }
 
 /// The exit of `futex(2)`, `futex_wait(2)` and `futex_waitv(2)`: completes a pending wait.
 #[tracepoint]
 pub fn futex_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: a plain value read of this thread's entry, copied out before the remove.
-    let Some(wait) = (unsafe { FUTEX_PENDING.get(&pid_tgid) }).copied() else { return 0 };
-    let _ = FUTEX_PENDING.remove(&pid_tgid);
-    end_wait(&ctx, pid_tgid, &wait);
-    0
+    match try_futex_exit(&ctx) {
+        Ok(()) | Err(()) => 0,
+    }
 }
 
-/// A syscall tracepoint field. Tracepoint records are readable directly (the verifier checks
-/// the offset against the record), which is cheaper than a probe-read helper.
+/// `Err` when the thread has no wait in flight (not a wait, or not a process profiled).
 #[inline(always)]
-pub(crate) fn read_field(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: an aligned 8-byte field inside the tracepoint record.
-    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<u64>()) }
+fn try_futex_exit(ctx: &TracePointContext) -> Result<(), ()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: a plain value read of this thread's entry, copied out before the remove.
+    let wait = (unsafe { FUTEX_PENDING.get(&pid_tgid) }).copied().ok_or(())?;
+    let _ = FUTEX_PENDING.remove(&pid_tgid);
+    end_wait(ctx, pid_tgid, &wait);
+    Ok(())
+}
+
+/// The calling thread's pid_tgid, if its process is profiled.
+#[inline(always)]
+fn wanted_thread() -> Result<u64, ()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if wanted((pid_tgid >> 32) as u32) {
+        Ok(pid_tgid)
+    } else {
+        Err(())
+    }
+}
+
+#[inline(always)]
+fn count(counter: FutexCounter) {
+    bump(&FUTEX_COUNTERS, counter as u32);
 }
 
 #[inline(always)]
@@ -132,7 +174,7 @@ fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
     let wait = PendingWait { uaddr, start_ns, op: op as u16, _pad: [0; 3] };
     // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
     if FUTEX_PENDING.insert(&pid_tgid, &wait, BPF_ANY as u64).is_err() {
-        bump_futex(FutexCounter::PendingMapFull);
+        count(FutexCounter::PendingMapFull);
     }
 }
 
@@ -145,20 +187,20 @@ fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
 fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
     let tgid = (pid_tgid >> 32) as u32;
     let set = active_set();
-    let (block, mutex, stacks) = if set == 0 {
-        (&BLOCK_COUNTS_0, &MUTEX_COUNTS_0, &STACKS_0)
-    } else {
-        (&BLOCK_COUNTS_1, &MUTEX_COUNTS_1, &STACKS_1)
-    };
+    let (block, mutex, stacks) = (
+        pick_set(set, &BLOCK_COUNTS_0, &BLOCK_COUNTS_1),
+        pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1),
+        stacks_of(set),
+    );
     let stack = user_stack(stacks);
     // SAFETY: a helper without arguments.
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack };
     if add_wait(block, &key, delay_ns) {
-        bump_futex(FutexCounter::Waits);
+        count(FutexCounter::Waits);
     } else {
-        bump_futex(FutexCounter::BlockMapFull);
+        count(FutexCounter::BlockMapFull);
     }
     if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
         return;
@@ -172,15 +214,15 @@ fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
             ptr::read_volatile(&(*entry).stack)
         },
         _ => {
-            bump_futex(FutexCounter::NoWaker);
+            count(FutexCounter::NoWaker);
             return;
         }
     };
     let key = WaitKey { stack: waker_stack, ..key };
     if add_wait(mutex, &key, delay_ns) {
-        bump_futex(FutexCounter::MutexCharged);
+        count(FutexCounter::MutexCharged);
     } else {
-        bump_futex(FutexCounter::MutexMapFull);
+        count(FutexCounter::MutexMapFull);
     }
 }
 
@@ -193,15 +235,14 @@ fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns
     })
 }
 
-/// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted
-/// (the futex and thread-creation programs share the counter).
+/// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted.
 #[inline(always)]
-pub(crate) fn user_stack(stacks: &HashMap<u64, profiler_common::Stack>) -> u64 {
+fn user_stack(stacks: &HashMap<u64, Stack>) -> u64 {
     let mut truncated = false;
     match capture_user(stacks, &mut truncated, Scratch::Task) {
         Ok(hash) => hash,
         Err(_) => {
-            bump_futex(FutexCounter::StackLost);
+            count(FutexCounter::StackLost);
             NO_STACK
         }
     }
@@ -210,8 +251,7 @@ pub(crate) fn user_stack(stacks: &HashMap<u64, profiler_common::Stack>) -> u64 {
 /// Remembers the calling thread's stack as the last waker of `uaddr`.
 #[inline(always)]
 fn record_waker(pid_tgid: u64, uaddr: u64) {
-    let stacks = if active_set() == 0 { &STACKS_0 } else { &STACKS_1 };
-    let stack = user_stack(stacks);
+    let stack = user_stack(stacks_of(active_set()));
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };
@@ -227,10 +267,10 @@ fn record_waker(pid_tgid: u64, uaddr: u64) {
             ptr::write_volatile(&mut (*entry).tid, waker.tid);
             ptr::write_volatile(&mut (*entry).wake_ns, wake_ns);
         }
-        bump_futex(FutexCounter::Wakes);
+        count(FutexCounter::Wakes);
     } else if FUTEX_WAKERS.insert(&key, &waker, BPF_ANY as u64).is_ok() {
-        bump_futex(FutexCounter::Wakes);
+        count(FutexCounter::Wakes);
     } else {
-        bump_futex(FutexCounter::WakerMapFull);
+        count(FutexCounter::WakerMapFull);
     }
 }

@@ -11,22 +11,53 @@
 //! pointer). A call entered while an outer allocator call of the same thread is in flight, at
 //! the same or a deeper stack pointer, is left to the outer one; returns are matched to their
 //! entries by stack pointer, so an inner call's return never completes the outer call.
+#![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_F_NO_PREALLOC},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
-    macros::{uprobe, uretprobe},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
+    Global,
 };
-use profiler_common::{heap::HEAP_INTERVALS_LEN, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
+use profiler_common::{
+    heap::HEAP_INTERVALS_LEN,
+    maps::{HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES},
+    HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
+};
 
 use crate::{
-    maps::{
-        active_set, add_or_insert, bump_heap, Scratch, HEAP_COUNTDOWN, HEAP_INTERVALS, HEAP_LIVE, HEAP_PENDING,
-        HEAP_SAMPLE_BYTES, HEAP_TOTALS_0, HEAP_TOTALS_1, STACKS_0, STACKS_1,
-    },
+    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, Scratch},
     stack::capture_user,
 };
+
+/// Mean bytes between heap samples; 0 or 1 samples every allocation (set at load time).
+#[unsafe(no_mangle)]
+pub static HEAP_SAMPLE_BYTES: Global<u64> = Global::new(524_288);
+
+#[map]
+pub static HEAP_TOTALS_0: PerCpuHashMap<HeapKey, HeapTotals> =
+    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+#[map]
+pub static HEAP_TOTALS_1: PerCpuHashMap<HeapKey, HeapTotals> =
+    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+
+// Sized for many live blocks; allocate entries as they come instead of preallocating.
+#[map]
+pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(HEAP_LIVE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static HEAP_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
+
+#[map]
+pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVALS_LEN, 0);
+
+#[map]
+pub static HEAP_COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static HEAP_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HeapCounter::COUNT, 0);
 
 const PAGE_SIZE: u64 = 4096;
 
@@ -93,29 +124,44 @@ pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
+    match try_free_enter(&ctx) {
+        Ok(()) | Err(()) => 0,
+    }
+}
+
+/// `Err` for a call that frees nothing here (`free(NULL)`, or inside another allocator call).
+#[inline(always)]
+fn try_free_enter(ctx: &ProbeContext) -> Result<(), ()> {
     let ptr: u64 = ctx.arg(0).unwrap_or(0);
     if ptr == 0 {
-        return 0;
+        return Err(());
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     if in_outer_call(pid_tgid, stack_pointer(&ctx.regs), now) {
-        return 0;
+        return Err(());
     }
     forget(pid_tgid, ptr);
-    0
+    Ok(())
 }
 
 #[uretprobe]
 pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+    match try_alloc_exit(&ctx) {
+        Ok(()) | Err(()) => 0,
+    }
+}
+
+/// `Err` for a return that is not a pending outermost call's.
+#[inline(always)]
+fn try_alloc_exit(ctx: &RetProbeContext) -> Result<(), ()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: a plain value read of this thread's entry, copied out before any map update.
-    let Some(pending) = (unsafe { HEAP_PENDING.get(&pid_tgid) }).copied() else { return 0 };
-    let sp = stack_pointer(&ctx.regs);
-    if sp != pending.entry_sp + 8 {
+    let pending = (unsafe { HEAP_PENDING.get(&pid_tgid) }).copied().ok_or(())?;
+    if stack_pointer(&ctx.regs) != pending.entry_sp + 8 {
         // The return of an allocator call made inside the pending one: not ours.
-        return 0;
+        return Err(());
     }
     let _ = HEAP_PENDING.remove(&pid_tgid);
     let ret: u64 = ctx.ret();
@@ -127,7 +173,7 @@ pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
     if ptr != 0 && pending.sampled != 0 {
         record(pid_tgid, ptr, pending.size);
     }
-    0
+    Ok(())
 }
 
 /// n × size, or `u64::MAX` on overflow, in 32-bit halves: LLVM turns `saturating_mul` and
@@ -166,7 +212,7 @@ fn on_entry(ctx: &ProbeContext, size: u64, old_ptr: u64, out_ptr: u64) {
     let pending =
         PendingAlloc { size, old_ptr, out_ptr, entry_sp: sp, sampled: sampled as u32, _pad: 0, entered_ns: now };
     if HEAP_PENDING.insert(&pid_tgid, &pending, BPF_ANY as u64).is_err() {
-        bump_heap(HeapCounter::PendingMapFull);
+        count(HeapCounter::PendingMapFull);
     }
 }
 
@@ -230,11 +276,16 @@ fn live_key(pid_tgid: u64, addr: u64) -> LiveKey {
     LiveKey { tgid: (pid_tgid >> 32) as u32, _pad: 0, addr }
 }
 
+#[inline(always)]
+fn count(counter: HeapCounter) {
+    bump(&HEAP_COUNTERS, counter as u32);
+}
+
 /// Drops a block from the live map; a block that was never sampled costs one lookup.
 #[inline(always)]
 fn forget(pid_tgid: u64, addr: u64) {
     if HEAP_LIVE.remove(&live_key(pid_tgid, addr)).is_ok() {
-        bump_heap(HeapCounter::Freed);
+        count(HeapCounter::Freed);
     }
 }
 
@@ -248,7 +299,7 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
     match unsafe { bpf_probe_read_user(out_ptr as *const u64) } {
         Ok(ptr) => ptr,
         Err(_) => {
-            bump_heap(HeapCounter::OutPtrUnreadable);
+            count(HeapCounter::OutPtrUnreadable);
             0
         }
     }
@@ -258,12 +309,12 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
 #[inline(always)]
 fn record(pid_tgid: u64, ptr: u64, size: u64) {
     let set = active_set();
-    let (totals, stacks) = if set == 0 { (&HEAP_TOTALS_0, &STACKS_0) } else { (&HEAP_TOTALS_1, &STACKS_1) };
+    let (totals, stacks) = (pick_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1), stacks_of(set));
     let mut truncated = false;
     let stack = match capture_user(stacks, &mut truncated, Scratch::Task) {
         Ok(hash) => hash,
         Err(_) => {
-            bump_heap(HeapCounter::StackLost);
+            count(HeapCounter::StackLost);
             profiler_common::NO_STACK
         }
     };
@@ -273,11 +324,11 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
         t.count += 1;
         t.bytes += size;
     }) {
-        bump_heap(HeapCounter::TotalsMapFull);
+        count(HeapCounter::TotalsMapFull);
     }
     let live = LiveAlloc { size, stack };
     if HEAP_LIVE.insert(&live_key(pid_tgid, ptr), &live, BPF_ANY as u64).is_err() {
-        bump_heap(HeapCounter::LiveMapFull);
+        count(HeapCounter::LiveMapFull);
     }
-    bump_heap(HeapCounter::Sampled);
+    count(HeapCounter::Sampled);
 }

@@ -1,9 +1,14 @@
-//! profiler's kernel side: one file per program kind, shared maps in [`maps`].
+//! profiler's kernel side: one file per program kind, each with its own maps; the maps and
+//! helpers they share (the process filter, the map-set switch, the stack maps, scratch) are
+//! in [`maps`].
 //!
 //! The programs only count: they aggregate samples by key in BPF maps and never stream
 //! per-sample events to userspace.
 #![no_std]
 #![no_main]
+// Map keys and values go by reference: one passed by value is copied onto the 512-byte BPF
+// stack first (`stacks.insert(hash, *scratch)` would copy a 1 KiB stack and fail to build).
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 mod cpu;
 mod exec;
@@ -12,9 +17,12 @@ mod heap;
 mod maps;
 mod stack;
 mod thread;
+mod tracepoint;
 mod user_stack;
 
-#[cfg(not(test))]
+// Only for the kernel target: a host build (clippy over the workspace, where feature
+// unification links std through profiler-common's `user` feature) has std's.
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     // SAFETY: the verifier rejects any program with a reachable panic path (no loops without

@@ -1,38 +1,30 @@
-//! The maps and globals shared by the programs. Static names equal the constants in
-//! `profiler_common::maps` (aya names a map after its static); userspace opens them by those
-//! constants.
+//! The maps and helpers every program shares: the process filter, the map-set switch
+//! (`CONTROL`), the two stack maps, the per-CPU scratch of stack captures, and the counter
+//! and count helpers. Maps that belong to one program kind are declared in that kind's file.
+//! Static names equal the constants in `profiler_common::maps` (aya names a map after its
+//! static); userspace opens them by those constants.
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     Global,
 };
 use profiler_common::{
-    heap::HEAP_INTERVALS_LEN,
-    maps::{
-        CPU_COUNTS_MAX_ENTRIES, FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES,
-        HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES,
-        THREAD_COUNTS_MAX_ENTRIES, UNWIND_EXECS_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
-        UNWIND_TABLES_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES,
-    },
-    stack::STACK_WINDOW_WORDS,
-    CpuCounter, CpuSampleKey, FutexCounter, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
-    PendingWait, Stack, ThreadKey, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo, WaitKey, WaitTotals,
-    Waker, WakerKey,
+    maps::{STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
+    Stack,
 };
-
-use crate::user_stack::WalkState;
 
 /// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
 #[unsafe(no_mangle)]
 pub static FILTER_PIDS: Global<u8> = Global::new(0);
 
 #[map]
-pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
+
 #[map]
-pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 
 // Stacks are 1 KiB each: allocate on insert instead of preallocating 16 MiB per set.
 #[map]
@@ -40,48 +32,13 @@ pub static STACKS_0: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_
 #[map]
 pub static STACKS_1: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
-/// Mean bytes between heap samples; 0 or 1 samples every allocation (set at load time).
-#[unsafe(no_mangle)]
-pub static HEAP_SAMPLE_BYTES: Global<u64> = Global::new(524_288);
-
-#[map]
-pub static HEAP_TOTALS_0: PerCpuHashMap<HeapKey, HeapTotals> =
-    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
-#[map]
-pub static HEAP_TOTALS_1: PerCpuHashMap<HeapKey, HeapTotals> =
-    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
-
-// Sized for many live blocks; allocate entries as they come instead of preallocating.
-#[map]
-pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(HEAP_LIVE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
-
-#[map]
-pub static HEAP_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
-
-#[map]
-pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVALS_LEN, 0);
-
-#[map]
-pub static HEAP_COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
-pub static HEAP_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HeapCounter::COUNT, 0);
-
-#[map]
-pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
-
-#[map]
-pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCounter::COUNT, 0);
-
-#[map]
-pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
-
 /// Which slot of the per-CPU scratch maps (`STACK_SCRATCH`, `STACK_WINDOW`, `UNWIND_STATE`,
-/// `STORED_STACKS`) a program uses. The CPU program runs in the timer interrupt and can
-/// interrupt a uprobe program on the same CPU: the kernel keeps tracepoint and perf-event
-/// programs from nesting (its per-CPU `bpf_prog_active`), but uprobe programs do not take
-/// that guard. With one slot, a CPU sample taken during a heap walk overwrote the walk's
-/// frames with its own kernel stack (heap samples with kernel addresses as user frames).
+/// `STORED_STACKS`, `ROW_CACHE`) a program uses. The CPU program runs in the timer interrupt
+/// and can interrupt a uprobe program on the same CPU: the kernel keeps tracepoint and
+/// perf-event programs from nesting (its per-CPU `bpf_prog_active`), but uprobe programs do
+/// not take that guard. With one slot, a CPU sample taken during a heap walk overwrote the
+/// walk's frames with its own kernel stack (heap samples with kernel addresses as user
+/// frames).
 #[derive(Clone, Copy)]
 #[repr(u32)]
 pub enum Scratch {
@@ -97,115 +54,19 @@ pub const SCRATCH_SLOTS: u32 = 2;
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
-/// Stacks this CPU stored lately, by hash (see [`crate::stack`]): a hit skips the stack-map
-/// lookup, which costs about a microsecond per sample on these VMs. One table of
-/// [`STORED_STACKS_ENTRIES`] per [`Scratch`] slot.
-#[map]
-pub static STORED_STACKS: PerCpuArray<StoredStack> =
-    PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES * SCRATCH_SLOTS, 0);
-
-/// Entries of one [`STORED_STACKS`] table; a power of two (indexed by the hash's low bits).
-pub const STORED_STACKS_ENTRIES: u32 = 256;
-
-/// A stack hash known to be in the stack map of generation `generation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct StoredStack {
-    pub hash: u64,
-    pub generation: u32,
-    /// 1 once written (generation 0 is a real generation).
-    pub valid: u32,
-}
+/// Words of user stack the walker copies per read (a power of two).
+pub const STACK_WINDOW_WORDS: usize = 64;
 
 #[map]
 pub static STACK_WINDOW: PerCpuArray<[u64; STACK_WINDOW_WORDS]> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
-#[map]
-pub static BLOCK_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
-#[map]
-pub static BLOCK_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
-#[map]
-pub static MUTEX_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
-#[map]
-pub static MUTEX_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
-#[map]
-pub static THREAD_COUNTS_0: PerCpuHashMap<ThreadKey, u64> =
-    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
-#[map]
-pub static THREAD_COUNTS_1: PerCpuHashMap<ThreadKey, u64> =
-    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
-
-#[map]
-pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(FUTEX_PENDING_MAX_ENTRIES, 0);
-
-// LRU: words nobody wakes any more age out instead of filling the map.
-#[map]
-pub static FUTEX_WAKERS: LruHashMap<WakerKey, Waker> = LruHashMap::with_max_entries(FUTEX_WAKERS_MAX_ENTRIES, 0);
-
-#[map]
-pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FutexCounter::COUNT, 0);
-
-/// Adds one to a per-CPU futex counter (see [`bump`]).
+/// Adds one to slot `index` of a per-CPU counter array. Each counter map belongs to programs
+/// of one kind; a CPU sample interrupting a uprobe program between this load and store (see
+/// [`Scratch`]) can lose one count of a counter both contexts share (the unwinder's): a rare
+/// off-by-one in a diagnostic counter, accepted, as the BPF target's `core` has no atomic add.
 #[inline(always)]
-pub fn bump_futex(counter: FutexCounter) {
-    if let Some(slot) = FUTEX_COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: this CPU's slot of a live array map element.
-        unsafe { *slot += 1 };
-    }
-}
-
-/// Every loaded unwind table's rows (resized at load time to the memory budget).
-#[map]
-// Mmapable: userspace writes whole tables into it directly, not one row per syscall.
-pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_DEFAULT_ENTRIES, BPF_F_MMAPABLE);
-
-#[map]
-pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
-
-/// Rows this CPU found lately, by (table load id, offset): a hit skips the table's binary
-/// search, whose ~16 dependent reads spread over the row array were the largest part of a
-/// frame's cost (`step_callback` was a third of the futex programs' time). One table of
-/// [`ROW_CACHE_ENTRIES`] per [`Scratch`] slot; entries are only ever whole facts about an
-/// immutable table (a reloaded slot has a new load id), so a stale entry cannot match.
-#[map]
-pub static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_ENTRIES * SCRATCH_SLOTS, 0);
-
-/// Entries of one [`ROW_CACHE`] table; a power of two.
-pub const ROW_CACHE_ENTRIES: u32 = 512;
-
-/// The row found for `key` = (table load id << 32) | offset; key 0 is empty.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CachedRow {
-    pub key: u64,
-    pub row: UnwindRow,
-}
-
-// 8 KiB per process: allocate as processes are registered.
-#[map]
-pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
-    HashMap::with_max_entries(UNWIND_PROCESSES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
-
-#[map]
-pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
-
-#[map]
-pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
-
-#[map]
-pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
-
-/// Adds one to a per-CPU unwind counter. Both contexts of [`Scratch`] walk stacks, so a CPU
-/// sample interrupting a heap walk between this load and store loses one of the two counts:
-/// a rare off-by-one in a diagnostic counter, accepted (the BPF target's `core` offers no
-/// atomic add).
-#[inline(always)]
-pub fn bump_unwind(index: u32) {
-    if let Some(slot) = UNWIND_COUNTERS.get_ptr_mut(index) {
+pub fn bump(counters: &PerCpuArray<u64>, index: u32) {
+    if let Some(slot) = counters.get_ptr_mut(index) {
         // SAFETY: this CPU's slot of a live array map element.
         unsafe { *slot += 1 };
     }
@@ -233,23 +94,22 @@ pub fn add_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, first: &V, add: i
     false
 }
 
-/// Adds one to a per-CPU counter. Per-CPU slots need no atomics: each counter map belongs
-/// to programs of one [`Scratch`] context, and those do not nest on a CPU.
+/// Set `set`'s half of a pair of maps: `set_0` or `set_1`. A program reads the active set
+/// once ([`active_set`]) and picks all its maps with it, so a count and the stack it names
+/// land in the same set even when userspace flips the sets meanwhile.
 #[inline(always)]
-pub fn bump(counter: CpuCounter) {
-    if let Some(slot) = CPU_COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: the pointer is to this CPU's slot of a live array map element.
-        unsafe { *slot += 1 };
+pub fn pick_set<'a, T>(set: u32, set_0: &'a T, set_1: &'a T) -> &'a T {
+    if set == 0 {
+        set_0
+    } else {
+        set_1
     }
 }
 
-/// Adds one to a per-CPU heap counter (see [`bump`]).
+/// Set `set`'s stack map.
 #[inline(always)]
-pub fn bump_heap(counter: HeapCounter) {
-    if let Some(slot) = HEAP_COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: this CPU's slot of a live array map element.
-        unsafe { *slot += 1 };
-    }
+pub fn stacks_of(set: u32) -> &'static HashMap<u64, Stack> {
+    pick_set(set, &STACKS_0, &STACKS_1)
 }
 
 /// The map set (0 or 1) the programs write to now.

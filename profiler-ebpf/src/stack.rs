@@ -3,19 +3,45 @@
 //! `bpf_get_stack` (not a `STACK_TRACE` map) so that stacks live in an ordinary hash map: a
 //! hash collision in a stack-trace map silently drops or overwrites stacks, a 64-bit hash key
 //! in a hash map does not.
+#![allow(non_upper_case_globals)]
 
 use core::ffi::c_void;
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_get_stack, maps::HashMap};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::generated::bpf_get_stack,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
 use profiler_common::{
     stack::{finish_hash, hash_frame, hash_seed},
     Stack, MAX_STACK_DEPTH, NO_STACK,
 };
 
 use crate::{
-    maps::{active_generation, Scratch, StoredStack, STACKS_1, STACK_SCRATCH, STORED_STACKS, STORED_STACKS_ENTRIES},
+    maps::{active_generation, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_SCRATCH},
     user_stack,
 };
+
+/// Stacks this CPU stored lately, by hash (see [`store`]): a hit skips the stack-map lookup,
+/// which costs about a microsecond per sample on these VMs. One table of
+/// [`STORED_STACKS_ENTRIES`] per [`Scratch`] slot.
+#[map]
+pub static STORED_STACKS: PerCpuArray<StoredStack> =
+    PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES * SCRATCH_SLOTS, 0);
+
+/// Entries of one [`STORED_STACKS`] table; a power of two (indexed by the hash's low bits).
+const STORED_STACKS_ENTRIES: u32 = 256;
+
+/// A stack hash known to be in the stack map of generation `generation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StoredStack {
+    hash: u64,
+    generation: u32,
+    /// 1 once written (generation 0 is a real generation).
+    valid: u32,
+}
 
 /// Why a stack is missing from a sample.
 pub enum StackError {

@@ -1,36 +1,68 @@
 //! The threadcreate profile: `task:task_newtask`, which runs in the creating thread's context
 //! with the new task's `clone_flags`. Only clones with `CLONE_THREAD` are threads of the
 //! creator's process; a fork or vfork (a new process) is not counted.
+#![allow(non_upper_case_globals)]
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
-use profiler_common::{futex::CLONE_THREAD, FutexCounter, ThreadKey};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{map, tracepoint},
+    maps::{PerCpuArray, PerCpuHashMap},
+    programs::TracePointContext,
+};
+use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
 
 use crate::{
-    futex::{read_field, user_stack},
-    maps::{active_set, add_or_insert, bump_futex, wanted, STACKS_0, STACKS_1, THREAD_COUNTS_0, THREAD_COUNTS_1},
+    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
+    stack::capture_user,
+    tracepoint::read_field,
 };
+
+#[map]
+pub static THREAD_COUNTS_0: PerCpuHashMap<ThreadKey, u64> =
+    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+#[map]
+pub static THREAD_COUNTS_1: PerCpuHashMap<ThreadKey, u64> =
+    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+
+#[map]
+pub static THREAD_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ThreadCounter::COUNT, 0);
 
 /// Offset of `u64 clone_flags` in the record (`/sys/kernel/tracing/events/task/task_newtask/format`).
 const CLONE_FLAGS: usize = 32;
 
 #[tracepoint]
 pub fn thread_create(ctx: TracePointContext) -> u32 {
-    let flags = read_field(&ctx, CLONE_FLAGS);
-    if flags & CLONE_THREAD == 0 {
-        return 0;
+    match try_thread_create(&ctx) {
+        Ok(()) | Err(()) => 0,
+    }
+}
+
+/// `Err` for a clone that is not counted (not a thread, filtered out, or the map full).
+#[inline(always)]
+fn try_thread_create(ctx: &TracePointContext) -> Result<(), ()> {
+    if read_field(ctx, CLONE_FLAGS) & CLONE_THREAD == 0 {
+        return Err(());
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !wanted(tgid) {
-        return 0;
+        return Err(());
     }
-    let (counts, stacks) =
-        if active_set() == 0 { (&THREAD_COUNTS_0, &STACKS_0) } else { (&THREAD_COUNTS_1, &STACKS_1) };
-    let stack = user_stack(stacks);
+    let set = active_set();
+    let mut truncated = false;
+    let stack = capture_user(stacks_of(set), &mut truncated, Scratch::Task).unwrap_or_else(|_| {
+        count(ThreadCounter::StackLost);
+        NO_STACK
+    });
     let key = ThreadKey { tgid, _pad: 0, stack };
-    if add_or_insert(counts, &key, &1, |n| *n += 1) {
-        bump_futex(FutexCounter::ThreadsCreated);
-    } else {
-        bump_futex(FutexCounter::ThreadMapFull);
+    if !add_or_insert(pick_set(set, &THREAD_COUNTS_0, &THREAD_COUNTS_1), &key, &1, |n| *n += 1) {
+        count(ThreadCounter::MapFull);
+        return Err(());
     }
-    0
+    count(ThreadCounter::Created);
+    Ok(())
+}
+
+#[inline(always)]
+fn count(counter: ThreadCounter) {
+    bump(&THREAD_COUNTERS, counter as u32);
 }

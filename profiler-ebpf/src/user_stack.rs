@@ -12,28 +12,73 @@
 //! `rbp`. Here a frame is followed only if it lies above the previous one and within the
 //! stack's reach, so garbage is rejected without touching memory.
 
+#![allow(non_upper_case_globals)]
+
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs},
     },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::{
-    stack::STACK_WINDOW_WORDS,
+    maps::{UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES},
     unwind::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
         TABLE_SEARCH_STEPS,
     },
-    Stack, UnwindCounter, UnwindKind, UnwindRow, MAX_STACK_DEPTH,
+    Stack, Unsupported, UnwindCounter, UnwindKind, UnwindProcess, UnwindRow, UnwindTableInfo, MAX_STACK_DEPTH,
 };
 
-use crate::maps::{
-    bump_unwind, CachedRow, Scratch, ROW_CACHE, ROW_CACHE_ENTRIES, STACK_SCRATCH, STACK_WINDOW, UNWIND_PROCESSES,
-    UNWIND_ROWS, UNWIND_STATE, UNWIND_TABLES,
-};
+use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
+
+/// Every loaded unwind table's rows (resized at load time to the memory budget).
+#[map]
+// Mmapable: userspace writes whole tables into it directly, not one row per syscall.
+pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_DEFAULT_ENTRIES, BPF_F_MMAPABLE);
+
+#[map]
+pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
+
+// 8 KiB per process: allocate as processes are registered.
+#[map]
+pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
+    HashMap::with_max_entries(UNWIND_PROCESSES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
+
+#[map]
+pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+
+/// Rows this CPU found lately, by (table load id, offset): a hit skips the table's binary
+/// search, whose ~16 dependent reads spread over the row array were the largest part of a
+/// frame's cost (`step_callback` was a third of the futex programs' time). One table of
+/// [`ROW_CACHE_ENTRIES`] per [`Scratch`] slot; entries are only ever whole facts about an
+/// immutable table (a reloaded slot has a new load id), so a stale entry cannot match.
+#[map]
+pub static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_ENTRIES * SCRATCH_SLOTS, 0);
+
+/// Entries of one [`ROW_CACHE`] table; a power of two.
+const ROW_CACHE_ENTRIES: u32 = 512;
+
+/// The row found for `key` = (table load id << 32) | offset; key 0 is empty.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedRow {
+    key: u64,
+    row: UnwindRow,
+}
+
+/// Adds one to an unwinder counter (see [`bump`] for why both contexts may share it).
+#[inline(always)]
+fn count(index: u32) {
+    bump(&UNWIND_COUNTERS, index);
+}
 
 /// How far above the sampled stack pointer a frame may lie: the default 8 MiB main-thread
 /// stack limit. Frames beyond it are garbage, not frames.
@@ -189,33 +234,33 @@ fn step(state: &mut WalkState) -> bool {
         }
         k if k == UnwindKind::SignalFrame as u8 => return signal_frame_step(state),
         k if k == UnwindKind::EndOfStack as u8 => {
-            bump_unwind(UnwindCounter::EndOfStack as u32);
+            count(UnwindCounter::EndOfStack as u32);
             return false;
         }
         k if k == UnwindKind::Unsupported as u8 => {
-            let reason = (row.operand as u32).min(UnwindCounter::UNSUPPORTED_REASONS - 1);
-            bump_unwind(UnwindCounter::Unsupported0 as u32 + reason);
+            let reason = (row.operand as u32).min(Unsupported::COUNT as u32 - 1);
+            count(UnwindCounter::Unsupported0 as u32 + reason);
             return false;
         }
         _ => return fallback_step(state, UnwindCounter::NoCfi),
     };
     if cfa <= state.sp || cfa >= state.stack_top {
-        bump_unwind(UnwindCounter::BadFrame as u32);
+        count(UnwindCounter::BadFrame as u32);
         return false;
     }
     let Some(ra) = read_word(state, cfa - 8) else {
-        bump_unwind(UnwindCounter::BadRead as u32);
+        count(UnwindCounter::BadRead as u32);
         return false;
     };
     if row.rbp_cfa_words != 0 {
         let at = cfa.wrapping_add((row.rbp_cfa_words as i64 as u64) << 3);
         let Some(bp) = read_word(state, at) else {
-            bump_unwind(UnwindCounter::BadRead as u32);
+            count(UnwindCounter::BadRead as u32);
             return false;
         };
         state.bp = bp;
     }
-    bump_unwind(UnwindCounter::CfiFrames as u32);
+    count(UnwindCounter::CfiFrames as u32);
     state.sp = cfa;
     next_pc(state, ra)
 }
@@ -224,11 +269,11 @@ fn step(state: &mut WalkState) -> bool {
 #[inline(always)]
 fn next_pc(state: &mut WalkState, ra: u64) -> bool {
     if ra == 0 {
-        bump_unwind(UnwindCounter::EndOfStack as u32);
+        count(UnwindCounter::EndOfStack as u32);
         return false;
     }
     if ra >= USER_ADDR_LIMIT {
-        bump_unwind(UnwindCounter::BadFrame as u32);
+        count(UnwindCounter::BadFrame as u32);
         return false;
     }
     state.pc = ra;
@@ -247,14 +292,14 @@ fn signal_frame_step(state: &mut WalkState) -> bool {
         read_word(state, sp + sigframe::RSP_OFFSET),
         read_word(state, sp + sigframe::RIP_OFFSET),
     ) else {
-        bump_unwind(UnwindCounter::BadRead as u32);
+        count(UnwindCounter::BadRead as u32);
         return false;
     };
     if pc == 0 || pc >= USER_ADDR_LIMIT || next_sp == 0 || next_sp >= USER_ADDR_LIMIT {
-        bump_unwind(UnwindCounter::BadFrame as u32);
+        count(UnwindCounter::BadFrame as u32);
         return false;
     }
-    bump_unwind(UnwindCounter::SignalFrames as u32);
+    count(UnwindCounter::SignalFrames as u32);
     // The handler may run on an alternate stack: the interrupted stack gets its own bounds.
     state.stack_top = next_sp.saturating_add(MAX_STACK_SPAN);
     state.sp = next_sp;
@@ -271,12 +316,12 @@ fn signal_frame_step(state: &mut WalkState) -> bool {
 /// mappings; otherwise frame pointers.
 #[inline(always)]
 fn fallback_step(state: &mut WalkState, reason: UnwindCounter) -> bool {
-    bump_unwind(reason as u32);
+    count(reason as u32);
     if state.exact == 1 && reason != UnwindCounter::NoProcess {
         let sp = state.sp;
         if let Some(ra) = read_word(state, sp) {
             if ra != 0 && ra < USER_ADDR_LIMIT && find_mapping(state, ra - 1).is_ok() {
-                bump_unwind(UnwindCounter::LeafGuesses as u32);
+                count(UnwindCounter::LeafGuesses as u32);
                 state.sp = sp + 8;
                 return next_pc(state, ra);
             }
@@ -294,10 +339,10 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
         return false;
     }
     let (Some(next_bp), Some(ra)) = (read_word(state, bp), read_word(state, bp + 8)) else {
-        bump_unwind(UnwindCounter::BadRead as u32);
+        count(UnwindCounter::BadRead as u32);
         return false;
     };
-    bump_unwind(UnwindCounter::FramePointerFrames as u32);
+    count(UnwindCounter::FramePointerFrames as u32);
     state.sp = bp + 16;
     state.bp = next_bp;
     next_pc(state, ra)
@@ -445,7 +490,7 @@ fn row_at(shards: *const u16, index: u32) -> Option<UnwindRow> {
 /// window around `addr`.
 #[inline(always)]
 fn read_word(state: &mut WalkState, addr: u64) -> Option<u64> {
-    let Some(window) = STACK_WINDOW.get_ptr_mut(state.slot) else { return None };
+    let window = STACK_WINDOW.get_ptr_mut(state.slot)?;
     // SAFETY: this CPU's window buffer for the walk's context, see `Scratch`.
     let window = unsafe { &mut *window };
     if addr < state.window_base

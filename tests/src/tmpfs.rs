@@ -43,7 +43,7 @@ impl Tmpfs {
         cmd.args(["if=/dev/zero", "bs=4k"]).arg(format!("of={}", file.display()));
         // dd exits 1 when the device fills up, which is the point.
         run_with_timeout(&mut cmd, Duration::from_secs(30));
-        let free = profiler_daemon::daemon::retention::available_bytes(&self.mount_point)
+        let free = profiler_daemon::sink::retention::available_bytes(&self.mount_point)
             .unwrap_or_else(|e| panic!("failed to read the free space of the tmpfs: {e}"));
         assert_eq!(free, 0, "dd left {free} bytes free on the tmpfs");
         file

@@ -89,6 +89,10 @@ pub fn run(needs: Needs) -> Result<()> {
     report.add(system::privileges(&host, needs.privileges));
     apt::check(&host, &apt::packages(needs.go), &mut report);
     toolchain::check(&mut report);
+    if needs.go {
+        // The test command checks formatting and lints first.
+        toolchain::lint_tools(&mut report);
+    }
     system::mounts(&host, &mut report);
     let missing = report.missing;
     if missing > 0 {

@@ -1,4 +1,4 @@
-//! One HTTP request to one response: parse, ask the collector within a deadline, render.
+//! One HTTP request to one response: parse, ask the collector within a deadline, answer.
 //! Knows HTTP status codes and content types; knows nothing about sockets or connections.
 
 use std::{convert::Infallible, time::Duration};
@@ -12,12 +12,14 @@ use hyper::{
 use tracing::{debug, warn};
 
 use crate::{
-    daemon::command::{CollectorHandle, ProfileBody, ProfileQuery, QueryError, QueryKind, Viewer},
+    control::{CollectorHandle, ProfileBody, ProfileQuery, QueryError, Viewer},
+    ids::Pid,
+    profiles::{ProfileKind, View},
     units::format_duration,
 };
 
 use super::{
-    render,
+    page,
     request::{ApiRequest, BadRequest},
 };
 
@@ -53,7 +55,7 @@ async fn answer(request: ApiRequest, collector: &CollectorHandle, viewer: Viewer
         Err(_) => {
             warn!(uid = viewer.uid, ?request, "the collector did not answer in time");
             let reason = format!("the collector did not answer within {}; try again later", format_duration(deadline));
-            text(StatusCode::SERVICE_UNAVAILABLE, render::error_body(&reason))
+            text(StatusCode::SERVICE_UNAVAILABLE, page::error_body(&reason))
         }
     }
 }
@@ -66,18 +68,18 @@ async fn dispatch(
     let query = match request {
         ApiRequest::Index => {
             let entries = collector.index(viewer).await?;
-            return Ok(text(StatusCode::OK, render::index(viewer, &entries)));
+            return Ok(text(StatusCode::OK, page::index(viewer, &entries)));
         }
         ApiRequest::Status => return Ok(json(collector.status().await?)),
         ApiRequest::Profile { pid, seconds } => {
-            ProfileQuery { viewer, pid, kind: QueryKind::Cpu, window: Some(secs(seconds)), text: false }
+            ProfileQuery { viewer, pid, view: View::of(ProfileKind::Cpu), window: Some(secs(seconds)), text: false }
         }
-        ApiRequest::Named { kind, pid, seconds, debug } => {
-            ProfileQuery { viewer, pid, kind, window: seconds.map(secs), text: debug }
+        ApiRequest::Named { view, pid, seconds, debug } => {
+            ProfileQuery { viewer, pid, view, window: seconds.map(secs), text: debug }
         }
     };
-    let (kind, pid) = (query.kind, query.pid);
-    Ok(profile(kind, pid, collector.profile(query).await?))
+    let (view, pid) = (query.view, query.pid);
+    Ok(profile(view, pid, collector.profile(query).await?))
 }
 
 fn window(request: ApiRequest) -> Option<Duration> {
@@ -92,12 +94,12 @@ fn secs(seconds: u64) -> Duration {
     Duration::from_secs(seconds)
 }
 
-fn profile(kind: QueryKind, pid: u32, body: ProfileBody) -> Response<Body> {
+fn profile(view: View, pid: Pid, body: ProfileBody) -> Response<Body> {
     if body.text {
         return response(StatusCode::OK, TEXT, body.bytes);
     }
     let mut response = response(StatusCode::OK, PROTO, body.bytes);
-    if let Ok(value) = HeaderValue::try_from(render::attachment(kind, pid)) {
+    if let Ok(value) = HeaderValue::try_from(page::attachment(view, pid)) {
         response.headers_mut().insert(header::CONTENT_DISPOSITION, value);
     }
     response
@@ -112,7 +114,7 @@ fn json(mut document: String) -> Response<Body> {
 
 fn refuse(bad: &BadRequest) -> Response<Body> {
     let status = StatusCode::from_u16(bad.status).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut response = text(status, render::error_body(&bad.reason));
+    let mut response = text(status, page::error_body(&bad.reason));
     if status == StatusCode::METHOD_NOT_ALLOWED {
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     }
@@ -125,16 +127,11 @@ pub fn status_of(err: &QueryError) -> StatusCode {
         QueryError::UnknownPid(_) | QueryError::NotEnabled(_) => StatusCode::NOT_FOUND,
         QueryError::Forbidden(_) => StatusCode::FORBIDDEN,
         QueryError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        QueryError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 fn query_error(err: &QueryError) -> Response<Body> {
-    let status = status_of(err);
-    if status == StatusCode::INTERNAL_SERVER_ERROR {
-        warn!(error = %err, "a profile query failed");
-    }
-    text(status, render::error_body(&err.to_string()))
+    text(status_of(err), page::error_body(&err.to_string()))
 }
 
 fn text(status: StatusCode, body: String) -> Response<Body> {
@@ -154,16 +151,14 @@ fn response(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ProfileKind;
 
     #[test]
     fn query_errors_map_to_http_statuses() {
         let cases = [
-            (QueryError::UnknownPid(1), 404),
+            (QueryError::UnknownPid(Pid(1)), 404),
             (QueryError::NotEnabled(ProfileKind::Heap), 404),
-            (QueryError::Forbidden(1), 403),
+            (QueryError::Forbidden(Pid(1)), 403),
             (QueryError::Unavailable("busy".into()), 503),
-            (QueryError::Internal("bug".into()), 500),
         ];
         for (err, status) in cases {
             assert_eq!(status_of(&err).as_u16(), status, "{err}");

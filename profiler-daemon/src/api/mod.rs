@@ -6,13 +6,13 @@
 //! comes from the collector through [`CollectorHandle`], and access control by uid is decided
 //! there too ([`Viewer`]); the server only identifies the peer with `SO_PEERCRED`.
 //!
-//! [`CollectorHandle`]: crate::daemon::command::CollectorHandle
-//! [`Viewer`]: crate::daemon::command::Viewer
+//! [`CollectorHandle`]: crate::control::CollectorHandle
+//! [`Viewer`]: crate::control::Viewer
 
 mod bind;
 mod handler;
+mod page;
 mod query;
-mod render;
 mod request;
 mod server;
 
@@ -22,7 +22,7 @@ mod tests;
 use std::{io, path::PathBuf};
 
 pub use bind::{bind, group_id};
-pub use request::{endpoint, ApiRequest, BadRequest, DEFAULT_CPU_SECONDS, MAX_SECONDS, PPROF_PREFIX};
+pub use request::{ApiRequest, BadRequest, DEFAULT_CPU_SECONDS, MAX_SECONDS, PPROF_PREFIX};
 pub use server::{serve, Limits};
 
 /// Why the socket could not be set up.

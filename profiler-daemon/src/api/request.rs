@@ -7,8 +7,11 @@
 
 use std::fmt;
 
-use crate::config::PID_MAX_LIMIT;
-use crate::daemon::command::QueryKind;
+use crate::{
+    config::PID_MAX_LIMIT,
+    ids::Pid,
+    profiles::{ProfileKind, View},
+};
 
 use super::query::{ParamError, Params};
 
@@ -28,11 +31,11 @@ pub enum ApiRequest {
     /// `GET /debug/pprof/`: the processes the viewer may see, with their profiles.
     Index,
     /// `GET /debug/pprof/profile?pid=P[&seconds=S]`: CPU over the next `seconds`.
-    Profile { pid: u32, seconds: u64 },
+    Profile { pid: Pid, seconds: u64 },
     /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`.
     Named {
-        kind: QueryKind,
-        pid: u32,
+        view: View,
+        pid: Pid,
         /// A delta over the next `seconds`; `None` = since the daemon started (heap: live now).
         seconds: Option<u64>,
         /// Go's legacy text form instead of gzipped protobuf.
@@ -79,7 +82,7 @@ enum Route {
     Index,
     Status,
     Cpu,
-    Named(QueryKind),
+    Named(View),
 }
 
 impl ApiRequest {
@@ -98,31 +101,7 @@ impl ApiRequest {
             Route::Named(kind) => named(path, kind, &params),
         }
     }
-
-    /// The collector-side kind this request asks for, if it asks for a profile.
-    pub fn kind(self) -> Option<QueryKind> {
-        match self {
-            Self::Profile { .. } => Some(QueryKind::Cpu),
-            Self::Named { kind, .. } => Some(kind),
-            Self::Index | Self::Status => None,
-        }
-    }
 }
-
-/// The last path segment under `/debug/pprof/` for a kind, as Go names it.
-pub fn endpoint(kind: QueryKind) -> &'static str {
-    match kind {
-        QueryKind::Cpu => "profile",
-        QueryKind::Heap => "heap",
-        QueryKind::Allocs => "allocs",
-        QueryKind::Block => "block",
-        QueryKind::Mutex => "mutex",
-        QueryKind::ThreadCreate => "threadcreate",
-    }
-}
-
-const NAMED: [QueryKind; 5] =
-    [QueryKind::Heap, QueryKind::Allocs, QueryKind::Block, QueryKind::Mutex, QueryKind::ThreadCreate];
 
 fn route(path: &str) -> Result<Route, BadRequest> {
     if path == "/status" {
@@ -132,11 +111,9 @@ fn route(path: &str) -> Result<Route, BadRequest> {
         return Ok(Route::Index);
     }
     let name = path.strip_prefix(PPROF_PREFIX).unwrap_or_default();
-    if name == endpoint(QueryKind::Cpu) {
-        return Ok(Route::Cpu);
-    }
-    match NAMED.into_iter().find(|&kind| endpoint(kind) == name) {
-        Some(kind) => Ok(Route::Named(kind)),
+    match View::at_endpoint(name) {
+        Some(view) if view.kind == ProfileKind::Cpu => Ok(Route::Cpu),
+        Some(view) => Ok(Route::Named(view)),
         None => Err(BadRequest::new(404, format!("no such endpoint {path}; see {PPROF_PREFIX} or /status"))),
     }
 }
@@ -148,7 +125,7 @@ fn cpu(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
     Ok(ApiRequest::Profile { pid, seconds })
 }
 
-fn named(path: &str, kind: QueryKind, params: &Params) -> Result<ApiRequest, BadRequest> {
+fn named(path: &str, view: View, params: &Params) -> Result<ApiRequest, BadRequest> {
     params.only(path, &["pid", "seconds", "debug"])?;
     let pid = pid(params)?;
     let seconds = seconds(params)?;
@@ -157,13 +134,13 @@ fn named(path: &str, kind: QueryKind, params: &Params) -> Result<ApiRequest, Bad
         Some("1") => true,
         Some(other) => return Err(BadRequest::bad(format!("debug must be 0 or 1, got {other:?}"))),
     };
-    Ok(ApiRequest::Named { kind, pid, seconds, debug })
+    Ok(ApiRequest::Named { view, pid, seconds, debug })
 }
 
-fn pid(params: &Params) -> Result<u32, BadRequest> {
+fn pid(params: &Params) -> Result<Pid, BadRequest> {
     let text = params.get("pid").ok_or_else(|| BadRequest::bad("missing pid parameter"))?;
     match digits(text) {
-        Some(pid @ 1..) if pid <= u64::from(PID_MAX_LIMIT) => Ok(pid as u32),
+        Some(pid @ 1..) if pid <= u64::from(PID_MAX_LIMIT) => Ok(Pid(pid as u32)),
         _ => Err(BadRequest::bad(format!("pid must be a process id from 1 to {PID_MAX_LIMIT}, got {text:?}"))),
     }
 }
@@ -188,7 +165,3 @@ fn digits(text: &str) -> Option<u64> {
     }
     Some(text.bytes().fold(0u64, |n, b| n.saturating_mul(10).saturating_add(u64::from(b - b'0'))))
 }
-
-#[cfg(test)]
-#[path = "request_tests.rs"]
-mod tests;

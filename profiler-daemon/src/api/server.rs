@@ -13,9 +13,9 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::daemon::command::{CollectorHandle, Viewer};
+use crate::control::{CollectorHandle, Viewer};
 
-use super::{handler, render};
+use super::{handler, page};
 
 /// The server's bounds. [`Limits::default`] suits the daemon; tests shorten the timeouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,7 +139,7 @@ async fn wait_for_slot(shared: &Shared) -> Option<OwnedSemaphorePermit> {
 /// Answers 503 without parsing anything: the point is to spend nothing on this client.
 async fn reject_busy(mut stream: UnixStream, write_timeout: Duration) {
     debug!("control socket busy, answering 503");
-    let body = render::error_body("too many connections to the profiler socket; try again later");
+    let body = page::error_body("too many connections to the profiler socket; try again later");
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -341,3 +341,25 @@ proptest! {
         let _ = parse(&lines.concat());
     }
 }
+
+#[test]
+fn flags_override_the_file_and_are_checked_like_its_keys() {
+    let dir = std::env::temp_dir().join(format!("profiler-config-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("profiler.toml");
+    std::fs::write(&file, "interval = \"10s\"\noutput_dir = \"/var/lib/a\"\n").unwrap();
+    let overrides = Overrides {
+        output_dir: Some("/var/lib/b".into()),
+        socket: None,
+        interval: Some(std::time::Duration::from_secs(5)),
+    };
+    let config = Config::load_with(Some(&file), &overrides).unwrap();
+    assert_eq!(config.output_dir, Path::new("/var/lib/b"));
+    assert_eq!(config.interval, std::time::Duration::from_secs(5));
+    let bad = Overrides { interval: Some(std::time::Duration::from_secs(0)), ..Overrides::default() };
+    let err = Config::load_with(Some(&file), &bad).unwrap_err();
+    assert!(message(&err).starts_with("--interval: "), "the flag, not the file's key: {}", message(&err));
+    let relative = Overrides { output_dir: Some("out".into()), ..Overrides::default() };
+    assert!(message(&Config::load_with(None, &relative).unwrap_err()).starts_with("--output: "));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,48 +1,60 @@
-//! The collector thread: the one owner of the BPF session, the aggregate, the counts and the
-//! symbolizer. It drains the kernel every second, writes a dump every interval, picks up
-//! heap targets, and answers the front's [`Command`]s. Everything here is blocking work, so
-//! it runs on its own thread, never on the async executor.
+//! The collector thread: the one owner of the [`Capture`], the counts and the symbolizer. It
+//! drains the kernel every second, writes a dump every interval, picks up heap targets, and
+//! answers the front's [`Command`]s. Everything here is blocking work, so it runs on its own
+//! thread with its own clock (the command channel's `recv_timeout`), never on the async
+//! executor. What to write, list or answer is decided in [`super::decide`].
 
 use std::{
     collections::{BTreeMap, HashSet},
-    path::PathBuf,
+    sync::mpsc::RecvTimeoutError,
     time::{Duration, Instant, SystemTime},
 };
 
-use tokio::{runtime::Handle, sync::mpsc};
+use tokio::sync::oneshot;
 
 use super::{
-    command::{Command, IndexEntry, ProfileBody, ProfileQuery, QueryError, QueryKind, Viewer},
-    dump::{self, DumpStats},
-    render::{render, RenderSettings, Window},
-    status,
+    decide::{self, facts, Serving},
+    status::{self, Status},
 };
 use crate::{
-    aggregate::{Aggregate, Counts, KnownProcess},
-    config::{Config, ProcessFacts, ProfileKind},
-    ebpf::{Batch, HeapAttachment, Session, SessionConfig},
-    error::Result,
-    pprof, procs, profiles,
+    capture::{Capture, CaptureConfig, CaptureError, Drained},
+    config::{Config, ProcessFacts},
+    control::{Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, ReloadError, Reloaded, Viewer},
+    ids::{Pid, StackId},
+    output, procs,
+    profiles::{heap::attachment_comment, Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View},
+    render::{Renderer, Window},
     resolve::{self, StackSample},
+    sink::{IntervalFiles, Sink},
     symbolize::Symbolizer,
-    unwind::{self, Unwinder},
 };
 
 /// How often the kernel maps are drained.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a process that exited without any data is kept (see `KnownProcess::sampled`):
-/// a few drains, so a sample taken just before its exit still finds it.
-const UNSAMPLED_GRACE: Duration = Duration::from_secs(3);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory; past it new stacks are counted and dropped.
-pub const MAX_STACKS: usize = 200_000;
+const MAX_STACKS: usize = 200_000;
 /// On-demand captures (`seconds=S`) in flight at once.
 const MAX_WINDOWS: usize = 16;
-/// Time per drain spent registering new processes with the unwinder (building tables).
-const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
 /// Capacity of the live heap block map.
 const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
+/// Resident memory above which the symbolizer's open files are closed after a dump (their
+/// symbols found are kept).
+const SYMBOLIZER_FILES_BUDGET: u64 = 40 << 20;
+/// Resident memory above which the symbol caches are dropped after a dump.
+const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
+
+/// Why the collector could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error("failed to start the collector thread")]
+    Thread(#[source] std::io::Error),
+    #[error("the collector thread died while starting")]
+    Died,
+}
 
 /// A `seconds=S` query waiting for its window to end.
 struct PendingWindow {
@@ -50,113 +62,85 @@ struct PendingWindow {
     start: SystemTime,
     deadline: Instant,
     counts: Counts,
-    reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>,
+    reply: oneshot::Sender<Result<ProfileBody, QueryError>>,
 }
 
-pub(super) struct Collector {
-    pub(super) config: Config,
-    session: Session,
-    pub(super) agg: Aggregate,
+struct Collector {
+    config: Config,
+    capture: Capture,
     interval: Counts,
     interval_start: SystemTime,
-    pub(super) total: Counts,
-    pub(super) started: SystemTime,
-    pub(super) started_at: Instant,
+    total: Counts,
+    started: SystemTime,
+    started_at: Instant,
     windows: Vec<PendingWindow>,
-    pub(super) heap_pids: BTreeMap<u32, HeapAttachment>,
-    heap_failed: HashSet<u32>,
-    pub(super) live_blocks: usize,
+    /// Heap targets that could not be probed (not retried until a reload).
+    heap_failed: HashSet<Pid>,
+    live_blocks: usize,
     sym: Symbolizer,
-    pub(super) unwinder: Unwinder,
-    pub(super) dumps: DumpStats,
-    pub(super) last_error: Option<String>,
+    sink: Sink,
+    last_error: Option<String>,
     /// Times the symbol caches were dropped for being over the memory budget.
-    pub(super) symbol_cache_resets: u64,
+    symbol_cache_resets: u64,
     /// Times the symbolizer's files were closed for being over the files budget.
-    pub(super) symbol_file_closes: u64,
-    cpu_attached: bool,
-    /// The futex programs (block and mutex profiles) are attached.
-    waits_attached: bool,
-    /// The thread-creation program (threadcreate profile) is attached.
-    threads_attached: bool,
+    symbol_file_closes: u64,
 }
 
 /// Loads and attaches on a new thread; returns once attached (or with the error), leaving
 /// the thread running until `Shutdown` or until every handle is dropped.
-pub fn spawn(config: Config, rx: mpsc::Receiver<Command>, rt: Handle) -> Result<std::thread::JoinHandle<()>> {
+pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHandle<()>, StartError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("collector".into())
         .spawn(move || match Collector::start(config) {
             Ok(mut collector) => {
                 let _ = ready_tx.send(Ok(()));
-                collector.run(rx, &rt);
+                collector.run(&commands);
             }
             Err(err) => {
                 let _ = ready_tx.send(Err(err));
             }
         })
-        .map_err(|source| crate::Error::Io { action: "start the collector thread".into(), source })?;
+        .map_err(StartError::Thread)?;
     match ready_rx.recv() {
-        Ok(result) => result.map(|()| thread),
-        Err(_) => Err(crate::Error::Usage("the collector thread died while starting".into())),
+        Ok(result) => result.map(|()| thread).map_err(StartError::Capture),
+        Err(_) => Err(StartError::Died),
     }
 }
 
 impl Collector {
-    fn start(config: Config) -> Result<Self> {
-        let mut session = Session::load(&SessionConfig {
+    fn start(config: Config) -> Result<Self, CaptureError> {
+        let capture = Capture::start(&CaptureConfig {
             pids: Vec::new(),
-            heap_sample_bytes: config.heap.sample_bytes,
+            // A reload may opt processes in to heap profiling later: its maps are kept
+            // whenever heap is on.
+            kinds: config.profiles.clone(),
+            settings: settings(&config),
             heap_max_live: HEAP_MAX_LIVE,
-            // A reload may opt processes in later: keep the heap maps whenever heap is on.
-            heap: config.is_enabled(ProfileKind::Heap),
-            futex: FUTEX_KINDS.iter().any(|&k| config.is_enabled(k)),
+            max_stacks: MAX_STACKS,
             enable_stats: false,
-            unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
         })?;
-        let cpu_attached = config.is_enabled(ProfileKind::Cpu);
-        if cpu_attached {
-            session.attach_cpu(config.cpu.frequency_hz)?;
-        }
-        let waits_attached = config.is_enabled(ProfileKind::Block) || config.is_enabled(ProfileKind::Mutex);
-        let threads_attached = config.is_enabled(ProfileKind::ThreadCreate);
-        if waits_attached || threads_attached {
-            let attached = session.attach_futex(waits_attached, threads_attached)?;
-            tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
-        }
         let now = SystemTime::now();
         Ok(Self {
+            sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention)),
             config,
-            session,
-            agg: Aggregate::with_max_stacks(MAX_STACKS),
+            capture,
             interval: Counts::default(),
             interval_start: now,
             total: Counts::default(),
             started: now,
             started_at: Instant::now(),
             windows: Vec::new(),
-            heap_pids: BTreeMap::new(),
             heap_failed: HashSet::new(),
             live_blocks: 0,
             sym: Symbolizer::new(),
-            unwinder: Unwinder::new(unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES)),
-            dumps: DumpStats::default(),
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
-            cpu_attached,
-            waits_attached,
-            threads_attached,
         })
     }
 
-    /// Why execs are not tracked by the kernel, if they are not.
-    pub(super) fn session_exec_tracking_error(&self) -> Option<String> {
-        self.session.exec_tracking_error().map(str::to_string)
-    }
-
-    fn run(&mut self, mut rx: mpsc::Receiver<Command>, rt: &Handle) {
+    fn run(&mut self, commands: &Commands) {
         let mut next_drain = Instant::now() + DRAIN_INTERVAL;
         let mut next_dump = Instant::now() + self.config.interval;
         let mut next_scan = Instant::now();
@@ -164,21 +148,16 @@ impl Collector {
             let wake =
                 [next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline)).min();
             let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
-            match rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
-                Ok(Some(Command::Shutdown { reply })) => {
-                    self.drain();
-                    self.dump();
+            match commands.recv_timeout(wait) {
+                Ok(Command::Shutdown { reply }) => {
+                    self.final_dump();
                     let _ = reply.send(());
                     return;
                 }
-                Ok(Some(command)) => self.handle(command),
+                Ok(command) => self.handle(command),
                 // Every handle is gone: the front has stopped. Leave a final dump.
-                Ok(None) => {
-                    self.drain();
-                    self.dump();
-                    return;
-                }
-                Err(_elapsed) => {}
+                Err(RecvTimeoutError::Disconnected) => return self.final_dump(),
+                Err(RecvTimeoutError::Timeout) => {}
             }
             let now = Instant::now();
             if now >= next_scan {
@@ -197,6 +176,11 @@ impl Collector {
         }
     }
 
+    fn final_dump(&mut self) {
+        self.drain();
+        self.dump();
+    }
+
     fn handle(&mut self, command: Command) {
         match command {
             Command::Index { viewer, reply } => {
@@ -204,12 +188,7 @@ impl Collector {
             }
             Command::Profile { query, reply } => self.query(query, reply),
             Command::Status { reply } => {
-                let _ = reply.send(status::render(self));
-            }
-            Command::Dump { reply } => {
-                self.drain();
-                self.dump();
-                let _ = reply.send(());
+                let _ = reply.send(status::render(&self.status()));
             }
             Command::Reload { config, reply } => {
                 let _ = reply.send(self.reload(*config));
@@ -218,29 +197,27 @@ impl Collector {
         }
     }
 
-    /// Drains one map set into the aggregate and every open window.
+    /// Drains one map set into every open window and symbolizes what is new.
     fn drain(&mut self) {
-        let batch = match self.session.drain() {
-            Ok(batch) => batch,
-            Err(err) => return self.record_error(format!("failed to drain the BPF maps: {err}")),
-        };
-        let new_stacks = self.agg.learn(&batch);
+        match self.capture.drain() {
+            Ok(drained) => self.take(drained),
+            Err(err) => self.record_error(&err),
+        }
+    }
+
+    /// Counts a drained batch in every window, and forgets what the capture forgot.
+    fn take(&mut self, drained: Drained) {
+        let Drained { batch, new_stacks, gone, problems } = drained;
         self.interval.add(&batch);
         self.total.add(&batch);
         for window in &mut self.windows {
             window.counts.add(&batch);
         }
-        match self.unwinder.take_execs(&mut self.session) {
-            // A new image is registered now, not after its first sample: until then its
-            // stacks would be walked with frame pointers only.
-            Ok(pids) => pids.into_iter().for_each(|pid| self.agg.exec_seen(pid)),
-            Err(err) => self.record_error(format!("failed to read the processes that called execve: {err}")),
+        for pid in &gone {
+            self.heap_failed.remove(pid);
         }
-        let gone = self.agg.prune_unsampled(UNSAMPLED_GRACE);
-        self.forget_processes(&gone);
-        let seen = self.agg.processes().map(|p| (p.pid, p.maps_version));
-        if let Err(err) = self.unwinder.sync(&mut self.session, seen, Some(UNWIND_SYNC_BUDGET)) {
-            self.record_error(format!("failed to load unwind tables: {err}"));
+        if let Some(problem) = problems.last() {
+            self.record_error(problem);
         }
         self.presymbolize(&batch, &new_stacks);
     }
@@ -249,41 +226,49 @@ impl Collector {
     /// them in the symbol cache: the cost of reading a file's symbols is paid a little per
     /// drain as stacks appear, and a dump (or a query) only encodes. Only processes the
     /// output selects are symbolized.
-    fn presymbolize(&mut self, batch: &Batch, new_stacks: &HashSet<u64>) {
+    fn presymbolize(&mut self, batch: &crate::ebpf::Batch, new_stacks: &HashSet<StackId>) {
         if new_stacks.is_empty() {
             return;
         }
-        let mut by_pid: BTreeMap<u32, Vec<StackSample>> = BTreeMap::new();
-        for (pid, sample) in profiles::batch_stacks(batch, new_stacks) {
-            by_pid.entry(pid).or_default().push(sample);
+        let mut by_pid: BTreeMap<Pid, Vec<StackSample>> = BTreeMap::new();
+        for seen in crate::profiles::sightings(batch) {
+            if new_stacks.contains(&seen.user_stack) || new_stacks.contains(&seen.kernel_stack) {
+                by_pid.entry(seen.pid).or_default().push(StackSample {
+                    user_stack: seen.user_stack,
+                    kernel_stack: seen.kernel_stack,
+                    user_leaf_is_return: seen.user_leaf_is_return,
+                    values: Vec::new(),
+                    labels: Vec::new(),
+                });
+            }
         }
+        let catalog = self.capture.catalog();
         for (pid, samples) in by_pid {
-            let Some(process) = self.agg.process(pid) else { continue };
+            let Some(process) = catalog.process(pid) else { continue };
             if self.config.processes.matches(&facts(process)) {
                 // The result is dropped: what is kept is the symbolizer's cache.
-                let _ = resolve::resolve(process, &self.agg, samples, &mut self.sym);
+                let _ = resolve::resolve(process, catalog, samples, &mut self.sym);
             }
         }
     }
 
-    /// Reads the live heap blocks into `counts` (then drains, so the stacks they name are
-    /// known).
+    /// Reads the live heap blocks into every window (then drains, so the stacks they name
+    /// are known).
     fn refresh_live(&mut self) {
-        if self.heap_pids.is_empty() {
+        if self.capture.heap_pids().is_empty() {
             return;
         }
-        let blocks = match self.session.live_blocks() {
-            Ok(blocks) => blocks,
-            Err(err) => return self.record_error(format!("failed to read the live heap: {err}")),
+        let live = match self.capture.live() {
+            Ok(live) => live,
+            Err(err) => return self.record_error(&err),
         };
-        self.live_blocks = blocks.len();
-        let pids: Vec<u32> = self.heap_pids.keys().copied().collect();
-        self.interval.set_live(&pids, &blocks);
-        self.total.set_live(&pids, &blocks);
+        self.live_blocks = live.blocks.len();
+        self.interval.set_live(&live.pids, &live.blocks);
+        self.total.set_live(&live.pids, &live.blocks);
         for window in &mut self.windows {
-            window.counts.set_live(&pids, &blocks);
+            window.counts.set_live(&live.pids, &live.blocks);
         }
-        self.drain();
+        self.take(live.drained);
     }
 
     /// Writes the interval's profiles, applies retention, forgets exited processes.
@@ -295,78 +280,60 @@ impl Collector {
             duration: end.duration_since(self.interval_start).unwrap_or_default(),
         };
         let interval = std::mem::take(&mut self.interval);
-        let started = Instant::now();
-        let targets = self.dump_targets(&interval);
-        let settings = self.settings();
-        let counters = self.counters().unwrap_or_default();
-        let result = dump::write_interval(
-            &self.config,
-            &self.agg,
-            &interval,
-            &targets,
-            settings,
-            &window,
-            end,
-            &counters,
-            &mut self.sym,
-            &mut self.dumps,
-        );
-        if let Err(message) = result {
-            self.record_error(message);
-        }
-        self.dumps.last_duration = started.elapsed();
         self.interval_start = end;
+        let serving = self.serving();
+        let targets = decide::dump_targets(&serving, &self.config.processes, self.capture.catalog(), &interval);
+        let counters = self.capture.counters().unwrap_or_default();
+        let renderer = Renderer {
+            catalog: self.capture.catalog(),
+            settings: settings(&self.config),
+            context: Context::Interval,
+            window,
+            counters: &counters,
+        };
+        let files = targets.iter().map(|(_, kinds)| kinds.len()).sum();
+        let Sink::Files(sink) = &mut self.sink;
+        let result = match sink.begin(end, files) {
+            Ok(mut dump) => {
+                for (pid, kinds) in &targets {
+                    let (Some(process), Some(counts)) = (renderer.catalog.process(*pid), interval.process(*pid)) else {
+                        continue;
+                    };
+                    for &kind in kinds {
+                        let started = Instant::now();
+                        let notes = notes(&self.capture, *pid, kind);
+                        let rendered = renderer.render(process, counts, View::of(kind), notes, &mut self.sym);
+                        dump.rendered_in(started.elapsed());
+                        dump.put(&rendered);
+                    }
+                }
+                dump.finish()
+            }
+            Err(err) => Err(err),
+        };
+        if let Err(err) = result {
+            self.record_error(&err);
+        }
         self.bound_symbol_caches();
-        let grace = self.config.interval.max(Duration::from_secs(60));
-        let keep: Vec<&Counts> = std::iter::once(&self.total).chain(self.windows.iter().map(|w| &w.counts)).collect();
-        let gone = self.agg.prune(grace, &keep);
-        self.total.forget(&gone);
-        self.forget_processes(&gone);
+        self.prune();
     }
 
-    /// Drops what the session and the collector hold for exited processes.
-    fn forget_processes(&mut self, gone: &[u32]) {
-        if gone.is_empty() {
-            return;
+    /// Forgets the processes gone for a while and the stacks nothing references any more.
+    fn prune(&mut self) {
+        let grace = self.config.interval.max(Duration::from_secs(60));
+        let mut keep = HashSet::new();
+        self.total.stacks(&mut keep);
+        for window in &self.windows {
+            window.counts.stacks(&mut keep);
         }
-        if let Err(err) = self.unwinder.forget(&mut self.session, gone) {
-            self.record_error(format!("failed to forget the unwind mappings of exited processes: {err}"));
-        }
-        let heap_gone: Vec<u32> = gone.iter().copied().filter(|pid| self.heap_pids.contains_key(pid)).collect();
-        if let Err(err) = self.session.forget_processes(&heap_gone) {
-            self.record_error(format!("failed to clear the heap maps of exited processes: {err}"));
-        }
-        if self.waits_attached {
-            if let Err(err) = self.session.forget_futex_waits(gone) {
-                self.record_error(format!("failed to clear the futex waits of exited processes: {err}"));
-            }
-        }
-        for pid in gone {
-            self.heap_pids.remove(pid);
+        let (gone, problems) = self.capture.prune(grace, &keep);
+        self.total.forget(&gone);
+        for pid in &gone {
             self.heap_failed.remove(pid);
         }
-    }
-
-    /// (pid, kinds) to write for the interval: selected processes with data.
-    fn dump_targets(&self, interval: &Counts) -> Vec<(u32, Vec<ProfileKind>)> {
-        interval
-            .iter()
-            .filter_map(|(pid, counts)| {
-                let process = self.agg.process(pid)?;
-                if !self.config.processes.matches(&facts(process)) {
-                    return None;
-                }
-                let mut kinds = Vec::new();
-                if self.cpu_attached && counts.cpu_total > 0 {
-                    kinds.push(ProfileKind::Cpu);
-                }
-                if self.heap_pids.contains_key(&pid) {
-                    kinds.push(ProfileKind::Heap);
-                }
-                kinds.extend(FUTEX_KINDS.into_iter().filter(|&k| self.futex_enabled(k) && futex_count(counts, k) > 0));
-                (!kinds.is_empty()).then_some((pid, kinds))
-            })
-            .collect()
+        if let Some(problem) = problems.last() {
+            self.record_error(problem);
+        }
     }
 
     /// Bounds the symbolizer's memory after a dump, in two steps. Past
@@ -396,40 +363,23 @@ impl Collector {
         unsafe { libc::malloc_trim(0) };
     }
 
-    fn settings(&self) -> RenderSettings {
-        RenderSettings { frequency_hz: self.config.cpu.frequency_hz, heap_sample_bytes: self.config.heap.sample_bytes }
+    /// The kinds served now, and the processes with heap probes.
+    fn serving(&self) -> Serving {
+        Serving {
+            kinds: ProfileKind::ALL
+                .into_iter()
+                .filter(|&kind| self.config.is_enabled(kind) && self.capture.has(kind.source()))
+                .collect(),
+            heap_pids: self.capture.heap_pids().into_iter().collect(),
+        }
     }
 
     fn index(&self, viewer: Viewer) -> Vec<IndexEntry> {
-        self.total
-            .iter()
-            .filter_map(|(pid, counts)| {
-                let process = self.agg.process(pid)?;
-                let uid = process.info.as_ref().map(|i| i.uid)?;
-                if !viewer.may_see(uid) || !self.config.processes.matches(&facts(process)) {
-                    return None;
-                }
-                let mut profiles = Vec::new();
-                if self.cpu_attached {
-                    profiles.push((ProfileKind::Cpu, counts.cpu_total));
-                }
-                if self.heap_pids.contains_key(&pid) {
-                    profiles.push((ProfileKind::Heap, counts.heap_samples()));
-                }
-                for kind in FUTEX_KINDS.into_iter().filter(|&k| self.futex_enabled(k)) {
-                    profiles.push((kind, futex_count(counts, kind)));
-                }
-                Some(IndexEntry { pid, name: process.name.clone(), uid, profiles })
-            })
-            .collect()
+        decide::index(&self.serving(), &self.config.processes, self.capture.catalog(), &self.total, viewer)
     }
 
-    fn query(
-        &mut self,
-        query: ProfileQuery,
-        reply: tokio::sync::oneshot::Sender<std::result::Result<ProfileBody, QueryError>>,
-    ) {
-        if let Err(err) = self.check_query(&query) {
+    fn query(&mut self, query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>>) {
+        if let Err(err) = decide::check_query(&self.serving(), &self.config.processes, self.capture.catalog(), &query) {
             let _ = reply.send(Err(err));
             return;
         }
@@ -447,70 +397,35 @@ impl Collector {
                 reply,
             }),
             None => {
-                if query.kind.profile_kind() == ProfileKind::Heap {
+                if query.view.kind == ProfileKind::Heap {
                     self.refresh_live();
                 }
                 let window = Window { start: self.started, duration: self.started_at.elapsed() };
                 let counts = self.total.process(query.pid).cloned().unwrap_or_default();
-                let _ = reply.send(self.answer(&query, &counts, &window));
+                let _ = reply.send(self.answer(&query, &counts, window));
             }
-        }
-    }
-
-    /// Whether the viewer may have this profile, and whether it exists.
-    fn check_query(&self, query: &ProfileQuery) -> std::result::Result<(), QueryError> {
-        let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?;
-        let uid = process.info.as_ref().map(|i| i.uid);
-        if !uid.is_some_and(|uid| query.viewer.may_see(uid)) && query.viewer != Viewer::ROOT {
-            return Err(QueryError::Forbidden(query.pid));
-        }
-        if !self.config.processes.matches(&facts(process)) {
-            return Err(QueryError::UnknownPid(query.pid));
-        }
-        let kind = query.kind.profile_kind();
-        let enabled = match kind {
-            ProfileKind::Cpu => self.cpu_attached,
-            ProfileKind::Heap => self.heap_pids.contains_key(&query.pid),
-            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::ThreadCreate => self.futex_enabled(kind),
-        };
-        if enabled {
-            Ok(())
-        } else {
-            Err(QueryError::NotEnabled(kind))
         }
     }
 
     fn answer(
         &mut self,
         query: &ProfileQuery,
-        counts: &crate::aggregate::ProcessCounts,
-        window: &Window,
-    ) -> std::result::Result<ProfileBody, QueryError> {
-        let process = self.agg.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?.clone();
-        let counters = self.counters().unwrap_or_default();
-        let comments = match query.kind.profile_kind() {
-            ProfileKind::Heap => {
-                profiles::heap_comments("when this profile was taken", &counters, self.config.heap.sample_bytes)
-            }
-            ProfileKind::Block => profiles::block_comments("daemon query", &counters),
-            ProfileKind::Mutex => profiles::mutex_comments("daemon query", &counters),
-            ProfileKind::ThreadCreate => profiles::threadcreate_comments("daemon query", &counters),
-            ProfileKind::Cpu => profiles::cpu_comments("daemon query", &counters),
-        };
-        let alloc_default = query.kind == QueryKind::Allocs;
-        let profile = render(
-            &self.agg,
-            &process,
-            counts,
-            query.kind.profile_kind(),
-            alloc_default,
-            self.settings(),
+        counts: &ProcessCounts,
+        window: Window,
+    ) -> Result<ProfileBody, QueryError> {
+        let counters = self.capture.counters().unwrap_or_default();
+        let catalog = self.capture.catalog();
+        let process = catalog.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?;
+        let renderer = Renderer {
+            catalog,
+            settings: settings(&self.config),
+            context: Context::Query,
             window,
-            comments,
-            &mut self.sym,
-        )
-        .ok_or(QueryError::NotEnabled(query.kind.profile_kind()))?;
-        let bytes = if query.text { pprof::legacy_text(&profile).into_bytes() } else { pprof::encode_gzip(&profile) };
+            counters: &counters,
+        };
+        let notes = notes(&self.capture, query.pid, query.view.kind);
+        let rendered = renderer.render(process, counts, query.view, notes, &mut self.sym);
+        let bytes = if query.text { rendered.encoded.legacy_text().into_bytes() } else { rendered.encoded.gzip() };
         Ok(ProfileBody { bytes, text: query.text })
     }
 
@@ -524,7 +439,7 @@ impl Collector {
             return;
         }
         self.drain();
-        if due.iter().any(|w| w.query.kind.profile_kind() == ProfileKind::Heap) {
+        if due.iter().any(|w| w.query.view.kind == ProfileKind::Heap) {
             // Updates the open windows' live state; the due ones take it below.
             self.refresh_live();
         }
@@ -532,10 +447,9 @@ impl Collector {
             let window = Window { start: w.start, duration: w.start.elapsed().unwrap_or_default() };
             let mut counts = w.counts.process(w.query.pid).cloned().unwrap_or_default();
             if let Some(total) = self.total.process(w.query.pid) {
-                // inuse is the state at the end of the window, whenever the block was made.
-                counts.heap_live.clone_from(&total.heap_live);
+                counts = counts.with_live_from(total);
             }
-            let _ = w.reply.send(self.answer(&w.query, &counts, &window));
+            let _ = w.reply.send(self.answer(&w.query, &counts, window));
         }
     }
 
@@ -543,25 +457,26 @@ impl Collector {
         if !self.config.is_enabled(ProfileKind::Heap) || self.config.heap.include.is_empty() {
             return;
         }
-        for pid in procs::list_pids() {
-            if self.heap_pids.contains_key(&pid) || self.heap_failed.contains(&pid) || pid == std::process::id() {
+        for pid in procs::list_pids().into_iter().map(Pid) {
+            if self.capture.heap_attachment(pid).is_some()
+                || self.heap_failed.contains(&pid)
+                || pid.0 == std::process::id()
+            {
                 continue;
             }
-            let Ok(name) = procs::read_comm(pid) else { continue };
+            let Ok(name) = procs::read_comm(pid.0) else { continue };
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-            let cgroup = procs::read_cgroup(pid);
-            let facts = ProcessFacts { pid, name: &name, exe: exe.as_deref(), cgroup: cgroup.as_deref() };
+            let cgroup = procs::read_cgroup(pid.0);
+            let facts = ProcessFacts { pid: pid.0, name: &name, exe: exe.as_deref(), cgroup: cgroup.as_deref() };
             if !self.config.heap_profiles(&facts) {
                 continue;
             }
-            self.agg.track(pid);
-            match self.session.attach_heap(pid) {
+            match self.capture.attach_heap(pid) {
                 Ok(attachment) => {
-                    tracing::info!(pid, name, library = attachment.library, "heap probes attached");
-                    self.heap_pids.insert(pid, attachment);
+                    tracing::info!(pid = pid.0, name, library = attachment.library, "heap probes attached")
                 }
                 Err(err) => {
-                    tracing::warn!(pid, name, error = %err, "cannot heap-profile this process");
+                    tracing::warn!(pid = pid.0, name, error = %crate::error::chain(&err), "cannot heap-profile this process");
                     self.heap_failed.insert(pid);
                 }
             }
@@ -569,92 +484,73 @@ impl Collector {
     }
 
     /// Applies a new configuration. What the loaded programs fix (CPU frequency, heap
-    /// sampling rate, whether CPU sampling runs) needs a restart; everything else applies now.
-    fn reload(&mut self, config: Config) -> std::result::Result<(), String> {
-        let mut restart_needed = Vec::new();
-        if config.cpu.frequency_hz != self.config.cpu.frequency_hz {
-            restart_needed.push("cpu.frequency_hz");
+    /// sampling rate, which programs run) needs a restart, and the reply names those keys;
+    /// everything else applies now. A new output directory must be writable, or nothing
+    /// changes.
+    fn reload(&mut self, config: Config) -> Result<Reloaded, ReloadError> {
+        if config.output_dir != self.config.output_dir {
+            output::ensure_writable_dir(&config.output_dir).map_err(ReloadError::OutputDir)?;
         }
-        if config.heap.sample_bytes != self.config.heap.sample_bytes {
-            restart_needed.push("heap.sample_bytes");
-        }
-        if config.is_enabled(ProfileKind::Cpu) != self.cpu_attached {
-            restart_needed.push("profiles (cpu)");
-        }
-        let waits = config.is_enabled(ProfileKind::Block) || config.is_enabled(ProfileKind::Mutex);
-        if waits && !self.waits_attached {
-            restart_needed.push("profiles (block, mutex)");
-        }
-        if config.is_enabled(ProfileKind::ThreadCreate) && !self.threads_attached {
-            restart_needed.push("profiles (threadcreate)");
-        }
+        let loaded: Vec<Source> = Source::ALL.into_iter().filter(|&source| self.capture.has(source)).collect();
+        let restart_needed = decide::restart_needed(&self.config, &config, &loaded);
         if !restart_needed.is_empty() {
             tracing::warn!(keys = ?restart_needed, "these settings take effect after a restart");
         }
+        let Sink::Files(files) = &mut self.sink;
+        files.reconfigure(&config.output_dir, &config.retention);
         self.config = config;
         self.heap_failed.clear();
-        tracing::info!("configuration reloaded");
-        Ok(())
+        Ok(Reloaded { restart_needed })
     }
 
-    /// Whether a futex-fed profile type is both enabled now and attached since start (a reload
-    /// can turn one off, but turning one on needs a restart).
-    pub(super) fn futex_enabled(&self, kind: ProfileKind) -> bool {
-        let attached = match kind {
-            ProfileKind::Block | ProfileKind::Mutex => self.waits_attached,
-            ProfileKind::ThreadCreate => self.threads_attached,
-            ProfileKind::Cpu | ProfileKind::Heap => false,
-        };
-        attached && self.config.is_enabled(kind)
-    }
-
-    pub(super) fn record_error(&mut self, message: String) {
+    fn record_error(&mut self, err: &dyn std::error::Error) {
+        let message = crate::error::chain(err);
         tracing::error!("{message}");
         self.last_error = Some(message);
     }
 
-    pub(super) fn counters(&self) -> Option<crate::ebpf::Counters> {
-        self.session.counters().ok()
-    }
-
-    pub(super) fn output_dir(&self) -> PathBuf {
-        self.config.output_dir.clone()
+    fn status(&self) -> Status {
+        let catalog = self.capture.catalog();
+        let Sink::Files(files) = &self.sink;
+        Status {
+            uptime: self.started_at.elapsed(),
+            frequency_hz: self.config.cpu.frequency_hz,
+            serving: self.serving().kinds.into_iter().collect(),
+            heap_pids: self.capture.heap_pids(),
+            counters: self.capture.counters().unwrap_or_default(),
+            live_blocks: self.live_blocks,
+            stacks: catalog.stack_count(),
+            max_stacks: MAX_STACKS,
+            stacks_dropped: catalog.dropped_stacks,
+            processes: catalog.processes().count(),
+            unwinder: self.capture.unwinder_stats(),
+            exec_tracking_error: self.capture.exec_tracking_error().map(str::to_string),
+            output_dir: files.dir().to_path_buf(),
+            interval: self.config.interval,
+            dumps: files.stats().clone(),
+            symbol_cache_resets: self.symbol_cache_resets,
+            symbol_file_closes: self.symbol_file_closes,
+            last_error: self.last_error.clone(),
+        }
     }
 }
 
-/// Resident memory above which the symbolizer's open files are closed after a dump (their
-/// symbols found are kept).
-const SYMBOLIZER_FILES_BUDGET: u64 = 40 << 20;
-/// Resident memory above which the symbol caches are dropped after a dump.
-const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
+/// The settings that shape profiles.
+fn settings(config: &Config) -> Settings {
+    Settings { frequency_hz: config.cpu.frequency_hz, heap_sample_bytes: config.heap.sample_bytes }
+}
+
+/// Extra comment lines for a profile of `pid`: what was probed, for heap profiles.
+fn notes(capture: &Capture, pid: Pid, kind: ProfileKind) -> Vec<String> {
+    match (kind, capture.heap_attachment(pid)) {
+        (ProfileKind::Heap, Some(attachment)) => vec![attachment_comment(attachment)],
+        _ => Vec::new(),
+    }
+}
 
 /// This process's resident set size, from `/proc/self/statm`.
 fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
-}
-
-/// The profile types fed by the futex and thread-creation tracepoints.
-const FUTEX_KINDS: [ProfileKind; 3] = [ProfileKind::Block, ProfileKind::Mutex, ProfileKind::ThreadCreate];
-
-/// The number of events a futex-fed profile of `counts` holds: waits or threads.
-fn futex_count(counts: &crate::aggregate::ProcessCounts, kind: ProfileKind) -> u64 {
-    match kind {
-        ProfileKind::Block => counts.block_waits(),
-        ProfileKind::Mutex => counts.mutex_waits(),
-        ProfileKind::ThreadCreate => counts.threads_total(),
-        ProfileKind::Cpu | ProfileKind::Heap => 0,
-    }
-}
-
-/// What the process matchers look at.
-fn facts(process: &KnownProcess) -> ProcessFacts<'_> {
-    let info = process.info.as_ref();
-    ProcessFacts {
-        pid: process.pid,
-        name: &process.name,
-        exe: info.and_then(|i| i.exe.as_deref()),
-        cgroup: info.and_then(|i| i.cgroup.as_deref()),
-    }
 }

@@ -1,30 +1,28 @@
 //! `profiler run`: the long-running daemon. An async front (socket server, signals, systemd
-//! notifications) talks to one collector thread that owns all profiling state (see
-//! [`command`] for the protocol and [`collector`] for the owner).
+//! notifications) talks to one collector thread that owns all profiling state, through the
+//! messages of [`crate::control`]; [`collector`] is the owner, [`decide`] its decisions.
 
-pub mod collector;
-pub mod command;
-mod dump;
+mod collector;
+mod decide;
 pub mod notify;
-pub mod render;
-pub mod retention;
 mod status;
 
 use std::{path::PathBuf, time::Duration};
 
 use tokio::{
     signal::unix::{signal, SignalKind},
-    sync::{mpsc, watch},
+    sync::watch,
 };
 
 use crate::{
     api,
     cli::RunArgs,
-    config::{Config, INTERVAL_RANGE},
-    error::{chain, Error, Result},
+    config::{Config, Overrides},
+    control::{self, CollectorHandle},
+    error::{chain, Error},
     output, preflight,
 };
-use command::CollectorHandle;
+pub use collector::StartError;
 use notify::Notifier;
 
 /// The configuration file read when `--config` is not given.
@@ -33,8 +31,21 @@ pub const DEFAULT_CONFIG: &str = "/etc/profiler/profiler.toml";
 /// How long shutdown waits for in-flight socket requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Setup(#[from] Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Socket(#[from] api::ApiError),
+    #[error(transparent)]
+    Collector(#[from] StartError),
+}
+
 /// Runs the daemon until SIGTERM or SIGINT, then writes a final dump.
-pub fn run(args: &RunArgs) -> Result<()> {
+pub fn run(args: &RunArgs) -> Result<(), DaemonError> {
     let config = load_config(args)?;
     preflight::check_privileges()?;
     output::ensure_writable_dir(&config.output_dir)?;
@@ -42,13 +53,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|source| Error::Io { action: "start the async runtime".into(), source })?;
-    let listener = rt.block_on(async { api::bind(&config.socket) }).map_err(|e| Error::Usage(e.to_string()))?;
-    let (tx, rx) = mpsc::channel(64);
-    let collector = collector::spawn(config.clone(), rx, rt.handle().clone())?;
+    let listener = rt.block_on(async { api::bind(&config.socket) })?;
+    let (handle, commands) = control::channel();
+    let collector = collector::spawn(config.clone(), commands)?;
     let notifier = Notifier::from_env();
     tracing::info!(output = %config.output_dir.display(), socket = %config.socket.path.display(), "profiler running");
     notifier.ready(&format!("profiling; writing to {}", config.output_dir.display()));
-    rt.block_on(front(CollectorHandle::new(tx), listener, &notifier, args));
+    rt.block_on(front(handle, listener, &notifier, args));
     let _ = collector.join();
     tracing::info!("stopped");
     Ok(())
@@ -92,43 +103,49 @@ async fn front(handle: CollectorHandle, listener: tokio::net::UnixListener, noti
 /// SIGHUP: re-read the configuration; an invalid one is reported and the old one kept.
 async fn reload(handle: &CollectorHandle, notifier: &Notifier, args: &RunArgs) {
     notifier.reloading();
-    match load_config(args) {
-        Ok(config) => match handle.reload(config).await {
-            Ok(Ok(())) => tracing::info!("configuration reloaded"),
-            Ok(Err(err)) => tracing::error!(error = %err, "configuration not applied; keeping the old one"),
-            Err(err) => tracing::error!(error = %err, "configuration not applied"),
-        },
-        Err(err) => tracing::error!("invalid configuration, keeping the old one: {}", chain(&err)),
-    }
-    notifier.ready_after_reload("profiling");
+    let status = match load_config(args) {
+        Ok(config) => {
+            let dir = config.output_dir.display().to_string();
+            match handle.reload(config).await {
+                Ok(Ok(reloaded)) if reloaded.restart_needed.is_empty() => {
+                    tracing::info!("configuration reloaded");
+                    format!("profiling; writing to {dir}")
+                }
+                Ok(Ok(reloaded)) => {
+                    let keys = reloaded.restart_needed.join(", ");
+                    tracing::warn!("configuration reloaded; these settings take effect after a restart: {keys}");
+                    format!("profiling; writing to {dir}; restart to apply {keys}")
+                }
+                Ok(Err(err)) => not_applied(&err),
+                Err(err) => not_applied(&err),
+            }
+        }
+        Err(err) => {
+            tracing::error!("invalid configuration, keeping the old one: {}", chain(&err));
+            "profiling; the last reload failed (invalid configuration), the old one is kept".into()
+        }
+    };
+    notifier.ready_after_reload(&status);
+}
+
+/// Logs a reload the collector could not apply; returns the status line.
+fn not_applied(err: &dyn std::error::Error) -> String {
+    tracing::error!("configuration not applied, keeping the old one: {}", chain(err));
+    "profiling; the last reload failed, the old configuration is kept".into()
 }
 
 /// The configuration file (the default one may be absent: then the defaults apply), with
-/// the command-line flags on top.
-pub fn load_config(args: &RunArgs) -> Result<Config> {
-    let path = args.config.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
-    let mut config = if args.config.is_none() && !path.exists() {
-        tracing::info!(path = %path.display(), "no configuration file; using the defaults");
-        Config::default()
-    } else {
-        Config::load(&path).map_err(|err| Error::Usage(chain(&err)))?
-    };
-    if let Some(output) = &args.output {
-        config.output_dir.clone_from(output);
-    }
-    if let Some(socket) = &args.socket {
-        config.socket.path.clone_from(socket);
-    }
-    if let Some(interval) = args.interval {
-        if !INTERVAL_RANGE.contains(&interval) {
-            return Err(Error::Usage(format!(
-                "--interval {interval:?} is out of range; allowed {:?} to {:?}",
-                INTERVAL_RANGE.start(),
-                INTERVAL_RANGE.end()
-            )));
+/// the command-line flags applied before validation.
+pub fn load_config(args: &RunArgs) -> Result<Config, crate::config::ConfigError> {
+    let default = PathBuf::from(DEFAULT_CONFIG);
+    let path = match &args.config {
+        Some(path) => Some(path.as_path()),
+        None if default.exists() => Some(default.as_path()),
+        None => {
+            tracing::info!(path = DEFAULT_CONFIG, "no configuration file; using the defaults");
+            None
         }
-        config.interval = interval;
-        config.retention.max_age = config.retention.max_age.max(interval);
-    }
-    Ok(config)
+    };
+    let overrides = Overrides { output_dir: args.output.clone(), socket: args.socket.clone(), interval: args.interval };
+    Config::load_with(path, &overrides)
 }

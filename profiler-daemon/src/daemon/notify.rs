@@ -77,7 +77,8 @@ impl Notifier {
     }
 
     /// Whether messages go anywhere (running under systemd with a usable socket).
-    pub fn is_enabled(&self) -> bool {
+    #[cfg(test)]
+    fn is_enabled(&self) -> bool {
         self.target.is_some()
     }
 
@@ -90,11 +91,6 @@ impl Notifier {
     /// Startup is complete (the socket is listening, the programs are attached).
     pub fn ready(&self, status: &str) {
         self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
-    }
-
-    /// A free-form line shown by `systemctl status`.
-    pub fn status(&self, text: &str) {
-        self.send(&format!("STATUS={}", one_line(text)));
     }
 
     /// Shutdown has begun; systemd stops expecting watchdog pings.
@@ -120,7 +116,8 @@ impl Notifier {
         }
     }
 
-    /// The reload finished; the daemon is ready again.
+    /// The reload finished (applied or not); the daemon is ready again. `status` is the line
+    /// `systemctl status` shows.
     pub fn ready_after_reload(&self, status: &str) {
         self.ready(status);
     }
@@ -241,8 +238,8 @@ mod tests {
         assert!(notifier.is_enabled());
         notifier.ready("profiling 3 processes");
         assert_eq!(systemd.recv(), "READY=1\nSTATUS=profiling 3 processes");
-        notifier.status("two\nlines");
-        assert_eq!(systemd.recv(), "STATUS=two lines");
+        notifier.ready_after_reload("two\nlines");
+        assert_eq!(systemd.recv(), "READY=1\nSTATUS=two lines", "a status is one line");
         notifier.watchdog();
         assert_eq!(systemd.recv(), "WATCHDOG=1");
         notifier.stopping();

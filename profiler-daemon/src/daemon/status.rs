@@ -1,25 +1,56 @@
-//! `/status`: the collector's state as one JSON document (version, uptime, programs,
-//! samples, drops per reason, map fill levels, processes, files written, last error).
+//! `/status`: the daemon's state as one JSON document (version, uptime, programs, samples,
+//! drops per reason, map fill levels, processes, files written, last error), rendered from a
+//! [`Status`] value the collector fills in.
 
-use profiler_common::maps::{CPU_COUNTS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES};
+use std::{path::PathBuf, time::Duration};
+
+use profiler_common::{
+    maps::{CPU_COUNTS_MAX_ENTRIES, HEAP_LIVE_MAX_ENTRIES},
+    Unsupported, UnwindCounter as U,
+};
 use serde_json::json;
 
-use super::collector::{Collector, MAX_STACKS};
-use crate::config::ProfileKind;
+use crate::{ebpf::Counters, ids::Pid, profiles::ProfileKind, sink::DumpStats, unwind::UnwinderStats};
 
-pub(super) fn render(c: &Collector) -> String {
-    let counters = c.counters().unwrap_or_default();
-    let (cpu, heap, futex, d) = (counters.cpu, counters.heap, counters.futex, &c.dumps);
+/// What `/status` shows, as the collector knows it.
+#[derive(Debug)]
+pub struct Status {
+    pub uptime: Duration,
+    pub frequency_hz: u32,
+    /// The kinds served (enabled and attached).
+    pub serving: Vec<ProfileKind>,
+    pub heap_pids: Vec<Pid>,
+    pub counters: Counters,
+    pub live_blocks: usize,
+    pub stacks: usize,
+    pub max_stacks: usize,
+    pub stacks_dropped: u64,
+    pub processes: usize,
+    pub unwinder: UnwinderStats,
+    pub exec_tracking_error: Option<String>,
+    pub output_dir: PathBuf,
+    pub interval: Duration,
+    pub dumps: DumpStats,
+    pub symbol_cache_resets: u64,
+    pub symbol_file_closes: u64,
+    pub last_error: Option<String>,
+}
+
+/// The JSON document.
+pub fn render(s: &Status) -> String {
+    let (cpu, heap, futex, threads, d) =
+        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
+    let serves = |kind| s.serving.contains(&kind);
     let doc = json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_seconds": c.started_at.elapsed().as_secs(),
+        "uptime_seconds": s.uptime.as_secs(),
         "programs": {
-            "cpu": c.config.is_enabled(ProfileKind::Cpu),
-            "cpu_frequency_hz": c.config.cpu.frequency_hz,
-            "heap_processes": c.heap_pids.keys().collect::<Vec<_>>(),
-            "block": c.futex_enabled(ProfileKind::Block),
-            "mutex": c.futex_enabled(ProfileKind::Mutex),
-            "threadcreate": c.futex_enabled(ProfileKind::ThreadCreate),
+            "cpu": serves(ProfileKind::Cpu),
+            "cpu_frequency_hz": s.frequency_hz,
+            "heap_processes": s.heap_pids.iter().map(|p| p.0).collect::<Vec<_>>(),
+            "block": serves(ProfileKind::Block),
+            "mutex": serves(ProfileKind::Mutex),
+            "threadcreate": serves(ProfileKind::ThreadCreate),
         },
         "samples": {
             "cpu": cpu.samples,
@@ -27,7 +58,7 @@ pub(super) fn render(c: &Collector) -> String {
             "futex_waits": futex.waits,
             "futex_waits_charged_to_waker": futex.mutex_charged,
             "futex_wakes": futex.wakes,
-            "threads_created": futex.threads_created,
+            "threads_created": threads.created,
         },
         "drops": {
             "cpu_counts_map_full": cpu.counts_map_full,
@@ -45,21 +76,22 @@ pub(super) fn render(c: &Collector) -> String {
             "futex_waker_map_update_failed": futex.waker_map_full,
             "futex_woken_without_waker": futex.no_waker,
             "futex_stack_lost": futex.stack_lost,
-            "threadcreate_map_full": futex.thread_map_full,
-            "userspace_stack_table_full": c.agg.dropped_stacks,
+            "threadcreate_map_full": threads.map_full,
+            "threadcreate_stack_lost": threads.stack_lost,
+            "userspace_stack_table_full": s.stacks_dropped,
             "profiles_skipped_low_disk_space": d.skipped_low_space,
             "profile_write_errors": d.write_errors,
         },
         "maps": {
-            "heap_live": { "entries": c.live_blocks, "capacity": HEAP_LIVE_MAX_ENTRIES },
+            "heap_live": { "entries": s.live_blocks, "capacity": HEAP_LIVE_MAX_ENTRIES },
             "cpu_counts_capacity_per_set": CPU_COUNTS_MAX_ENTRIES,
-            "userspace_stacks": { "entries": c.agg.stack_count(), "capacity": MAX_STACKS },
+            "userspace_stacks": { "entries": s.stacks, "capacity": s.max_stacks },
         },
-        "unwind": unwind_status(c, &counters),
-        "processes_tracked": c.agg.processes().count(),
+        "unwind": unwind_status(s),
+        "processes_tracked": s.processes,
         "output": {
-            "dir": c.output_dir(),
-            "interval_seconds": c.config.interval.as_secs(),
+            "dir": s.output_dir,
+            "interval_seconds": s.interval.as_secs(),
             "dumps": d.dumps,
             "files_written": d.files_written,
             "bytes_written": d.bytes_written,
@@ -72,39 +104,34 @@ pub(super) fn render(c: &Collector) -> String {
                 "retention_ms": d.last_phases.retention.as_millis() as u64,
                 "cpu_ms": d.last_phases.cpu.as_millis() as u64,
             },
-            "symbol_cache_resets": c.symbol_cache_resets,
-            "symbol_file_closes": c.symbol_file_closes,
+            "symbol_cache_resets": s.symbol_cache_resets,
+            "symbol_file_closes": s.symbol_file_closes,
         },
-        "last_error": c.last_error,
+        "last_error": s.last_error,
     });
     serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()) + "\n"
 }
 
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel
 /// walker's frame counts per method and per fallback and stop reason.
-fn unwind_status(c: &Collector, counters: &crate::ebpf::Counters) -> serde_json::Value {
-    use profiler_common::UnwindCounter as U;
-    let s = c.unwinder.stats();
-    let u = counters.unwind;
-    let unsupported: serde_json::Map<String, serde_json::Value> = crate::unwind::Unsupported::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.name().to_string(), u.unsupported(i).into()))
-        .collect();
+fn unwind_status(s: &Status) -> serde_json::Value {
+    let (t, u) = (&s.unwinder, s.counters.unwind);
+    let unsupported: serde_json::Map<String, serde_json::Value> =
+        Unsupported::ALL.into_iter().map(|r| (r.name().to_string(), u.unsupported(r).into())).collect();
     json!({
-        "processes": s.processes,
-        "table_bytes": s.table_bytes,
-        "table_budget_bytes": s.budget_bytes,
-        "tables_loaded": s.tables.len(),
-        "tables_built": s.builds,
-        "build_ms_total": s.build_time.as_secs_f64() * 1e3,
-        "files_without_table": s.build_failures,
-        "tables_too_large": s.too_large,
-        "tables_not_loaded_budget_full": s.budget_full,
-        "tables_evicted": s.evictions,
-        "mappings_over_limit": s.mappings_over_limit,
-        "unreadable_files": s.unreadable_files,
-        "largest_tables": s.tables.iter().take(10).map(|t| json!({
+        "processes": t.processes,
+        "table_bytes": t.table_bytes,
+        "table_budget_bytes": t.budget_bytes,
+        "tables_loaded": t.tables.len(),
+        "tables_built": t.builds,
+        "build_ms_total": t.build_time.as_secs_f64() * 1e3,
+        "files_without_table": t.build_failures,
+        "tables_too_large": t.too_large,
+        "tables_not_loaded_budget_full": t.budget_full,
+        "tables_evicted": t.evictions,
+        "mappings_over_limit": t.mappings_over_limit,
+        "unreadable_files": t.unreadable_files,
+        "largest_tables": t.tables.iter().take(10).map(|t| json!({
             "file": t.name, "rows": t.rows, "bytes": t.bytes, "build_ms": t.build_duration.as_secs_f64() * 1e3,
         })).collect::<Vec<_>>(),
         "frames": {
@@ -123,6 +150,6 @@ fn unwind_status(c: &Collector, counters: &crate::ebpf::Counters) -> serde_json:
             "bad_frame": u.get(U::BadFrame),
             "unsupported_cfi": unsupported,
         },
-        "exec_tracking_error": c.session_exec_tracking_error(),
+        "exec_tracking_error": s.exec_tracking_error,
     })
 }

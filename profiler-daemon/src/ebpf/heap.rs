@@ -1,69 +1,92 @@
-//! The heap probes' side of the session: find a process's C library from its memory map,
-//! attach the allocator uprobes and the shared uretprobe to that process only, fill the
-//! sampling-interval table, and read the live-block map and counters.
+//! The heap probes' side of the session: attach the allocator uprobes and the shared
+//! uretprobe to one process's C library (a [`HeapTarget`] the caller found), fill the
+//! sampling-interval table, drain the allocation totals, and read the live-block map and
+//! counters.
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeScope},
         ProgramError, UProbe,
     },
     Ebpf,
 };
-use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, HeapCounter, LiveAlloc, LiveKey};
+use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, programs, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey};
 
-use super::{map_error, map_mut, map_ref, missing, program_error, sum_counter};
-use crate::{
-    error::{Error, Result},
-    procs, symbolize,
-};
+use super::{drain::drain_per_cpu, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use crate::ids::{Pid, StackId};
+
+/// The maps only the heap probes use (created with one entry when heap profiling is off).
+pub(super) const MAPS: [&str; 4] = [maps::HEAP_LIVE, maps::HEAP_PENDING, maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1];
+const TOTALS: [&str; 2] = [maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1];
 
 /// Allocator functions and the entry program each gets. Every one but `free` also gets
 /// the return program.
 const ENTRY_POINTS: [(&str, &str); 10] = [
-    ("malloc", "malloc_enter"),
-    ("calloc", "calloc_enter"),
-    ("realloc", "realloc_enter"),
-    ("reallocarray", "reallocarray_enter"),
-    ("posix_memalign", "posix_memalign_enter"),
-    ("aligned_alloc", "memalign_enter"),
-    ("memalign", "memalign_enter"),
-    ("valloc", "malloc_enter"),
-    ("pvalloc", "pvalloc_enter"),
-    ("free", "free_enter"),
+    ("malloc", programs::MALLOC_ENTER),
+    ("calloc", programs::CALLOC_ENTER),
+    ("realloc", programs::REALLOC_ENTER),
+    ("reallocarray", programs::REALLOCARRAY_ENTER),
+    ("posix_memalign", programs::POSIX_MEMALIGN_ENTER),
+    ("aligned_alloc", programs::MEMALIGN_ENTER),
+    ("memalign", programs::MEMALIGN_ENTER),
+    ("valloc", programs::MALLOC_ENTER),
+    ("pvalloc", programs::PVALLOC_ENTER),
+    ("free", programs::FREE_ENTER),
 ];
-const EXIT_PROGRAM: &str = "alloc_exit";
-const PROGRAMS: [&str; 9] = [
-    "malloc_enter",
-    "calloc_enter",
-    "realloc_enter",
-    "reallocarray_enter",
-    "posix_memalign_enter",
-    "memalign_enter",
-    "pvalloc_enter",
-    "free_enter",
-    EXIT_PROGRAM,
-];
+
+/// The allocator functions probed, in the order [`HeapTarget::offsets`] lists them.
+pub const HEAP_FUNCTIONS: [&str; 10] = {
+    let mut names = [""; 10];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = ENTRY_POINTS[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// Where to probe one process: its C library and the file offsets of the allocator
+/// functions in it (found by the caller from the library's symbols).
+#[derive(Clone, Debug)]
+pub struct HeapTarget {
+    pub pid: Pid,
+    /// The library as the process maps it.
+    pub library: String,
+    /// The same file, opened through the process's root (a container's own libc).
+    pub path: PathBuf,
+    /// The file offset of each of [`HEAP_FUNCTIONS`], `None` where the library does not
+    /// export it (not every C library exports `reallocarray` or `pvalloc`).
+    pub offsets: [Option<u64>; 10],
+}
 
 /// What was probed in one process.
 #[derive(Clone, Debug)]
 pub struct HeapAttachment {
-    pub pid: u32,
+    pub pid: Pid,
     /// The library probed, as the process maps it.
     pub library: String,
     /// Functions probed (those the library exports).
     pub functions: Vec<&'static str>,
 }
 
+/// Sampled allocations of one (process, stack) in the drained interval, unscaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawHeapTotals {
+    pub pid: Pid,
+    pub stack: StackId,
+    pub count: u64,
+    pub bytes: u64,
+}
+
 /// A sampled block that is still live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveBlock {
-    pub tgid: u32,
+    pub pid: Pid,
     pub size: u64,
-    /// Allocating stack hash or `NO_STACK`.
-    pub stack: u64,
+    pub stack: StackId,
 }
 
 /// Totals of the heap counters since load.
@@ -79,27 +102,20 @@ pub struct HeapCounters {
 }
 
 pub(super) fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
-    for name in PROGRAMS {
+    for name in programs::HEAP {
         uprobe(ebpf, name)?.load().map_err(program_error("load", name))?;
     }
     Ok(())
 }
 
-pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
-    let maps = procs::read_maps(pid)
-        .map_err(|source| Error::Io { action: format!("read /proc/{pid}/maps to find its C library"), source })?;
-    let library = find_libc(&maps).ok_or(Error::NoAllocator(pid))?;
-    // Through the process's root, so a process in a container gets its own libc.
-    let target = format!("/proc/{pid}/root{library}");
-    let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(pid))?);
-    let names = ENTRY_POINTS.map(|(function, _)| function);
-    let offsets = symbolize::symbol_offsets(std::path::Path::new(&target), &names);
+pub(super) fn attach(ebpf: &mut Ebpf, target: &HeapTarget) -> Result<HeapAttachment> {
+    let pid = target.pid;
+    let scope = UProbeScope::OneProcess(NonZeroU32::new(pid.0).ok_or_else(|| not_a_process(pid))?);
     let mut functions = Vec::new();
     let mut probed: Vec<u64> = Vec::new();
-    for ((function, entry), offset) in ENTRY_POINTS.into_iter().zip(offsets) {
-        // Not every C library exports every function (reallocarray, pvalloc).
+    for ((function, entry), offset) in ENTRY_POINTS.into_iter().zip(target.offsets) {
         let Some(offset) = offset else {
-            tracing::debug!(pid, function, library, "not exported; not probed");
+            tracing::debug!(pid = pid.0, function, library = target.library, "not exported; not probed");
             continue;
         };
         // An alias of a function already probed (memalign = aligned_alloc in glibc): a
@@ -109,22 +125,28 @@ pub(super) fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<HeapAttachment> {
             continue;
         }
         let at = || UProbeAttachLocation::AbsoluteOffset(offset);
-        uprobe(ebpf, entry)?.attach(at(), &target, scope).map_err(|e| attach_error(pid, function, e))?;
+        uprobe(ebpf, entry)?.attach(at(), &target.path, scope).map_err(|e| attach_error(pid, function, e))?;
         if function != "free" {
-            uprobe(ebpf, EXIT_PROGRAM)?.attach(at(), &target, scope).map_err(|e| attach_error(pid, function, e))?;
+            uprobe(ebpf, programs::ALLOC_EXIT)?
+                .attach(at(), &target.path, scope)
+                .map_err(|e| attach_error(pid, function, e))?;
         }
         probed.push(offset);
         functions.push(function);
     }
-    if !functions.contains(&"malloc") || !functions.contains(&"free") {
-        return Err(Error::NoAllocator(pid));
+    Ok(HeapAttachment { pid, library: target.library.clone(), functions })
+}
+
+fn not_a_process(pid: Pid) -> Error {
+    Error::Io {
+        action: format!("probe pid {pid}"),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "pid 0 is not a process"),
     }
-    Ok(HeapAttachment { pid, library, functions })
 }
 
 /// An attach failure; permission errors get the capability that fixes them (since Linux
 /// 6.16, and in stable backports, uprobes through perf need CAP_SYS_ADMIN again).
-fn attach_error(pid: u32, function: &'static str, source: ProgramError) -> Error {
+fn attach_error(pid: Pid, function: &'static str, source: ProgramError) -> Error {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&source);
     let mut denied = false;
     while let Some(err) = cause {
@@ -134,26 +156,9 @@ fn attach_error(pid: u32, function: &'static str, source: ProgramError) -> Error
         cause = err.source();
     }
     if denied {
-        return Error::Privileges {
-            missing: format!("CAP_SYS_ADMIN (needed to put uprobes on {function} in pid {pid})"),
-        };
+        return Error::UprobePermission { pid: pid.0, function };
     }
-    Error::Program { action: "attach (uprobe)", program: "heap probes", source }
-}
-
-/// The C library a process maps: glibc's `libc.so.6` or musl's `libc.musl-*`/`ld-musl-*`.
-fn find_libc(maps: &[procs::MapEntry]) -> Option<String> {
-    maps.iter()
-        .filter(|m| m.is_file())
-        .map(|m| m.path.as_str())
-        .find(|path| {
-            let name = path.rsplit('/').next().unwrap_or(path);
-            name.starts_with("libc.so")
-                || name.starts_with("libc-2.")
-                || name.starts_with("libc.musl")
-                || name.starts_with("ld-musl")
-        })
-        .map(str::to_string)
+    Error::Program { action: "attach (uprobe)", program: "heap probes", source: Box::new(source) }
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe> {
@@ -182,32 +187,50 @@ fn exponential_quantiles(mean: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Reads and empties set `set`'s allocation totals.
+pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawHeapTotals>> {
+    let sum = |values: &[HeapTotals]| {
+        values
+            .iter()
+            .fold(HeapTotals::default(), |a, v| HeapTotals { count: a.count + v.count, bytes: a.bytes + v.bytes })
+    };
+    Ok(drain_per_cpu(ebpf, TOTALS[set], sum)?
+        .into_iter()
+        .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals {
+            pid: Pid(key.tgid),
+            stack: StackId(key.stack),
+            count: t.count,
+            bytes: t.bytes,
+        })
+        .collect())
+}
+
 pub(super) fn live_blocks(ebpf: &Ebpf) -> Result<Vec<LiveBlock>> {
     let live: HashMap<&MapData, LiveKey, LiveAlloc> = map_ref(ebpf, maps::HEAP_LIVE)?;
     let mut blocks = Vec::new();
     for entry in live.iter() {
         // Entries freed during the iteration vanish from under it: skip them.
         let Ok((key, value)) = entry else { continue };
-        blocks.push(LiveBlock { tgid: key.tgid, size: value.size, stack: value.stack });
+        blocks.push(LiveBlock { pid: Pid(key.tgid), size: value.size, stack: StackId(value.stack) });
     }
     Ok(blocks)
 }
 
 /// Deletes the live blocks and in-flight calls of processes that are gone, so they do not
 /// fill the maps of a long-running session. Returns the number of entries removed.
-pub(super) fn forget_processes(ebpf: &mut Ebpf, tgids: &[u32]) -> Result<usize> {
-    if tgids.is_empty() {
+pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
+    if pids.is_empty() {
         return Ok(0);
     }
     let mut removed = 0;
     let mut live: HashMap<&mut MapData, LiveKey, LiveAlloc> = map_mut(ebpf, maps::HEAP_LIVE)?;
-    let dead: Vec<LiveKey> = live.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&k.tgid)).collect();
+    let dead: Vec<LiveKey> = live.keys().filter_map(|k| k.ok()).filter(|k| pids.contains(&Pid(k.tgid))).collect();
     for key in &dead {
         removed += usize::from(live.remove(key).is_ok());
     }
     let mut pending: HashMap<&mut MapData, u64, profiler_common::PendingAlloc> = map_mut(ebpf, maps::HEAP_PENDING)?;
     let dead: Vec<u64> =
-        pending.keys().filter_map(|k| k.ok()).filter(|k| tgids.contains(&((k >> 32) as u32))).collect();
+        pending.keys().filter_map(|k| k.ok()).filter(|k| pids.contains(&Pid((k >> 32) as u32))).collect();
     for key in &dead {
         removed += usize::from(pending.remove(key).is_ok());
     }
@@ -215,16 +238,16 @@ pub(super) fn forget_processes(ebpf: &mut Ebpf, tgids: &[u32]) -> Result<usize> 
 }
 
 pub(super) fn counters(ebpf: &Ebpf) -> Result<HeapCounters> {
-    let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, maps::HEAP_COUNTERS)?;
-    let get = |c: HeapCounter| sum_counter(&array, c as u32, maps::HEAP_COUNTERS);
+    let c: [u64; HeapCounter::COUNT as usize] = sum_counters(ebpf, maps::HEAP_COUNTERS)?;
+    let get = |counter: HeapCounter| c[counter as usize];
     Ok(HeapCounters {
-        sampled: get(HeapCounter::Sampled)?,
-        live_map_full: get(HeapCounter::LiveMapFull)?,
-        totals_map_full: get(HeapCounter::TotalsMapFull)?,
-        stack_lost: get(HeapCounter::StackLost)?,
-        pending_map_full: get(HeapCounter::PendingMapFull)?,
-        freed: get(HeapCounter::Freed)?,
-        out_ptr_unreadable: get(HeapCounter::OutPtrUnreadable)?,
+        sampled: get(HeapCounter::Sampled),
+        live_map_full: get(HeapCounter::LiveMapFull),
+        totals_map_full: get(HeapCounter::TotalsMapFull),
+        stack_lost: get(HeapCounter::StackLost),
+        pending_map_full: get(HeapCounter::PendingMapFull),
+        freed: get(HeapCounter::Freed),
+        out_ptr_unreadable: get(HeapCounter::OutPtrUnreadable),
     })
 }
 
@@ -242,11 +265,8 @@ mod tests {
     }
 
     #[test]
-    fn finds_glibc_and_musl() {
-        let entry = |path: &str| procs::MapEntry { start: 0, end: 1, offset: 0, path: path.into(), inode: 1 };
-        let glibc = [entry("/usr/bin/app"), entry("/usr/lib/x86_64-linux-gnu/libc.so.6")];
-        assert_eq!(find_libc(&glibc).as_deref(), Some("/usr/lib/x86_64-linux-gnu/libc.so.6"));
-        assert_eq!(find_libc(&[entry("/lib/ld-musl-x86_64.so.1")]).as_deref(), Some("/lib/ld-musl-x86_64.so.1"));
-        assert_eq!(find_libc(&[entry("/usr/lib/libcrypto.so.3")]), None);
+    fn functions_follow_the_entry_points() {
+        assert_eq!(HEAP_FUNCTIONS[0], "malloc");
+        assert_eq!(HEAP_FUNCTIONS[9], "free");
     }
 }

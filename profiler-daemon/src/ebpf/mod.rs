@@ -1,15 +1,18 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
-//! ([`cpu`]), the allocator probes ([`heap`]) and the futex and thread-creation tracepoints
-//! ([`futex`]), and reads the maps ([`drain`]).
+//! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`waits`]) and the
+//! thread-creation tracepoint ([`threads`]), drains their maps ([`drain`]) and feeds the
+//! unwinder's maps ([`unwind`]). Errors are [`Error`], which alone carries aya's types.
 //!
 //! Ownership: one [`Session`] owns the loaded object; dropping it detaches everything. Read
 //! what you need (counters, live heap) before dropping it.
 
 mod cpu;
 mod drain;
-mod futex;
+mod error;
 mod heap;
+mod threads;
 mod unwind;
+mod waits;
 
 use std::{os::fd::OwnedFd, time::Duration};
 
@@ -17,24 +20,27 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
     Ebpf, EbpfLoader,
 };
-pub use cpu::CpuCounters;
-pub use drain::{Batch, RawCpuSample, RawHeapTotals, RawThreadCount, RawWaitTotals};
-pub use futex::{FutexAttachment, FutexCounters, FUTEX_PROGRAMS, THREAD_PROGRAM};
-pub use heap::{HeapAttachment, HeapCounters, LiveBlock};
+pub use cpu::{CpuCounters, RawCpuSample};
+pub use drain::Batch;
+use error::{map_error, missing, program_error};
+pub use error::{Error, Result};
+pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
 use profiler_common::{globals, maps, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::UnwindCounters;
+pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
-use crate::error::{Error, Result};
+use crate::ids::Pid;
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
 /// Load-time choices (globals and map sizes cannot change after load).
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
-    /// Processes the CPU sampler records; empty means every process. (Heap probes are
-    /// attached per process and need no filter.)
-    pub pids: Vec<u32>,
+    /// Processes the programs record; empty means every process. (Heap probes are attached
+    /// per process and need no filter.)
+    pub pids: Vec<Pid>,
     /// Mean bytes between heap samples; 1 records every allocation.
     pub heap_sample_bytes: u64,
     /// Capacity of the live-block map.
@@ -42,9 +48,11 @@ pub struct SessionConfig {
     /// Whether heap probes may be attached; without them the heap maps are created with one
     /// entry, since preallocating them costs start-up time and kernel memory for nothing.
     pub heap: bool,
-    /// Whether the futex or thread-creation programs may be attached; without them their
-    /// count maps are created with one entry (as the heap maps are).
-    pub futex: bool,
+    /// Whether the futex programs (block and mutex) may be attached; without them their maps
+    /// are created with one entry, as the heap maps are.
+    pub waits: bool,
+    /// Whether the thread-creation program may be attached (the same for its maps).
+    pub threads: bool,
     /// Turn on the kernel's BPF run-time statistics while the session lives.
     pub enable_stats: bool,
     /// Rows of the unwind-table memory (8 bytes each; a multiple of
@@ -65,6 +73,7 @@ pub struct Counters {
     pub cpu: CpuCounters,
     pub heap: HeapCounters,
     pub futex: FutexCounters,
+    pub threads: ThreadCounters,
     pub unwind: UnwindCounters,
 }
 
@@ -74,6 +83,7 @@ pub struct Session {
     /// Map-set flips so far; the low bit is the set the kernel writes to.
     generation: u32,
     heap_loaded: bool,
+    unwind_rows: u32,
     /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
     exec_tracking_error: Option<String>,
     _stats: Option<OwnedFd>,
@@ -91,26 +101,12 @@ impl Session {
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
             .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
-        if !config.heap {
-            for map in [maps::HEAP_LIVE, maps::HEAP_PENDING, maps::HEAP_TOTALS_0, maps::HEAP_TOTALS_1] {
-                loader.map_max_entries(map, 1);
-            }
+        let unused: [(bool, &[&str]); 3] =
+            [(config.heap, &heap::MAPS), (config.waits, &waits::MAPS), (config.threads, &threads::MAPS)];
+        for map in unused.into_iter().filter(|(used, _)| !used).flat_map(|(_, maps)| maps.iter()) {
+            loader.map_max_entries(map, 1);
         }
-        if !config.futex {
-            for map in [
-                maps::BLOCK_COUNTS_0,
-                maps::BLOCK_COUNTS_1,
-                maps::MUTEX_COUNTS_0,
-                maps::MUTEX_COUNTS_1,
-                maps::THREAD_COUNTS_0,
-                maps::THREAD_COUNTS_1,
-                maps::FUTEX_PENDING,
-                maps::FUTEX_WAKERS,
-            ] {
-                loader.map_max_entries(map, 1);
-            }
-        }
-        let mut ebpf = loader.load(EBPF_OBJECT).map_err(Error::Load)?;
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
         select_pids(&mut ebpf, &config.pids)?;
         if config.heap {
             heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
@@ -124,7 +120,19 @@ impl Session {
             );
             message
         });
-        Ok(Self { ebpf, generation: 0, heap_loaded: false, exec_tracking_error, _stats: stats })
+        Ok(Self {
+            ebpf,
+            generation: 0,
+            heap_loaded: false,
+            unwind_rows: config.unwind_rows,
+            exec_tracking_error,
+            _stats: stats,
+        })
+    }
+
+    /// Rows of the unwind-table memory this session was loaded with.
+    pub fn unwind_rows(&self) -> u32 {
+        self.unwind_rows
     }
 
     /// Copies up to one shard of unwind-table rows into shard `shard` of the row memory.
@@ -138,18 +146,18 @@ impl Session {
     }
 
     /// Gives the walker the mappings of process `pid`.
-    pub fn set_unwind_process(&mut self, pid: u32, process: &UnwindProcess) -> Result<()> {
-        unwind::set_process(&mut self.ebpf, pid, process)
+    pub fn set_unwind_process(&mut self, pid: Pid, process: &UnwindProcess) -> Result<()> {
+        unwind::set_process(&mut self.ebpf, pid.0, process)
     }
 
     /// Makes the walker forget process `pid` (a no-op if it does not know it).
-    pub fn remove_unwind_process(&mut self, pid: u32) -> Result<()> {
-        unwind::remove_process(&mut self.ebpf, pid)
+    pub fn remove_unwind_process(&mut self, pid: Pid) -> Result<()> {
+        unwind::remove_process(&mut self.ebpf, pid.0)
     }
 
     /// Processes that called `execve` since the last call; the kernel already forgot their
     /// old mappings.
-    pub fn take_execs(&mut self) -> Result<Vec<u32>> {
+    pub fn take_execs(&mut self) -> Result<Vec<Pid>> {
         unwind::take_execs(&mut self.ebpf)
     }
 
@@ -163,19 +171,24 @@ impl Session {
         cpu::attach(&mut self.ebpf, frequency_hz)
     }
 
-    /// Probes the allocator functions of process `pid`'s C library.
-    pub fn attach_heap(&mut self, pid: u32) -> Result<HeapAttachment> {
+    /// Probes the allocator functions of `target`'s C library, for that process only.
+    pub fn attach_heap(&mut self, target: &HeapTarget) -> Result<HeapAttachment> {
         if !self.heap_loaded {
             heap::load_programs(&mut self.ebpf)?;
             self.heap_loaded = true;
         }
-        heap::attach(&mut self.ebpf, pid)
+        heap::attach(&mut self.ebpf, target)
     }
 
-    /// Attaches the futex programs (block and mutex profiles: `waits`) and the
-    /// thread-creation program (`threads`), system-wide but for the process filter. Call once.
-    pub fn attach_futex(&mut self, waits: bool, threads: bool) -> Result<FutexAttachment> {
-        futex::attach(&mut self.ebpf, waits, threads)
+    /// Attaches the futex programs (block and mutex profiles), system-wide but for the
+    /// process filter. Call once.
+    pub fn attach_waits(&mut self) -> Result<FutexAttachment> {
+        waits::attach(&mut self.ebpf)
+    }
+
+    /// Attaches the thread-creation program (threadcreate profile). Call once.
+    pub fn attach_threads(&mut self) -> Result<()> {
+        threads::attach(&mut self.ebpf)
     }
 
     /// Sums the per-CPU counters.
@@ -183,7 +196,8 @@ impl Session {
         Ok(Counters {
             cpu: cpu::counters(&self.ebpf)?,
             heap: heap::counters(&self.ebpf)?,
-            futex: futex::counters(&self.ebpf)?,
+            futex: waits::counters(&self.ebpf)?,
+            threads: threads::counters(&self.ebpf)?,
             unwind: unwind::counters(&self.ebpf)?,
         })
     }
@@ -200,8 +214,9 @@ impl Session {
         let drained = self.generation & 1;
         // The kernel reads the generation, whose low bit is the set: its notes of stacks
         // stored (`STORED_STACKS`) are per generation, so none outlives the set's clearing.
-        self.generation = self.generation.wrapping_add(1);
-        self.set_active(self.generation)?;
+        let next = self.generation.wrapping_add(1);
+        self.set_active(next)?;
+        self.generation = next;
         // A program that read the old set index just before the flip is still writing to it.
         // BPF programs run to completion in microseconds; wait far longer than that.
         std::thread::sleep(Duration::from_millis(5));
@@ -209,13 +224,13 @@ impl Session {
     }
 
     /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.
-    pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize> {
-        heap::forget_processes(&mut self.ebpf, tgids)
+    pub fn forget_heap(&mut self, pids: &[Pid]) -> Result<usize> {
+        heap::forget_processes(&mut self.ebpf, pids)
     }
 
     /// Forgets the futex waits in flight of processes that are gone.
-    pub fn forget_futex_waits(&mut self, tgids: &[u32]) -> Result<usize> {
-        futex::forget_processes(&mut self.ebpf, tgids)
+    pub fn forget_waits(&mut self, pids: &[Pid]) -> Result<usize> {
+        waits::forget_processes(&mut self.ebpf, pids)
     }
 
     /// The sampled heap blocks that are live now, read in place.
@@ -236,10 +251,10 @@ fn enable_run_time_stats() -> Result<OwnedFd> {
     })
 }
 
-fn select_pids(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+fn select_pids(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<()> {
     let mut targets: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::TARGET_PIDS)?;
-    for &pid in pids {
-        targets.insert(pid, 1, 0).map_err(map_error("write", maps::TARGET_PIDS))?;
+    for pid in pids {
+        targets.insert(pid.0, 1, 0).map_err(map_error("write", maps::TARGET_PIDS))?;
     }
     Ok(())
 }
@@ -262,23 +277,16 @@ where
     M::try_from(map).map_err(map_error("open", name))
 }
 
-/// Sums the per-CPU slots of a counter array.
-fn sum_counter(array: &PerCpuArray<&MapData, u64>, index: u32, name: &'static str) -> Result<u64> {
-    let values = array.get(&index, 0).map_err(map_error("read", name))?;
-    Ok(values.iter().sum())
-}
-
-fn missing(name: &'static str) -> Error {
-    Error::KernelFeature {
-        feature: "an object this build expects",
-        detail: format!("{name} is missing from the embedded eBPF object; rebuild profiler"),
+/// Sums each per-CPU slot of the counter array `name`, `N` counters in index order.
+fn sum_counters<const N: usize>(ebpf: &Ebpf, name: &'static str) -> Result<[u64; N]> {
+    let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, name)?;
+    let mut out = [0; N];
+    for (index, slot) in out.iter_mut().enumerate() {
+        let values = array.get(&(index as u32), 0).map_err(map_error("read", name))?;
+        *slot = values.iter().sum();
     }
+    Ok(out)
 }
 
-fn map_error(action: &'static str, map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
-    move |source| Error::Map { action, map, source }
-}
-
-fn program_error(action: &'static str, program: &'static str) -> impl Fn(aya::programs::ProgramError) -> Error {
-    move |source| Error::Program { action, program, source }
-}
+#[cfg(test)]
+mod tests;

@@ -5,17 +5,18 @@
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData},
     programs::TracePoint,
     Ebpf,
 };
-use profiler_common::{maps, unwind::SHARD_ROWS, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo};
+use profiler_common::{
+    maps, programs, unwind::SHARD_ROWS, Unsupported, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo,
+};
 
-use super::{map_error, map_mut, map_ref, missing, program_error, sum_counter};
-use crate::error::{Error, Result};
+use super::{map_error, map_mut, missing, program_error, sum_counters, Error, Result};
+use crate::ids::Pid;
 
-/// Name of the exec tracepoint program.
-pub const EXEC_PROGRAM: &str = "unwind_exec";
+const EXEC_PROGRAM: &str = programs::UNWIND_EXEC;
 
 /// Copies `rows` (at most one shard) into shard `shard` of `UNWIND_ROWS`. The shard alone is
 /// mapped for the copy and unmapped after, so row memory never counts in this process's RSS
@@ -90,14 +91,14 @@ pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
 }
 
 /// The processes that called `execve` since the last call (and forgets them).
-pub(super) fn take_execs(ebpf: &mut Ebpf) -> Result<Vec<u32>> {
+pub(super) fn take_execs(ebpf: &mut Ebpf) -> Result<Vec<Pid>> {
     let mut execs: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::UNWIND_EXECS)?;
     let pids: Vec<u32> = execs.keys().filter_map(|k| k.ok()).collect();
     for pid in &pids {
         // Gone already is fine: the next exec of the same pid inserts it again.
         let _ = execs.remove(pid);
     }
-    Ok(pids)
+    Ok(pids.into_iter().map(Pid).collect())
 }
 
 /// The walker's counters since load, summed over CPUs.
@@ -109,17 +110,12 @@ impl UnwindCounters {
         self.0[counter as usize]
     }
 
-    /// Walks stopped at unsupported CFI, for reason index `reason`.
-    pub fn unsupported(&self, reason: usize) -> u64 {
-        self.0.get(UnwindCounter::Unsupported0 as usize + reason).copied().unwrap_or(0)
+    /// Walks stopped at unsupported CFI for `reason`.
+    pub fn unsupported(&self, reason: Unsupported) -> u64 {
+        self.0[UnwindCounter::unsupported(reason) as usize]
     }
 }
 
 pub(super) fn counters(ebpf: &Ebpf) -> Result<UnwindCounters> {
-    let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, maps::UNWIND_COUNTERS)?;
-    let mut out = UnwindCounters::default();
-    for (i, slot) in out.0.iter_mut().enumerate() {
-        *slot = sum_counter(&array, i as u32, maps::UNWIND_COUNTERS)?;
-    }
-    Ok(out)
+    Ok(UnwindCounters(sum_counters(ebpf, maps::UNWIND_COUNTERS)?))
 }

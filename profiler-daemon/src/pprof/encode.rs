@@ -7,10 +7,34 @@ use super::{
     proto::{Label, Profile},
     FunctionKey, MappingSpec, ProfileBuilder,
 };
-use crate::{
-    profiles::Shape,
-    resolve::{LabelValue, LocationInfo, ResolvedProfile},
-};
+use crate::resolve::{LabelValue, LocationInfo, ResolvedProfile};
+
+/// The pprof header of a profile type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `(type, unit)` per sample value.
+    pub sample_types: &'static [(&'static str, &'static str)],
+    pub period_type: (&'static str, &'static str),
+    pub period: i64,
+    pub default_sample_type: &'static str,
+}
+
+/// An encoded profile, opaque outside this module: the gzip'd protobuf (what files and
+/// `debug=0` answers hold) and Go's legacy text (`debug=1`) are made from it.
+#[derive(Clone, Debug)]
+pub struct Encoded(Profile);
+
+impl Encoded {
+    /// The serialized, gzip'd profile.
+    pub fn gzip(&self) -> Vec<u8> {
+        super::encode_gzip(&self.0)
+    }
+
+    /// Go's legacy text form.
+    pub fn legacy_text(&self) -> String {
+        super::legacy_text(&self.0)
+    }
+}
 
 /// Facts about the capture that go into the profile.
 #[derive(Clone, Debug)]
@@ -21,7 +45,12 @@ pub struct ProfileMeta {
     pub comments: Vec<String>,
 }
 
-pub fn encode(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta) -> Profile {
+/// Encodes `resolved` with `shape` and `meta`.
+pub fn encode(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta) -> Encoded {
+    Encoded(encode_profile(resolved, shape, meta))
+}
+
+fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta) -> Profile {
     let mut b = ProfileBuilder::new(shape.sample_types, shape.period_type, shape.period);
     let start = meta.start.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     b.set_time(start.as_nanos() as i64, meta.duration.as_nanos() as i64);
@@ -91,7 +120,7 @@ fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64])
 mod tests {
     use super::*;
     use crate::{
-        pprof::{decode, encode_gzip},
+        pprof::decode,
         resolve::{FrameStats, MappingInfo, ResolvedSample},
         symbolize::Frame,
     };
@@ -113,7 +142,7 @@ mod tests {
         };
         let loc = |address, frames| LocationInfo { address, mapping: Some(0), frames };
         ResolvedProfile {
-            pid: 7,
+            pid: crate::ids::Pid(7),
             name: "x".into(),
             mappings: vec![mapping],
             locations: vec![
@@ -147,7 +176,7 @@ mod tests {
             duration: Duration::from_secs(2),
             comments: vec!["dropped: 0".into()],
         };
-        let p = decode(&encode_gzip(&encode(&resolved(), &shape, &meta)), "test").unwrap();
+        let p = decode(&encode(&resolved(), &shape, &meta).gzip(), "test").unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         let types: Vec<_> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
         assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);

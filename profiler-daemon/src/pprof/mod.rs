@@ -18,7 +18,7 @@ use std::{
 };
 
 pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
-pub use encode::{encode, ProfileMeta};
+pub use encode::{encode, Encoded, ProfileMeta, Shape};
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use prost::Message;
 pub use text::legacy_text;
@@ -67,4 +67,19 @@ pub fn decode_file(path: &Path) -> Result<proto::Profile, DecodeError> {
     let what = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| DecodeError::Io { path: what.clone(), source })?;
     decode(&bytes, &what)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The generated code names the hash of the `.proto` it came from: a changed `.proto`
+    /// without regenerated code fails here.
+    #[test]
+    fn the_generated_code_matches_its_proto() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let generated = std::fs::read_to_string(format!("{dir}/src/pprof/proto.rs")).unwrap();
+        let named = generated.lines().find_map(|l| l.strip_prefix("// source sha256: ")).expect("a hash line");
+        let out = std::process::Command::new("sha256sum").arg(format!("{dir}/proto/profile.proto")).output().unwrap();
+        let actual = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(actual.split_whitespace().next(), Some(named), "proto.rs is stale: regenerate it");
+    }
 }

@@ -82,6 +82,54 @@ pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, BuildError> {
     Ok(segments)
 }
 
+const PT_NOTE: u32 = 4;
+const NT_GNU_BUILD_ID: u32 = 3;
+
+/// The GNU build id of an ELF file, as lowercase hex, from its `PT_NOTE` segments (present in
+/// every loaded image, even one stripped of its section headers).
+pub fn build_id(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
+        return None;
+    }
+    let phoff = u64_at(bytes, 0x20).ok()?;
+    let entry_len = u64::from(u16_at(bytes, 0x36).ok()?);
+    let count = u64::from(u16_at(bytes, 0x38).ok()?);
+    if entry_len < PROGRAM_HEADER_LEN as u64 {
+        return None;
+    }
+    for index in 0..count {
+        let header =
+            file_range(bytes, phoff.checked_add(index.checked_mul(entry_len)?)?, PROGRAM_HEADER_LEN as u64).ok()?;
+        if u32_at(header, 0).ok()? != PT_NOTE {
+            continue;
+        }
+        let notes = file_range(bytes, u64_at(header, 8).ok()?, u64_at(header, 32).ok()?).ok()?;
+        if let Some(id) = gnu_build_id(notes) {
+            return Some(id.iter().map(|b| format!("{b:02x}")).collect());
+        }
+    }
+    None
+}
+
+/// The descriptor of the `NT_GNU_BUILD_ID` note among `notes` (`Elf64_Nhdr`s, each name and
+/// descriptor padded to 4 bytes).
+fn gnu_build_id(mut notes: &[u8]) -> Option<&[u8]> {
+    let pad = |n: usize| n.checked_add(3).map(|n| n & !3);
+    while notes.len() >= 12 {
+        let (name_len, desc_len, kind) =
+            (u32_at(notes, 0).ok()? as usize, u32_at(notes, 4).ok()? as usize, u32_at(notes, 8).ok()?);
+        let desc_at = 12usize.checked_add(pad(name_len)?)?;
+        let end = desc_at.checked_add(pad(desc_len)?)?;
+        let name = notes.get(12..12 + name_len)?;
+        let desc = notes.get(desc_at..desc_at.checked_add(desc_len)?)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
+            return Some(desc);
+        }
+        notes = notes.get(end..)?;
+    }
+    None
+}
+
 /// The section header table of one ELF file.
 pub(crate) struct Elf<'a> {
     bytes: &'a [u8],

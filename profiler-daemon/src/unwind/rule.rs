@@ -1,6 +1,7 @@
 //! The decoded form of an unwind row ([`Rule`]) and its encoding into the kernel's 8-byte
 //! [`UnwindRow`]. Each `Rule` value has exactly one encoding, so identical rules merge.
 
+pub use profiler_common::unwind::Unsupported;
 use profiler_common::{UnwindKind, UnwindRow};
 
 /// The largest CFA offset a row holds: `u16::MAX` 8-byte words, a 512 KiB frame.
@@ -37,56 +38,6 @@ pub enum Rule {
     EndOfStack,
     /// CFI that no row can express.
     Unsupported(Unsupported),
-}
-
-/// Why a CFI row could not be expressed. The index is stored in the row, so the kernel can
-/// count frames per reason too.
-#[repr(u16)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Unsupported {
-    /// The CFA is based on a register other than rsp or rbp (hand-written assembly, stack
-    /// realignment through r10).
-    CfaRegister = 0,
-    /// The CFA offset is negative, not a multiple of 8, or above [`MAX_CFA_OFFSET`].
-    CfaOffset = 1,
-    /// The CFA is a DWARF expression other than the PLT and signal-frame ones.
-    CfaExpression = 2,
-    /// The return address is not at CFA − 8.
-    ReturnAddress = 3,
-    /// rbp is restored by a rule other than "unchanged" or "saved at CFA + n".
-    RbpRule = 4,
-    /// rbp is saved at an offset that is positive, not a multiple of 8, or below −1024.
-    RbpOffset = 5,
-    /// The FDE could not be parsed or its CFI program failed to evaluate.
-    BadCfi = 6,
-}
-
-impl Unsupported {
-    /// Number of reasons.
-    pub const COUNT: usize = 7;
-    /// All reasons, in index order.
-    pub const ALL: [Unsupported; Self::COUNT] = [
-        Unsupported::CfaRegister,
-        Unsupported::CfaOffset,
-        Unsupported::CfaExpression,
-        Unsupported::ReturnAddress,
-        Unsupported::RbpRule,
-        Unsupported::RbpOffset,
-        Unsupported::BadCfi,
-    ];
-
-    /// A short name for reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unsupported::CfaRegister => "cfa_register",
-            Unsupported::CfaOffset => "cfa_offset",
-            Unsupported::CfaExpression => "cfa_expression",
-            Unsupported::ReturnAddress => "return_address",
-            Unsupported::RbpRule => "rbp_rule",
-            Unsupported::RbpOffset => "rbp_offset",
-            Unsupported::BadCfi => "bad_cfi",
-        }
-    }
 }
 
 /// `offset` as a [`Rule::Frame`] CFA offset, or `None` if no row can hold it.
@@ -142,7 +93,7 @@ impl Rule {
             UnwindKind::Plt => Rule::Plt { rip_threshold: row.operand as u8 },
             UnwindKind::SignalFrame => Rule::SignalFrame,
             UnwindKind::EndOfStack => Rule::EndOfStack,
-            UnwindKind::Unsupported => Rule::Unsupported(*Unsupported::ALL.get(usize::from(row.operand))?),
+            UnwindKind::Unsupported => Rule::Unsupported(Unsupported::from_index(row.operand)?),
         })
     }
 }

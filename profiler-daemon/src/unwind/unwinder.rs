@@ -1,8 +1,8 @@
 //! [`Unwinder`]: gives the kernel walker the tables it needs. For each process it is told
-//! about, reads `/proc/PID/maps`, finds each executable file's table by build id (building it
-//! the first time, from the file as the process sees it through `/proc/PID/map_files`),
-//! loads the rows into the kernel's row memory and writes the process's mapping list. One
-//! owner: the thread that owns the [`Session`].
+//! about, with the mappings the catalogue captured, finds each executable file's table by
+//! build id (building it the first time, from the file as the process sees it through
+//! `/proc/PID/map_files`), loads the rows into the kernel's row memory and writes the
+//! process's mapping list. One owner: the thread that owns the [`Session`].
 
 use std::{
     collections::HashMap,
@@ -18,14 +18,14 @@ use profiler_common::{
 };
 
 use super::{
-    elf::{load_segments, LoadSegment},
+    elf::{self, load_segments, LoadSegment},
     mapped::MappedFile,
     registry::{FileKey, NoRoom, Registry},
 };
 use crate::{
-    ebpf::Session,
-    error::Result,
-    procs::{self, MapEntry},
+    ebpf::{Result, Session},
+    ids::Pid,
+    procs::MapEntry,
 };
 
 /// Tables from this many rows on are large enough to trim the heap after building.
@@ -98,7 +98,7 @@ pub struct Unwinder {
     files: HashMap<(String, u64), FileInfo>,
     /// Files whose table will never be built, with the reason.
     failed: HashMap<FileKey, String>,
-    processes: HashMap<u32, Registered>,
+    processes: HashMap<Pid, Registered>,
     stats: UnwinderStats,
     /// A large table was built since the heap was last trimmed.
     trim_pending: bool,
@@ -107,9 +107,9 @@ pub struct Unwinder {
 }
 
 impl Unwinder {
-    /// An unwinder over `rows` rows of kernel row memory (the session's `unwind_rows`).
-    pub fn new(rows: u32) -> Self {
-        let shards = rows / SHARD_ROWS;
+    /// An unwinder over the session's row memory.
+    pub fn new(session: &Session) -> Self {
+        let shards = session.unwind_rows() / SHARD_ROWS;
         Self {
             registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
             files: HashMap::new(),
@@ -124,7 +124,7 @@ impl Unwinder {
     /// The processes that called `execve` since the last call (the kernel noted them). Those
     /// registered are forgotten (the kernel already dropped their mappings); the caller makes
     /// them known to the aggregate, and [`Unwinder::sync`] registers their new image.
-    pub fn take_execs(&mut self, session: &mut Session) -> Result<Vec<u32>> {
+    pub fn take_execs(&mut self, session: &mut Session) -> Result<Vec<Pid>> {
         let pids = session.take_execs()?;
         for pid in &pids {
             if let Some(old) = self.processes.remove(pid) {
@@ -135,16 +135,17 @@ impl Unwinder {
     }
 
     /// Registers the processes not registered yet, or registered with an older mapping
-    /// `version` (their mappings changed: `dlopen`). Stops starting new registrations after
-    /// `budget` (the rest wait for the next call); `None` registers all.
-    pub fn sync(
+    /// `version` (their mappings changed: `dlopen`), each as (pid, version, mappings).
+    /// Stops starting new registrations after `budget` (the rest wait for the next call);
+    /// `None` registers all.
+    pub fn sync<'a>(
         &mut self,
         session: &mut Session,
-        processes: impl IntoIterator<Item = (u32, u32)>,
+        processes: impl IntoIterator<Item = (Pid, u32, &'a [MapEntry])>,
         budget: Option<Duration>,
     ) -> Result<()> {
         let started = Instant::now();
-        for (pid, version) in processes {
+        for (pid, version, maps) in processes {
             if budget.is_some_and(|b| started.elapsed() >= b) {
                 break;
             }
@@ -152,7 +153,7 @@ impl Unwinder {
             if current == Some(version) {
                 continue;
             }
-            self.register(session, pid, version)?;
+            self.register(session, pid, version, maps)?;
         }
         if std::mem::take(&mut self.trim_pending) {
             // Building a large library's table (libLLVM: ~1.3 M rows, with gimli's and the
@@ -165,7 +166,7 @@ impl Unwinder {
     }
 
     /// Forgets processes that are gone.
-    pub fn forget(&mut self, session: &mut Session, pids: &[u32]) -> Result<()> {
+    pub fn forget(&mut self, session: &mut Session, pids: &[Pid]) -> Result<()> {
         for pid in pids {
             if let Some(old) = self.processes.remove(pid) {
                 self.release(&old.keys);
@@ -195,23 +196,14 @@ impl Unwinder {
         stats
     }
 
-    fn register(&mut self, session: &mut Session, pid: u32, version: u32) -> Result<()> {
-        let maps = match procs::read_maps(pid) {
-            Ok(maps) => maps,
-            Err(_) => {
-                // Gone already: remember it so it is not retried each call.
-                let old = self.processes.insert(pid, Registered { keys: Vec::new(), version });
-                if let Some(old) = old {
-                    self.release(&old.keys);
-                }
-                return Ok(());
-            }
-        };
+    fn register(&mut self, session: &mut Session, pid: Pid, version: u32, maps: &[MapEntry]) -> Result<()> {
         let mut process =
             Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         let mut keys = Vec::new();
         let mut len = 0;
-        for entry in maps.iter().filter(|m| m.is_file() || m.path == "[vdso]") {
+        // The mappings the process has now: one unmapped since cannot be opened, and its
+        // addresses cannot be sampled any more.
+        for entry in maps.iter().filter(|m| !m.unmapped && (m.is_file() || m.path == "[vdso]")) {
             if len == MAX_PROCESS_MAPPINGS {
                 self.stats.mappings_over_limit += 1;
                 continue;
@@ -248,7 +240,7 @@ impl Unwinder {
     }
 
     /// The key and segments of a mapped file, opened as the process sees it.
-    fn file_info(&mut self, pid: u32, entry: &MapEntry) -> Option<FileInfo> {
+    fn file_info(&mut self, pid: Pid, entry: &MapEntry) -> Option<FileInfo> {
         let cache_key = (entry.path.clone(), entry.inode);
         if let Some(info) = self.files.get(&cache_key) {
             return Some(info.clone());
@@ -272,7 +264,7 @@ impl Unwinder {
 
     /// The slot of the table for `key`, building and loading it if needed; `None` when the
     /// file has no usable table.
-    fn table(&mut self, session: &mut Session, key: &FileKey, pid: u32, entry: &MapEntry) -> Result<Option<u32>> {
+    fn table(&mut self, session: &mut Session, key: &FileKey, pid: Pid, entry: &MapEntry) -> Result<Option<u32>> {
         if let Some(slot) = self.registry.get(key) {
             return Ok(Some(slot));
         }
@@ -346,7 +338,7 @@ impl Unwinder {
 
 /// The file a mapping maps, as the process sees it: works for deleted files and other mount
 /// namespaces.
-fn map_files_path(pid: u32, entry: &MapEntry) -> String {
+fn map_files_path(pid: Pid, entry: &MapEntry) -> String {
     format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)
 }
 
@@ -355,7 +347,7 @@ fn open_file_info(path: &str) -> Option<FileInfo> {
     let meta = file.metadata().ok()?;
     let mapped = MappedFile::map(&file).ok()?;
     let segments = load_segments(mapped.bytes()).ok()?;
-    let key = match crate::symbolize::build_id(std::path::Path::new(path)) {
+    let key = match elf::build_id(mapped.bytes()) {
         Some(id) => format!("build-id:{id}"),
         None => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), meta.mtime()),
     };
@@ -377,7 +369,7 @@ fn bias(entry: &MapEntry, segments: &[LoadSegment]) -> Option<u64> {
 }
 
 /// The vDSO image, read from the process's memory.
-fn read_vdso(pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
+fn read_vdso(pid: Pid, entry: &MapEntry) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
     let mut bytes = vec![0; (entry.end - entry.start) as usize];
@@ -397,7 +389,7 @@ mod tests {
     use super::*;
 
     fn entry(start: u64, offset: u64) -> MapEntry {
-        MapEntry { start, end: start + 0x1000, offset, path: "/x".into(), inode: 1 }
+        MapEntry { start, end: start + 0x1000, offset, path: "/x".into(), inode: 1, unmapped: false }
     }
 
     #[test]
@@ -416,6 +408,16 @@ mod tests {
         let text = LoadSegment { file_offset: 0x13c20, vaddr: 0x14c20, file_size: 0x3e760, executable: true };
         let b = bias(&entry(0x5000_0000_0000, 0x13000), &[rodata, text]).unwrap();
         assert_eq!(0x5000_0000_0c20 - b, 0x14c20);
+    }
+
+    #[test]
+    fn build_ids_come_from_the_notes_as_the_symbolizer_reads_them() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let id = elf::build_id(&bytes);
+        assert!(id.as_ref().is_some_and(|id| id.len() >= 16), "{id:?}");
+        assert_eq!(id, crate::symbolize::build_id(&exe));
+        assert_eq!(elf::build_id(&[0; 64]), None);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! on CPU N, and then ours − floor per handoff equals the programs' run time per handoff
 //! (bpf stats line) to within a few percent.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -191,7 +191,7 @@ pub fn run(args: &FutexArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_once(bin: &PathBuf, out: &std::path::Path, pairs: u64, probe: Probe) -> Result<(Vec<f64>, String)> {
+fn run_once(bin: &Path, out: &Path, pairs: u64, probe: Probe) -> Result<(Vec<f64>, String)> {
     let program = MallocBench::start(bin, pairs, ROUNDS)?;
     let pid = program.pid();
     let tracer = match probe {

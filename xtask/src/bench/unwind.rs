@@ -29,6 +29,9 @@ pub struct UnwindArgs {
     frequency_hz: u32,
 }
 
+/// Spinner frames, and ns per sample without and with frame pointers.
+type Row = (u32, Option<f64>, Option<f64>);
+
 pub fn run(args: &UnwindArgs) -> Result<()> {
     workspace::prepare(false)?;
     let dir = workspace::target_dir().join("xtask-bench-unwind");
@@ -47,9 +50,9 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
         workload::SPINNER_C,
         &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"],
     )?;
-    let mut rows = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     for depth in DEPTHS {
-        let mut row = (depth, None, None);
+        let mut row: Row = (depth, None, None);
         for (bin, slot) in [(&no_fp, 1), (&fp, 2)] {
             workspace::stage(&format!(
                 "{} s at {} Hz, {SPINNERS} spinners {depth} frames deep ({})",
@@ -97,7 +100,7 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     }
     // "Typical depths": 16–32 spinner frames (20–36 user frames); the bar is for those.
     let typical = rows.iter().filter(|r| r.0 <= 32);
-    let worst = |pick: fn(&(u32, Option<f64>, Option<f64>)) -> Option<f64>| {
+    let worst = |pick: fn(&Row) -> Option<f64>| {
         typical.clone().filter_map(pick).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
     };
     verdict("unwinder, worst typical depth (≤ 36 frames)", worst(|r| r.1), MAX_NS_UNWIND);

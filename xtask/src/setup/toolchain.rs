@@ -25,6 +25,31 @@ pub fn check(report: &mut Report) {
     bpf_linker(report);
 }
 
+/// rustfmt and clippy of the default (stable) toolchain, for `cargo xtask test`'s checks.
+pub fn lint_tools(report: &mut Report) {
+    for component in ["rustfmt", "clippy"] {
+        report.add(stable_component(component));
+    }
+}
+
+fn stable_component(component: &str) -> Status {
+    let what = format!("{component} for the default toolchain (cargo xtask test checks with it)");
+    let installed = || {
+        let list = probe(rustup().args(["component", "list", "--installed"]));
+        list.is_some_and(|l| l.lines().any(|c| c.starts_with(component)))
+    };
+    if installed() {
+        return Status::Ok(what);
+    }
+    println!("installing: {component} (rustup component add)");
+    let _ = rustup().args(["component", "add", component]).status();
+    if installed() {
+        Status::Installed(what)
+    } else {
+        Status::Missing { what, fix: format!("rustup component add {component}") }
+    }
+}
+
 /// `rustup` with auto-install off, so a probe can never download a toolchain.
 fn rustup() -> Command {
     let mut cmd = Command::new("rustup");

@@ -1,7 +1,7 @@
 //! What each endpoint answers, and that refusals leave the server serving.
 
 use super::{euid, fake, get_request, test_limits, Server};
-use crate::{daemon::command::Viewer, pprof};
+use crate::{control::Viewer, pprof};
 
 #[tokio::test]
 async fn index_lists_the_viewers_processes() {
@@ -49,9 +49,9 @@ async fn named_profiles_pass_window_and_debug_through() {
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
     assert!(response.contains("\r\ncontent-type: text/plain; charset=utf-8\r\n"), "{response}");
     assert!(!response.contains("content-disposition"), "{response}");
-    assert!(response.ends_with(&format!("\r\n\r\nviewer={} kind=Allocs window=Some(1s)\n", euid())), "{response}");
+    assert!(response.ends_with(&format!("\r\n\r\nviewer={} view=allocs window=Some(1s)\n", euid())), "{response}");
     let (status, body) = server.get("/debug/pprof/heap?pid=4242&debug=1").await;
-    assert_eq!((status, body), (200, format!("viewer={} kind=Heap window=None\n", euid())));
+    assert_eq!((status, body), (200, format!("viewer={} view=heap window=None\n", euid())));
     let response = server.raw(&get_request("/debug/pprof/heap?pid=4242")).await;
     assert!(response.contains("filename=\"heap-4242.pb.gz\""), "{response}");
     server.stop().await;
@@ -106,7 +106,6 @@ async fn collector_errors_map_to_statuses() {
         ("/debug/pprof/heap?pid=77", 403, "pid 77 belongs to another user\n"),
         ("/debug/pprof/heap?pid=5", 404, "no data for pid 5: the process is unknown or has exited\n"),
         ("/debug/pprof/block?pid=4242", 404, "the block profile is not enabled for this process\n"),
-        ("/debug/pprof/mutex?pid=4242", 500, "internal error: the fake is broken\n"),
         ("/debug/pprof/threadcreate?pid=4242", 503, "the daemon is unavailable: shutting down\n"),
     ];
     for (uri, status, reason) in cases {

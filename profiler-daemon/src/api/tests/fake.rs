@@ -1,15 +1,15 @@
 //! A collector stand-in that answers [`Command`]s from fixed data, so the server is tested
-//! without BPF. Which pid and kind are asked for decides the answer.
+//! without BPF. Which pid and view are asked for decides the answer. It runs on its own
+//! thread and reads the same std channel as the real collector.
 
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use super::euid;
 use crate::{
-    config::ProfileKind,
-    daemon::command::{Command, IndexEntry, ProfileBody, ProfileQuery, QueryError, QueryKind, Viewer},
+    control::{Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, Reloaded, Viewer},
+    ids::Pid,
     pprof::{encode_gzip, ProfileBuilder},
+    profiles::ProfileKind,
 };
 
 /// Has data, answers at once.
@@ -21,15 +21,16 @@ pub const PID_SLOW: u32 = 9;
 pub const SLOW_DEFAULT: Duration = Duration::from_secs(10);
 pub const STATUS_JSON: &str = r#"{"version":"test","uptime_s":1}"#;
 
-pub async fn collector(mut commands: mpsc::Receiver<Command>) {
-    while let Some(command) = commands.recv().await {
+/// Answers until every handle is gone.
+pub fn collector(commands: Commands) {
+    while let Ok(command) = commands.recv() {
         match command {
             Command::Index { viewer, reply } => drop(reply.send(index(viewer))),
             Command::Status { reply } => drop(reply.send(STATUS_JSON.into())),
             // Profiles run concurrently, as the real collector's windows do.
-            Command::Profile { query, reply } => drop(tokio::spawn(async move { reply.send(profile(query).await) })),
-            Command::Dump { reply } | Command::Shutdown { reply } => drop(reply.send(())),
-            Command::Reload { reply, .. } => drop(reply.send(Ok(()))),
+            Command::Profile { query, reply } => drop(std::thread::spawn(move || reply.send(profile(query)))),
+            Command::Shutdown { reply } => drop(reply.send(())),
+            Command::Reload { reply, .. } => drop(reply.send(Ok(Reloaded::default()))),
         }
     }
 }
@@ -37,28 +38,27 @@ pub async fn collector(mut commands: mpsc::Receiver<Command>) {
 /// Like the real collector, filters by viewer: one process is ours, one is another uid's.
 fn index(viewer: Viewer) -> Vec<IndexEntry> {
     let ours = IndexEntry {
-        pid: PID_OK,
+        pid: Pid(PID_OK),
         name: "fake".into(),
         uid: euid(),
         profiles: vec![(ProfileKind::Cpu, 10), (ProfileKind::Heap, 3)],
     };
-    let theirs = IndexEntry { pid: PID_FORBIDDEN, name: "theirs".into(), uid: euid() + 1, profiles: vec![] };
+    let theirs = IndexEntry { pid: Pid(PID_FORBIDDEN), name: "theirs".into(), uid: euid() + 1, profiles: vec![] };
     [ours, theirs].into_iter().filter(|e| viewer.may_see(e.uid)).collect()
 }
 
-async fn profile(query: ProfileQuery) -> Result<ProfileBody, QueryError> {
-    match (query.pid, query.kind) {
+fn profile(query: ProfileQuery) -> Result<ProfileBody, QueryError> {
+    match (query.pid.0, query.view.kind) {
         (PID_FORBIDDEN, _) => return Err(QueryError::Forbidden(query.pid)),
-        (PID_SLOW, _) => tokio::time::sleep(query.window.unwrap_or(SLOW_DEFAULT)).await,
-        (PID_OK, QueryKind::Block) => return Err(QueryError::NotEnabled(ProfileKind::Block)),
-        (PID_OK, QueryKind::Mutex) => return Err(QueryError::Internal("the fake is broken".into())),
-        (PID_OK, QueryKind::ThreadCreate) => return Err(QueryError::Unavailable("shutting down".into())),
+        (PID_SLOW, _) => std::thread::sleep(query.window.unwrap_or(SLOW_DEFAULT)),
+        (PID_OK, ProfileKind::Block) => return Err(QueryError::NotEnabled(ProfileKind::Block)),
+        (PID_OK, ProfileKind::ThreadCreate) => return Err(QueryError::Unavailable("shutting down".into())),
         (PID_OK, _) => {}
-        (pid, _) => return Err(QueryError::UnknownPid(pid)),
+        _ => return Err(QueryError::UnknownPid(query.pid)),
     }
     if query.text {
         // Echo the query so tests see what reached the collector.
-        let text = format!("viewer={} kind={:?} window={:?}\n", query.viewer.uid, query.kind, query.window);
+        let text = format!("viewer={} view={} window={:?}\n", query.viewer.uid, query.view.name(), query.window);
         return Ok(ProfileBody { bytes: text.into_bytes(), text: true });
     }
     let mut builder = ProfileBuilder::new(&[("samples", "count")], ("cpu", "nanoseconds"), 1);

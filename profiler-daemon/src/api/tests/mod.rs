@@ -4,6 +4,7 @@
 mod endpoints;
 mod fake;
 mod limits;
+mod request;
 mod socket;
 
 use std::{
@@ -14,12 +15,12 @@ use std::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::UnixStream,
-    sync::{mpsc, oneshot},
+    sync::oneshot,
     task::JoinHandle,
 };
 
 use super::{bind, serve, Limits};
-use crate::{config::SocketConfig, daemon::command::CollectorHandle};
+use crate::{config::SocketConfig, control};
 
 /// A scratch directory removed on drop.
 pub(super) struct TempDir(pub PathBuf);
@@ -53,13 +54,13 @@ impl Server {
         // A missing parent directory is created by `bind`.
         let path = dir.0.join("run/profiler.sock");
         let listener = bind(&SocketConfig { path: path.clone(), group: None }).expect("bind the test socket");
-        let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(fake::collector(rx));
+        let (handle, commands) = control::channel();
+        std::thread::spawn(move || fake::collector(commands));
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(serve(listener, CollectorHandle::new(tx), limits, shutdown));
+        let task = tokio::spawn(serve(listener, handle, limits, shutdown));
         Self { _dir: dir, path, stop: Some(stop), task }
     }
 

@@ -70,7 +70,7 @@ impl fmt::Display for RetentionReport {
 
 /// A profile file found in the output directory.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Profile {
+struct ProfileFile {
     // Field order is the deletion order: oldest first, then by path so ties are stable.
     modified: SystemTime,
     path: PathBuf,
@@ -121,7 +121,7 @@ pub fn available_bytes(dir: &Path) -> Result<u64, io::Error> {
 /// `dir/*/*.pb.gz`, one level of per-process directories. Names starting with `.` (the
 /// writer's temporary files, probes) and symlinks are skipped, so a pass never deletes a
 /// half-written file or anything outside `dir`.
-fn list_profiles(dir: &Path, report: &mut RetentionReport) -> Vec<Profile> {
+fn list_profiles(dir: &Path, report: &mut RetentionReport) -> Vec<ProfileFile> {
     let mut profiles = Vec::new();
     for process_dir in read_dir_entries(dir, report) {
         if is_visible(&process_dir) && process_dir.file_type().is_ok_and(|kind| kind.is_dir()) {
@@ -163,7 +163,7 @@ fn is_visible(entry: &fs::DirEntry) -> bool {
 }
 
 /// The entry as a profile, if it is a regular `*.pb.gz` file that still exists.
-fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<Profile> {
+fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<ProfileFile> {
     let name = entry.file_name();
     if !is_visible(entry) || !name.as_bytes().ends_with(PROFILE_SUFFIX.as_bytes()) {
         return None;
@@ -171,7 +171,7 @@ fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<Prof
     let path = entry.path();
     // `DirEntry::metadata` does not follow symlinks; `is_file` then rules them out.
     match entry.metadata().and_then(|meta| Ok((meta.is_file(), meta.len(), meta.modified()?))) {
-        Ok((true, bytes, modified)) => Some(Profile { modified, path, bytes }),
+        Ok((true, bytes, modified)) => Some(ProfileFile { modified, path, bytes }),
         Ok((false, ..)) => None,
         Err(err) if err.kind() == io::ErrorKind::NotFound => None,
         Err(err) => {
@@ -184,12 +184,12 @@ fn profile_of(entry: &fs::DirEntry, report: &mut RetentionReport) -> Option<Prof
 /// Deletes the profiles older than `max_age` and returns the rest, in the same order. A file
 /// stamped in the future counts as new.
 fn delete_expired(
-    profiles: Vec<Profile>,
+    profiles: Vec<ProfileFile>,
     max_age: Duration,
     now: SystemTime,
     report: &mut RetentionReport,
     touched_dirs: &mut BTreeSet<PathBuf>,
-) -> Vec<Profile> {
+) -> Vec<ProfileFile> {
     let mut kept = Vec::with_capacity(profiles.len());
     for profile in profiles {
         let age = now.duration_since(profile.modified).unwrap_or(Duration::ZERO);
@@ -206,12 +206,12 @@ fn delete_expired(
 /// operator asked for. Deleting only ever helps, so the first file that may stay ends the
 /// pass (and free space is not asked about once per remaining file).
 fn delete_oldest_over_limits(
-    profiles: Vec<Profile>,
+    profiles: Vec<ProfileFile>,
     dir: &Path,
     policy: &Retention,
     report: &mut RetentionReport,
     touched_dirs: &mut BTreeSet<PathBuf>,
-) -> Vec<Profile> {
+) -> Vec<ProfileFile> {
     let mut total: u64 = profiles.iter().map(|profile| profile.bytes).sum();
     let mut free_space = FreeSpace::new(dir, policy.min_free_bytes);
     let mut kept = Vec::with_capacity(profiles.len());
@@ -261,7 +261,7 @@ impl<'a> FreeSpace<'a> {
 
 /// Deletes one profile. Returns whether it is gone, which includes having vanished already
 /// (then it is not counted as deleted by this pass).
-fn delete(profile: &Profile, report: &mut RetentionReport, touched_dirs: &mut BTreeSet<PathBuf>) -> bool {
+fn delete(profile: &ProfileFile, report: &mut RetentionReport, touched_dirs: &mut BTreeSet<PathBuf>) -> bool {
     match fs::remove_file(&profile.path) {
         Ok(()) => {
             report.deleted_files += 1;
@@ -401,8 +401,9 @@ mod tests {
         let vanished = out.root.join("app-1/vanished.pb.gz");
         let real = out.file("app-1/real.pb.gz", 7, 2 * DAY);
         let then = out.now - 2 * DAY;
-        let profiles =
-            [&stuck, &vanished, &real].map(|path| Profile { modified: then, path: path.clone(), bytes: 7 }).to_vec();
+        let profiles = [&stuck, &vanished, &real]
+            .map(|path| ProfileFile { modified: then, path: path.clone(), bytes: 7 })
+            .to_vec();
 
         let mut report = RetentionReport::default();
         let mut touched = BTreeSet::new();

@@ -3,10 +3,12 @@
 
 use std::fmt::Write;
 
-use crate::config::ProfileKind;
-use crate::daemon::command::{IndexEntry, QueryKind, Viewer};
-
-use super::request::{endpoint, PPROF_PREFIX};
+use super::request::PPROF_PREFIX;
+use crate::{
+    control::{IndexEntry, Viewer},
+    ids::Pid,
+    profiles::View,
+};
 
 /// The index, like Go's `/debug/pprof/` page: one block per process the viewer may see, each
 /// profile with its sample count and the path that fetches it.
@@ -31,36 +33,16 @@ pub fn index(viewer: Viewer, entries: &[IndexEntry]) -> String {
 fn write_entry(out: &mut String, entry: &IndexEntry) {
     let _ = writeln!(out, "\n{} {} {}", entry.pid, printable(&entry.name), entry.uid);
     for &(kind, samples) in &entry.profiles {
-        for &query in query_kinds(kind) {
-            let name = query_name(query);
-            let path = format!("{PPROF_PREFIX}{}?pid={}", endpoint(query), entry.pid);
-            let _ = writeln!(out, "  {name:<14}{samples:>8}  {path}");
+        for view in View::of_kind(kind) {
+            let path = format!("{PPROF_PREFIX}{}?pid={}", view.endpoint(), entry.pid);
+            let _ = writeln!(out, "  {:<14}{samples:>8}  {path}", view.name());
         }
     }
 }
 
-/// Heap data answers two endpoints, as in Go: `heap` (in use) and `allocs` (allocated).
-fn query_kinds(kind: ProfileKind) -> &'static [QueryKind] {
-    match kind {
-        ProfileKind::Cpu => &[QueryKind::Cpu],
-        ProfileKind::Heap => &[QueryKind::Heap, QueryKind::Allocs],
-        ProfileKind::Block => &[QueryKind::Block],
-        ProfileKind::Mutex => &[QueryKind::Mutex],
-        ProfileKind::ThreadCreate => &[QueryKind::ThreadCreate],
-    }
-}
-
-/// The name people know a query by: `cpu` rather than Go's endpoint name `profile`.
-pub fn query_name(kind: QueryKind) -> &'static str {
-    match kind {
-        QueryKind::Cpu => "cpu",
-        other => endpoint(other),
-    }
-}
-
 /// `Content-Disposition` for a proto download: `cpu-4242.pb.gz`.
-pub fn attachment(kind: QueryKind, pid: u32) -> String {
-    format!("attachment; filename=\"{}-{pid}.pb.gz\"", query_name(kind))
+pub fn attachment(view: View, pid: Pid) -> String {
+    format!("attachment; filename=\"{}-{pid}.pb.gz\"", view.name())
 }
 
 /// An error body: the reason on one line, ending in a newline.
@@ -77,9 +59,10 @@ pub fn printable(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profiles::ProfileKind;
 
     fn entry(pid: u32, uid: u32, profiles: Vec<(ProfileKind, u64)>) -> IndexEntry {
-        IndexEntry { pid, name: format!("proc{pid}"), uid, profiles }
+        IndexEntry { pid: Pid(pid), name: format!("proc{pid}"), uid, profiles }
     }
 
     #[test]
@@ -119,7 +102,10 @@ mod tests {
 
     #[test]
     fn attachment_names_the_kind_and_pid() {
-        assert_eq!(attachment(QueryKind::Cpu, 7), "attachment; filename=\"cpu-7.pb.gz\"");
-        assert_eq!(attachment(QueryKind::ThreadCreate, 8), "attachment; filename=\"threadcreate-8.pb.gz\"");
+        assert_eq!(attachment(View::of(ProfileKind::Cpu), Pid(7)), "attachment; filename=\"cpu-7.pb.gz\"");
+        assert_eq!(
+            attachment(View::of(ProfileKind::ThreadCreate), Pid(8)),
+            "attachment; filename=\"threadcreate-8.pb.gz\""
+        );
     }
 }

@@ -2,7 +2,11 @@
 
 use proptest::prelude::*;
 
-use super::*;
+use crate::{
+    api::request::*,
+    ids::Pid,
+    profiles::{ProfileKind, View},
+};
 
 fn get(path: &str, query: Option<&str>) -> Result<ApiRequest, BadRequest> {
     ApiRequest::parse("GET", path, query)
@@ -24,30 +28,29 @@ fn index_and_status() {
 
 #[test]
 fn cpu_defaults_to_thirty_seconds_like_go() {
-    assert_eq!(get("/debug/pprof/profile", Some("pid=42")), Ok(ApiRequest::Profile { pid: 42, seconds: 30 }));
+    assert_eq!(get("/debug/pprof/profile", Some("pid=42")), Ok(ApiRequest::Profile { pid: Pid(42), seconds: 30 }));
     assert_eq!(
         get("/debug/pprof/profile", Some("seconds=300&pid=4194304")),
-        Ok(ApiRequest::Profile { pid: 4_194_304, seconds: 300 })
+        Ok(ApiRequest::Profile { pid: Pid(4_194_304), seconds: 300 })
     );
 }
 
 #[test]
 fn named_profiles() {
     let cases = [
-        ("heap", QueryKind::Heap),
-        ("allocs", QueryKind::Allocs),
-        ("block", QueryKind::Block),
-        ("mutex", QueryKind::Mutex),
-        ("threadcreate", QueryKind::ThreadCreate),
+        ("heap", View::of(ProfileKind::Heap)),
+        ("allocs", View::ALLOCS),
+        ("block", View::of(ProfileKind::Block)),
+        ("mutex", View::of(ProfileKind::Mutex)),
+        ("threadcreate", View::of(ProfileKind::ThreadCreate)),
     ];
-    for (name, kind) in cases {
+    for (name, view) in cases {
         let path = format!("/debug/pprof/{name}");
-        let plain = ApiRequest::Named { kind, pid: 7, seconds: None, debug: false };
+        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: false };
         assert_eq!(get(&path, Some("pid=7")), Ok(plain));
         assert_eq!(get(&path, Some("pid=7&debug=0")), Ok(plain));
-        let delta = ApiRequest::Named { kind, pid: 7, seconds: Some(5), debug: true };
+        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: true };
         assert_eq!(get(&path, Some("pid=7&seconds=5&debug=1")), Ok(delta));
-        assert_eq!(delta.kind(), Some(kind));
     }
 }
 
@@ -55,7 +58,7 @@ fn named_profiles() {
 fn values_are_percent_decoded() {
     assert_eq!(
         get("/debug/pprof/profile", Some("pid=%34%32&seconds=%31")),
-        Ok(ApiRequest::Profile { pid: 42, seconds: 1 })
+        Ok(ApiRequest::Profile { pid: Pid(42), seconds: 1 })
     );
 }
 

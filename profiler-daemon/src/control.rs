@@ -1,12 +1,27 @@
-//! The protocol between the async front (socket server, timers, signals) and the collector
-//! thread, which owns the BPF session, the aggregates and the symbolizer. The front never
-//! touches that state: it sends a [`Command`] and awaits the reply.
+//! The protocol between the async front (socket server, signals, systemd notifications) and
+//! the collector thread, which owns the capture, the counts and the symbolizer. The front
+//! never touches that state: it sends a [`Command`] and awaits the reply. Neutral ground:
+//! both `api` and `daemon` depend on this module, neither on the other's internals.
+//!
+//! The command channel is a bounded std channel, so the collector keeps its own clock (a
+//! `recv_timeout`, not an async runtime it would depend on); replies are tokio oneshots,
+//! which a sync thread can send on.
 
-use std::time::Duration;
+use std::{
+    sync::mpsc::{self, SyncSender, TrySendError},
+    time::Duration,
+};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use crate::config::{Config, ProfileKind};
+use crate::{
+    config::Config,
+    ids::Pid,
+    profiles::{ProfileKind, View},
+};
+
+/// Commands waiting for the collector at most; past it the front answers "busy".
+pub const QUEUE: usize = 64;
 
 /// Who is asking: the peer's credentials from `SO_PEERCRED`. Root sees every process; any
 /// other uid sees only processes running as that uid.
@@ -24,38 +39,13 @@ impl Viewer {
     }
 }
 
-/// Which profile a query asks for. `Allocs` is the heap profile with `alloc_space` as the
-/// default sample type, as in Go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QueryKind {
-    Cpu,
-    Heap,
-    Allocs,
-    Block,
-    Mutex,
-    ThreadCreate,
-}
-
-impl QueryKind {
-    /// The profile type that holds the data.
-    pub fn profile_kind(self) -> ProfileKind {
-        match self {
-            QueryKind::Cpu => ProfileKind::Cpu,
-            QueryKind::Heap | QueryKind::Allocs => ProfileKind::Heap,
-            QueryKind::Block => ProfileKind::Block,
-            QueryKind::Mutex => ProfileKind::Mutex,
-            QueryKind::ThreadCreate => ProfileKind::ThreadCreate,
-        }
-    }
-}
-
 /// A profile query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfileQuery {
     pub viewer: Viewer,
-    pub pid: u32,
-    pub kind: QueryKind,
-    /// Capture a delta over the next `seconds` (always set for CPU); `None` = since start
+    pub pid: Pid,
+    pub view: View,
+    /// Capture a delta over the next `window` (always set for CPU); `None` = since start
     /// (heap: the live state now).
     pub window: Option<Duration>,
     /// Go's legacy text form (`debug=1`) instead of gzipped protobuf.
@@ -67,10 +57,10 @@ pub struct ProfileQuery {
 pub enum QueryError {
     /// 404: no such process known to the daemon (never seen, or dropped after exit).
     #[error("no data for pid {0}: the process is unknown or has exited")]
-    UnknownPid(u32),
+    UnknownPid(Pid),
     /// 403: the process belongs to another user.
     #[error("pid {0} belongs to another user")]
-    Forbidden(u32),
+    Forbidden(Pid),
     /// 404: the profile type is not enabled in the configuration (or not for this process,
     /// e.g. heap for a process that is not opted in).
     #[error("the {0} profile is not enabled for this process")]
@@ -78,9 +68,6 @@ pub enum QueryError {
     /// 503: the daemon is shutting down or overloaded.
     #[error("the daemon is unavailable: {0}")]
     Unavailable(String),
-    /// 500.
-    #[error("internal error: {0}")]
-    Internal(String),
 }
 
 /// A finished profile.
@@ -94,11 +81,24 @@ pub struct ProfileBody {
 /// One line of the index: a process and its profiles with sample counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexEntry {
-    pub pid: u32,
+    pub pid: Pid,
     pub name: String,
     pub uid: u32,
     /// (profile type, number of samples since the daemon started), enabled types only.
     pub profiles: Vec<(ProfileKind, u64)>,
+}
+
+/// What a reload did: the keys that take effect only after a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    pub restart_needed: Vec<&'static str>,
+}
+
+/// Why a reload was not applied (the old configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the new output directory cannot be used")]
+    OutputDir(#[source] crate::Error),
 }
 
 /// Requests to the collector.
@@ -116,14 +116,10 @@ pub enum Command {
     Status {
         reply: oneshot::Sender<String>,
     },
-    /// Write one interval's dump now (the timer sends this).
-    Dump {
-        reply: oneshot::Sender<()>,
-    },
     /// Apply a new, already validated configuration.
     Reload {
         config: Box<Config>,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<Reloaded, ReloadError>>,
     },
     /// Write a final dump and stop.
     Shutdown {
@@ -134,42 +130,50 @@ pub enum Command {
 /// The front's handle on the collector; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct CollectorHandle {
-    tx: mpsc::Sender<Command>,
+    tx: SyncSender<Command>,
+}
+
+/// The collector's end of the channel.
+pub type Commands = mpsc::Receiver<Command>;
+
+/// A handle and the collector's end of its channel.
+pub fn channel() -> (CollectorHandle, Commands) {
+    let (tx, rx) = mpsc::sync_channel(QUEUE);
+    (CollectorHandle { tx }, rx)
 }
 
 impl CollectorHandle {
-    pub fn new(tx: mpsc::Sender<Command>) -> Self {
-        Self { tx }
-    }
-
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+    /// Sends without blocking the async front: a full queue is "busy", not a stall.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, QueryError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).await.ok()?;
-        rx.await.ok()
+        match self.tx.try_send(make(reply)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(QueryError::Unavailable(format!("the collector has {QUEUE} requests waiting; retry later")))
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(gone()),
+        }
+        rx.await.map_err(|_| gone())
     }
 
     pub async fn index(&self, viewer: Viewer) -> Result<Vec<IndexEntry>, QueryError> {
-        self.ask(|reply| Command::Index { viewer, reply }).await.ok_or_else(gone)
+        self.ask(|reply| Command::Index { viewer, reply }).await
     }
 
     pub async fn profile(&self, query: ProfileQuery) -> Result<ProfileBody, QueryError> {
-        self.ask(|reply| Command::Profile { query, reply }).await.ok_or_else(gone)?
+        self.ask(|reply| Command::Profile { query, reply }).await?
     }
 
     pub async fn status(&self) -> Result<String, QueryError> {
-        self.ask(|reply| Command::Status { reply }).await.ok_or_else(gone)
+        self.ask(|reply| Command::Status { reply }).await
     }
 
-    pub async fn dump(&self) -> Result<(), QueryError> {
-        self.ask(|reply| Command::Dump { reply }).await.ok_or_else(gone)
-    }
-
-    pub async fn reload(&self, config: Config) -> Result<Result<(), String>, QueryError> {
-        self.ask(|reply| Command::Reload { config: Box::new(config), reply }).await.ok_or_else(gone)
+    pub async fn reload(&self, config: Config) -> Result<Result<Reloaded, ReloadError>, QueryError> {
+        self.ask(|reply| Command::Reload { config: Box::new(config), reply }).await
     }
 
     pub async fn shutdown(&self) -> Result<(), QueryError> {
-        self.ask(|reply| Command::Shutdown { reply }).await.ok_or_else(gone)
+        self.ask(|reply| Command::Shutdown { reply }).await
     }
 }
 

@@ -1,0 +1,301 @@
+//! What is *known* about the processes and stacks of a capture: each process's identity and
+//! mappings, captured from `/proc` while it lives, and every stack drained so far, by id. The
+//! counts over a window are [`crate::profiles::Counts`]; a snapshot keeps one catalogue and
+//! one `Counts`, the daemon one catalogue and several `Counts` (the interval, since start,
+//! on-demand windows) fed by the same batches.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    ids::{Pid, StackId},
+    procs::{self, MapEntry, ProcessInfo},
+};
+
+/// A process as known from `/proc` (or only from its samples, if it was gone too soon).
+#[derive(Debug, Clone)]
+pub struct KnownProcess {
+    pub pid: Pid,
+    /// The process name (its `comm`).
+    pub name: String,
+    /// Mappings and owner captured from `/proc`; `None` when the process was gone before it
+    /// could be inspected (its user frames stay unsymbolized and are counted as such).
+    pub info: Option<ProcessInfo>,
+    /// When the process was last seen in a batch.
+    pub last_seen: Instant,
+    /// Bumped each time re-reading `/proc/PID/maps` found new mappings (`dlopen`), so the
+    /// unwinder knows to reload the process's tables.
+    pub maps_version: u32,
+    /// Whether any batch had data of it. Processes are also tracked before their first
+    /// sample (every `execve`, heap targets); one that exits with none is forgotten by
+    /// [`Catalog::prune_unsampled`] within seconds rather than after the full grace, or a
+    /// machine running thousands of short commands a second would hold a grace period's
+    /// worth of them.
+    pub sampled: bool,
+}
+
+impl KnownProcess {
+    /// The captured mappings, those gone since included (none when the process was never
+    /// inspected).
+    pub fn maps(&self) -> &[MapEntry] {
+        self.info.as_ref().map_or(&[][..], |info| &info.maps[..])
+    }
+
+    /// The owner's uid, when the process was inspected.
+    pub fn uid(&self) -> Option<u32> {
+        self.info.as_ref().map(|info| info.uid)
+    }
+}
+
+/// A process seen in a drained batch, with the stacks one of its samples names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sighting<'a> {
+    pub pid: Pid,
+    pub user_stack: StackId,
+    pub kernel_stack: StackId,
+    /// The user stack's leaf is a return address (a stack taken on return from a call).
+    pub user_leaf_is_return: bool,
+    /// The thread's name when the sample is of the process's main thread (CPU samples).
+    pub main_thread_name: Option<&'a str>,
+}
+
+/// Processes and stacks known so far.
+#[derive(Debug)]
+pub struct Catalog {
+    processes: BTreeMap<Pid, KnownProcess>,
+    stacks: HashMap<StackId, Arc<[u64]>>,
+    max_stacks: usize,
+    /// Stacks not kept because the table was full (their samples lose their frames).
+    pub dropped_stacks: u64,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self::with_max_stacks(usize::MAX)
+    }
+}
+
+impl Catalog {
+    /// A catalogue that keeps at most `max_stacks` distinct stacks.
+    pub fn with_max_stacks(max_stacks: usize) -> Self {
+        Self { processes: BTreeMap::new(), stacks: HashMap::new(), max_stacks, dropped_stacks: 0 }
+    }
+
+    /// Learns a batch's stacks and the processes its samples name. Reads `/proc` for
+    /// processes seen for the first time, and again for those with user frames outside
+    /// their known mappings. Returns the stacks stored for the first time.
+    pub fn learn(&mut self, stacks: &HashMap<StackId, Vec<u64>>, sightings: &[Sighting<'_>]) -> HashSet<StackId> {
+        let mut new_stacks = HashSet::new();
+        for (&id, frames) in stacks {
+            if self.stacks.contains_key(&id) {
+                continue;
+            }
+            if self.stacks.len() >= self.max_stacks {
+                self.dropped_stacks += 1;
+                continue;
+            }
+            self.stacks.insert(id, frames.as_slice().into());
+            new_stacks.insert(id);
+        }
+        let now = Instant::now();
+        let mut uncovered = Vec::new();
+        for seen in sightings {
+            let process = self.processes.entry(seen.pid).or_insert_with(|| first_sight(seen.pid, ""));
+            process.last_seen = now;
+            process.sampled = true;
+            if let (None, Some(name)) = (&process.info, seen.main_thread_name) {
+                if !name.is_empty() {
+                    process.name = name.to_string();
+                }
+            }
+            let frames = stacks.get(&seen.user_stack).map_or(&[][..], |f| &f[..]);
+            if let Some(info) = &process.info {
+                if frames.iter().any(|&ip| info.mapping_of(ip).is_none()) {
+                    uncovered.push(seen.pid);
+                }
+            }
+        }
+        uncovered.sort_unstable();
+        uncovered.dedup();
+        for pid in uncovered {
+            self.refresh_mappings(pid);
+        }
+        new_stacks
+    }
+
+    /// Registers a process before it has data (heap targets, chosen processes), so its
+    /// mappings are captured while it is surely alive.
+    pub fn track(&mut self, pid: Pid) {
+        let process = self.processes.entry(pid).or_insert_with(|| first_sight(pid, ""));
+        process.last_seen = Instant::now();
+    }
+
+    /// A process called `execve`: its mappings are read again (or for the first time), so
+    /// its new image is known before its first sample.
+    pub fn exec_seen(&mut self, pid: Pid) {
+        if self.processes.contains_key(&pid) {
+            self.refresh_mappings(pid);
+        }
+        self.track(pid);
+    }
+
+    /// A known process.
+    pub fn process(&self, pid: Pid) -> Option<&KnownProcess> {
+        self.processes.get(&pid)
+    }
+
+    /// Known processes by pid.
+    pub fn processes(&self) -> impl Iterator<Item = &KnownProcess> {
+        self.processes.values()
+    }
+
+    /// Number of stacks kept.
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// The frames of a stack (leaf first); `None` for a stack not (yet) drained.
+    pub fn stack(&self, id: StackId) -> Option<&[u64]> {
+        if id == StackId::NONE {
+            return Some(&[]);
+        }
+        self.stacks.get(&id).map(|frames| &frames[..])
+    }
+
+    /// Forgets processes not seen for `grace` that no longer exist, and keeps only the
+    /// stacks in `keep` (those the counts still held reference). Returns the pids forgotten.
+    pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> Vec<Pid> {
+        let gone = self.forget_exited(grace, |_| true);
+        self.stacks.retain(|id, _| keep.contains(id));
+        gone
+    }
+
+    /// Forgets processes that exited without any data and were last seen over `grace` ago
+    /// (a few drains: a sample taken just before the exit is drained by then). Returns
+    /// their pids.
+    pub fn prune_unsampled(&mut self, grace: Duration) -> Vec<Pid> {
+        self.forget_exited(grace, |p| !p.sampled)
+    }
+
+    /// Removes the processes for which `which` holds that were last seen over `grace` ago
+    /// and no longer exist.
+    fn forget_exited(&mut self, grace: Duration, which: impl Fn(&KnownProcess) -> bool) -> Vec<Pid> {
+        let now = Instant::now();
+        let gone: Vec<Pid> = self
+            .processes
+            .values()
+            .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && !procs::exists(p.pid.0))
+            .map(|p| p.pid)
+            .collect();
+        for pid in &gone {
+            self.processes.remove(pid);
+        }
+        gone
+    }
+
+    fn refresh_mappings(&mut self, pid: Pid) {
+        let Some(process) = self.processes.get_mut(&pid) else { return };
+        let Some(info) = process.info.as_mut() else { return };
+        if let Ok(fresh) = procs::read_maps(pid.0) {
+            let merged = merge_maps(fresh, &info.maps);
+            if merged != info.maps {
+                process.maps_version += 1;
+            }
+            info.maps = merged;
+        }
+    }
+}
+
+fn first_sight(pid: Pid, comm: &str) -> KnownProcess {
+    let info = procs::read_process(pid.0).ok();
+    let name = info.as_ref().map_or_else(|| comm.to_string(), |i| i.name.clone());
+    KnownProcess { pid, name, info, last_seen: Instant::now(), maps_version: 0, sampled: false }
+}
+
+/// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, marked unmapped, sorted
+/// by address: a library unmapped since stays known, so samples drained after the `dlclose`
+/// (or the `execve`) still resolve.
+fn merge_maps(mut fresh: Vec<MapEntry>, old: &[MapEntry]) -> Vec<MapEntry> {
+    let kept: Vec<MapEntry> = old
+        .iter()
+        .filter(|o| !fresh.iter().any(|f| f.start < o.end && o.start < f.end))
+        .map(|o| MapEntry { unmapped: true, ..o.clone() })
+        .collect();
+    fresh.extend(kept);
+    fresh.sort_by_key(|m| m.start);
+    fresh
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // pids far above pid_max: never alive, so nothing is read from /proc.
+    const PID: Pid = Pid(0x7fff_fff0);
+
+    fn seen(pid: Pid, user: u64, name: Option<&str>) -> Sighting<'_> {
+        Sighting {
+            pid,
+            user_stack: StackId(user),
+            kernel_stack: StackId::NONE,
+            user_leaf_is_return: false,
+            main_thread_name: name,
+        }
+    }
+
+    fn stacks() -> HashMap<StackId, Vec<u64>> {
+        [(StackId(7), vec![0x10, 0x20])].into()
+    }
+
+    #[test]
+    fn learns_processes_named_after_their_main_thread_and_stacks() {
+        let mut catalog = Catalog::default();
+        let new = catalog.learn(&stacks(), &[seen(PID, 7, Some("main")), seen(Pid(PID.0 + 5), 0, None)]);
+        assert_eq!(new, [StackId(7)].into());
+        assert!(catalog.learn(&stacks(), &[]).is_empty(), "known stacks are not new");
+        assert_eq!(catalog.processes().count(), 2);
+        assert_eq!(catalog.process(PID).unwrap().name, "main");
+        assert!(catalog.process(PID).unwrap().sampled);
+        assert_eq!(catalog.stack(StackId(7)), Some(&[0x10, 0x20][..]));
+        assert_eq!(catalog.stack(StackId::NONE), Some(&[][..]));
+        assert_eq!(catalog.stack(StackId(99)), None);
+    }
+
+    #[test]
+    fn stack_table_is_capped_and_pruned() {
+        let mut catalog = Catalog::with_max_stacks(1);
+        let mut two = stacks();
+        two.insert(StackId(8), vec![0x30]);
+        catalog.learn(&two, &[seen(PID, 7, None), seen(Pid(PID.0 + 1), 8, None)]);
+        assert_eq!((catalog.stack_count(), catalog.dropped_stacks), (1, 1));
+        let gone = catalog.prune(Duration::ZERO, &HashSet::new());
+        assert_eq!(catalog.stack_count(), 0, "nothing references the stack");
+        assert_eq!(gone.len(), 2, "neither pid exists");
+    }
+
+    #[test]
+    fn exited_processes_without_data_go_first() {
+        let mut catalog = Catalog::default();
+        catalog.learn(&stacks(), &[seen(PID, 7, None)]);
+        catalog.track(Pid(PID.0 + 9));
+        catalog.exec_seen(Pid(PID.0 + 10));
+        let live = Pid(std::process::id());
+        catalog.track(live);
+        let mut gone = catalog.prune_unsampled(Duration::ZERO);
+        gone.sort_unstable();
+        assert_eq!(gone, vec![Pid(PID.0 + 9), Pid(PID.0 + 10)], "only the exited ones without data");
+        assert!(catalog.process(PID).is_some(), "sampled ones wait for prune");
+        assert!(catalog.process(live).is_some(), "a live process stays");
+        assert!(catalog.prune_unsampled(Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn merge_keeps_unmapped_old_entries() {
+        let entry = |start, end| MapEntry { start, end, offset: 0, path: "/x".into(), inode: 1, unmapped: false };
+        let merged = merge_maps(vec![entry(100, 200)], &[entry(150, 250), entry(300, 400)]);
+        assert_eq!(merged, vec![entry(100, 200), MapEntry { unmapped: true, ..entry(300, 400) }]);
+    }
+}

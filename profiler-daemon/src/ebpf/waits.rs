@@ -1,0 +1,157 @@
+//! The futex programs' side of the session (block and mutex profiles): attach them to their
+//! tracepoints (the futex2 ones only where the kernel has them), read their counters, drain
+//! their wait totals, and forget the waits in flight of processes that are gone.
+
+use std::path::Path;
+
+use aya::{
+    maps::{HashMap, MapData},
+    programs::TracePoint,
+    Ebpf,
+};
+use profiler_common::{maps, programs, FutexCounter, PendingWait, WaitKey, WaitTotals};
+
+use super::{drain::drain_per_cpu, map_mut, missing, program_error, sum_counters, Result};
+use crate::ids::{Pid, StackId};
+
+/// The maps only the futex programs use (created with one entry when they are off).
+pub(super) const MAPS: [&str; 6] = [
+    maps::BLOCK_COUNTS_0,
+    maps::BLOCK_COUNTS_1,
+    maps::MUTEX_COUNTS_0,
+    maps::MUTEX_COUNTS_1,
+    maps::FUTEX_PENDING,
+    maps::FUTEX_WAKERS,
+];
+const BLOCK_COUNTS: [&str; 2] = [maps::BLOCK_COUNTS_0, maps::BLOCK_COUNTS_1];
+const MUTEX_COUNTS: [&str; 2] = [maps::MUTEX_COUNTS_0, maps::MUTEX_COUNTS_1];
+
+/// (program, tracepoint category, tracepoint name, required). The futex2 syscalls came in
+/// Linux 5.16 (`futex_waitv`) and 6.7 (`futex_wait`, `futex_wake`, `futex_requeue`).
+const TRACEPOINTS: [(&str, &str, &str, bool); 8] = [
+    (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex", true),
+    (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_wait", false),
+    (programs::FUTEX_WAITV_ENTER, "syscalls", "sys_enter_futex_waitv", false),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_waitv", false),
+    (programs::FUTEX_WAKE_ENTER, "syscalls", "sys_enter_futex_wake", false),
+    (programs::FUTEX_REQUEUE_ENTER, "syscalls", "sys_enter_futex_requeue", false),
+];
+
+/// Tracepoints attached, `category:name`, and the optional ones this kernel lacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FutexAttachment {
+    pub attached: Vec<String>,
+    pub missing: Vec<String>,
+}
+
+/// Totals of the futex counters since load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FutexCounters {
+    pub waits: u64,
+    pub mutex_charged: u64,
+    pub no_waker: u64,
+    pub pending_map_full: u64,
+    pub block_map_full: u64,
+    pub mutex_map_full: u64,
+    pub stack_lost: u64,
+    pub wakes: u64,
+    pub waker_map_full: u64,
+}
+
+/// Futex waits of one (process, op, outcome, stack) in the drained interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawWaitTotals {
+    pub pid: Pid,
+    /// A `profiler_common::WaitOp` as its `u16`.
+    pub op: u16,
+    /// A `profiler_common::WaitOutcome` as its `u16`.
+    pub outcome: u16,
+    pub stack: StackId,
+    pub count: u64,
+    pub delay_ns: u64,
+}
+
+pub(super) fn attach(ebpf: &mut Ebpf) -> Result<FutexAttachment> {
+    let mut report = FutexAttachment::default();
+    for name in programs::FUTEX {
+        tracepoint(ebpf, name)?.load().map_err(program_error("load", name))?;
+    }
+    for (program, category, name, required) in TRACEPOINTS {
+        let what = format!("{category}:{name}");
+        if !required && !tracepoint_exists(category, name) {
+            tracing::debug!(tracepoint = what, "not in this kernel; not attached");
+            report.missing.push(what);
+            continue;
+        }
+        tracepoint(ebpf, program)?.attach(category, name).map_err(program_error("attach (tracepoint)", program))?;
+        report.attached.push(what);
+    }
+    Ok(report)
+}
+
+/// Whether the kernel has tracepoint `category/name` (looked up in tracefs, wherever it is
+/// mounted; aya needs it mounted to attach anyway).
+fn tracepoint_exists(category: &str, name: &str) -> bool {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|root| Path::new(root).join("events").join(category).join(name).is_dir())
+}
+
+fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut TracePoint> {
+    ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))
+}
+
+/// Deletes the waits in flight of processes that are gone (a thread killed inside a wait
+/// leaves its entry). Returns the number removed.
+pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
+    if pids.is_empty() {
+        return Ok(0);
+    }
+    let mut pending: HashMap<&mut MapData, u64, PendingWait> = map_mut(ebpf, maps::FUTEX_PENDING)?;
+    let dead: Vec<u64> =
+        pending.keys().filter_map(|k| k.ok()).filter(|k| pids.contains(&Pid((k >> 32) as u32))).collect();
+    Ok(dead.iter().filter(|key| pending.remove(key).is_ok()).count())
+}
+
+pub(super) fn counters(ebpf: &Ebpf) -> Result<FutexCounters> {
+    let c: [u64; FutexCounter::COUNT as usize] = sum_counters(ebpf, maps::FUTEX_COUNTERS)?;
+    let get = |counter: FutexCounter| c[counter as usize];
+    Ok(FutexCounters {
+        waits: get(FutexCounter::Waits),
+        mutex_charged: get(FutexCounter::MutexCharged),
+        no_waker: get(FutexCounter::NoWaker),
+        pending_map_full: get(FutexCounter::PendingMapFull),
+        block_map_full: get(FutexCounter::BlockMapFull),
+        mutex_map_full: get(FutexCounter::MutexMapFull),
+        stack_lost: get(FutexCounter::StackLost),
+        wakes: get(FutexCounter::Wakes),
+        waker_map_full: get(FutexCounter::WakerMapFull),
+    })
+}
+
+/// Reads and empties set `set`'s block and mutex totals.
+pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<(Vec<RawWaitTotals>, Vec<RawWaitTotals>)> {
+    Ok((drain_waits(ebpf, BLOCK_COUNTS[set])?, drain_waits(ebpf, MUTEX_COUNTS[set])?))
+}
+
+fn drain_waits(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<RawWaitTotals>> {
+    let sum = |values: &[WaitTotals]| {
+        values.iter().fold(WaitTotals::default(), |a, v| WaitTotals {
+            count: a.count + v.count,
+            delay_ns: a.delay_ns.wrapping_add(v.delay_ns),
+        })
+    };
+    Ok(drain_per_cpu(ebpf, name, sum)?
+        .into_iter()
+        .map(|(key, t): (WaitKey, WaitTotals)| RawWaitTotals {
+            pid: Pid(key.tgid),
+            op: key.op,
+            outcome: key.outcome,
+            stack: StackId(key.stack),
+            count: t.count,
+            delay_ns: t.delay_ns,
+        })
+        .collect())
+}

@@ -1,0 +1,50 @@
+//! The identities that cross modules, as newtypes: a process id, a thread id and a stack id
+//! are all plain integers in the kernel's maps, and a bare `u32` or `u64` passed to the wrong
+//! parameter compiles. Conversions happen where the values enter (the drain) and leave (`/proc`
+//! paths, file names, labels).
+
+use std::fmt;
+
+use profiler_common::NO_STACK;
+
+/// A process id (the kernel's tgid) in the profiler's pid namespace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pid(pub u32);
+
+/// A thread id (the kernel's pid of a task) in the profiler's pid namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tid(pub u32);
+
+/// A stack's key: the hash of its frames, as the kernel computes it (the same stack has the
+/// same id in both map sets and across drains). [`StackId::NONE`] stands for no stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u64);
+
+impl StackId {
+    /// No stack was taken (a kernel thread's user stack, a user-mode sample's kernel stack, or
+    /// a failed walk, which is counted).
+    pub const NONE: StackId = StackId(NO_STACK);
+
+    /// Whether this names a stack.
+    pub fn is_some(self) -> bool {
+        self != Self::NONE
+    }
+}
+
+impl fmt::Display for Pid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for Tid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for StackId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}

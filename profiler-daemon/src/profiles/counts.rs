@@ -1,0 +1,82 @@
+//! What was *counted* over one window, per process and per kind: [`Counts`]. Each kind's
+//! file owns its part of [`ProcessCounts`] and how a drained batch adds to it.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::{cpu::CpuCounts, heap, heap::HeapCounts, threadcreate::ThreadCounts, waits::WaitCounts, ProfileKind};
+use crate::{
+    ebpf::{Batch, LiveBlock},
+    ids::{Pid, StackId},
+};
+
+/// What one process got in a window, one part per kind.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessCounts {
+    pub cpu: CpuCounts,
+    pub heap: HeapCounts,
+    /// Futex waits by waiting stack.
+    pub block: WaitCounts,
+    /// Woken futex waits by the stack that woke them.
+    pub mutex: WaitCounts,
+    pub threadcreate: ThreadCounts,
+}
+
+impl ProcessCounts {
+    /// Takes the live heap of `total`: a window's `inuse` is the state at its end, whenever
+    /// the block was allocated.
+    pub fn with_live_from(mut self, total: &ProcessCounts) -> Self {
+        self.heap.live.clone_from(&total.heap.live);
+        self
+    }
+}
+
+/// Counts per process over one window.
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    processes: BTreeMap<Pid, ProcessCounts>,
+}
+
+impl Counts {
+    /// Adds a drained batch: each kind its own part.
+    pub fn add(&mut self, batch: &Batch) {
+        for kind in ProfileKind::ALL {
+            kind.count(batch, self);
+        }
+    }
+
+    /// Replaces the live heap of the processes in `pids` with their blocks in `blocks` (a
+    /// full read of the live map).
+    pub fn set_live(&mut self, pids: &[Pid], blocks: &[LiveBlock]) {
+        heap::set_live(self, pids, blocks);
+    }
+
+    /// Counts of one process.
+    pub fn process(&self, pid: Pid) -> Option<&ProcessCounts> {
+        self.processes.get(&pid)
+    }
+
+    pub(super) fn process_mut(&mut self, pid: Pid) -> &mut ProcessCounts {
+        self.processes.entry(pid).or_default()
+    }
+
+    /// (pid, counts) pairs by pid.
+    pub fn iter(&self) -> impl Iterator<Item = (Pid, &ProcessCounts)> {
+        self.processes.iter().map(|(&pid, c)| (pid, c))
+    }
+
+    /// Drops the counts of these processes.
+    pub fn forget(&mut self, pids: &[Pid]) {
+        for pid in pids {
+            self.processes.remove(pid);
+        }
+    }
+
+    /// Adds every stack referenced to `out`.
+    pub fn stacks(&self, out: &mut HashSet<StackId>) {
+        for counts in self.processes.values() {
+            for kind in ProfileKind::ALL {
+                kind.stacks(counts, out);
+            }
+        }
+    }
+}

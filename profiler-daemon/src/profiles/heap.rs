@@ -1,0 +1,284 @@
+//! Go's heap profile: sampled allocations and live blocks by allocating stack
+//! (`alloc_objects`, `alloc_space`, `inuse_objects`, `inuse_space`), scaled from the
+//! byte-sampled counts to unbiased estimates as Go scales them; period = the mean sampling
+//! interval. Also where a process is probed: its C library's allocator functions.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use super::{unwind_comment, Context, Counts, Settings};
+use crate::{
+    catalog::Sighting,
+    ebpf::{Batch, Counters, HeapAttachment, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS},
+    ids::{Pid, StackId},
+    pprof::Shape,
+    procs::{self, MapEntry},
+    resolve::{LabelValue, StackSample},
+    symbolize,
+};
+
+/// Taken on return from the allocator: the leaf is the return address into the allocating
+/// function.
+const USER_LEAF_IS_RETURN: bool = true;
+
+/// Sampled (unscaled) heap blocks of one stack: how many and how many bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapCount {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl HeapCount {
+    fn add(&mut self, count: u64, bytes: u64) {
+        self.count += count;
+        self.bytes += bytes;
+    }
+}
+
+/// One process's heap in a window.
+#[derive(Clone, Debug, Default)]
+pub struct HeapCounts {
+    /// Sampled allocations by allocating stack.
+    pub allocated: HashMap<StackId, HeapCount>,
+    /// Sampled blocks live at the last read, by allocating stack.
+    pub live: HashMap<StackId, HeapCount>,
+}
+
+impl HeapCounts {
+    fn add(&mut self, totals: &RawHeapTotals) {
+        self.allocated.entry(totals.stack).or_default().add(totals.count, totals.bytes);
+    }
+
+    /// Sampled allocations in the window.
+    pub fn samples(&self) -> u64 {
+        self.allocated.values().map(|h| h.count).sum()
+    }
+}
+
+pub(super) fn count(batch: &Batch, counts: &mut Counts) {
+    for totals in &batch.heap {
+        counts.process_mut(totals.pid).heap.add(totals);
+    }
+}
+
+/// Replaces the live heap of the processes in `pids` with their blocks in `blocks` (a full
+/// read of the live map).
+pub(super) fn set_live(counts: &mut Counts, pids: &[Pid], blocks: &[LiveBlock]) {
+    for &pid in pids {
+        counts.process_mut(pid).heap.live.clear();
+    }
+    for block in blocks.iter().filter(|b| pids.contains(&b.pid)) {
+        counts.process_mut(block.pid).heap.live.entry(block.stack).or_default().add(1, block.size);
+    }
+}
+
+pub(super) fn sightings<'a>(batch: &'a Batch, out: &mut Vec<Sighting<'a>>) {
+    out.extend(batch.heap.iter().map(|h| Sighting {
+        pid: h.pid,
+        user_stack: h.stack,
+        kernel_stack: StackId::NONE,
+        user_leaf_is_return: USER_LEAF_IS_RETURN,
+        main_thread_name: None,
+    }));
+}
+
+pub(super) fn stacks(counts: &HeapCounts, out: &mut HashSet<StackId>) {
+    out.extend(counts.allocated.keys().chain(counts.live.keys()).copied());
+}
+
+pub(super) fn shape(settings: &Settings) -> Shape {
+    Shape {
+        sample_types: &[
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ],
+        period_type: ("space", "bytes"),
+        period: settings.heap_sample_bytes as i64,
+        default_sample_type: "inuse_space",
+    }
+}
+
+pub(super) fn samples(counts: &HeapCounts, settings: &Settings) -> Vec<StackSample> {
+    let rate = settings.heap_sample_bytes;
+    let mut stacks: Vec<StackId> = counts.allocated.keys().chain(counts.live.keys()).copied().collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    stacks
+        .into_iter()
+        .map(|stack| {
+            let alloc = counts.allocated.get(&stack).copied().unwrap_or_default();
+            let live = counts.live.get(&stack).copied().unwrap_or_default();
+            let (alloc_objects, alloc_space) = scale_heap(alloc, rate);
+            let (inuse_objects, inuse_space) = scale_heap(live, rate);
+            let sizes = if alloc.count > 0 { alloc } else { live };
+            StackSample {
+                user_stack: stack,
+                kernel_stack: StackId::NONE,
+                user_leaf_is_return: USER_LEAF_IS_RETURN,
+                values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
+                labels: vec![("bytes", LabelValue::Num((sizes.bytes / sizes.count.max(1)) as i64, Some("bytes")))],
+            }
+        })
+        .collect()
+}
+
+/// Go's `scaleHeapSample`: a block of average size `s` is sampled with probability
+/// `1 − e^(−s/rate)`, so each sampled block stands for `1 / (1 − e^(−s/rate))` blocks.
+/// With a rate of 1 byte every allocation was recorded and nothing is scaled.
+pub fn scale_heap(sampled: HeapCount, rate: u64) -> (i64, i64) {
+    if sampled.count == 0 || sampled.bytes == 0 || rate <= 1 {
+        return (sampled.count as i64, sampled.bytes as i64);
+    }
+    let avg = sampled.bytes as f64 / sampled.count as f64;
+    let scale = 1.0 / (1.0 - (-avg / rate as f64).exp());
+    ((sampled.count as f64 * scale).round() as i64, (sampled.bytes as f64 * scale).round() as i64)
+}
+
+/// What inuse and alloc mean here, the sampling rate, and what was dropped (counts over
+/// every probed process since the probes were loaded).
+pub(super) fn comments(context: Context, counters: &Counters, settings: &Settings) -> Vec<String> {
+    let h = counters.heap;
+    let inuse_at = match context {
+        Context::Snapshot => "at the end of the capture",
+        Context::Interval => "at the end of the interval",
+        Context::Query => "when this profile was taken",
+    };
+    vec![
+        format!(
+            "profiler {} heap profile: inuse = sampled blocks allocated since the probes attached \
+             and not freed {inuse_at}; alloc = allocated since the probes attached (in the window)",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!(
+            "sampling: one sample per {} bytes on average (Poisson), values scaled to estimates as Go does",
+            settings.heap_sample_bytes
+        ),
+        format!(
+            "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
+             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
+            h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
+        ),
+        unwind_comment(counters),
+    ]
+}
+
+/// The profile comment line naming what was probed in the process.
+pub fn attachment_comment(attachment: &HeapAttachment) -> String {
+    format!("probed {} in {}", attachment.functions.join(", "), attachment.library)
+}
+
+/// Why a process cannot be heap-profiled.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("failed to read /proc/{pid}/maps to find its C library")]
+    Maps {
+        pid: Pid,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "pid {0} maps no C library exporting malloc and free (statically linked, or a custom allocator?); \
+         heap profiling probes the C library's allocator"
+    )]
+    NoAllocator(Pid),
+}
+
+/// Where to probe process `pid`: the C library it maps, opened through its root (so a
+/// process in a container gets its own libc), and the allocator functions it exports.
+pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
+    let maps = procs::read_maps(pid.0).map_err(|source| TargetError::Maps { pid, source })?;
+    let library = find_libc(&maps).ok_or(TargetError::NoAllocator(pid))?;
+    let path = PathBuf::from(format!("/proc/{pid}/root{library}"));
+    let found = symbolize::symbol_offsets(Path::new(&path), &HEAP_FUNCTIONS);
+    let mut offsets = [None; HEAP_FUNCTIONS.len()];
+    for (slot, offset) in offsets.iter_mut().zip(found) {
+        *slot = offset;
+    }
+    let exports = |name: &str| HEAP_FUNCTIONS.iter().position(|&f| f == name).is_some_and(|i| offsets[i].is_some());
+    if !exports("malloc") || !exports("free") {
+        return Err(TargetError::NoAllocator(pid));
+    }
+    Ok(HeapTarget { pid, library, path, offsets })
+}
+
+/// The C library a process maps: glibc's `libc.so.6` or musl's `libc.musl-*`/`ld-musl-*`.
+fn find_libc(maps: &[MapEntry]) -> Option<String> {
+    maps.iter()
+        .filter(|m| m.is_file())
+        .map(|m| m.path.as_str())
+        .find(|path| {
+            let name = path.rsplit('/').next().unwrap_or(path);
+            name.starts_with("libc.so")
+                || name.starts_with("libc-2.")
+                || name.starts_with("libc.musl")
+                || name.starts_with("ld-musl")
+        })
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PID: Pid = Pid(0x7fff_fff0);
+
+    #[test]
+    fn scaling_matches_go() {
+        // Every allocation recorded: unscaled.
+        assert_eq!(scale_heap(HeapCount { count: 3, bytes: 300 }, 1), (3, 300));
+        // Blocks much larger than the rate are always sampled: scale ~1.
+        assert_eq!(scale_heap(HeapCount { count: 2, bytes: 2 << 30 }, 512 << 10), (2, 2 << 30));
+        // 1 sampled 512 KiB block at rate 512 KiB: scale 1/(1-1/e) = 1.582.
+        let (objects, bytes) = scale_heap(HeapCount { count: 1, bytes: 512 << 10 }, 512 << 10);
+        assert_eq!(objects, 2);
+        assert!((bytes as f64 / (512 << 10) as f64 - 1.582).abs() < 0.001);
+        assert_eq!(scale_heap(HeapCount::default(), 512 << 10), (0, 0));
+    }
+
+    #[test]
+    fn totals_accumulate_and_live_is_replaced() {
+        let mut counts = Counts::default();
+        for _ in 0..2 {
+            let batch = Batch {
+                heap: vec![RawHeapTotals { pid: PID, stack: StackId(7), count: 2, bytes: 64 }],
+                ..Default::default()
+            };
+            count(&batch, &mut counts);
+        }
+        let block = |size| LiveBlock { pid: PID, size, stack: StackId(7) };
+        set_live(&mut counts, &[PID], &[block(32), block(8), LiveBlock { pid: Pid(1), size: 1, stack: StackId(7) }]);
+        set_live(&mut counts, &[PID], &[block(32)]);
+        let heap = &counts.process(PID).unwrap().heap;
+        assert_eq!(heap.allocated[&StackId(7)], HeapCount { count: 4, bytes: 128 });
+        assert_eq!(heap.live[&StackId(7)], HeapCount { count: 1, bytes: 32 });
+        assert!(counts.process(Pid(1)).is_none(), "only the listed pids");
+    }
+
+    #[test]
+    fn samples_have_gos_values_and_the_return_leaf() {
+        let mut heap = HeapCounts::default();
+        heap.allocated.insert(StackId(14), HeapCount { count: 1, bytes: 8 });
+        let samples = samples(&heap, &Settings { frequency_hz: 1, heap_sample_bytes: 1 });
+        assert_eq!(samples[0].values, [1, 8, 0, 0]);
+        assert!(samples[0].user_leaf_is_return);
+        assert_eq!(samples[0].labels[0], ("bytes", LabelValue::Num(8, Some("bytes"))));
+    }
+
+    #[test]
+    fn finds_glibc_and_musl() {
+        let entry = |path: &str| MapEntry { start: 0, end: 1, offset: 0, path: path.into(), inode: 1, unmapped: false };
+        let glibc = [entry("/usr/bin/app"), entry("/usr/lib/x86_64-linux-gnu/libc.so.6")];
+        assert_eq!(find_libc(&glibc).as_deref(), Some("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert_eq!(find_libc(&[entry("/lib/ld-musl-x86_64.so.1")]).as_deref(), Some("/lib/ld-musl-x86_64.so.1"));
+        assert_eq!(find_libc(&[entry("/usr/lib/libcrypto.so.3")]), None);
+    }
+
+    #[test]
+    fn a_process_without_a_c_library_is_refused_with_the_reason() {
+        let err = target(Pid(std::process::id())).map(|t| t.library);
+        assert!(err.as_deref().is_ok_and(|l| l.contains("libc")), "the test binary maps glibc: {err:?}");
+        assert!(matches!(target(PID), Err(TargetError::Maps { .. })));
+    }
+}

@@ -1,0 +1,305 @@
+//! What each profile kind is. One file per kind (`cpu`, `heap`, `block`, `mutex`,
+//! `threadcreate`) owns its slice of a drained batch, its counts, its pprof shape, its
+//! samples and values, its leaf rule, its comment, its labels and its headline; the rest of
+//! the daemon reaches a kind only through the one delegating `match` per hook below.
+//! [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
+
+mod block;
+mod counts;
+mod cpu;
+pub mod heap;
+mod kind;
+mod mutex;
+mod threadcreate;
+mod waits;
+
+use std::collections::HashSet;
+
+pub use counts::{Counts, ProcessCounts};
+pub use cpu::{CpuCounts, SampleKey};
+pub use heap::{HeapCount, HeapCounts};
+pub use kind::{ProfileKind, View};
+pub use threadcreate::ThreadCounts;
+pub use waits::{WaitCount, WaitCounts, WaitSite};
+
+use crate::{
+    catalog::Sighting,
+    ebpf::{Batch, Counters},
+    ids::StackId,
+    pprof::Shape,
+    resolve::{ResolvedProfile, StackSample},
+};
+
+/// Settings that shape profiles, from the configuration or the snapshot's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// CPU samples per second per CPU.
+    pub frequency_hz: u32,
+    /// Mean bytes between heap samples.
+    pub heap_sample_bytes: u64,
+}
+
+/// Which capture a profile comes from, for its comment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Context {
+    /// `profiler snapshot`.
+    Snapshot,
+    /// A daemon interval dump: values are for the interval.
+    Interval,
+    /// A socket query.
+    Query,
+}
+
+impl Context {
+    fn describe(self) -> &'static str {
+        match self {
+            Context::Snapshot => "snapshot",
+            Context::Interval => "daemon interval dump: values are for the interval",
+            Context::Query => "daemon query",
+        }
+    }
+}
+
+/// The kernel programs that feed a kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The perf_event program on every CPU's clock.
+    CpuClock,
+    /// Allocator uprobes, attached to chosen processes only.
+    HeapProbes,
+    /// The futex syscall tracepoints (block and mutex share them).
+    FutexWaits,
+    /// `task:task_newtask`.
+    ThreadCreation,
+}
+
+impl Source {
+    pub const ALL: [Source; 4] = [Source::CpuClock, Source::HeapProbes, Source::FutexWaits, Source::ThreadCreation];
+}
+
+/// The number a snapshot's summary shows for a profile: which sample value, and its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Headline {
+    pub value_index: usize,
+    pub what: &'static str,
+}
+
+impl ProfileKind {
+    /// The kernel programs that feed this kind.
+    pub fn source(self) -> Source {
+        match self {
+            Self::Cpu => Source::CpuClock,
+            Self::Heap => Source::HeapProbes,
+            Self::Block | Self::Mutex => Source::FutexWaits,
+            Self::ThreadCreate => Source::ThreadCreation,
+        }
+    }
+
+    /// Adds this kind's part of a drained batch.
+    fn count(self, batch: &Batch, counts: &mut Counts) {
+        match self {
+            Self::Cpu => cpu::count(batch, counts),
+            Self::Heap => heap::count(batch, counts),
+            Self::Block => block::count(batch, counts),
+            Self::Mutex => mutex::count(batch, counts),
+            Self::ThreadCreate => threadcreate::count(batch, counts),
+        }
+    }
+
+    /// The processes and stacks this kind's part of a batch names.
+    fn sightings<'a>(self, batch: &'a Batch, out: &mut Vec<Sighting<'a>>) {
+        match self {
+            Self::Cpu => cpu::sightings(batch, out),
+            Self::Heap => heap::sightings(batch, out),
+            Self::Block => block::sightings(batch, out),
+            Self::Mutex => mutex::sightings(batch, out),
+            Self::ThreadCreate => threadcreate::sightings(batch, out),
+        }
+    }
+
+    /// The stacks this kind's counts reference.
+    fn stacks(self, counts: &ProcessCounts, out: &mut HashSet<StackId>) {
+        match self {
+            Self::Cpu => cpu::stacks(&counts.cpu, out),
+            Self::Heap => heap::stacks(&counts.heap, out),
+            Self::Block => block::stacks(counts, out),
+            Self::Mutex => mutex::stacks(counts, out),
+            Self::ThreadCreate => threadcreate::stacks(&counts.threadcreate, out),
+        }
+    }
+
+    /// Events of this kind in `counts`: CPU samples, sampled allocations, waits, threads.
+    pub fn events(self, counts: &ProcessCounts) -> u64 {
+        match self {
+            Self::Cpu => counts.cpu.total,
+            Self::Heap => counts.heap.samples(),
+            Self::Block => counts.block.waits(),
+            Self::Mutex => counts.mutex.waits(),
+            Self::ThreadCreate => counts.threadcreate.total(),
+        }
+    }
+
+    /// The pprof header: sample types and period.
+    pub fn shape(self, settings: &Settings) -> Shape {
+        match self {
+            Self::Cpu => cpu::shape(settings),
+            Self::Heap => heap::shape(settings),
+            Self::Block | Self::Mutex => waits::SHAPE,
+            Self::ThreadCreate => threadcreate::SHAPE,
+        }
+    }
+
+    /// The samples of one process, with their values and labels, before symbolization.
+    pub fn samples(self, counts: &ProcessCounts, settings: &Settings) -> Vec<StackSample> {
+        match self {
+            Self::Cpu => cpu::samples(&counts.cpu, settings),
+            Self::Heap => heap::samples(&counts.heap, settings),
+            Self::Block => counts.block.samples(),
+            Self::Mutex => counts.mutex.samples(),
+            Self::ThreadCreate => threadcreate::samples(&counts.threadcreate),
+        }
+    }
+
+    /// Labels that need the symbolized frames (block and mutex: `primitive`).
+    pub fn label(self, resolved: &mut ResolvedProfile) {
+        match self {
+            Self::Block | Self::Mutex => waits::label(resolved),
+            Self::Cpu | Self::Heap | Self::ThreadCreate => {}
+        }
+    }
+
+    /// The profile comment: what a sample is and what was dropped.
+    pub fn comments(self, context: Context, counters: &Counters, settings: &Settings) -> Vec<String> {
+        match self {
+            Self::Cpu => cpu::comments(context, counters),
+            Self::Heap => heap::comments(context, counters, settings),
+            Self::Block => block::comments(context, counters),
+            Self::Mutex => mutex::comments(context, counters),
+            Self::ThreadCreate => threadcreate::comments(context, counters),
+        }
+    }
+
+    /// What a snapshot's summary shows: CPU samples, live bytes, delay, threads.
+    pub fn headline(self) -> Headline {
+        match self {
+            Self::Cpu => Headline { value_index: 0, what: "samples" },
+            Self::Heap => Headline { value_index: 3, what: "inuse bytes" },
+            Self::Block | Self::Mutex => Headline { value_index: 1, what: "delay ns" },
+            Self::ThreadCreate => Headline { value_index: 0, what: "threads" },
+        }
+    }
+}
+
+/// Every process and stack a drained batch names, over all kinds: what the catalogue learns
+/// and what the daemon symbolizes ahead of its dump.
+pub fn sightings(batch: &Batch) -> Vec<Sighting<'_>> {
+    let mut out = Vec::new();
+    for kind in ProfileKind::ALL {
+        kind.sightings(batch, &mut out);
+    }
+    out
+}
+
+/// What the user-stack walker did (whole machine, since load): frames stepped with unwind
+/// tables and with frame pointers, why frame pointers had to be used, and why walks stopped.
+fn unwind_comment(counters: &Counters) -> String {
+    use profiler_common::{Unsupported, UnwindCounter as U};
+    let u = counters.unwind;
+    let unsupported: Vec<String> = Unsupported::ALL
+        .into_iter()
+        .filter(|&r| u.unsupported(r) > 0)
+        .map(|r| format!("{} {}", r.name(), u.unsupported(r)))
+        .collect();
+    format!(
+        "user stack unwinding (whole machine): frames by unwind table {}, by frame pointer {} \
+         (no table because: process not registered yet {}, address in no known mapping {}, \
+         file has no table loaded {}, no CFI for the address {}); interrupted frames without CFI \
+         stepped as leaves {}; signal frames {}; walks ended at \
+         the outermost frame {}, at an unreadable stack word {}, at a bad frame {}, at unsupported CFI {}",
+        u.get(U::CfiFrames),
+        u.get(U::FramePointerFrames),
+        u.get(U::NoProcess),
+        u.get(U::NoMapping),
+        u.get(U::NoTable),
+        u.get(U::NoCfi),
+        u.get(U::LeafGuesses),
+        u.get(U::SignalFrames),
+        u.get(U::EndOfStack),
+        u.get(U::BadRead),
+        u.get(U::BadFrame),
+        if unsupported.is_empty() { "0".to_string() } else { unsupported.join(", ") },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        ebpf::{RawCpuSample, RawHeapTotals, RawThreadCount, RawWaitTotals},
+        ids::{Pid, Tid},
+    };
+
+    fn batch() -> Batch {
+        let wait = RawWaitTotals { pid: Pid(4), op: 0, outcome: 0, stack: StackId(15), count: 1, delay_ns: 9 };
+        Batch {
+            cpu: vec![RawCpuSample {
+                pid: Pid(1),
+                tid: Tid(1),
+                comm: "c".into(),
+                user_stack: StackId(10),
+                kernel_stack: StackId(12),
+                count: 1,
+            }],
+            heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), count: 1, bytes: 8 }],
+            block: vec![wait],
+            mutex: vec![RawWaitTotals { stack: StackId(16), ..wait }],
+            threads: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
+            ..Batch::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_counts_its_part_and_names_its_stacks() {
+        let batch = batch();
+        let mut counts = Counts::default();
+        counts.add(&batch);
+        let settings = Settings { frequency_hz: 99, heap_sample_bytes: 1 };
+        for (kind, pid) in [
+            (ProfileKind::Cpu, 1),
+            (ProfileKind::Heap, 3),
+            (ProfileKind::Block, 4),
+            (ProfileKind::Mutex, 4),
+            (ProfileKind::ThreadCreate, 5),
+        ] {
+            let process = counts.process(Pid(pid)).unwrap();
+            assert_eq!(kind.events(process), 1, "{kind}");
+            let samples = kind.samples(process, &settings);
+            assert_eq!(samples.len(), 1, "{kind}");
+            assert_eq!(samples[0].values.len(), kind.shape(&settings).sample_types.len(), "{kind}");
+        }
+        let mut stacks = HashSet::new();
+        counts.stacks(&mut stacks);
+        let expected: HashSet<StackId> = [10, 12, 14, 15, 16, 17].into_iter().map(StackId).collect();
+        assert_eq!(stacks, expected);
+    }
+
+    #[test]
+    fn sightings_follow_the_samples_leaf_rule() {
+        let batch = batch();
+        let mut counts = Counts::default();
+        counts.add(&batch);
+        let seen = sightings(&batch);
+        assert_eq!(seen.len(), 5);
+        let settings = Settings { frequency_hz: 99, heap_sample_bytes: 1 };
+        for s in &seen {
+            let process = counts.process(s.pid).unwrap();
+            let sample = ProfileKind::ALL
+                .into_iter()
+                .flat_map(|k| k.samples(process, &settings))
+                .find(|x| x.user_stack == s.user_stack)
+                .unwrap();
+            assert_eq!(sample.user_leaf_is_return, s.user_leaf_is_return, "{s:?}");
+            assert_eq!(sample.kernel_stack, s.kernel_stack);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! One process's counts to a finished profile: the kind's samples → resolve (symbols) → the
+//! kind's labels → pprof. The one path from counts to bytes, shared by snapshots, interval
+//! dumps and socket queries.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime},
+};
+
+use crate::{
+    catalog::{Catalog, KnownProcess},
+    ebpf::Counters,
+    ids::Pid,
+    pprof::{self, Encoded},
+    profiles::{Context, ProcessCounts, ProfileKind, Settings, View},
+    resolve::{self, ResolvedProfile},
+    symbolize::Symbolizer,
+};
+
+/// What a rendered profile covers.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub start: SystemTime,
+    pub duration: Duration,
+}
+
+/// What every profile of one render pass shares.
+pub struct Renderer<'a> {
+    pub catalog: &'a Catalog,
+    pub settings: Settings,
+    pub context: Context,
+    pub window: Window,
+    /// The kernel's counters, for the comments' drop counts.
+    pub counters: &'a Counters,
+}
+
+/// A finished profile and what a summary says of it.
+#[derive(Clone, Debug)]
+pub struct Rendered {
+    pub pid: Pid,
+    pub name: String,
+    pub kind: ProfileKind,
+    pub encoded: Encoded,
+    /// The kind's headline value summed over samples (CPU samples, live bytes, delay, threads).
+    pub value: u64,
+    /// The leaf function with the largest headline value; `-` when there is none.
+    pub hottest: String,
+}
+
+impl Renderer<'_> {
+    /// Renders `view` of `process` from `counts`. `notes` are extra comment lines (e.g. what
+    /// was probed).
+    pub fn render(
+        &self,
+        process: &KnownProcess,
+        counts: &ProcessCounts,
+        view: View,
+        notes: Vec<String>,
+        sym: &mut Symbolizer,
+    ) -> Rendered {
+        let kind = view.kind;
+        let mut shape = kind.shape(&self.settings);
+        if let Some(default) = view.default_sample_type() {
+            shape.default_sample_type = default;
+        }
+        let samples = kind.samples(counts, &self.settings);
+        let mut resolved = resolve::resolve(process, self.catalog, samples, sym);
+        kind.label(&mut resolved);
+        let mut comments = kind.comments(self.context, self.counters, &self.settings);
+        if process.info.is_none() {
+            comments.push("the process exited before its mappings could be read: user frames unsymbolized".into());
+        }
+        comments.extend(notes);
+        let meta = pprof::ProfileMeta { start: self.window.start, duration: self.window.duration, comments };
+        let encoded = pprof::encode(&resolved, &shape, &meta);
+        let index = kind.headline().value_index;
+        let value = resolved.samples.iter().map(|s| s.values.get(index).copied().unwrap_or(0)).sum::<i64>();
+        Rendered {
+            pid: process.pid,
+            name: process.name.clone(),
+            kind,
+            encoded,
+            value: value.max(0) as u64,
+            hottest: hottest_function(&resolved, index),
+        }
+    }
+}
+
+/// The function with the largest self value at `value_index` (the leaf frame's innermost
+/// function).
+fn hottest_function(resolved: &ResolvedProfile, value_index: usize) -> String {
+    let mut flat = HashMap::<String, i64>::new();
+    for sample in &resolved.samples {
+        let Some(&leaf) = sample.locations.first() else { continue };
+        let loc = &resolved.locations[leaf];
+        let name = loc.frames.first().map_or_else(|| format!("{:#x}", loc.address), |f| f.function.clone());
+        *flat.entry(name).or_default() += sample.values.get(value_index).copied().unwrap_or(0);
+    }
+    flat.into_iter()
+        .filter(|(_, v)| *v > 0)
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+        .map_or_else(|| "-".into(), |(name, _)| name)
+}
