@@ -14,7 +14,8 @@ pub struct Package {
     pub present: fn() -> bool,
 }
 
-/// The packages for the build, plus golang-go and linux-perf when the tests will run.
+/// The packages for the build, plus golang-go, linux-perf and systemd-container when the
+/// tests will run.
 pub fn packages(go: bool) -> Vec<Package> {
     let mut packages = vec![
         Package {
@@ -39,6 +40,11 @@ pub fn packages(go: bool) -> Vec<Package> {
             name: "linux-perf",
             why: "`perf record --call-graph dwarf`, the unwinding tests' reference",
             present: || probe(Command::new("perf").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "systemd-container",
+            why: "`systemd-nspawn`, a real systemd as PID 1 of a container for the unit's tests",
+            present: || probe(Command::new("systemd-nspawn").arg("--version")).is_some(),
         });
     }
     packages
