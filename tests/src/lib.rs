@@ -7,7 +7,8 @@
 //! the summary the binary prints (`summary`), `perf`'s DWARF unwinding to compare with (`perf`), the heap fixture's ground truth and the checks
 //! against it (`heap_sites`), and the assertions several tests share (`expect`); running the
 //! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
-//! (`tmpfs`).
+//! (`tmpfs`); booting a container with a real systemd as its PID 1 to run the shipped unit
+//! under (`nspawn`).
 //! Does not own: any profiler logic. When the machine is not fit (not root, no compiler, no
 //! Go) it panics with a message saying what to do.
 
@@ -17,6 +18,7 @@ pub mod fixture;
 pub mod go_pprof;
 pub mod heap_sites;
 pub mod http;
+pub mod nspawn;
 pub mod perf;
 pub mod pprof;
 pub mod preflight;
