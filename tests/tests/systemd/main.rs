@@ -12,7 +12,9 @@
 //! Every test name contains `systemd`, so `cargo xtask test systemd` runs exactly these.
 //! Each container boots in about a second; the watchdog test waits out `WatchdogSec=30s`.
 
+mod reload;
 mod unit;
+mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
