@@ -12,6 +12,7 @@
 //! Every test name contains `systemd`, so `cargo xtask test systemd` runs exactly these.
 //! Each container boots in about a second; the watchdog test waits out `WatchdogSec=30s`.
 
+mod heap;
 mod reload;
 mod unit;
 mod watchdog;
@@ -29,6 +30,8 @@ const UNIT: &str = "profiler.service";
 const BINARY: &str = "/usr/local/bin/profiler";
 const CONFIG: &str = "/etc/profiler/profiler.toml";
 const UNIT_PATH: &str = "/etc/systemd/system/profiler.service";
+/// `systemctl edit profiler` writes here.
+const DROP_IN: &str = "/etc/systemd/system/profiler.service.d/override.conf";
 /// The shipped config's socket and output directory (also the unit's RuntimeDirectory= and
 /// StateDirectory=).
 const SOCKET: &str = "/run/profiler/profiler.sock";
