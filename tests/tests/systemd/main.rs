@@ -13,6 +13,7 @@
 //! Each container boots in about a second; the watchdog test waits out `WatchdogSec=30s`.
 
 mod heap;
+mod pid_namespace;
 mod reload;
 mod unit;
 mod watchdog;
