@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
+use profiler_tests::daemon::wait_for;
 use profiler_tests::nspawn::Container;
 use profiler_tests::FixtureKind;
-
-use profiler_tests::daemon::wait_for;
 
 use super::{
     machine_fit, replace_once, shipped, status, wait_active, with_unit, DROP_IN, FIXTURE_S, SOON,
     UNIT,
 };
+
+/// How long heap_sites waits before it allocates.
+pub(super) const HEAP_DELAY_S: &str = "15";
 
 /// Ground truth: uprobes need CAP_SYS_ADMIN on this kernel (6.16+), which the unit does not
 /// grant. With `heap` and a `[heap]` matcher for heap_sites in the config but the unit as
@@ -26,7 +28,7 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     let mut container = with_unit(&heap_config());
     container.boot();
     wait_active(&container);
-    let refused = container.spawn_fixture(FixtureKind::HeapSites, &["8", FIXTURE_S]);
+    let refused = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
     container.wait_for_journal(UNIT, "CAP_SYS_ADMIN", 1, SOON);
     let journal = container.journal(UNIT);
     let line = journal
@@ -53,10 +55,11 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     container.systemctl(&["restart", UNIT]);
     wait_active(&container);
     let refusals = container.journal(UNIT).matches("CAP_SYS_ADMIN").count();
-    // 8 s: the daemon looks for new heap targets every 5 s.
-    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &["8", FIXTURE_S]);
+    // The daemon looks for new heap targets every 5 s; the probes must be on before
+    // heap_sites allocates, and a loaded VM may take a scan or two longer.
+    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
     let pids = [u64::from(heap.ns_pid()), u64::from(heap.host_pid())];
-    let attached = wait_for(Duration::from_secs(7), || {
+    let attached = wait_for(Duration::from_secs(13), || {
         heap_processes(&container).iter().any(|p| pids.contains(p))
     });
     assert!(

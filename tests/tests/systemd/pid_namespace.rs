@@ -5,11 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use profiler_tests::daemon::wait_for;
 use profiler_tests::{go_pprof, Fixture, FixtureKind, Profile};
 
-use super::heap::{documented_drop_in, heap_config};
-use profiler_tests::daemon::wait_for;
-
+use super::heap::{documented_drop_in, heap_config, HEAP_DELAY_S};
 use super::{
     fixture_dir, get, get_ok, machine_fit, only_cpu_file, shipped, wait_active, wait_for_samples,
     with_unit, DROP_IN, ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, SOON, UNIT,
@@ -83,7 +82,7 @@ fn systemd_names_the_functions_of_processes_in_its_container() {
     container.write(DROP_IN, &documented_drop_in());
     container.boot();
     wait_active(&container);
-    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &["8", FIXTURE_S]);
+    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
     let cpu = container.spawn_fixture(FixtureKind::CpuSplitC, &[FIXTURE_S]);
     wait_for_samples(&container, ENOUGH_SAMPLES);
     let index = String::from_utf8_lossy(&get_ok(&container, "/debug/pprof/")).into_owned();
