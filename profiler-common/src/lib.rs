@@ -29,6 +29,12 @@ pub use unwind::{Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindPr
 pub mod globals {
     /// `u8`: 1 when only processes listed in [`crate::maps::TARGET_PIDS`] are sampled.
     pub const FILTER_PIDS: &str = "FILTER_PIDS";
+    /// `u64`: the kernel `dev_t` of the profiler's pid namespace (its `/proc/self/ns/pid`),
+    /// when that is not the initial namespace; with [`PIDNS_INO`] the programs then count only
+    /// tasks of that namespace, under their ids there. 0 otherwise.
+    pub const PIDNS_DEV: &str = "PIDNS_DEV";
+    /// `u64`: the inode of that namespace; 0 in the initial namespace.
+    pub const PIDNS_INO: &str = "PIDNS_INO";
     /// `u64`: mean bytes between heap samples; 0 or 1 records every allocation.
     pub const HEAP_SAMPLE_BYTES: &str = "HEAP_SAMPLE_BYTES";
 }

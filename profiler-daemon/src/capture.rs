@@ -14,6 +14,7 @@ use crate::{
     catalog::Catalog,
     ebpf::{self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig},
     ids::{Pid, StackId},
+    procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
     unwind::{self, Unwinder, UnwinderStats},
 };
@@ -74,6 +75,8 @@ pub enum CaptureError {
     },
     #[error("failed to read the BPF counters")]
     Counters(#[source] ebpf::Error),
+    #[error("failed to find the pid namespace from /proc/self/ns/pid")]
+    PidNamespace(#[source] std::io::Error),
 }
 
 /// One drain's result.
@@ -107,6 +110,8 @@ pub struct Capture {
     sources: HashSet<Source>,
     heap: BTreeMap<Pid, HeapAttachment>,
     futex: Option<FutexAttachment>,
+    /// The pid namespace profiled, when it is not the initial one.
+    pid_namespace: Option<PidNamespace>,
 }
 
 impl Capture {
@@ -115,6 +120,16 @@ impl Capture {
     /// attaches every source but the heap probes.
     pub fn start(config: &CaptureConfig) -> Result<Self, CaptureError> {
         let sources: HashSet<Source> = config.kinds.iter().map(|k| k.source()).collect();
+        let pid_namespace = own_pid_namespace().map_err(CaptureError::PidNamespace)?;
+        let pid_namespace = (!pid_namespace.is_initial()).then_some(pid_namespace);
+        if let Some(ns) = pid_namespace {
+            tracing::info!(
+                inode = ns.ino,
+                "running in a pid namespace of its own: profiling the processes of this namespace only, under \
+                 their pids here; to profile the whole machine, share the host's pid namespace (e.g. docker \
+                 --pid=host, Kubernetes hostPID)"
+            );
+        }
         let session = Session::load(&SessionConfig {
             pids: config.pids.clone(),
             heap_sample_bytes: config.settings.heap_sample_bytes,
@@ -124,6 +139,7 @@ impl Capture {
             threads: sources.contains(&Source::ThreadCreation),
             enable_stats: config.enable_stats,
             unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
+            pid_namespace,
         })
         .map_err(CaptureError::Load)?;
         let unwinder = Unwinder::new(&session);
@@ -135,6 +151,7 @@ impl Capture {
             sources: HashSet::new(),
             heap: BTreeMap::new(),
             futex: None,
+            pid_namespace,
         };
         for &pid in &config.pids {
             capture.catalog.track(pid);
@@ -218,6 +235,13 @@ impl Capture {
             }
             Err(err) => problems.push(CaptureError::Execs(err)),
         }
+        // Probes of an exited process go now, not after the catalogue's grace: each holds
+        // descriptors, and a pool of short-lived workers would exhaust them. What they
+        // counted was drained above.
+        let exited: Vec<Pid> = self.heap.keys().copied().filter(|pid| !procs::exists(pid.0)).collect();
+        if let Err(err) = self.session.detach_heap(&exited) {
+            problems.push(CaptureError::Forget(err));
+        }
         let scope = self.scope.clone();
         let gone: Vec<Pid> =
             self.catalog.prune_unsampled(UNSAMPLED_GRACE).into_iter().filter(|pid| !scope.contains(pid)).collect();
@@ -256,6 +280,9 @@ impl Capture {
             problems.push(CaptureError::Forget(err));
         }
         let heap_gone: Vec<Pid> = gone.iter().copied().filter(|pid| self.heap.contains_key(pid)).collect();
+        if let Err(err) = self.session.detach_heap(&heap_gone) {
+            problems.push(CaptureError::Forget(err));
+        }
         if let Err(err) = self.session.forget_heap(&heap_gone) {
             problems.push(CaptureError::Forget(err));
         }
@@ -302,6 +329,11 @@ impl Capture {
     /// Why execs are not tracked by the kernel, if they are not.
     pub fn exec_tracking_error(&self) -> Option<&str> {
         self.session.exec_tracking_error()
+    }
+
+    /// The pid namespace profiled, when it is not the initial one.
+    pub fn pid_namespace(&self) -> Option<PidNamespace> {
+        self.pid_namespace
     }
 
     /// The futex tracepoints attached and missing, if the futex programs are.

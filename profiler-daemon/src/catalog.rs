@@ -5,9 +5,9 @@
 //! on-demand windows) fed by the same batches.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use crate::{
@@ -62,10 +62,23 @@ pub struct Sighting<'a> {
     pub main_thread_name: Option<&'a str>,
 }
 
+/// A process forgotten after it exited, for the answer to a later query of its pid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Departed {
+    pub pid: Pid,
+    pub name: String,
+    /// When it was last seen alive (in a batch, or tracked).
+    pub last_seen: SystemTime,
+}
+
+/// Departed processes remembered, most recent last.
+const DEPARTED_KEPT: usize = 4096;
+
 /// Processes and stacks known so far.
 #[derive(Debug)]
 pub struct Catalog {
     processes: BTreeMap<Pid, KnownProcess>,
+    departed: VecDeque<Departed>,
     stacks: HashMap<StackId, Arc<[u64]>>,
     max_stacks: usize,
     /// Stacks not kept because the table was full (their samples lose their frames).
@@ -81,7 +94,13 @@ impl Default for Catalog {
 impl Catalog {
     /// A catalogue that keeps at most `max_stacks` distinct stacks.
     pub fn with_max_stacks(max_stacks: usize) -> Self {
-        Self { processes: BTreeMap::new(), stacks: HashMap::new(), max_stacks, dropped_stacks: 0 }
+        Self {
+            processes: BTreeMap::new(),
+            departed: VecDeque::new(),
+            stacks: HashMap::new(),
+            max_stacks,
+            dropped_stacks: 0,
+        }
     }
 
     /// Learns a batch's stacks and the processes its samples name. Reads `/proc` for
@@ -152,6 +171,11 @@ impl Catalog {
         self.processes.values()
     }
 
+    /// The last process with this pid that was forgotten after it exited, if remembered.
+    pub fn departed(&self, pid: Pid) -> Option<&Departed> {
+        self.departed.iter().rev().find(|d| d.pid == pid)
+    }
+
     /// Number of stacks kept.
     pub fn stack_count(&self) -> usize {
         self.stacks.len()
@@ -190,8 +214,14 @@ impl Catalog {
             .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && !procs::exists(p.pid.0))
             .map(|p| p.pid)
             .collect();
+        let wall = SystemTime::now();
         for pid in &gone {
-            self.processes.remove(pid);
+            let Some(process) = self.processes.remove(pid) else { continue };
+            if self.departed.len() == DEPARTED_KEPT {
+                self.departed.pop_front();
+            }
+            let last_seen = wall.checked_sub(now.duration_since(process.last_seen)).unwrap_or(wall);
+            self.departed.push_back(Departed { pid: *pid, name: process.name, last_seen });
         }
         gone
     }
@@ -274,6 +304,8 @@ mod tests {
         let gone = catalog.prune(Duration::ZERO, &HashSet::new());
         assert_eq!(catalog.stack_count(), 0, "nothing references the stack");
         assert_eq!(gone.len(), 2, "neither pid exists");
+        assert_eq!(catalog.departed(PID).map(|d| d.pid), Some(PID), "remembered as departed");
+        assert!(catalog.departed(Pid(PID.0 + 7)).is_none());
     }
 
     #[test]

@@ -23,9 +23,10 @@ pub enum Command {
     Run(RunArgs),
     /// Validate a configuration file without running.
     CheckConfig(CheckConfigArgs),
-    /// Show the running daemon's status (its /status).
+    /// Show the running daemon's status: a summary, or its /status JSON with --json.
     Status(ClientArgs),
-    /// List the processes the running daemon profiles (its /debug/pprof/ index).
+    /// List the processes the running daemon profiles, with their units or containers and
+    /// events per profile type since it started.
     Ps(ClientArgs),
     /// Build the unwind tables of ELF files and report their size, build time and the CFI
     /// they cannot express (a diagnostic: why a binary's stacks stop early).
@@ -69,6 +70,9 @@ pub struct ClientArgs {
     /// The daemon's socket.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Print the daemon's JSON as it sent it, not the summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Highest sampling frequency accepted: above this the sampling itself dominates the cost.

@@ -8,7 +8,11 @@
 //! which a sync thread can send on.
 
 use std::{
-    sync::mpsc::{self, SyncSender, TrySendError},
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        mpsc::{self, RecvError, RecvTimeoutError, SyncSender, TrySendError},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -52,22 +56,36 @@ pub struct ProfileQuery {
     pub text: bool,
 }
 
-/// Why a query has no profile. The server maps these to HTTP status codes.
+/// Why a query has no profile, each with its real cause and, where there is one, the fix.
+/// The server maps these to HTTP status codes (all 404 but `Unavailable`, 503, and
+/// `Limited`, 429).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum QueryError {
-    /// 404: no such process known to the daemon (never seen, or dropped after exit).
-    #[error("no data for pid {0}: the process is unknown or has exited")]
+    /// For root: no process with this pid runs, and the daemon has no data of one.
+    #[error("no such process: pid {0} is not running and the daemon has no data of it")]
     UnknownPid(Pid),
-    /// 403: the process belongs to another user.
-    #[error("pid {0} belongs to another user")]
-    Forbidden(Pid),
-    /// 404: the profile type is not enabled in the configuration (or not for this process,
-    /// e.g. heap for a process that is not opted in).
-    #[error("the {0} profile is not enabled for this process")]
-    NotEnabled(ProfileKind),
+    /// For root: the process exited, and the daemon has forgotten it since.
+    #[error(
+        "pid {pid} ({name}) exited at about {when}; the daemon no longer holds its data (its interval \
+         profiles, if any, are in the output directory)"
+    )]
+    Exited { pid: Pid, name: String, when: String },
+    /// For any other uid: the one answer to "no such process", "exited" and "not yours",
+    /// so the socket tells no one which pids run.
+    #[error("no data for pid {0}: no such process of yours is profiled")]
+    NotVisible(Pid),
+    /// The kind is not enabled (or not yet: a reload enabled it), and how to enable it.
+    #[error("the {kind} profile is not enabled: {fix}")]
+    NotEnabled { kind: ProfileKind, fix: String },
+    /// The process is not selected for the kind, and why.
+    #[error("pid {pid} has no {kind} profile: {why}")]
+    NotSelected { pid: Pid, kind: ProfileKind, why: String },
     /// 503: the daemon is shutting down or overloaded.
     #[error("the daemon is unavailable: {0}")]
     Unavailable(String),
+    /// 429: this uid already uses its share (of captures running at once).
+    #[error("too many requests: {0}")]
+    Limited(String),
 }
 
 /// A finished profile.
@@ -78,13 +96,18 @@ pub struct ProfileBody {
     pub text: bool,
 }
 
-/// One line of the index: a process and its profiles with sample counts.
+/// One process of the index: who it is and its profiles with event counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexEntry {
     pub pid: Pid,
     pub name: String,
     pub uid: u32,
-    /// (profile type, number of samples since the daemon started), enabled types only.
+    /// The systemd unit its cgroup names, if any.
+    pub unit: Option<String>,
+    /// The container id its cgroup names, if any.
+    pub container: Option<String>,
+    /// (profile type, events since the daemon started: samples, allocations, waits,
+    /// threads), enabled types only.
     pub profiles: Vec<(ProfileKind, u64)>,
 }
 
@@ -104,16 +127,19 @@ pub enum ReloadError {
 /// Requests to the collector.
 #[derive(Debug)]
 pub enum Command {
+    /// The processes `viewer` may see; `pid`: that one only.
     Index {
         viewer: Viewer,
+        pid: Option<Pid>,
         reply: oneshot::Sender<Vec<IndexEntry>>,
     },
     Profile {
         query: ProfileQuery,
         reply: oneshot::Sender<Result<ProfileBody, QueryError>>,
     },
-    /// `/status` as a JSON document.
+    /// `/status` as a JSON document: all of it for root, only counters for anyone else.
     Status {
+        viewer: Viewer,
         reply: oneshot::Sender<String>,
     },
     /// Apply a new, already validated configuration.
@@ -127,19 +153,66 @@ pub enum Command {
     },
 }
 
+/// What the front refused, by reason: the socket server counts, `/status` shows.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// Connections answered 503 because every slot was taken.
+    pub busy: AtomicU64,
+    /// Connections answered 429 because their uid had its share of slots.
+    pub uid_connections: AtomicU64,
+    /// Connections closed because a response could not be written in time (a client that
+    /// does not read).
+    pub write_timeouts: AtomicU64,
+    /// Requests answered 503 because the collector's queue was full.
+    pub collector_queue_full: AtomicU64,
+}
+
+impl Refusals {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// (name, count) for `/status`.
+    pub fn read(&self) -> [(&'static str, u64); 4] {
+        [
+            ("connections_busy", self.busy.load(Relaxed)),
+            ("connections_over_uid_share", self.uid_connections.load(Relaxed)),
+            ("write_timeouts", self.write_timeouts.load(Relaxed)),
+            ("collector_queue_full", self.collector_queue_full.load(Relaxed)),
+        ]
+    }
+}
+
 /// The front's handle on the collector; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct CollectorHandle {
     tx: SyncSender<Command>,
+    /// Shared with the collector, which shows them.
+    pub refusals: Arc<Refusals>,
 }
 
-/// The collector's end of the channel.
-pub type Commands = mpsc::Receiver<Command>;
+/// The collector's end of the channel, and the front's refusals it reports.
+#[derive(Debug)]
+pub struct Commands {
+    rx: mpsc::Receiver<Command>,
+    pub refusals: Arc<Refusals>,
+}
+
+impl Commands {
+    pub fn recv(&self) -> Result<Command, RecvError> {
+        self.rx.recv()
+    }
+
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Command, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
+}
 
 /// A handle and the collector's end of its channel.
 pub fn channel() -> (CollectorHandle, Commands) {
     let (tx, rx) = mpsc::sync_channel(QUEUE);
-    (CollectorHandle { tx }, rx)
+    let refusals = Arc::new(Refusals::default());
+    (CollectorHandle { tx, refusals: Arc::clone(&refusals) }, Commands { rx, refusals })
 }
 
 impl CollectorHandle {
@@ -149,23 +222,26 @@ impl CollectorHandle {
         match self.tx.try_send(make(reply)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
-                return Err(QueryError::Unavailable(format!("the collector has {QUEUE} requests waiting; retry later")))
+                Refusals::count(&self.refusals.collector_queue_full);
+                return Err(QueryError::Unavailable(format!(
+                    "the collector has {QUEUE} requests waiting; retry later"
+                )));
             }
             Err(TrySendError::Disconnected(_)) => return Err(gone()),
         }
         rx.await.map_err(|_| gone())
     }
 
-    pub async fn index(&self, viewer: Viewer) -> Result<Vec<IndexEntry>, QueryError> {
-        self.ask(|reply| Command::Index { viewer, reply }).await
+    pub async fn index(&self, viewer: Viewer, pid: Option<Pid>) -> Result<Vec<IndexEntry>, QueryError> {
+        self.ask(|reply| Command::Index { viewer, pid, reply }).await
     }
 
     pub async fn profile(&self, query: ProfileQuery) -> Result<ProfileBody, QueryError> {
         self.ask(|reply| Command::Profile { query, reply }).await?
     }
 
-    pub async fn status(&self) -> Result<String, QueryError> {
-        self.ask(|reply| Command::Status { reply }).await
+    pub async fn status(&self, viewer: Viewer) -> Result<String, QueryError> {
+        self.ask(|reply| Command::Status { viewer, reply }).await
     }
 
     pub async fn reload(&self, config: Config) -> Result<Result<Reloaded, ReloadError>, QueryError> {

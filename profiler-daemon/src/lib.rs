@@ -33,6 +33,7 @@ pub mod sink;
 pub mod snapshot;
 pub mod symbolize;
 pub mod units;
+pub mod untrusted;
 pub mod unwind;
 
 pub use error::{Error, Result};

@@ -16,8 +16,8 @@ fn main() -> ExitCode {
         Command::Snapshot(args) => profiler_daemon::snapshot::run(args).map(|_| ()).map_err(Into::into),
         Command::Run(args) => profiler_daemon::daemon::run(args).map_err(Into::into),
         Command::CheckConfig(args) => print(profiler_daemon::config::check(&args.file)),
-        Command::Status(args) => print(profiler_daemon::client::status(&args.socket)),
-        Command::Ps(args) => print(profiler_daemon::client::ps(&args.socket)),
+        Command::Status(args) => print(profiler_daemon::client::status(&args.socket, args.json)),
+        Command::Ps(args) => print(profiler_daemon::client::ps(&args.socket, args.json)),
         Command::UnwindTable(args) => print(profiler_daemon::unwind::report(&args.files)),
     };
     match result {

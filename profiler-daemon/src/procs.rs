@@ -51,8 +51,12 @@ pub struct ProcessInfo {
     pub exe: Option<PathBuf>,
     /// Executable mappings, sorted by start address.
     pub maps: Vec<MapEntry>,
-    /// Real uid of the owner (who may see its profiles).
+    /// Real uid of the owner at first sight (who may see its profiles is decided at query
+    /// time from [`Credentials`]).
     pub uid: u32,
+    /// When it started, in clock ticks since boot (`/proc/PID/stat` field 22): with the
+    /// pid, the identity of the process, which a reused pid does not share.
+    pub start_time: u64,
     /// The cgroup v2 path (`/system.slice/foo.service`), when readable.
     pub cgroup: Option<String>,
     /// The pid as the process itself sees it (its innermost pid namespace, `NSpid:`): JIT
@@ -68,6 +72,35 @@ impl ProcessInfo {
     }
 }
 
+/// A pid namespace, as the kernel's BPF helpers name it: the device (as the kernel's
+/// `dev_t`) and inode of its `/proc/PID/ns/pid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PidNamespace {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl PidNamespace {
+    /// The initial pid namespace's inode (the kernel's `PROC_PID_INIT_INO`).
+    const INITIAL_INO: u64 = 0xEFFF_FFFC;
+
+    /// Whether this is the initial (the host's) pid namespace.
+    pub fn is_initial(self) -> bool {
+        self.ino == Self::INITIAL_INO
+    }
+}
+
+/// The pid namespace this process runs in.
+pub fn own_pid_namespace() -> io::Result<PidNamespace> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata("/proc/self/ns/pid")?;
+    // stat's st_dev is the userspace encoding; the kernel compares its own dev_t (major << 20
+    // | minor).
+    let dev = meta.dev();
+    let (major, minor) = (u64::from(libc::major(dev)), u64::from(libc::minor(dev)));
+    Ok(PidNamespace { dev: major << 20 | minor, ino: meta.ino() })
+}
+
 /// Whether a process with this pid exists now.
 pub fn exists(pid: u32) -> bool {
     pid != 0 && fs::metadata(format!("/proc/{pid}")).is_ok()
@@ -79,9 +112,59 @@ pub fn read_process(pid: u32) -> io::Result<ProcessInfo> {
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let maps = read_maps(pid)?;
     let uid = read_uid(pid)?;
+    let start_time = read_start_time(pid)?;
     let cgroup = read_cgroup(pid);
     let ns_pid = read_ns_pid(pid).unwrap_or(pid);
-    Ok(ProcessInfo { pid, name, exe, maps, uid, cgroup, ns_pid })
+    Ok(ProcessInfo { pid, name, exe, maps, uid, start_time, cgroup, ns_pid })
+}
+
+/// Who a process is now, for the decision whether a client may see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    /// Real, effective, saved and file-system uid (`Uid:` of `/proc/PID/status`).
+    pub uids: [u32; 4],
+    /// The owner of `/proc/PID`: the effective uid, or root when the process is not
+    /// dumpable (setuid programs, `prctl(PR_SET_DUMPABLE, 0)`) — the kernel's own signal
+    /// that its memory layout is not its users' to see.
+    pub dump_owner: u32,
+    /// As [`ProcessInfo::start_time`].
+    pub start_time: u64,
+}
+
+impl Credentials {
+    /// Whether `uid` may see the process as ptrace would let it: every uid is `uid` and
+    /// the process is dumpable (it is `uid`'s in `/proc`).
+    pub fn all_of(&self, uid: u32) -> bool {
+        self.uids.iter().all(|&u| u == uid) && self.dump_owner == uid
+    }
+}
+
+/// Reads the credentials of `pid` now.
+pub fn read_credentials(pid: u32) -> io::Result<Credentials> {
+    use std::os::unix::fs::MetadataExt;
+    let dump_owner = fs::metadata(format!("/proc/{pid}"))?.uid();
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let uids = parse_uids(&status)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no Uid line in /proc/{pid}/status")))?;
+    let start_time = read_start_time(pid)?;
+    Ok(Credentials { uids, dump_owner, start_time })
+}
+
+fn parse_uids(status: &str) -> Option<[u32; 4]> {
+    let mut fields = status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().map(|f| f.parse().ok());
+    Some([fields.next()??, fields.next()??, fields.next()??, fields.next()??])
+}
+
+/// Field 22 of `/proc/PID/stat`, counted after the `comm`, which may hold spaces and `)`.
+pub fn read_start_time(pid: u32) -> io::Result<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_start_time(&stat)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no start time in /proc/{pid}/stat")))
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // After "pid (comm) " come fields 3 (state) onwards: field 22 is the 20th.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The innermost namespace's pid of a process: the last field of `NSpid:` in
@@ -95,6 +178,34 @@ pub fn read_ns_pid(pid: u32) -> Option<u32> {
 pub fn read_cgroup(pid: u32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     text.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
+}
+
+/// The systemd unit a cgroup v2 path names: its innermost `.service` or `.scope`
+/// component (`/system.slice/nginx.service` → `nginx.service`).
+pub fn unit_of(cgroup: &str) -> Option<&str> {
+    cgroup.rsplit('/').find(|c| c.ends_with(".service") || c.ends_with(".scope"))
+}
+
+/// The container id a cgroup v2 path names, as docker, containerd, CRI-O and podman name
+/// their cgroups: `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`,
+/// `libpod-<id>.scope` (systemd driver) or a bare `<id>` under `docker/` or `kubepods`
+/// (cgroupfs driver), where `<id>` is 64 hex digits.
+pub fn container_of(cgroup: &str) -> Option<&str> {
+    let is_id = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let components: Vec<&str> = cgroup.split('/').filter(|c| !c.is_empty()).collect();
+    for (i, component) in components.iter().enumerate().rev() {
+        let scoped = component.strip_suffix(".scope").and_then(|name| {
+            ["docker-", "cri-containerd-", "crio-", "libpod-"].iter().find_map(|prefix| name.strip_prefix(prefix))
+        });
+        if let Some(id) = scoped.filter(|id| is_id(id)) {
+            return Some(id);
+        }
+        let under_runtime = components[..i].iter().any(|c| *c == "docker" || c.starts_with("kubepods"));
+        if is_id(component) && under_runtime {
+            return Some(component);
+        }
+    }
+    None
 }
 
 /// Every process id in `/proc` now.
@@ -185,6 +296,7 @@ mod tests {
             exe: None,
             maps: parse_maps(MAPS),
             uid: 0,
+            start_time: 1,
             cgroup: None,
             ns_pid: 1,
         };
@@ -193,6 +305,47 @@ mod tests {
         assert_eq!(info.mapping_of(0x55d0c0a00500), None, "not executable");
         assert_eq!(info.mapping_of(0x7f0000020000), None, "end is exclusive");
         assert_eq!(info.mapping_of(1), None);
+    }
+
+    #[test]
+    fn units_and_containers_come_from_the_cgroup() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert_eq!(unit_of("/system.slice/nginx.service"), Some("nginx.service"));
+        assert_eq!(unit_of("/user.slice/user-1000.slice/session-3.scope"), Some("session-3.scope"));
+        assert_eq!(unit_of("/user.slice"), None);
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+            format!("/docker/{id}"),
+            format!("/kubepods/besteffort/pod1/{id}"),
+        ] {
+            assert_eq!(container_of(&path), Some(id), "{path}");
+        }
+        assert_eq!(container_of(&format!("/user.slice/{id}")), None, "not under a container runtime");
+        assert_eq!(container_of("/system.slice/docker.service"), None);
+    }
+
+    #[test]
+    fn knows_its_pid_namespace() {
+        let ns = own_pid_namespace().unwrap();
+        assert!(ns.ino != 0);
+        // The tests run on the host, in its namespace.
+        assert!(ns.is_initial(), "{ns:?}");
+    }
+
+    #[test]
+    fn reads_credentials_and_identity() {
+        let stat = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_uids("Name:\tx\nUid:\t1000\t0\t1000\t1000\n"), Some([1000, 0, 1000, 1000]));
+        let me = read_credentials(std::process::id()).unwrap();
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        assert!(me.all_of(uid), "{me:?}");
+        assert!(!Credentials { dump_owner: 0, ..me }.all_of(uid) || uid == 0);
+        assert!(!Credentials { uids: [uid, uid, uid.wrapping_add(1), uid], ..me }.all_of(uid));
+        assert_eq!(me.start_time, read_process(std::process::id()).unwrap().start_time);
     }
 
     #[test]

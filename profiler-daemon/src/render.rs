@@ -32,6 +32,9 @@ pub struct Renderer<'a> {
     pub window: Window,
     /// The kernel's counters, for the comments' drop counts.
     pub counters: &'a Counters,
+    /// Whether kernel addresses are shown (root) or hidden (anyone else; see
+    /// [`ResolvedProfile::hide_kernel_addresses`]).
+    pub kernel_addresses: bool,
 }
 
 /// A finished profile and what a summary says of it.
@@ -48,6 +51,17 @@ pub struct Rendered {
 }
 
 impl Renderer<'_> {
+    /// `view` of `process` from `counts` in Go's text layout for the kind (`debug=1`).
+    pub fn text(&self, process: &KnownProcess, counts: &ProcessCounts, view: View, sym: &mut Symbolizer) -> String {
+        let kind = view.kind;
+        let mut resolved = resolve::resolve(process, self.catalog, kind.samples(counts, &self.settings), sym);
+        if !self.kernel_addresses {
+            resolved.hide_kernel_addresses();
+        }
+        kind.label(&mut resolved);
+        pprof::go_text(&resolved, kind.text_format(&self.settings))
+    }
+
     /// Renders `view` of `process` from `counts`. `notes` are extra comment lines (e.g. what
     /// was probed).
     pub fn render(
@@ -67,6 +81,12 @@ impl Renderer<'_> {
         let mut resolved = resolve::resolve(process, self.catalog, samples, sym);
         kind.label(&mut resolved);
         let mut comments = kind.comments(self.context, self.counters, &self.settings);
+        if !self.kernel_addresses && resolved.hide_kernel_addresses() {
+            comments.push(format!(
+                "kernel addresses are shown from {:#x} on, relative to the lowest: only root sees where the kernel is",
+                resolve::HIDDEN_KERNEL_BASE
+            ));
+        }
         if process.info.is_none() {
             comments.push("the process exited before its mappings could be read: user frames unsymbolized".into());
         }

@@ -18,6 +18,11 @@ use crate::{
 /// The pseudo file name of kernel frames (the name perf and pprof tools use).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
+/// Where kernel addresses start in a profile for a viewer who may not know them: above
+/// every user address, below every kernel one, and not canonical, so nothing mistakes it
+/// for a real address.
+pub const HIDDEN_KERNEL_BASE: u64 = 0x8000_0000_0000_0000;
+
 /// A mapping referenced by at least one location.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappingInfo {
@@ -64,6 +69,9 @@ pub struct StackSample {
     pub user_leaf_is_return: bool,
     /// One value per sample type of the profile.
     pub values: Vec<i64>,
+    /// The values as sampled, before scaling to estimates (Go's text profiles print these,
+    /// and their readers scale them); empty when the values are not scaled.
+    pub unscaled: Vec<i64>,
     pub labels: Vec<(&'static str, LabelValue)>,
 }
 
@@ -73,6 +81,8 @@ pub struct ResolvedSample {
     /// Indices into [`ResolvedProfile::locations`], leaf first (kernel, then user).
     pub locations: Vec<usize>,
     pub values: Vec<i64>,
+    /// See [`StackSample::unscaled`].
+    pub unscaled: Vec<i64>,
     pub labels: Vec<(&'static str, LabelValue)>,
 }
 
@@ -89,6 +99,9 @@ pub struct FrameStats {
     pub missing_stacks: u64,
 }
 
+/// Why a file the process controls (its JIT perf map) was not read; named in the profile.
+pub type Refusal = String;
+
 /// A process's samples, symbolized, ready to encode.
 #[derive(Clone, Debug, Default)]
 pub struct ResolvedProfile {
@@ -98,6 +111,28 @@ pub struct ResolvedProfile {
     pub locations: Vec<LocationInfo>,
     pub samples: Vec<ResolvedSample>,
     pub frames: FrameStats,
+    /// Files of the process refused (see [`crate::untrusted`]); their addresses stay unnamed.
+    pub refused: Vec<Refusal>,
+}
+
+impl ResolvedProfile {
+    /// Replaces kernel addresses by their distance from the lowest one in the profile, from
+    /// [`HIDDEN_KERNEL_BASE`], as `kptr_restrict` hides them from unprivileged users: the
+    /// frames keep their names and stay distinct, and the profile no longer tells where the
+    /// kernel is loaded (its KASLR offset). Returns whether there were any.
+    pub fn hide_kernel_addresses(&mut self) -> bool {
+        let Some(kernel) = self.mappings.iter().position(|m| m.path == KERNEL_MAPPING) else { return false };
+        let ours = |l: &LocationInfo| l.mapping == Some(kernel);
+        let Some(lowest) = self.locations.iter().filter(|l| ours(l)).map(|l| l.address).min() else { return false };
+        let mut highest = HIDDEN_KERNEL_BASE;
+        for location in self.locations.iter_mut().filter(|l| ours(l)) {
+            location.address = HIDDEN_KERNEL_BASE + (location.address - lowest);
+            highest = highest.max(location.address);
+        }
+        let mapping = &mut self.mappings[kernel];
+        (mapping.start, mapping.limit) = (HIDDEN_KERNEL_BASE, highest + 1);
+        true
+    }
 }
 
 /// Where an address lives, before symbolization.
@@ -138,16 +173,30 @@ pub fn resolve(
             let site = process.info.as_ref().and_then(|info| info.mapping_of(addr)).map_or(Site::Unmapped, Site::User);
             locations.push(table.intern(site, addr));
         }
-        resolved.push(ResolvedSample { locations, values: sample.values, labels: sample.labels });
+        resolved.push(ResolvedSample {
+            locations,
+            values: sample.values,
+            unscaled: sample.unscaled,
+            labels: sample.labels,
+        });
     }
     resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     let maps = process.maps();
     let ns_pid = process.info.as_ref().map_or(process.pid.0, |info| info.ns_pid);
-    let (mut mappings, mut locations, mut frames) = table.symbolize(process.pid.0, ns_pid, maps, sym);
+    let owner = Owner { pid: process.pid, ns_pid, uid: process.uid() };
+    let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, sym);
     frames.missing_stacks = missing_stacks;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
-    ResolvedProfile { pid: process.pid, name: process.name.clone(), mappings, locations, samples: resolved, frames }
+    ResolvedProfile {
+        pid: process.pid,
+        name: process.name.clone(),
+        mappings,
+        locations,
+        samples: resolved,
+        frames,
+        refused,
+    }
 }
 
 /// pprof tools take `mapping[0]` as the main binary (`go tool pprof` prints it as `File:`):
@@ -196,11 +245,11 @@ impl LocationTable {
     /// Symbolizes every location, grouped by site, and builds the mapping table.
     fn symbolize(
         self,
-        pid: u32,
-        ns_pid: u32,
+        owner: Owner,
         maps: &[MapEntry],
         sym: &mut Symbolizer,
-    ) -> (Vec<MappingInfo>, Vec<LocationInfo>, FrameStats) {
+    ) -> (Vec<MappingInfo>, Vec<LocationInfo>, FrameStats, Vec<Refusal>) {
+        let mut refused = Vec::new();
         let mut by_site: BTreeMap<Site, Vec<usize>> = BTreeMap::new();
         for (idx, (site, _)) in self.sites.iter().enumerate() {
             by_site.entry(*site).or_default().push(idx);
@@ -215,7 +264,7 @@ impl LocationTable {
             let addrs: Vec<u64> = members.iter().map(|&i| self.sites[i].1).collect();
             let (mapping, frames) = match site {
                 Site::Kernel => (Some(kernel_mapping(&addrs)), sym.kernel(&addrs)),
-                Site::User(m) => user_site(pid, ns_pid, &maps[m], &addrs, sym),
+                Site::User(m) => user_site(owner, &maps[m], &addrs, sym, &mut refused),
                 Site::Unmapped => (None, vec![Vec::new(); addrs.len()]),
             };
             let mapping_idx = mapping.map(|mut mapping| {
@@ -236,7 +285,8 @@ impl LocationTable {
             unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
             missing_stacks: 0,
         };
-        (mappings, locations, stats)
+        refused.dedup();
+        (mappings, locations, stats, refused)
     }
 }
 
@@ -253,24 +303,40 @@ fn kernel_mapping(addrs: &[u64]) -> MappingInfo {
     }
 }
 
-fn user_site(
-    pid: u32,
+/// The process whose addresses are resolved, as files it controls are checked against.
+#[derive(Clone, Copy)]
+struct Owner {
+    pid: Pid,
+    /// The pid it knows itself by (in its pid namespace).
     ns_pid: u32,
+    /// Its real uid, when it was inspected.
+    uid: Option<u32>,
+}
+
+fn user_site(
+    owner: Owner,
     map: &MapEntry,
     addrs: &[u64],
     sym: &mut Symbolizer,
+    refused: &mut Vec<Refusal>,
 ) -> (Option<MappingInfo>, Vec<Frames>) {
-    let file = map.is_file().then(|| openable_path(pid, map));
+    let file = map.is_file().then(|| openable_path(owner.pid.0, map));
     let frames = match &file {
         Some(path) => {
             let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
             sym.elf(path, &offsets)
         }
-        // Anonymous executable memory is JIT code: its runtime may name it in a perf map.
-        None if map.inode == 0 && !map.path.starts_with('[') => match perf_map_path(pid, ns_pid) {
-            Some(path) => sym.perf_map(&path, addrs),
-            None => vec![Vec::new(); addrs.len()],
-        },
+        // Anonymous executable memory is JIT code: its runtime may name it in a perf map,
+        // `/tmp/perf-<pid as it knows itself>.map` in its own root, which only its owner
+        // can have written (a root-owned file there is a link planted by someone else).
+        None if map.inode == 0 && !map.path.starts_with('[') => {
+            let path = PathBuf::from(format!("/tmp/perf-{}.map", owner.ns_pid));
+            let owners: Vec<u32> = owner.uid.into_iter().collect();
+            sym.perf_map(owner.pid, &path, &owners, addrs).unwrap_or_else(|reason| {
+                refused.push(reason);
+                vec![Vec::new(); addrs.len()]
+            })
+        }
         None => vec![Vec::new(); addrs.len()],
     };
     let mapping = MappingInfo {
@@ -284,15 +350,6 @@ fn user_site(
         has_inline_frames: false,
     };
     (Some(mapping), frames)
-}
-
-/// The JIT perf map of a process: `/tmp/perf-<pid as it sees itself>.map` in its own root
-/// while it lives (containers), else in ours.
-fn perf_map_path(pid: u32, ns_pid: u32) -> Option<PathBuf> {
-    [format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map"), format!("/tmp/perf-{pid}.map")]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
 }
 
 /// The path under which we can open a process's file: its own path when that exists here,
@@ -344,6 +401,7 @@ mod tests {
             kernel_stack: StackId(kernel),
             user_leaf_is_return,
             values: vec![1],
+            unscaled: vec![],
             labels: vec![],
         }
     }

@@ -124,7 +124,14 @@ fn write(
     counters: &Counters,
     args: &SnapshotArgs,
 ) -> Result<Vec<Written>> {
-    let renderer = Renderer { catalog: capture.catalog(), settings, context: Context::Snapshot, window, counters };
+    let renderer = Renderer {
+        catalog: capture.catalog(),
+        settings,
+        context: Context::Snapshot,
+        window,
+        counters,
+        kernel_addresses: true,
+    };
     let mut files = SnapshotFiles::new(&args.output);
     let mut sym = Symbolizer::new();
     let empty = Default::default();

@@ -17,6 +17,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::{ids::Pid, untrusted};
+
 use blazesym::{
     symbolize::{
         source::{Elf, Kernel, Source},
@@ -24,6 +26,9 @@ use blazesym::{
     },
     MaybeDefault,
 };
+
+/// The largest perf map read: a JIT that names a million functions writes about 64 MiB.
+pub const PERF_MAP_MAX_BYTES: u64 = 64 << 20;
 
 /// One function frame at an address. A location with inlined calls has several frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +39,9 @@ pub struct Frame {
     pub file: Option<String>,
     /// Source line (0 when unknown).
     pub line: u32,
+    /// Bytes from the start of the function the address is in (for an inlined frame, of
+    /// the function it was inlined into, as Go's texts print it).
+    pub offset: u64,
 }
 
 /// Symbols of one address: frames innermost first (an inlined callee before its caller); the
@@ -50,7 +58,9 @@ pub struct Symbolizer {
     elf: HashMap<(PathBuf, u64), Frames>,
     kernel: HashMap<u64, Frames>,
     /// Parsed perf maps (JIT symbols), by path; sorted by start.
-    perf_maps: HashMap<PathBuf, Vec<PerfMapEntry>>,
+    perf_maps: HashMap<(Pid, PathBuf), Result<Vec<PerfMapEntry>, String>>,
+    /// Perf maps refused since start (not a regular file, not the process's, too large).
+    pub perf_maps_refused: u64,
     /// (device, inode) of the profiler's own executable, symbolized without DWARF.
     own_exe: Option<(u64, u64)>,
     /// Build ids by path, with the identity of the file they were read from.
@@ -88,6 +98,7 @@ impl Symbolizer {
             elf: HashMap::new(),
             kernel: HashMap::new(),
             perf_maps: HashMap::new(),
+            perf_maps_refused: 0,
             own_exe,
             build_ids: HashMap::new(),
         }
@@ -120,24 +131,45 @@ impl Symbolizer {
         self.own_exe.is_some() && std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino())) == self.own_exe
     }
 
-    /// Names JIT code addresses with the perf map at `path` (`/tmp/perf-PID.map`, the format
-    /// JITs write for perf); one result per address, empty when not found. The map is read
-    /// once per symbolizer: JITs append, and a dump reads it after the samples were taken.
-    pub fn perf_map(&mut self, path: &Path, addrs: &[u64]) -> Vec<Frames> {
-        let entries = self.perf_maps.entry(path.to_path_buf()).or_insert_with(|| {
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            parse_perf_map(&text)
-        });
-        addrs
+    /// Names JIT code addresses of process `pid` with its perf map at `path` as the process
+    /// sees it (`/tmp/perf-PID.map`, the format JITs write for perf), read inside its root as
+    /// a file any user controls is (see [`crate::untrusted`]): a regular file owned by one of
+    /// `owners`, at most [`PERF_MAP_MAX_BYTES`]. One result per address, empty when not
+    /// found; `Err` names why the map was refused (a missing map is no refusal). The map is
+    /// read once until [`Symbolizer::forget_perf_maps`]: JITs append, and a dump reads it
+    /// after the samples were taken.
+    pub fn perf_map(&mut self, pid: Pid, path: &Path, owners: &[u32], addrs: &[u64]) -> Result<Vec<Frames>, String> {
+        let key = (pid, path.to_path_buf());
+        if !self.perf_maps.contains_key(&key) {
+            let parsed = match untrusted::read_owned(pid, path, owners, PERF_MAP_MAX_BYTES) {
+                Ok(bytes) => Ok(parse_perf_map(&String::from_utf8_lossy(&bytes))),
+                Err(untrusted::Refused::Open(err)) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(refused) => {
+                    self.perf_maps_refused += 1;
+                    let reason = format!("{} of pid {pid} {}", path.display(), crate::error::chain(&refused));
+                    // Not a warning: it recurs every dump, and the profile and /status carry it.
+                    tracing::debug!("perf map not read: {reason}");
+                    Err(reason)
+                }
+            };
+            self.perf_maps.insert(key.clone(), parsed);
+        }
+        let entries = match &self.perf_maps[&key] {
+            Ok(entries) => entries,
+            Err(reason) => return Err(reason.clone()),
+        };
+        Ok(addrs
             .iter()
             .map(|&addr| {
                 let i = entries.partition_point(|e| e.start <= addr);
                 match i.checked_sub(1).map(|i| &entries[i]) {
-                    Some(e) if addr < e.end => vec![Frame { function: e.name.clone(), file: None, line: 0 }],
+                    Some(e) if addr < e.end => {
+                        vec![Frame { function: e.name.clone(), file: None, line: 0, offset: addr - e.start }]
+                    }
                     _ => Vec::new(),
                 }
             })
-            .collect()
+            .collect())
     }
 
     /// Forgets parsed perf maps (they grow while their JIT runs).
@@ -247,10 +279,21 @@ mod perf_map_tests {
         let dir = std::env::temp_dir().join(format!("perf-map-test-{}", std::process::id()));
         std::fs::write(&dir, "7f0000001000 40 jit_spin\n").unwrap();
         let mut sym = Symbolizer::new();
-        let frames = sym.perf_map(&dir, &[0x7f0000001010, 0x7f0000001040, 0x10]);
-        std::fs::remove_file(&dir).unwrap();
+        let (me, uid) = (Pid(std::process::id()), std::fs::metadata(&dir).unwrap().uid());
+        let frames = sym.perf_map(me, &dir, &[uid], &[0x7f0000001010, 0x7f0000001040, 0x10]).unwrap();
         assert_eq!(frames[0][0].function, "jit_spin");
+        assert_eq!(frames[0][0].offset, 0x10);
         assert!(frames[1].is_empty() && frames[2].is_empty());
+        // Not the process's own file: refused, with the reason, once per read.
+        let refused = sym.perf_map(me, &dir, &[uid + 1], &[0x7f0000001010]);
+        assert!(refused.is_ok(), "the first answer is cached until the maps are forgotten");
+        sym.forget_perf_maps();
+        let refused = sym.perf_map(me, &dir, &[uid + 1], &[0x7f0000001010]).unwrap_err();
+        assert!(refused.contains("owned by uid"), "{refused}");
+        assert_eq!(sym.perf_maps_refused, 1);
+        let missing = sym.perf_map(me, Path::new("/nonexistent/perf-1.map"), &[uid], &[1]).unwrap();
+        assert!(missing[0].is_empty(), "no map is no refusal");
+        std::fs::remove_file(&dir).unwrap();
     }
 }
 
@@ -267,18 +310,20 @@ fn collect(results: blazesym::Result<Vec<Symbolized<'_>>>, len: usize) -> Vec<Fr
 
 fn frames_of(sym: Symbolized<'_>) -> Frames {
     let Symbolized::Sym(sym) = sym else { return Vec::new() };
+    let offset = sym.offset as u64;
     // blazesym lists inlined callees outermost first, each with the location inside it,
     // and gives the outer function the location of its first inlined call.
-    let mut frames: Frames = sym.inlined.iter().rev().map(|f| frame(&f.name, f.code_info.as_ref())).collect();
-    frames.push(frame(&sym.name, sym.code_info.as_deref()));
+    let mut frames: Frames = sym.inlined.iter().rev().map(|f| frame(&f.name, f.code_info.as_ref(), offset)).collect();
+    frames.push(frame(&sym.name, sym.code_info.as_deref(), offset));
     frames
 }
 
-fn frame(name: &str, code: Option<&CodeInfo<'_>>) -> Frame {
+fn frame(name: &str, code: Option<&CodeInfo<'_>>, offset: u64) -> Frame {
     Frame {
         function: name.to_string(),
         file: code.map(|c| display_path(c.dir.as_deref(), &c.file)),
         line: code.and_then(|c| c.line).unwrap_or(0),
+        offset,
     }
 }
 

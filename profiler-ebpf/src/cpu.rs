@@ -3,7 +3,7 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::bpf_get_current_comm,
     macros::{map, perf_event},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::PerfEventContext,
@@ -12,7 +12,7 @@ use aya_ebpf::{
 use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, wanted, Scratch},
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -34,11 +34,10 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 /// `Err` for a sample that is not counted (idle, filtered out, or the counts map full).
 #[inline(always)]
 fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    // tid 0 is the idle task: the CPU was not running anything.
-    if tid == 0 || !wanted(tgid) {
+    let task = current_task().ok_or(())?;
+    let (tgid, tid) = (task.tgid, task.tid);
+    // Kernel-wide tid 0 is the idle task: the CPU was not running anything.
+    if task.pid_tgid as u32 == 0 || !wanted(tgid) {
         return Err(());
     }
     let set = active_set();
@@ -46,7 +45,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
 
     let mut truncated = false;
     let user_stack =
-        stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt), CpuCounter::UserStackFailed);
+        stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt, tgid), CpuCounter::UserStackFailed);
     if truncated {
         count(CpuCounter::UserStackTruncated);
     }

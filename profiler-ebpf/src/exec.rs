@@ -6,21 +6,22 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
 };
 use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 
-use crate::user_stack::UNWIND_PROCESSES;
+use crate::{maps::current_task, user_stack::UNWIND_PROCESSES};
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
 #[tracepoint]
 pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A process outside the profiler's pid namespace is not profiled.
+    let Some(task) = current_task() else { return 0 };
+    let tgid = task.tgid;
     // SAFETY: only checks for presence.
     if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES.remove(&tgid);

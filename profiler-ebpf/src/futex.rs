@@ -29,7 +29,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, wanted_task, Scratch, Task},
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -74,13 +74,13 @@ pub fn futex_enter(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_futex_enter(ctx: &TracePointContext) -> Result<(), ()> {
-    let pid_tgid = wanted_thread()?;
+    let task = wanted_task().ok_or(())?;
     let uaddr = read_field(ctx, ARG0);
     let cmd = read_field(ctx, ARG1) as u32 & FUTEX_CMD_MASK;
     if let Some(op) = WaitOp::of_cmd(cmd) {
-        begin_wait(pid_tgid, uaddr, op);
+        begin_wait(task, uaddr, op);
     } else if is_wake_cmd(cmd) {
-        record_waker(pid_tgid, uaddr);
+        record_waker(task, uaddr);
     }
     Ok(())
 }
@@ -88,8 +88,8 @@ fn try_futex_enter(ctx: &TracePointContext) -> Result<(), ()> {
 /// futex2 `futex_wait(uaddr, val, mask, flags, timeout, clockid)`.
 #[tracepoint]
 pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
-    if let Ok(pid_tgid) = wanted_thread() {
-        begin_wait(pid_tgid, read_field(&ctx, ARG0), WaitOp::Futex2Wait);
+    if let Some(task) = wanted_task() {
+        begin_wait(task, read_field(&ctx, ARG0), WaitOp::Futex2Wait);
     }
     0
 }
@@ -98,8 +98,8 @@ pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
 /// single word to find a waker by; it goes to the block profile only.
 #[tracepoint]
 pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
-    if let Ok(pid_tgid) = wanted_thread() {
-        begin_wait(pid_tgid, 0, WaitOp::Futex2Waitv);
+    if let Some(task) = wanted_task() {
+        begin_wait(task, 0, WaitOp::Futex2Waitv);
     }
     0
 }
@@ -107,8 +107,8 @@ pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
 /// futex2 `futex_wake(uaddr, mask, nr, flags)`.
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
-    if let Ok(pid_tgid) = wanted_thread() {
-        record_waker(pid_tgid, read_field(&ctx, ARG0));
+    if let Some(task) = wanted_task() {
+        record_waker(task, read_field(&ctx, ARG0));
     }
     0
 }
@@ -124,11 +124,11 @@ pub fn futex_requeue_enter(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_futex_requeue_enter(ctx: &TracePointContext) -> Result<(), ()> {
-    let pid_tgid = wanted_thread()?;
+    let task = wanted_task().ok_or(())?;
     let waiters = read_field(ctx, ARG0);
     // SAFETY: a fault-safe read of the caller's argument array.
     let uaddr = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) }.map_err(|_| ())?;
-    record_waker(pid_tgid, uaddr);
+    record_waker(task, uaddr);
     Ok(())
 }
 
@@ -143,23 +143,14 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
 /// `Err` when the thread has no wait in flight (not a wait, or not a process profiled).
 #[inline(always)]
 fn try_futex_exit(ctx: &TracePointContext) -> Result<(), ()> {
+    // The entry first: every futex exit on the machine comes here, and only this thread's
+    // own wait needs its ids as the profiler sees them.
     let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: a plain value read of this thread's entry, copied out before the remove.
     let wait = (unsafe { FUTEX_PENDING.get(&pid_tgid) }).copied().ok_or(())?;
     let _ = FUTEX_PENDING.remove(&pid_tgid);
-    end_wait(ctx, pid_tgid, &wait);
+    end_wait(ctx, current_task().ok_or(())?, &wait);
     Ok(())
-}
-
-/// The calling thread's pid_tgid, if its process is profiled.
-#[inline(always)]
-fn wanted_thread() -> Result<u64, ()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if wanted((pid_tgid >> 32) as u32) {
-        Ok(pid_tgid)
-    } else {
-        Err(())
-    }
 }
 
 #[inline(always)]
@@ -168,12 +159,12 @@ fn count(counter: FutexCounter) {
 }
 
 #[inline(always)]
-fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
+fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
     // SAFETY: a helper without arguments.
     let start_ns = unsafe { bpf_ktime_get_ns() };
     let wait = PendingWait { uaddr, start_ns, op: op as u16, _pad: [0; 3] };
     // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
-    if FUTEX_PENDING.insert(&pid_tgid, &wait, BPF_ANY as u64).is_err() {
+    if FUTEX_PENDING.insert(&task.pid_tgid, &wait, BPF_ANY as u64).is_err() {
         count(FutexCounter::PendingMapFull);
     }
 }
@@ -184,15 +175,15 @@ fn begin_wait(pid_tgid: u64, uaddr: u64, op: WaitOp) {
 /// constants multiplied the verifier's states past its instruction limit (found with the
 /// unrolled frame-pointer walk; the order is kept).
 #[inline(always)]
-fn end_wait(ctx: &TracePointContext, pid_tgid: u64, wait: &PendingWait) {
-    let tgid = (pid_tgid >> 32) as u32;
+fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
+    let tgid = task.tgid;
     let set = active_set();
     let (block, mutex, stacks) = (
         pick_set(set, &BLOCK_COUNTS_0, &BLOCK_COUNTS_1),
         pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1),
         stacks_of(set),
     );
-    let stack = user_stack(stacks);
+    let stack = user_stack(stacks, tgid);
     // SAFETY: a helper without arguments.
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
@@ -237,9 +228,9 @@ fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns
 
 /// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted.
 #[inline(always)]
-fn user_stack(stacks: &HashMap<u64, Stack>) -> u64 {
+fn user_stack(stacks: &HashMap<u64, Stack>, tgid: u32) -> u64 {
     let mut truncated = false;
-    match capture_user(stacks, &mut truncated, Scratch::Task) {
+    match capture_user(stacks, &mut truncated, Scratch::Task, tgid) {
         Ok(hash) => hash,
         Err(_) => {
             count(FutexCounter::StackLost);
@@ -250,12 +241,12 @@ fn user_stack(stacks: &HashMap<u64, Stack>) -> u64 {
 
 /// Remembers the calling thread's stack as the last waker of `uaddr`.
 #[inline(always)]
-fn record_waker(pid_tgid: u64, uaddr: u64) {
-    let stack = user_stack(stacks_of(active_set()));
-    let tgid = (pid_tgid >> 32) as u32;
+fn record_waker(task: Task, uaddr: u64) {
+    let stack = user_stack(stacks_of(active_set()), task.tgid);
+    let tgid = task.tgid;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };
-    let waker = Waker { stack, wake_ns, tid: pid_tgid as u32, _pad: 0 };
+    let waker = Waker { stack, wake_ns, tid: task.tid, _pad: 0 };
     let key = WakerKey { tgid, _pad: 0, uaddr };
     // A word is usually woken again and again (the same lock or condition): overwriting its
     // entry in place skips the LRU's allocation and list locking. `wake_ns` is written last,

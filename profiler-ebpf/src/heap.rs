@@ -28,7 +28,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, Scratch},
+    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, Scratch, Task},
     stack::capture_user,
 };
 
@@ -136,13 +136,13 @@ fn try_free_enter(ctx: &ProbeContext) -> Result<(), ()> {
     if ptr == 0 {
         return Err(());
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let task = current_task().ok_or(())?;
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if in_outer_call(pid_tgid, stack_pointer(&ctx.regs), now) {
+    if in_outer_call(task.pid_tgid, stack_pointer(&ctx.regs), now) {
         return Err(());
     }
-    forget(pid_tgid, ptr);
+    forget(task, ptr);
     Ok(())
 }
 
@@ -164,14 +164,15 @@ fn try_alloc_exit(ctx: &RetProbeContext) -> Result<(), ()> {
         return Err(());
     }
     let _ = HEAP_PENDING.remove(&pid_tgid);
+    let task = current_task().ok_or(())?;
     let ret: u64 = ctx.ret();
     let ptr = if pending.out_ptr != 0 { read_out_ptr(ret, pending.out_ptr) } else { ret };
     // realloc: the old block is gone when a new one came back, or when size 0 freed it.
     if pending.old_ptr != 0 && (ptr != 0 || pending.size == 0) {
-        forget(pid_tgid, pending.old_ptr);
+        forget(task, pending.old_ptr);
     }
     if ptr != 0 && pending.sampled != 0 {
-        record(pid_tgid, ptr, pending.size);
+        record(task, ptr, pending.size);
     }
     Ok(())
 }
@@ -272,8 +273,8 @@ fn next_interval() -> i64 {
 }
 
 #[inline(always)]
-fn live_key(pid_tgid: u64, addr: u64) -> LiveKey {
-    LiveKey { tgid: (pid_tgid >> 32) as u32, _pad: 0, addr }
+fn live_key(task: Task, addr: u64) -> LiveKey {
+    LiveKey { tgid: task.tgid, _pad: 0, addr }
 }
 
 #[inline(always)]
@@ -283,8 +284,8 @@ fn count(counter: HeapCounter) {
 
 /// Drops a block from the live map; a block that was never sampled costs one lookup.
 #[inline(always)]
-fn forget(pid_tgid: u64, addr: u64) {
-    if HEAP_LIVE.remove(&live_key(pid_tgid, addr)).is_ok() {
+fn forget(task: Task, addr: u64) {
+    if HEAP_LIVE.remove(&live_key(task, addr)).is_ok() {
         count(HeapCounter::Freed);
     }
 }
@@ -307,19 +308,18 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
 
 /// Records a sampled block: its allocating stack, the per-stack totals, the live entry.
 #[inline(always)]
-fn record(pid_tgid: u64, ptr: u64, size: u64) {
+fn record(task: Task, ptr: u64, size: u64) {
     let set = active_set();
     let (totals, stacks) = (pick_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1), stacks_of(set));
     let mut truncated = false;
-    let stack = match capture_user(stacks, &mut truncated, Scratch::Task) {
+    let stack = match capture_user(stacks, &mut truncated, Scratch::Task, task.tgid) {
         Ok(hash) => hash,
         Err(_) => {
             count(HeapCounter::StackLost);
             profiler_common::NO_STACK
         }
     };
-    let tgid = (pid_tgid >> 32) as u32;
-    let key = HeapKey { tgid, _pad: 0, stack };
+    let key = HeapKey { tgid: task.tgid, _pad: 0, stack };
     if !add_or_insert(totals, &key, &HeapTotals { count: 1, bytes: size }, |t| {
         t.count += 1;
         t.bytes += size;
@@ -327,7 +327,7 @@ fn record(pid_tgid: u64, ptr: u64, size: u64) {
         count(HeapCounter::TotalsMapFull);
     }
     let live = LiveAlloc { size, stack };
-    if HEAP_LIVE.insert(&live_key(pid_tgid, ptr), &live, BPF_ANY as u64).is_err() {
+    if HEAP_LIVE.insert(&live_key(task, ptr), &live, BPF_ANY as u64).is_err() {
         count(HeapCounter::LiveMapFull);
     }
     count(HeapCounter::Sampled);

@@ -6,7 +6,8 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::{bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_ns_current_pid_tgid},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     Global,
@@ -22,6 +23,48 @@ pub static FILTER_PIDS: Global<u8> = Global::new(0);
 
 #[map]
 pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
+
+/// The profiler's pid namespace, as `(st_dev, st_ino)` of its `/proc/self/ns/pid` (the
+/// device as the kernel's `dev_t`), set at load time when it is not the initial namespace;
+/// 0 in the initial one, whose ids the kernel reports directly.
+#[unsafe(no_mangle)]
+pub static PIDNS_DEV: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+pub static PIDNS_INO: Global<u64> = Global::new(0);
+
+/// The current task: its kernel-wide `pid_tgid` (unique, for keys of state that lives
+/// between two programs) and its ids as the profiler sees them (in its pid namespace), which
+/// is how every count names it.
+#[derive(Clone, Copy)]
+pub struct Task {
+    pub pid_tgid: u64,
+    pub tgid: u32,
+    pub tid: u32,
+}
+
+/// The current task, or `None` for a task whose pid namespace is not the profiler's: a
+/// profiler in a container profiles the processes of its container, under their pids there.
+#[inline(always)]
+pub fn current_task() -> Option<Task> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let ino = PIDNS_INO.load();
+    if ino == 0 {
+        return Some(Task { pid_tgid, tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 });
+    }
+    let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+    let size = core::mem::size_of::<bpf_pidns_info>() as u32;
+    // SAFETY: `ns` is a writable struct of `size` bytes on this program's stack.
+    if unsafe { bpf_get_ns_current_pid_tgid(PIDNS_DEV.load(), ino, &mut ns, size) } != 0 {
+        return None;
+    }
+    Some(Task { pid_tgid, tgid: ns.tgid, tid: ns.pid })
+}
+
+/// The current task, if its process is profiled.
+#[inline(always)]
+pub fn wanted_task() -> Option<Task> {
+    current_task().filter(|task| wanted(task.tgid))
+}
 
 #[map]
 pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);

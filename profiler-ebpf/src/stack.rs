@@ -72,10 +72,16 @@ pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>, slot: Scra
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
 /// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
-/// `slot`: the caller's context (see [`Scratch`]).
+/// `slot`: the caller's context (see [`Scratch`]); `tgid`: the process, as the profiler sees
+/// it (see `maps::Task`).
 #[inline(always)]
-pub fn capture_user(stacks: &HashMap<u64, Stack>, truncated: &mut bool, slot: Scratch) -> Result<u64, StackError> {
-    if !user_stack::walk(slot) {
+pub fn capture_user(
+    stacks: &HashMap<u64, Stack>,
+    truncated: &mut bool,
+    slot: Scratch,
+    tgid: u32,
+) -> Result<u64, StackError> {
+    if !user_stack::walk(slot, tgid) {
         return Ok(NO_STACK);
     }
     let scratch = scratch(slot)?;

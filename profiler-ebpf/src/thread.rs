@@ -4,7 +4,6 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
@@ -12,7 +11,7 @@ use aya_ebpf::{
 use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted_task, Scratch},
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -43,13 +42,10 @@ fn try_thread_create(ctx: &TracePointContext) -> Result<(), ()> {
     if read_field(ctx, CLONE_FLAGS) & CLONE_THREAD == 0 {
         return Err(());
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !wanted(tgid) {
-        return Err(());
-    }
+    let tgid = wanted_task().ok_or(())?.tgid;
     let set = active_set();
     let mut truncated = false;
-    let stack = capture_user(stacks_of(set), &mut truncated, Scratch::Task).unwrap_or_else(|_| {
+    let stack = capture_user(stacks_of(set), &mut truncated, Scratch::Task, tgid).unwrap_or_else(|_| {
         count(ThreadCounter::StackLost);
         NO_STACK
     });

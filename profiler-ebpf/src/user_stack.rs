@@ -19,7 +19,7 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::map,
@@ -142,11 +142,11 @@ fn user_regs() -> Option<pt_regs> {
 }
 
 /// Walks the current thread's user stack into this CPU's `STACK_SCRATCH` entry for `slot`,
-/// leaf first. Returns false when the thread has no user context (kernel threads).
+/// leaf first; `tgid` names its process in `UNWIND_PROCESSES`. Returns false when the thread
+/// has no user context (kernel threads).
 #[inline(always)]
-pub fn walk(slot: Scratch) -> bool {
+pub fn walk(slot: Scratch, tgid: u32) -> bool {
     let slot = slot as u32;
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(regs) = user_regs() else { return false };
     if regs.rip == 0 || regs.rip >= USER_ADDR_LIMIT {
         return false;

@@ -200,11 +200,34 @@ impl Fixture {
     /// from a copy of the binary in `scratch` (made 0755) so that permissions on the
     /// workspace cannot make the exec fail. `setpriv` execs the fixture: the pid is its own.
     pub fn spawn_as_nobody(kind: FixtureKind, seconds: u32, scratch: &Path) -> Self {
+        Self::spawn_as_nobody_with_args(kind, &[&seconds.to_string()], scratch)
+    }
+
+    /// Like [`Fixture::spawn_as_nobody`], from a setuid-root copy (mode 04755, owner root):
+    /// the process's real uid is nobody's, its effective and saved uids root's, and the
+    /// kernel makes it non-dumpable, as it does `su` or `passwd` started by a user.
+    pub fn spawn_setuid_root_as_nobody(kind: FixtureKind, seconds: u32, scratch: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch.join("setuid");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join(kind.comm());
+        std::fs::copy(kind.build(), &copy)
+            .unwrap_or_else(|e| panic!("failed to copy fixture {} to {}: {e}", kind.comm(), copy.display()));
+        std::os::unix::fs::chown(&copy, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&copy).arg(seconds.to_string());
+        Self::from_command(kind, cmd)
+    }
+
+    /// Like [`Fixture::spawn_as_nobody`], with the fixture's whole argument list.
+    pub fn spawn_as_nobody_with_args(kind: FixtureKind, args: &[&str], scratch: &Path) -> Self {
         let copy = scratch.join(kind.comm());
         std::fs::copy(kind.build(), &copy)
             .unwrap_or_else(|e| panic!("failed to copy fixture {} to {}: {e}", kind.comm(), copy.display()));
         let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&copy).arg(seconds.to_string());
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&copy).args(args);
         Self::from_command(kind, cmd)
     }
 

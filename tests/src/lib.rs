@@ -3,7 +3,7 @@
 //!
 //! Owns: building the fixtures (`fixture`), running the binary with a timeout (`run`), looking
 //! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
-//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), reading
+//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), Go's own text profiles and their grammar (`go_text`), reading
 //! the summary the binary prints (`summary`), `perf`'s DWARF unwinding to compare with (`perf`), the heap fixture's ground truth and the checks
 //! against it (`heap_sites`), and the assertions several tests share (`expect`); running the
 //! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod expect;
 pub mod fixture;
 pub mod go_pprof;
+pub mod go_text;
 pub mod heap_sites;
 pub mod http;
 pub mod nspawn;

@@ -27,6 +27,7 @@ use super::{
 pub type Body = Full<Bytes>;
 
 const TEXT: &str = "text/plain; charset=utf-8";
+const HTML: &str = "text/html; charset=utf-8";
 const JSON: &str = "application/json";
 const PROTO: &str = "application/octet-stream";
 
@@ -66,11 +67,24 @@ async fn dispatch(
     viewer: Viewer,
 ) -> Result<Response<Body>, QueryError> {
     let query = match request {
-        ApiRequest::Index => {
-            let entries = collector.index(viewer).await?;
-            return Ok(text(StatusCode::OK, page::index(viewer, &entries)));
+        ApiRequest::Index { pid: None } => {
+            let entries = collector.index(viewer, None).await?;
+            return Ok(response(StatusCode::OK, HTML, page::index(viewer, &entries).into_bytes()));
         }
-        ApiRequest::Status => return Ok(json(collector.status().await?)),
+        ApiRequest::Index { pid: Some(pid) } => {
+            let entries = collector.index(viewer, Some(pid)).await?;
+            return match entries.first() {
+                Some(entry) => Ok(response(StatusCode::OK, HTML, page::process(entry).into_bytes())),
+                // Root is told why (no such process, exited) by a profile query of it; the
+                // index answers alike for every pid it does not list.
+                None => Err(QueryError::NotVisible(pid)),
+            };
+        }
+        ApiRequest::Processes => {
+            let entries = collector.index(viewer, None).await?;
+            return Ok(json(page::processes(viewer, &entries)));
+        }
+        ApiRequest::Status => return Ok(json(collector.status(viewer).await?)),
         ApiRequest::Profile { pid, seconds } => {
             ProfileQuery { viewer, pid, view: View::of(ProfileKind::Cpu), window: Some(secs(seconds)), text: false }
         }
@@ -86,7 +100,7 @@ fn window(request: ApiRequest) -> Option<Duration> {
     match request {
         ApiRequest::Profile { seconds, .. } => Some(secs(seconds)),
         ApiRequest::Named { seconds, .. } => seconds.map(secs),
-        ApiRequest::Index | ApiRequest::Status => None,
+        ApiRequest::Index { .. } | ApiRequest::Processes | ApiRequest::Status => None,
     }
 }
 
@@ -124,9 +138,13 @@ fn refuse(bad: &BadRequest) -> Response<Body> {
 /// The HTTP status for each way a query can fail (see [`QueryError`]).
 pub fn status_of(err: &QueryError) -> StatusCode {
     match err {
-        QueryError::UnknownPid(_) | QueryError::NotEnabled(_) => StatusCode::NOT_FOUND,
-        QueryError::Forbidden(_) => StatusCode::FORBIDDEN,
+        QueryError::UnknownPid(_)
+        | QueryError::Exited { .. }
+        | QueryError::NotVisible(_)
+        | QueryError::NotEnabled { .. }
+        | QueryError::NotSelected { .. } => StatusCode::NOT_FOUND,
         QueryError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        QueryError::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -156,9 +174,10 @@ mod tests {
     fn query_errors_map_to_http_statuses() {
         let cases = [
             (QueryError::UnknownPid(Pid(1)), 404),
-            (QueryError::NotEnabled(ProfileKind::Heap), 404),
-            (QueryError::Forbidden(Pid(1)), 403),
+            (QueryError::NotEnabled { kind: ProfileKind::Heap, fix: "x".into() }, 404),
+            (QueryError::NotVisible(Pid(1)), 404),
             (QueryError::Unavailable("busy".into()), 503),
+            (QueryError::Limited("4 captures".into()), 429),
         ];
         for (err, status) in cases {
             assert_eq!(status_of(&err).as_u16(), status, "{err}");

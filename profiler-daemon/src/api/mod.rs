@@ -10,6 +10,7 @@
 //! [`Viewer`]: crate::control::Viewer
 
 mod bind;
+mod deadline;
 mod handler;
 mod page;
 mod query;

@@ -28,8 +28,11 @@ pub const PPROF_PREFIX: &str = "/debug/pprof/";
 /// A request the daemon answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApiRequest {
-    /// `GET /debug/pprof/`: the processes the viewer may see, with their profiles.
-    Index,
+    /// `GET /debug/pprof/[?pid=P]`: the processes the viewer may see (Go's index page for
+    /// process `P`).
+    Index { pid: Option<Pid> },
+    /// `GET /processes`: the processes the viewer may see, as JSON (for `profiler ps`).
+    Processes,
     /// `GET /debug/pprof/profile?pid=P[&seconds=S]`: CPU over the next `seconds`.
     Profile { pid: Pid, seconds: u64 },
     /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`.
@@ -80,6 +83,7 @@ impl From<ParamError> for BadRequest {
 #[derive(Clone, Copy)]
 enum Route {
     Index,
+    Processes,
     Status,
     Cpu,
     Named(View),
@@ -95,7 +99,12 @@ impl ApiRequest {
         }
         let params = Params::parse(query.unwrap_or(""))?;
         match route {
-            Route::Index => params.only(path, &[]).map(|()| Self::Index).map_err(Into::into),
+            Route::Index => {
+                params.only(path, &["pid"])?;
+                let pid = params.get("pid").map(|_| pid(&params)).transpose()?;
+                Ok(Self::Index { pid })
+            }
+            Route::Processes => params.only(path, &[]).map(|()| Self::Processes).map_err(Into::into),
             Route::Status => params.only(path, &[]).map(|()| Self::Status).map_err(Into::into),
             Route::Cpu => cpu(path, &params),
             Route::Named(kind) => named(path, kind, &params),
@@ -106,6 +115,9 @@ impl ApiRequest {
 fn route(path: &str) -> Result<Route, BadRequest> {
     if path == "/status" {
         return Ok(Route::Status);
+    }
+    if path == "/processes" {
+        return Ok(Route::Processes);
     }
     if path == PPROF_PREFIX || path == PPROF_PREFIX.trim_end_matches('/') {
         return Ok(Route::Index);

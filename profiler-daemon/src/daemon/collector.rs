@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::mpsc::RecvTimeoutError,
+    sync::{mpsc::RecvTimeoutError, Arc},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -19,7 +19,9 @@ use super::{
 use crate::{
     capture::{Capture, CaptureConfig, CaptureError, Drained},
     config::{Config, ProcessFacts},
-    control::{Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, ReloadError, Reloaded, Viewer},
+    control::{
+        Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, Refusals, ReloadError, Reloaded, Viewer,
+    },
     ids::{Pid, StackId},
     output, procs,
     profiles::{heap::attachment_comment, Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View},
@@ -37,6 +39,8 @@ const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 const MAX_STACKS: usize = 200_000;
 /// On-demand captures (`seconds=S`) in flight at once.
 const MAX_WINDOWS: usize = 16;
+/// Of those, the ones one uid other than root may have open; more get a 429.
+const MAX_WINDOWS_PER_UID: usize = 4;
 /// Capacity of the live heap block map.
 const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
 /// Resident memory above which the symbolizer's open files are closed after a dump (their
@@ -74,8 +78,8 @@ struct Collector {
     started: SystemTime,
     started_at: Instant,
     windows: Vec<PendingWindow>,
-    /// Heap targets that could not be probed (not retried until a reload).
-    heap_failed: HashSet<Pid>,
+    /// Heap targets that could not be probed, and why (not retried until a reload).
+    heap_failed: BTreeMap<Pid, String>,
     live_blocks: usize,
     sym: Symbolizer,
     sink: Sink,
@@ -84,6 +88,10 @@ struct Collector {
     symbol_cache_resets: u64,
     /// Times the symbolizer's files were closed for being over the files budget.
     symbol_file_closes: u64,
+    /// What the socket server refused (it counts; `/status` shows).
+    front: Arc<Refusals>,
+    /// Windows refused because their uid had [`MAX_WINDOWS_PER_UID`] open.
+    windows_over_uid_share: u64,
 }
 
 /// Loads and attaches on a new thread; returns once attached (or with the error), leaving
@@ -92,7 +100,7 @@ pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHand
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("collector".into())
-        .spawn(move || match Collector::start(config) {
+        .spawn(move || match Collector::start(config, Arc::clone(&commands.refusals)) {
             Ok(mut collector) => {
                 let _ = ready_tx.send(Ok(()));
                 collector.run(&commands);
@@ -109,7 +117,7 @@ pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHand
 }
 
 impl Collector {
-    fn start(config: Config) -> Result<Self, CaptureError> {
+    fn start(config: Config, front: Arc<Refusals>) -> Result<Self, CaptureError> {
         let capture = Capture::start(&CaptureConfig {
             pids: Vec::new(),
             // A reload may opt processes in to heap profiling later: its maps are kept
@@ -131,12 +139,14 @@ impl Collector {
             started: now,
             started_at: Instant::now(),
             windows: Vec::new(),
-            heap_failed: HashSet::new(),
+            heap_failed: BTreeMap::new(),
             live_blocks: 0,
             sym: Symbolizer::new(),
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
+            front,
+            windows_over_uid_share: 0,
         })
     }
 
@@ -183,12 +193,12 @@ impl Collector {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Index { viewer, reply } => {
-                let _ = reply.send(self.index(viewer));
+            Command::Index { viewer, pid, reply } => {
+                let _ = reply.send(self.index(viewer, pid));
             }
             Command::Profile { query, reply } => self.query(query, reply),
-            Command::Status { reply } => {
-                let _ = reply.send(status::render(&self.status()));
+            Command::Status { viewer, reply } => {
+                let _ = reply.send(status::render(&self.status(), viewer == Viewer::ROOT));
             }
             Command::Reload { config, reply } => {
                 let _ = reply.send(self.reload(*config));
@@ -211,7 +221,9 @@ impl Collector {
         self.interval.add(&batch);
         self.total.add(&batch);
         for window in &mut self.windows {
+            // A window answers for one process: keep only its counts, not the machine's.
             window.counts.add(&batch);
+            window.counts.retain_only(window.query.pid);
         }
         for pid in &gone {
             self.heap_failed.remove(pid);
@@ -238,6 +250,7 @@ impl Collector {
                     kernel_stack: seen.kernel_stack,
                     user_leaf_is_return: seen.user_leaf_is_return,
                     values: Vec::new(),
+                    unscaled: Vec::new(),
                     labels: Vec::new(),
                 });
             }
@@ -290,6 +303,8 @@ impl Collector {
             context: Context::Interval,
             window,
             counters: &counters,
+            // Files in the output directory are root's (see `crate::output`).
+            kernel_addresses: true,
         };
         let files = targets.iter().map(|(_, kinds)| kinds.len()).sum();
         let Sink::Files(sink) = &mut self.sink;
@@ -349,7 +364,9 @@ impl Collector {
         let rss = resident_bytes().unwrap_or(0);
         if rss > SYMBOLIZER_RSS_BUDGET {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
+            let refused = self.sym.perf_maps_refused;
             self.sym = Symbolizer::new();
+            self.sym.perf_maps_refused = refused;
             self.symbol_cache_resets += 1;
         } else if rss > SYMBOLIZER_FILES_BUDGET {
             tracing::debug!("resident memory over the files budget; closing the symbolizer's files");
@@ -371,15 +388,18 @@ impl Collector {
                 .filter(|&kind| self.config.is_enabled(kind) && self.capture.has(kind.source()))
                 .collect(),
             heap_pids: self.capture.heap_pids().into_iter().collect(),
+            heap_refused: self.heap_failed.clone(),
         }
     }
 
-    fn index(&self, viewer: Viewer) -> Vec<IndexEntry> {
-        decide::index(&self.serving(), &self.config.processes, self.capture.catalog(), &self.total, viewer)
+    fn index(&self, viewer: Viewer, pid: Option<Pid>) -> Vec<IndexEntry> {
+        let catalog = self.capture.catalog();
+        decide::index(&self.serving(), &self.config.processes, catalog, &self.total, viewer, pid, &mut credentials_now)
     }
 
     fn query(&mut self, query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>>) {
-        if let Err(err) = decide::check_query(&self.serving(), &self.config.processes, self.capture.catalog(), &query) {
+        let catalog = self.capture.catalog();
+        if let Err(err) = decide::check_query(&self.serving(), &self.config, catalog, &query, &mut credentials_now) {
             let _ = reply.send(Err(err));
             return;
         }
@@ -387,6 +407,17 @@ impl Collector {
             Some(_) if self.windows.len() >= MAX_WINDOWS => {
                 let _ = reply.send(Err(QueryError::Unavailable(format!(
                     "{MAX_WINDOWS} profile captures are already running; retry later"
+                ))));
+            }
+            Some(_)
+                if query.viewer != Viewer::ROOT
+                    && self.windows.iter().filter(|w| w.query.viewer == query.viewer).count()
+                        >= MAX_WINDOWS_PER_UID =>
+            {
+                self.windows_over_uid_share += 1;
+                let _ = reply.send(Err(QueryError::Limited(format!(
+                    "uid {} already has {MAX_WINDOWS_PER_UID} profile captures running; wait for one to finish",
+                    query.viewer.uid
                 ))));
             }
             Some(duration) => self.windows.push(PendingWindow {
@@ -416,16 +447,24 @@ impl Collector {
         let counters = self.capture.counters().unwrap_or_default();
         let catalog = self.capture.catalog();
         let process = catalog.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?;
+        // Checked again at the end of a window: the process may have changed uid meanwhile.
+        if !decide::visible(query.viewer, process, &mut credentials_now) {
+            return Err(QueryError::NotVisible(query.pid));
+        }
         let renderer = Renderer {
             catalog,
             settings: settings(&self.config),
             context: Context::Query,
             window,
             counters: &counters,
+            kernel_addresses: query.viewer == Viewer::ROOT,
         };
-        let notes = notes(&self.capture, query.pid, query.view.kind);
-        let rendered = renderer.render(process, counts, query.view, notes, &mut self.sym);
-        let bytes = if query.text { rendered.encoded.legacy_text().into_bytes() } else { rendered.encoded.gzip() };
+        let bytes = if query.text {
+            renderer.text(process, counts, query.view, &mut self.sym).into_bytes()
+        } else {
+            let notes = notes(&self.capture, query.pid, query.view.kind);
+            renderer.render(process, counts, query.view, notes, &mut self.sym).encoded.gzip()
+        };
         Ok(ProfileBody { bytes, text: query.text })
     }
 
@@ -459,7 +498,7 @@ impl Collector {
         }
         for pid in procs::list_pids().into_iter().map(Pid) {
             if self.capture.heap_attachment(pid).is_some()
-                || self.heap_failed.contains(&pid)
+                || self.heap_failed.contains_key(&pid)
                 || pid.0 == std::process::id()
             {
                 continue;
@@ -476,8 +515,11 @@ impl Collector {
                     tracing::info!(pid = pid.0, name, library = attachment.library, "heap probes attached")
                 }
                 Err(err) => {
-                    tracing::warn!(pid = pid.0, name, error = %crate::error::chain(&err), "cannot heap-profile this process");
-                    self.heap_failed.insert(pid);
+                    // The configuration asked for this process's heap profile: an error, and the
+                    // reason is kept for /status and for queries of it.
+                    let reason = crate::error::chain(&err);
+                    self.record(format!("cannot heap-profile {name} (pid {pid}): {reason}"));
+                    self.heap_failed.insert(pid, reason);
                 }
             }
         }
@@ -504,7 +546,11 @@ impl Collector {
     }
 
     fn record_error(&mut self, err: &dyn std::error::Error) {
-        let message = crate::error::chain(err);
+        self.record(crate::error::chain(err));
+    }
+
+    /// Logs an error and keeps it as `/status`'s `last_error`.
+    fn record(&mut self, message: String) {
         tracing::error!("{message}");
         self.last_error = Some(message);
     }
@@ -525,11 +571,15 @@ impl Collector {
             processes: catalog.processes().count(),
             unwinder: self.capture.unwinder_stats(),
             exec_tracking_error: self.capture.exec_tracking_error().map(str::to_string),
+            pid_namespace: self.capture.pid_namespace(),
             output_dir: files.dir().to_path_buf(),
             interval: self.config.interval,
             dumps: files.stats().clone(),
             symbol_cache_resets: self.symbol_cache_resets,
             symbol_file_closes: self.symbol_file_closes,
+            perf_maps_refused: self.sym.perf_maps_refused,
+            front: self.front.read(),
+            windows_over_uid_share: self.windows_over_uid_share,
             last_error: self.last_error.clone(),
         }
     }
@@ -553,4 +603,9 @@ fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
+}
+
+/// A process's credentials as they are now, for [`decide::visible`].
+fn credentials_now(pid: Pid) -> Option<procs::Credentials> {
+    procs::read_credentials(pid.0).ok()
 }

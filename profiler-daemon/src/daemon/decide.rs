@@ -2,15 +2,33 @@
 //! writes, which processes the index lists, and whether a query may be answered. No session,
 //! no `/proc`, no I/O, so they are unit-tested here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     catalog::{Catalog, KnownProcess},
     config::{Config, ProcessFacts, ProcessSelection},
     control::{IndexEntry, ProfileQuery, QueryError, Viewer},
     ids::Pid,
+    procs::Credentials,
     profiles::{Counts, ProfileKind, Source},
 };
+
+/// The credentials of a live process, read now (`None`: gone, or unreadable).
+pub type CredentialsNow<'a> = dyn FnMut(Pid) -> Option<Credentials> + 'a;
+
+/// Whether `viewer` may see `process` now. Root sees every process. Any other uid sees only
+/// one it could ptrace: every uid of it (real, effective, saved, file system) is the
+/// viewer's and it is dumpable, as read `now`, not at first sight (a setuid program, or
+/// one that changed uid in place, is not its invoker's to see); and it is still the
+/// process first seen at this pid (same start time), not a newcomer on a reused pid.
+/// Credentials are read only for a process first seen as the viewer's.
+pub fn visible(viewer: Viewer, process: &KnownProcess, now: &mut CredentialsNow<'_>) -> bool {
+    if viewer == Viewer::ROOT {
+        return true;
+    }
+    let Some(info) = process.info.as_ref().filter(|info| info.uid == viewer.uid) else { return false };
+    now(process.pid).is_some_and(|creds| creds.start_time == info.start_time && creds.all_of(viewer.uid))
+}
 
 /// What the daemon serves now: the kinds enabled in the configuration whose programs are
 /// attached (a reload can turn one off; turning one on needs a restart), and the processes
@@ -19,6 +37,8 @@ use crate::{
 pub struct Serving {
     pub kinds: BTreeSet<ProfileKind>,
     pub heap_pids: BTreeSet<Pid>,
+    /// Processes the `[heap]` matchers select whose probes could not be attached, and why.
+    pub heap_refused: BTreeMap<Pid, String>,
 }
 
 impl Serving {
@@ -68,48 +88,84 @@ pub fn dump_targets(
 }
 
 /// The index as `viewer` may see it: the selected processes it may see with data since
-/// start, each with its kinds and their events.
+/// start (`only`: that one), each with its kinds and their events.
 pub fn index(
     serving: &Serving,
     selection: &ProcessSelection,
     catalog: &Catalog,
     total: &Counts,
     viewer: Viewer,
+    only: Option<Pid>,
+    now: &mut CredentialsNow<'_>,
 ) -> Vec<IndexEntry> {
     total
         .iter()
+        .filter(|(pid, _)| only.is_none_or(|only| only == *pid))
         .filter_map(|(pid, counts)| {
             let process = catalog.process(pid)?;
             let uid = process.uid()?;
-            if !viewer.may_see(uid) || !selection.matches(&facts(process)) {
+            if !selection.matches(&facts(process)) || !visible(viewer, process, now) {
                 return None;
             }
-            let profiles = serving.kinds_of(pid).map(|kind| (kind, kind.events(counts))).collect();
-            Some(IndexEntry { pid, name: process.name.clone(), uid, profiles })
+            let cgroup = process.info.as_ref().and_then(|i| i.cgroup.as_deref());
+            Some(IndexEntry {
+                pid,
+                name: process.name.clone(),
+                uid,
+                unit: cgroup.and_then(crate::procs::unit_of).map(str::to_string),
+                container: cgroup.and_then(crate::procs::container_of).map(str::to_string),
+                profiles: serving.kinds_of(pid).map(|kind| (kind, kind.events(counts))).collect(),
+            })
         })
         .collect()
 }
 
-/// Whether the viewer may have the profile `query` asks for, and whether it exists.
+/// Whether the viewer may have the profile `query` asks for, and if not, the real reason and
+/// the fix. Root is told everything; any other uid gets one answer for every process that is
+/// not its own (see [`QueryError::NotVisible`]).
 pub fn check_query(
     serving: &Serving,
-    selection: &ProcessSelection,
+    config: &Config,
     catalog: &Catalog,
     query: &ProfileQuery,
+    now: &mut CredentialsNow<'_>,
 ) -> Result<(), QueryError> {
-    let process = catalog.process(query.pid).ok_or(QueryError::UnknownPid(query.pid))?;
-    if !process.uid().is_some_and(|uid| query.viewer.may_see(uid)) && query.viewer != Viewer::ROOT {
-        return Err(QueryError::Forbidden(query.pid));
+    let (pid, kind, root) = (query.pid, query.view.kind, query.viewer == Viewer::ROOT);
+    let Some(process) = catalog.process(pid) else {
+        return Err(match catalog.departed(pid) {
+            _ if !root => QueryError::NotVisible(pid),
+            Some(gone) => {
+                QueryError::Exited { pid, name: gone.name.clone(), when: crate::output::utc_timestamp(gone.last_seen) }
+            }
+            None => QueryError::UnknownPid(pid),
+        });
+    };
+    if !visible(query.viewer, process, now) {
+        return Err(QueryError::NotVisible(pid));
     }
-    if !selection.matches(&facts(process)) {
-        return Err(QueryError::UnknownPid(query.pid));
+    if !config.processes.matches(&facts(process)) {
+        let why = "the [processes] matchers of the configuration do not select it".to_string();
+        return Err(QueryError::NotSelected { pid, kind, why });
     }
-    let kind = query.view.kind;
-    if serving.has(query.pid, kind) {
-        Ok(())
-    } else {
-        Err(QueryError::NotEnabled(kind))
+    if !config.is_enabled(kind) {
+        let fix = format!("add \"{kind}\" to profiles in the configuration (needs a restart if not there at start)");
+        return Err(QueryError::NotEnabled { kind, fix });
     }
+    if !serving.kinds.contains(&kind) {
+        let fix = "a reload enabled it; it takes effect after a restart".to_string();
+        return Err(QueryError::NotEnabled { kind, fix });
+    }
+    if serving.has(pid, kind) {
+        return Ok(());
+    }
+    let why = match serving.heap_refused.get(&pid) {
+        Some(reason) => format!("its allocator could not be probed: {reason}"),
+        None => format!(
+            "no [heap] include matcher selects it; add e.g. {{ pid = {pid} }} or {{ name = {:?} }} to [heap] include",
+            process.name
+        ),
+    };
+    Err(QueryError::NotSelected { pid, kind, why })
 }
 
 /// The keys of a reload from `old` to `new` that take effect only after a restart, with the
@@ -178,7 +234,15 @@ mod tests {
     }
 
     fn serving(kinds: &[ProfileKind], heap: &[Pid]) -> Serving {
-        Serving { kinds: kinds.iter().copied().collect(), heap_pids: heap.iter().copied().collect() }
+        Serving {
+            kinds: kinds.iter().copied().collect(),
+            heap_pids: heap.iter().copied().collect(),
+            heap_refused: BTreeMap::new(),
+        }
+    }
+
+    fn config(kinds: &[ProfileKind]) -> Config {
+        Config { profiles: kinds.to_vec(), ..Config::default() }
     }
 
     #[test]
@@ -196,24 +260,44 @@ mod tests {
     }
 
     #[test]
-    fn uninspected_processes_are_in_no_index_and_not_served() {
-        // Never alive, so the catalogue has no owner uid for them: nobody may see them but root.
-        let (catalog, counts) = world();
-        let on = serving(&[ProfileKind::Cpu], &[]);
-        assert!(index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer::ROOT).is_empty());
+    fn queries_are_told_the_real_reason_and_the_fix() {
+        // Never alive, so the catalogue has no owner uid for them: only root sees them.
+        let (mut catalog, counts) = world();
+        let on = serving(&[ProfileKind::Cpu, ProfileKind::Mutex], &[]);
+        let live = &mut |_| None;
+        assert!(index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer::ROOT, None, live).is_empty());
         let query = |viewer, view| ProfileQuery { viewer, pid: A, view, window: None, text: false };
-        let all = ProcessSelection::default();
-        assert_eq!(
-            check_query(&on, &all, &catalog, &query(Viewer { uid: 1000 }, View::of(ProfileKind::Cpu))),
-            Err(QueryError::Forbidden(A))
+        let cpu = View::of(ProfileKind::Cpu);
+        let enabled = config(&[ProfileKind::Cpu, ProfileKind::Mutex, ProfileKind::Block]);
+        let check = |catalog: &Catalog, q: &ProfileQuery| check_query(&on, &enabled, catalog, q, &mut |_| None);
+        assert_eq!(check(&catalog, &query(Viewer { uid: 1000 }, cpu)), Err(QueryError::NotVisible(A)));
+        assert_eq!(check(&catalog, &query(Viewer::ROOT, cpu)), Ok(()));
+        let not_enabled = check(&catalog, &query(Viewer::ROOT, View::ALLOCS)).unwrap_err();
+        assert!(not_enabled.to_string().contains("add \"heap\" to profiles"), "{not_enabled}");
+        let reloaded = check(&catalog, &query(Viewer::ROOT, View::of(ProfileKind::Block))).unwrap_err();
+        assert!(reloaded.to_string().contains("after a restart"), "{reloaded}");
+        // Heap enabled and served, but no matcher selects the process: which key to add.
+        let heap_on = serving(&[ProfileKind::Heap], &[]);
+        let err =
+            check_query(&heap_on, &config(&[ProfileKind::Heap]), &catalog, &query(Viewer::ROOT, View::ALLOCS), live);
+        assert!(err.unwrap_err().to_string().contains("[heap] include"), "which matcher to add");
+        let only_b = Config {
+            processes: ProcessSelection { include: vec![Matcher::Pid(B.0)], exclude: vec![] },
+            ..enabled.clone()
+        };
+        let err = check_query(&on, &only_b, &catalog, &query(Viewer::ROOT, cpu), live).unwrap_err();
+        assert!(matches!(err, QueryError::NotSelected { .. }), "{err}");
+        // Unknown to root: no such process; once departed: when it exited; to others: one answer.
+        let unknown = ProfileQuery { pid: Pid(0x7fff_fff9), ..query(Viewer::ROOT, cpu) };
+        assert_eq!(check(&catalog, &unknown), Err(QueryError::UnknownPid(unknown.pid)));
+        catalog.prune(std::time::Duration::ZERO, &Default::default());
+        let exited = check(&catalog, &query(Viewer::ROOT, cpu)).unwrap_err();
+        assert!(
+            matches!(exited, QueryError::Exited { .. }) && exited.to_string().contains("exited at about"),
+            "{exited}"
         );
-        assert_eq!(check_query(&on, &all, &catalog, &query(Viewer::ROOT, View::of(ProfileKind::Cpu))), Ok(()));
-        assert_eq!(
-            check_query(&on, &all, &catalog, &query(Viewer::ROOT, View::ALLOCS)),
-            Err(QueryError::NotEnabled(ProfileKind::Heap))
-        );
-        let unknown = ProfileQuery { pid: Pid(0x7fff_fff9), ..query(Viewer::ROOT, View::of(ProfileKind::Cpu)) };
-        assert_eq!(check_query(&on, &all, &catalog, &unknown), Err(QueryError::UnknownPid(unknown.pid)));
+        let theirs = query(Viewer { uid: 1000 }, cpu);
+        assert_eq!(check(&catalog, &theirs).unwrap_err().to_string(), QueryError::NotVisible(A).to_string());
     }
 
     #[test]
@@ -242,9 +326,47 @@ mod tests {
         let mut counts = Counts::default();
         counts.add(&batch);
         let on = serving(&[ProfileKind::Cpu, ProfileKind::Mutex], &[]);
-        let entries = index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer { uid });
+        let all = ProcessSelection::default();
+        let live = &mut |pid: Pid| crate::procs::read_credentials(pid.0).ok();
+        let entries = index(&on, &all, &catalog, &counts, Viewer { uid }, None, live);
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].profiles, [(ProfileKind::Cpu, 3), (ProfileKind::Mutex, 0)]);
-        assert!(index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer { uid: uid + 1 }).is_empty());
+        assert!(index(&on, &all, &catalog, &counts, Viewer { uid: uid + 1 }, None, live).is_empty());
+        assert_eq!(index(&on, &all, &catalog, &counts, Viewer { uid }, Some(me), live).len(), 1);
+        assert!(index(&on, &all, &catalog, &counts, Viewer { uid }, Some(Pid(me.0 + 1)), live).is_empty());
+    }
+
+    #[test]
+    fn others_see_a_process_only_while_it_is_wholly_theirs_and_the_same() {
+        let (uid, start_time) = (1000, 55);
+        let info = crate::procs::ProcessInfo {
+            pid: 7,
+            name: "app".into(),
+            exe: None,
+            maps: Vec::new(),
+            uid,
+            start_time,
+            cgroup: None,
+            ns_pid: 7,
+        };
+        let process = KnownProcess {
+            pid: Pid(7),
+            name: "app".into(),
+            info: Some(info),
+            last_seen: std::time::Instant::now(),
+            maps_version: 0,
+            sampled: true,
+        };
+        let owner = Viewer { uid };
+        let creds = |uids: [u32; 4], dump_owner, start_time| Credentials { uids, dump_owner, start_time };
+        let sees = |viewer, now: Option<Credentials>| visible(viewer, &process, &mut |_| now);
+        assert!(sees(Viewer::ROOT, None), "root sees everything");
+        assert!(sees(owner, Some(creds([uid; 4], uid, start_time))));
+        assert!(!sees(owner, None), "gone, or unreadable");
+        assert!(!sees(Viewer { uid: 1001 }, Some(creds([1001; 4], 1001, start_time))), "first seen as 1000's");
+        assert!(!sees(owner, Some(creds([uid, 0, 0, 0], 0, start_time))), "setuid: euid 0, not dumpable");
+        assert!(!sees(owner, Some(creds([uid, uid, 0, uid], uid, start_time))), "saved uid root");
+        assert!(!sees(owner, Some(creds([uid; 4], 0, start_time))), "not dumpable");
+        assert!(!sees(owner, Some(creds([uid; 4], uid, start_time + 1))), "a reused pid");
     }
 }

@@ -87,7 +87,7 @@ async fn front(handle: CollectorHandle, listener: tokio::net::UnixListener, noti
             _ = int.recv() => break,
             _ = watchdog.tick() => {
                 // Ping only when the collector answers: a stuck collector must trip the watchdog.
-                if tokio::time::timeout(Duration::from_secs(5), handle.status()).await.is_ok_and(|r| r.is_ok()) {
+                if tokio::time::timeout(Duration::from_secs(5), handle.status(control::Viewer::ROOT)).await.is_ok_and(|r| r.is_ok()) {
                     notifier.watchdog();
                 }
             }

@@ -10,7 +10,9 @@ use profiler_common::{
 };
 use serde_json::json;
 
-use crate::{ebpf::Counters, ids::Pid, profiles::ProfileKind, sink::DumpStats, unwind::UnwinderStats};
+use crate::{
+    ebpf::Counters, ids::Pid, procs::PidNamespace, profiles::ProfileKind, sink::DumpStats, unwind::UnwinderStats,
+};
 
 /// What `/status` shows, as the collector knows it.
 #[derive(Debug)]
@@ -28,16 +30,25 @@ pub struct Status {
     pub processes: usize,
     pub unwinder: UnwinderStats,
     pub exec_tracking_error: Option<String>,
+    pub pid_namespace: Option<PidNamespace>,
     pub output_dir: PathBuf,
     pub interval: Duration,
     pub dumps: DumpStats,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
+    /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
+    pub perf_maps_refused: u64,
+    /// What the socket server refused, by reason ([`crate::control::Refusals::read`]).
+    pub front: [(&'static str, u64); 4],
+    /// Profile captures (`seconds=`) refused for being over their uid's share.
+    pub windows_over_uid_share: u64,
     pub last_error: Option<String>,
 }
 
-/// The JSON document.
-pub fn render(s: &Status) -> String {
+/// The JSON document; `full` for root. Anyone else gets its counters only (numbers and
+/// flags): no paths, pids, error messages or lists, which would tell them about other
+/// users' processes.
+pub fn render(s: &Status, full: bool) -> String {
     let (cpu, heap, futex, threads, d) =
         (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
     let serves = |kind| s.serving.contains(&kind);
@@ -89,6 +100,11 @@ pub fn render(s: &Status) -> String {
         },
         "unwind": unwind_status(s),
         "processes_tracked": s.processes,
+        // A daemon in a pid namespace of its own profiles that namespace's processes only.
+        "pid_namespace": match s.pid_namespace {
+            None => json!({ "initial": true }),
+            Some(ns) => json!({ "initial": false, "inode": ns.ino }),
+        },
         "output": {
             "dir": s.output_dir,
             "interval_seconds": s.interval.as_secs(),
@@ -97,6 +113,7 @@ pub fn render(s: &Status) -> String {
             "bytes_written": d.bytes_written,
             "files_deleted_by_retention": d.files_deleted,
             "retention_errors": d.retention_errors,
+            "retention_held_at_free_space_floor": d.retention_held_at_floor,
             "last_dump_ms": d.last_duration.as_millis() as u64,
             "last_dump": {
                 "render_ms": d.last_phases.render.as_millis() as u64,
@@ -107,9 +124,36 @@ pub fn render(s: &Status) -> String {
             "symbol_cache_resets": s.symbol_cache_resets,
             "symbol_file_closes": s.symbol_file_closes,
         },
+        "refused": {
+            "perf_maps": s.perf_maps_refused,
+            "windows_over_uid_share": s.windows_over_uid_share,
+            "socket": s.front.iter().map(|&(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        },
         "last_error": s.last_error,
     });
+    let doc = if full { doc } else { counters_only(doc) };
     serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()) + "\n"
+}
+
+/// `doc` with only its numbers and booleans (and the version), objects kept as the path to
+/// them: what a non-root client may see.
+fn counters_only(doc: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    fn keep(value: Value) -> Option<Value> {
+        match value {
+            Value::Number(_) | Value::Bool(_) => Some(value),
+            Value::Object(fields) => {
+                let fields: serde_json::Map<String, Value> =
+                    fields.into_iter().filter_map(|(key, value)| Some((key, keep(value)?))).collect();
+                (!fields.is_empty()).then_some(Value::Object(fields))
+            }
+            Value::Null | Value::String(_) | Value::Array(_) => None,
+        }
+    }
+    let version = doc["version"].clone();
+    let mut kept = keep(doc).unwrap_or_else(|| json!({}));
+    kept["version"] = version;
+    kept
 }
 
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel
@@ -152,4 +196,30 @@ fn unwind_status(s: &Status) -> serde_json::Value {
         },
         "exec_tracking_error": s.exec_tracking_error,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn others_get_counters_only() {
+        let doc = json!({
+            "version": "1.2.3",
+            "samples": { "cpu": 5, "heap": 0 },
+            "programs": { "cpu": true, "heap_processes": [1, 2] },
+            "output": { "dir": "/var/lib/profiler", "dumps": 3 },
+            "unwind": { "largest_tables": [{ "file": "/home/alice/lib.so" }] },
+            "last_error": "cannot heap-profile secret (pid 7): …",
+            "pid_namespace": { "initial": true },
+        });
+        let expected = json!({
+            "version": "1.2.3",
+            "samples": { "cpu": 5, "heap": 0 },
+            "programs": { "cpu": true },
+            "output": { "dumps": 3 },
+            "pid_namespace": { "initial": true },
+        });
+        assert_eq!(counters_only(doc), expected);
+    }
 }

@@ -8,7 +8,7 @@ use std::{num::NonZeroU32, path::PathBuf};
 use aya::{
     maps::{Array, HashMap, MapData},
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
         ProgramError, UProbe,
     },
     Ebpf,
@@ -108,8 +108,13 @@ pub(super) fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn attach(ebpf: &mut Ebpf, target: &HeapTarget) -> Result<HeapAttachment> {
+/// The probes attached in one process, by program, to detach when it is gone: each holds
+/// perf-event descriptors and pins the process's task in the kernel.
+pub(super) type HeapLinks = Vec<(&'static str, UProbeLinkId)>;
+
+pub(super) fn attach(ebpf: &mut Ebpf, target: &HeapTarget) -> Result<(HeapAttachment, HeapLinks)> {
     let pid = target.pid;
+    let mut links = HeapLinks::new();
     let scope = UProbeScope::OneProcess(NonZeroU32::new(pid.0).ok_or_else(|| not_a_process(pid))?);
     let mut functions = Vec::new();
     let mut probed: Vec<u64> = Vec::new();
@@ -125,16 +130,42 @@ pub(super) fn attach(ebpf: &mut Ebpf, target: &HeapTarget) -> Result<HeapAttachm
             continue;
         }
         let at = || UProbeAttachLocation::AbsoluteOffset(offset);
-        uprobe(ebpf, entry)?.attach(at(), &target.path, scope).map_err(|e| attach_error(pid, function, e))?;
+        let attached = uprobe(ebpf, entry)?.attach(at(), &target.path, scope);
+        match attached {
+            Ok(link) => links.push((entry, link)),
+            Err(e) => return Err(undo(ebpf, links, attach_error(pid, function, e))),
+        }
         if function != "free" {
-            uprobe(ebpf, programs::ALLOC_EXIT)?
-                .attach(at(), &target.path, scope)
-                .map_err(|e| attach_error(pid, function, e))?;
+            match uprobe(ebpf, programs::ALLOC_EXIT)?.attach(at(), &target.path, scope) {
+                Ok(link) => links.push((programs::ALLOC_EXIT, link)),
+                Err(e) => return Err(undo(ebpf, links, attach_error(pid, function, e))),
+            }
         }
         probed.push(offset);
         functions.push(function);
     }
-    Ok(HeapAttachment { pid, library: target.library.clone(), functions })
+    Ok((HeapAttachment { pid, library: target.library.clone(), functions }, links))
+}
+
+/// Detaches what a failed attach had attached (a half-probed process would count some
+/// allocations and not others); returns `err`.
+fn undo(ebpf: &mut Ebpf, links: HeapLinks, err: Error) -> Error {
+    if let Err(detach) = detach(ebpf, links) {
+        tracing::warn!("after a failed attach: {}", crate::error::chain(&detach));
+    }
+    err
+}
+
+/// Detaches the probes of one process. Every link is tried; the first failure is returned.
+pub(super) fn detach(ebpf: &mut Ebpf, links: HeapLinks) -> Result<()> {
+    let mut first = Ok(());
+    for (program, link) in links {
+        let detached = uprobe(ebpf, program).and_then(|p| p.detach(link).map_err(program_error("detach", program)));
+        if first.is_ok() {
+            first = detached;
+        }
+    }
+    first
 }
 
 fn not_a_process(pid: Pid) -> Error {

@@ -30,7 +30,7 @@ pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::UnwindCounters;
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
-use crate::ids::Pid;
+use crate::{ids::Pid, procs::PidNamespace};
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -58,6 +58,9 @@ pub struct SessionConfig {
     /// Rows of the unwind-table memory (8 bytes each; a multiple of
     /// `profiler_common::unwind::SHARD_ROWS`).
     pub unwind_rows: u32,
+    /// The pid namespace to profile, when not the initial one: only its tasks are counted,
+    /// under their ids there.
+    pub pid_namespace: Option<PidNamespace>,
 }
 
 /// Cost of a program as the kernel measures it (needs BPF run-time stats enabled).
@@ -83,6 +86,8 @@ pub struct Session {
     /// Map-set flips so far; the low bit is the set the kernel writes to.
     generation: u32,
     heap_loaded: bool,
+    /// The heap probes of each probed process, to detach when it is gone.
+    heap_links: std::collections::HashMap<Pid, heap::HeapLinks>,
     unwind_rows: u32,
     /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
     exec_tracking_error: Option<String>,
@@ -95,10 +100,13 @@ impl Session {
         // Stats must be on before the programs run for their runs to be counted.
         let stats = config.enable_stats.then(enable_run_time_stats).transpose()?;
         let filter: u8 = (!config.pids.is_empty()).into();
+        let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
         let mut loader = EbpfLoader::new();
         loader
             .override_global(globals::FILTER_PIDS, &filter, true)
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
+            .override_global(globals::PIDNS_DEV, &pidns_dev, true)
+            .override_global(globals::PIDNS_INO, &pidns_ino, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
             .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
         let unused: [(bool, &[&str]); 3] =
@@ -124,6 +132,7 @@ impl Session {
             ebpf,
             generation: 0,
             heap_loaded: false,
+            heap_links: Default::default(),
             unwind_rows: config.unwind_rows,
             exec_tracking_error,
             _stats: stats,
@@ -177,7 +186,25 @@ impl Session {
             heap::load_programs(&mut self.ebpf)?;
             self.heap_loaded = true;
         }
-        heap::attach(&mut self.ebpf, target)
+        let (attachment, links) = heap::attach(&mut self.ebpf, target)?;
+        self.heap_links.insert(target.pid, links);
+        Ok(attachment)
+    }
+
+    /// Detaches the heap probes of processes that are gone (their descriptors, and the
+    /// kernel's hold on their tasks, go with them). Returns how many processes had probes.
+    pub fn detach_heap(&mut self, pids: &[Pid]) -> Result<usize> {
+        let mut detached = 0;
+        let mut first = Ok(());
+        for pid in pids {
+            let Some(links) = self.heap_links.remove(pid) else { continue };
+            detached += 1;
+            let result = heap::detach(&mut self.ebpf, links);
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first.map(|()| detached)
     }
 
     /// Attaches the futex programs (block and mutex profiles), system-wide but for the

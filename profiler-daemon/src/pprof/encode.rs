@@ -19,8 +19,8 @@ pub struct Shape {
     pub default_sample_type: &'static str,
 }
 
-/// An encoded profile, opaque outside this module: the gzip'd protobuf (what files and
-/// `debug=0` answers hold) and Go's legacy text (`debug=1`) are made from it.
+/// An encoded profile, opaque outside this module: the gzip'd protobuf is what files and
+/// `debug=0` answers hold.
 #[derive(Clone, Debug)]
 pub struct Encoded(Profile);
 
@@ -28,11 +28,6 @@ impl Encoded {
     /// The serialized, gzip'd profile.
     pub fn gzip(&self) -> Vec<u8> {
         super::encode_gzip(&self.0)
-    }
-
-    /// Go's legacy text form.
-    pub fn legacy_text(&self) -> String {
-        super::legacy_text(&self.0)
     }
 }
 
@@ -87,6 +82,9 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
         "frames: {} distinct addresses, {} without symbol, {} outside known mappings; {} samples whose stack was lost",
         f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
+    for refusal in &resolved.refused {
+        b.add_comment(&format!("file refused, its addresses left unnamed: {refusal}"));
+    }
     b.finish()
 }
 
@@ -126,7 +124,7 @@ mod tests {
     };
 
     fn frame(name: &str, line: u32) -> Frame {
-        Frame { function: name.into(), file: Some("x.c".into()), line }
+        Frame { function: name.into(), file: Some("x.c".into()), line, offset: 0 }
     }
 
     fn resolved() -> ResolvedProfile {
@@ -153,6 +151,7 @@ mod tests {
             samples: vec![ResolvedSample {
                 locations: vec![0, 1],
                 values: vec![5, 50_000_000],
+                unscaled: vec![],
                 labels: vec![
                     ("tid", LabelValue::Num(8, None)),
                     ("thread", LabelValue::Str("w".into())),
@@ -160,6 +159,7 @@ mod tests {
                 ],
             }],
             frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0 },
+            refused: Vec::new(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The only module that touches the prost types of `profile.proto`: a builder that keeps the
-//! string table, ids and dedup rules right, the encoder of resolved profiles, and gzip
-//! encode/decode.
+//! string table, ids and dedup rules right, the encoder of resolved profiles, gzip
+//! encode/decode, and Go's legacy text form (`debug=1`) of resolved profiles.
 //!
 //! pprof's rules kept here: `string_table[0]` is `""`; every id is nonzero and unique within
 //! its table; a sample's `location_id`s are leaf first; every `Location.mapping_id` names a
@@ -21,7 +21,7 @@ pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
 pub use encode::{encode, Encoded, ProfileMeta, Shape};
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use prost::Message;
-pub use text::legacy_text;
+pub use text::{go_text, TextFormat};
 
 /// Serializes and gzips a profile, the form `go tool pprof` reads.
 pub fn encode_gzip(profile: &proto::Profile) -> Vec<u8> {

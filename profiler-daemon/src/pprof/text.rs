@@ -1,214 +1,348 @@
-//! Go's legacy text profile format, what `?debug=1` returns: a header naming the profile,
-//! then per sample its values, ` @ `, the stack's addresses (leaf first), one
-//! `#\t0x<addr>\t<function>\t<file>:<line>` line per frame (inlined frames each on their own
-//! line, innermost first) and a blank line.
+//! Go's legacy text profiles, what `?debug=1` returns, written as Go 1.19's `runtime/pprof`
+//! writes them (`writeHeapInternal`, the contention writer, `printCountProfile`):
 //!
-//! Values are the profile's own (already scaled by the sampling period), so this is a view
-//! for people; tools should read the protobuf form.
+//! ```text
+//! heap profile: 4: 2048 [9: 4096] @ heap/1048576   --- contention:             threadcreate profile: total 3
+//! 4: 2048 [9: 4096] @ 0x1101 0x1201                cycles/second=1000000000    3 @ 0x1101 0x1201
+//! #\t0x1100\thot+0x10\ta.c:10                       5000 2 @ 0x1101 0x1201      #\t0x1100\thot+0x10\ta.c:10
+//! ```
+//!
+//! A record's frame lines are `#\t0xADDR\tfunction+0xOFFSET\tfile:line`, one per frame
+//! (inlined frames each on their own line, innermost first), their columns aligned with tabs
+//! as Go's `text/tabwriter` aligns them; an unsymbolized address is `#\t0xADDR`. The `@` list
+//! holds each location's address + 1 (return addresses, as Go prints them), so that
+//! `go tool pprof`, which subtracts 1 when it reads them, finds our locations' addresses.
+//! Values are as sampled: the heap's are unscaled (pprof scales them by `heap/2·rate`), and
+//! delays are in nanoseconds, stated as `cycles/second=1000000000`.
 
-use std::{collections::HashMap, fmt::Write};
+use std::fmt::Write;
 
-use super::proto::{Function, Location, Profile, Sample, ValueType};
+use crate::resolve::{LocationInfo, ResolvedProfile, ResolvedSample};
 
-/// Renders `profile` in Go's legacy text form: the heap layout when the profile has Go's
-/// heap sample types (`inuse_objects`, `inuse_space`, ...), a generic one otherwise.
-pub fn legacy_text(profile: &Profile) -> String {
-    let view = View::new(profile);
+/// Which of Go's text layouts a profile kind uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextFormat {
+    /// `heap profile: …`, values `[alloc_objects, alloc_space, inuse_objects, inuse_space]`
+    /// sampled one per `rate` bytes on average.
+    Heap { rate: u64 },
+    /// `--- contention:` (block) or `--- mutex:`, values `[count, delay_ns]`; the mutex
+    /// layout states its sampling period.
+    Contention { mutex_period: Option<i64> },
+    /// `<name> profile: total N`, one count value.
+    Count { name: &'static str },
+    /// `--- <type>: <sample types>` then the values and stack of each sample: for profiles
+    /// Go has no text form of (CPU).
+    Generic { name: &'static str, sample_types: &'static [(&'static str, &'static str)] },
+}
+
+/// `resolved` in Go's text layout `format`.
+pub fn go_text(resolved: &ResolvedProfile, format: TextFormat) -> String {
     let mut out = String::new();
-    match HeapColumns::find(&view) {
-        Some(columns) => heap(&view, columns, &mut out),
-        None => generic(&view, &mut out),
+    match format {
+        TextFormat::Heap { rate } => heap(resolved, rate, &mut out),
+        TextFormat::Contention { mutex_period } => contention(resolved, mutex_period, &mut out),
+        TextFormat::Count { name } => count(resolved, name, &mut out),
+        TextFormat::Generic { name, sample_types } => generic(resolved, name, sample_types, &mut out),
     }
     out
 }
 
-/// Lookups over one profile: strings by index, locations and functions by id.
-struct View<'a> {
-    profile: &'a Profile,
-    locations: HashMap<u64, &'a Location>,
-    functions: HashMap<u64, &'a Function>,
-}
-
-impl<'a> View<'a> {
-    fn new(profile: &'a Profile) -> Self {
-        let locations = profile.location.iter().map(|l| (l.id, l)).collect();
-        let functions = profile.function.iter().map(|f| (f.id, f)).collect();
-        Self { profile, locations, functions }
-    }
-
-    /// A string by table index; a bad index (a malformed profile) reads as empty.
-    fn string(&self, index: i64) -> &'a str {
-        usize::try_from(index).ok().and_then(|i| self.profile.string_table.get(i)).map_or("", String::as_str)
-    }
-
-    fn value_type(&self, ty: &ValueType) -> String {
-        format!("{}/{}", self.string(ty.r#type), self.string(ty.unit))
-    }
-
-    fn column(&self, name: &str) -> Option<usize> {
-        self.profile.sample_type.iter().position(|t| self.string(t.r#type) == name)
-    }
-
-    fn address(&self, location_id: u64) -> u64 {
-        self.locations.get(&location_id).map_or(0, |l| l.address)
-    }
-
-    /// ` @ 0x.. 0x..`, the frame lines and the blank line that ends a sample.
-    fn stack(&self, sample: &Sample, out: &mut String) {
-        out.push_str(" @");
-        for &id in &sample.location_id {
-            let _ = write!(out, " {:#x}", self.address(id));
-        }
-        out.push('\n');
-        for location in sample.location_id.iter().filter_map(|id| self.locations.get(id)) {
-            self.frames(location, out);
-        }
-        out.push('\n');
-    }
-
-    fn frames(&self, location: &Location, out: &mut String) {
-        if location.line.is_empty() {
-            // Go prints an unsymbolized frame as its address alone.
-            let _ = writeln!(out, "#\t{:#x}", location.address);
-        }
-        for line in &location.line {
-            let function = self.functions.get(&line.function_id);
-            let name = function.map_or("", |f| self.string(f.name));
-            let _ = write!(out, "#\t{:#x}\t{name}", location.address);
-            match function.map(|f| self.string(f.filename)).filter(|file| !file.is_empty()) {
-                Some(file) => {
-                    let _ = writeln!(out, "\t{file}:{}", line.line);
-                }
-                None => out.push('\n'),
-            }
-        }
+/// The values Go's text shows: as sampled when they were scaled.
+fn sampled(sample: &ResolvedSample) -> &[i64] {
+    if sample.unscaled.is_empty() {
+        &sample.values
+    } else {
+        &sample.unscaled
     }
 }
 
-/// Where Go's four heap values sit in `sample.value`.
-#[derive(Clone, Copy)]
-struct HeapColumns {
-    inuse_objects: usize,
-    inuse_space: usize,
-    alloc_objects: Option<usize>,
-    alloc_space: Option<usize>,
+fn value(sample: &ResolvedSample, index: usize) -> i64 {
+    sampled(sample).get(index).copied().unwrap_or(0)
 }
 
-impl HeapColumns {
-    fn find(view: &View<'_>) -> Option<Self> {
-        Some(Self {
-            inuse_objects: view.column("inuse_objects")?,
-            inuse_space: view.column("inuse_space")?,
-            alloc_objects: view.column("alloc_objects"),
-            alloc_space: view.column("alloc_space"),
-        })
-    }
-
-    /// `[inuse_objects, inuse_space, alloc_objects, alloc_space]`; missing columns are 0.
-    fn values(self, sample: &Sample) -> [i64; 4] {
-        let at = |i: Option<usize>| i.and_then(|i| sample.value.get(i).copied()).unwrap_or(0);
-        [at(Some(self.inuse_objects)), at(Some(self.inuse_space)), at(self.alloc_objects), at(self.alloc_space)]
-    }
-}
-
-/// `heap profile: 4: 2048 [9: 4096] @ heap/1048576`, then `4: 2048 [9: 4096] @ 0x..` per sample.
-fn heap(view: &View<'_>, columns: HeapColumns, out: &mut String) {
-    let samples = &view.profile.sample;
+/// `heap profile: in_objs: in_bytes [alloc_objs: alloc_bytes] @ heap/2·rate`, records by in-use
+/// bytes, largest first. Go writes twice the rate here and its parser halves it again.
+fn heap(resolved: &ResolvedProfile, rate: u64, out: &mut String) {
+    let values = |s: &ResolvedSample| [value(s, 2), value(s, 3), value(s, 0), value(s, 1)];
     let mut total = [0i64; 4];
-    for values in samples.iter().map(|s| columns.values(s)) {
-        total.iter_mut().zip(values).for_each(|(t, v)| *t = t.saturating_add(v));
+    for sample in &resolved.samples {
+        total.iter_mut().zip(values(sample)).for_each(|(t, v)| *t = t.saturating_add(v));
     }
-    // Go writes twice the sampling rate here and its parser halves it again.
-    let period = view.profile.period.saturating_mul(2);
     let [io, ib, ao, ab] = total;
-    let _ = writeln!(out, "heap profile: {io}: {ib} [{ao}: {ab}] @ heap/{period}");
+    let _ = writeln!(out, "heap profile: {io}: {ib} [{ao}: {ab}] @ heap/{}", rate.max(1).saturating_mul(2));
+    let mut samples: Vec<&ResolvedSample> = resolved.samples.iter().collect();
+    samples.sort_by_key(|s| std::cmp::Reverse(value(s, 3)));
     for sample in samples {
-        let [io, ib, ao, ab] = columns.values(sample);
+        let [io, ib, ao, ab] = values(sample);
         let _ = write!(out, "{io}: {ib} [{ao}: {ab}]");
-        view.stack(sample, out);
+        record_stack(resolved, sample, out);
+    }
+}
+
+/// `--- contention:` / `--- mutex:`, `cycles/second=` (our delays are nanoseconds, so one
+/// "cycle" is one), the mutex's `sampling period=`, then `delay count` records, largest delay
+/// first.
+fn contention(resolved: &ResolvedProfile, mutex_period: Option<i64>, out: &mut String) {
+    out.push_str(if mutex_period.is_some() { "--- mutex:\n" } else { "--- contention:\n" });
+    out.push_str("cycles/second=1000000000\n");
+    if let Some(period) = mutex_period {
+        let _ = writeln!(out, "sampling period={period}");
+    }
+    let mut samples: Vec<&ResolvedSample> = resolved.samples.iter().collect();
+    samples.sort_by_key(|s| std::cmp::Reverse(value(s, 1)));
+    for sample in samples {
+        let _ = write!(out, "{} {}", value(sample, 1), value(sample, 0));
+        record_stack(resolved, sample, out);
+    }
+}
+
+/// `<name> profile: total N`, then the stacks with their counts: largest count first, ties
+/// by the text of the address list, as Go orders them.
+fn count(resolved: &ResolvedProfile, name: &str, out: &mut String) {
+    let total: i64 = resolved.samples.iter().map(|s| value(s, 0)).sum();
+    let _ = writeln!(out, "{name} profile: total {total}");
+    let mut samples: Vec<(&ResolvedSample, String)> =
+        resolved.samples.iter().map(|s| (s, addresses(resolved, s))).collect();
+    samples.sort_by(|(a, ka), (b, kb)| value(b, 0).cmp(&value(a, 0)).then_with(|| ka.cmp(kb)));
+    for (sample, _) in samples {
+        let _ = write!(out, "{}", value(sample, 0));
+        record_stack(resolved, sample, out);
     }
 }
 
 /// `--- cpu: samples/count cpu/nanoseconds`, then `3 30000000 @ 0x..` per sample.
-fn generic(view: &View<'_>, out: &mut String) {
-    let profile = view.profile;
-    let period_type = profile.period_type.as_ref().map(|t| view.string(t.r#type)).unwrap_or_default();
-    let first_type = profile.sample_type.first().map(|t| view.string(t.r#type)).unwrap_or_default();
-    let name = if period_type.is_empty() { first_type } else { period_type };
-    let types: Vec<String> = profile.sample_type.iter().map(|t| view.value_type(t)).collect();
+fn generic(resolved: &ResolvedProfile, name: &str, sample_types: &[(&str, &str)], out: &mut String) {
+    let types: Vec<String> = sample_types.iter().map(|(t, u)| format!("{t}/{u}")).collect();
     let _ = writeln!(out, "--- {name}: {}", types.join(" "));
-    if profile.period != 0 {
-        let _ = writeln!(out, "sampling period={}", profile.period);
-    }
-    for sample in &profile.sample {
-        let values: Vec<String> = sample.value.iter().map(i64::to_string).collect();
+    for sample in &resolved.samples {
+        let values: Vec<String> = sample.values.iter().map(i64::to_string).collect();
         out.push_str(&values.join(" "));
-        view.stack(sample, out);
+        record_stack(resolved, sample, out);
+    }
+}
+
+/// ` @ 0x.. 0x..` (leaf first, each address + 1, see the module doc).
+fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
+    let mut text = String::from(" @");
+    for &location in &sample.locations {
+        let _ = write!(text, " {:#x}", resolved.locations[location].address.wrapping_add(1));
+    }
+    text
+}
+
+/// The rest of a record after its values: the address list, the frame lines (aligned), and
+/// the blank line that ends it. A stack without frames is `#\t0x0`, as Go prints it.
+fn record_stack(resolved: &ResolvedProfile, sample: &ResolvedSample, out: &mut String) {
+    out.push_str(&addresses(resolved, sample));
+    out.push('\n');
+    let mut lines: Vec<Vec<String>> = Vec::new();
+    for &location in &sample.locations {
+        frame_lines(&resolved.locations[location], &mut lines);
+    }
+    if sample.locations.is_empty() {
+        lines.push(vec!["#".into(), "0x0".into()]);
+    }
+    for line in aligned(&lines) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push('\n');
+}
+
+/// A location's frame lines as tab-separated cells: `#`, the address, `function+0xoff`,
+/// `file:line`; just `#` and the address when unsymbolized.
+fn frame_lines(location: &LocationInfo, lines: &mut Vec<Vec<String>>) {
+    let address = format!("{:#x}", location.address);
+    if location.frames.is_empty() {
+        lines.push(vec!["#".into(), address]);
+        return;
+    }
+    for frame in &location.frames {
+        let file = frame.file.as_deref().unwrap_or("?");
+        lines.push(vec![
+            "#".into(),
+            address.clone(),
+            format!("{}+{:#x}", printable(&frame.function), frame.offset),
+            format!("{}:{}", printable(file), frame.line),
+        ]);
+    }
+}
+
+/// Symbol and file names come from files any user controls: no control characters in a
+/// line of text (a newline would forge a record, an escape would reach a terminal).
+fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+/// Joins each line's cells with tabs the way Go's `tabwriter.NewWriter(w, 1, 8, 1, '\t', 0)`
+/// does: every cell but a line's last is a column; a column's width is the widest cell in
+/// a block of consecutive lines that have it, plus one, rounded up to a multiple of 8; a
+/// cell is followed by as many tabs as reach that width.
+fn aligned(lines: &[Vec<String>]) -> Vec<String> {
+    let mut out: Vec<String> = vec![String::new(); lines.len()];
+    let mut widths = Vec::new();
+    format_columns(lines, 0, lines.len(), &mut widths, &mut out);
+    out
+}
+
+/// Go's `tabwriter.(*Writer).format`, over lines `[start, end)` with the widths of the
+/// columns to the left already known.
+fn format_columns(lines: &[Vec<String>], start: usize, end: usize, widths: &mut Vec<usize>, out: &mut [String]) {
+    let column = widths.len();
+    let mut line0 = start;
+    let mut this = start;
+    while this < end {
+        if column + 1 >= lines[this].len() {
+            this += 1;
+            continue;
+        }
+        write_lines(lines, line0, this, widths, out);
+        line0 = this;
+        let mut width = 1;
+        while this < end && column + 1 < lines[this].len() {
+            width = width.max(lines[this][column].chars().count() + 1);
+            this += 1;
+        }
+        widths.push(width);
+        format_columns(lines, line0, this, widths, out);
+        widths.pop();
+        line0 = this;
+    }
+    write_lines(lines, line0, end, widths, out);
+}
+
+/// Go's `writeLines`: each line's cells, those with a known column width padded with tabs.
+fn write_lines(lines: &[Vec<String>], start: usize, end: usize, widths: &[usize], out: &mut [String]) {
+    const TAB_WIDTH: usize = 8;
+    for (line, text) in lines[start..end].iter().zip(&mut out[start..end]) {
+        for (j, cell) in line.iter().enumerate() {
+            text.push_str(cell);
+            if let Some(&width) = widths.get(j) {
+                if j + 1 < line.len() {
+                    let cell_width = width.div_ceil(TAB_WIDTH) * TAB_WIDTH;
+                    let tabs = (cell_width - cell.chars().count()).div_ceil(TAB_WIDTH);
+                    text.push_str(&"\t".repeat(tabs));
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::{decode, encode_gzip, FunctionKey, MappingSpec, ProfileBuilder};
+    use crate::{
+        ids::Pid,
+        resolve::{FrameStats, MappingInfo},
+        symbolize::Frame,
+    };
 
-    fn key(name: &str, file: &str) -> FunctionKey {
-        FunctionKey { name: name.into(), file: file.into() }
+    fn frame(function: &str, offset: u64, file: &str, line: u32) -> Frame {
+        Frame { function: function.into(), file: Some(file.into()), line, offset }
     }
 
-    /// Two stacks sharing `main`; the leaf of the first has an inlined frame.
-    fn add_stacks(b: &mut ProfileBuilder, values: [Vec<i64>; 2]) {
-        let m = b.add_mapping(&MappingSpec { start: 0x1000, limit: 0x9000, file: "/bin/app", ..Default::default() });
-        let leaf = b.add_location(m, 0x1100, &[(key("inlined", "a.c"), 3), (key("hot", "a.c"), 10)]);
-        let main = b.add_location(m, 0x1200, &[(key("main", "main.c"), 20)]);
-        let raw = b.add_location(0, 0xdead, &[]);
-        let [first, second] = values;
-        b.add_sample(vec![leaf, main], first, vec![]);
-        b.add_sample(vec![raw, main], second, vec![]);
+    /// Two stacks sharing `main`; the leaf of the first has an inlined frame; the second's
+    /// leaf is unsymbolized.
+    fn profile(values: [(Vec<i64>, Vec<i64>); 2]) -> ResolvedProfile {
+        let mapping = MappingInfo {
+            start: 0x1000,
+            limit: 0x9000,
+            offset: 0,
+            path: "/bin/app".into(),
+            build_id: None,
+            has_functions: true,
+            has_lines: true,
+            has_inline_frames: true,
+        };
+        let loc = |address, frames| LocationInfo { address, mapping: Some(0), frames };
+        let [(v0, u0), (v1, u1)] = values;
+        ResolvedProfile {
+            pid: Pid(7),
+            name: "app".into(),
+            mappings: vec![mapping],
+            locations: vec![
+                loc(0x1100, vec![frame("inlined", 0x10, "a.c", 3), frame("hot", 0x10, "a.c", 10)]),
+                loc(0x1200, vec![frame("main", 0x2a, "main.c", 20)]),
+                LocationInfo { address: 0xdead, mapping: None, frames: vec![] },
+            ],
+            samples: vec![
+                ResolvedSample { locations: vec![0, 1], values: v0, unscaled: u0, labels: vec![] },
+                ResolvedSample { locations: vec![2, 1], values: v1, unscaled: u1, labels: vec![] },
+            ],
+            frames: FrameStats::default(),
+            refused: Vec::new(),
+        }
     }
 
     #[test]
-    fn heap_profiles_use_gos_heap_layout() {
-        let types = [
-            ("alloc_objects", "count"),
-            ("alloc_space", "bytes"),
-            ("inuse_objects", "count"),
-            ("inuse_space", "bytes"),
-        ];
-        let mut b = ProfileBuilder::new(&types, ("space", "bytes"), 524288);
-        add_stacks(&mut b, [vec![9, 4096, 4, 2048], vec![1, 100, 0, 0]]);
+    fn heap_prints_the_unscaled_values_by_inuse_bytes_with_gos_header() {
+        let p = profile([(vec![14, 6000, 6, 2600], vec![9, 4096, 4, 2048]), (vec![2, 150, 0, 0], vec![1, 100, 0, 0])]);
         let expected = "\
 heap profile: 4: 2048 [10: 4196] @ heap/1048576
-4: 2048 [9: 4096] @ 0x1100 0x1200
-#\t0x1100\tinlined\ta.c:3
-#\t0x1100\thot\ta.c:10
-#\t0x1200\tmain\tmain.c:20
+4: 2048 [9: 4096] @ 0x1101 0x1201
+#\t0x1100\tinlined+0x10\ta.c:3
+#\t0x1100\thot+0x10\ta.c:10
+#\t0x1200\tmain+0x2a\tmain.c:20
 
-0: 0 [1: 100] @ 0xdead 0x1200
+0: 0 [1: 100] @ 0xdeae 0x1201
 #\t0xdead
-#\t0x1200\tmain\tmain.c:20
+#\t0x1200\tmain+0x2a\tmain.c:20
 
 ";
-        assert_eq!(legacy_text(&b.finish()), expected);
+        assert_eq!(go_text(&p, TextFormat::Heap { rate: 524288 }), expected);
     }
 
     #[test]
-    fn other_profiles_use_the_generic_layout() {
-        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")], ("cpu", "nanoseconds"), 10);
-        add_stacks(&mut b, [vec![3, 30], vec![1, 10]]);
-        // Through the wire format, as the server renders decoded profiles.
-        let profile = decode(&encode_gzip(&b.finish()), "test").unwrap();
-        let text = legacy_text(&profile);
-        let head = "--- cpu: samples/count cpu/nanoseconds\nsampling period=10\n3 30 @ 0x1100 0x1200\n#\t0x1100\tinlined\ta.c:3\n";
-        assert!(text.starts_with(head), "{text}");
-        assert!(text.ends_with("1 10 @ 0xdead 0x1200\n#\t0xdead\n#\t0x1200\tmain\tmain.c:20\n\n"), "{text}");
+    fn contention_prints_delay_then_count_and_mutex_states_its_period() {
+        let p = profile([(vec![3, 30], vec![]), (vec![1, 90], vec![])]);
+        let text = go_text(&p, TextFormat::Contention { mutex_period: Some(1) });
+        assert!(
+            text.starts_with("--- mutex:\ncycles/second=1000000000\nsampling period=1\n90 1 @ 0xdeae 0x1201\n"),
+            "{text}"
+        );
+        let block = go_text(&p, TextFormat::Contention { mutex_period: None });
+        assert!(block.starts_with("--- contention:\ncycles/second=1000000000\n90 1 @"), "{block}");
     }
 
     #[test]
-    fn malformed_profiles_do_not_panic() {
-        let mut profile = Profile::default();
-        profile.sample.push(Sample { location_id: vec![99], value: vec![1], label: vec![] });
-        profile.sample_type.push(ValueType { r#type: 42, unit: -1 });
-        assert_eq!(legacy_text(&profile), "--- : /\n1 @ 0x0\n\n");
+    fn counts_sum_into_the_total_and_sort_by_count() {
+        let p = profile([(vec![1], vec![]), (vec![2], vec![])]);
+        let text = go_text(&p, TextFormat::Count { name: "threadcreate" });
+        assert!(text.starts_with("threadcreate profile: total 3\n2 @ 0xdeae 0x1201\n#\t0xdead\n"), "{text}");
+    }
+
+    #[test]
+    fn columns_align_like_gos_tabwriter() {
+        // Go's own output: widths round up to tab stops, per block of lines with the column.
+        let cells = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let lines = [
+            cells(&["#", "0x6a8fdc", "main.newBuf+0x5c", "/tmp/main.go:57"]),
+            cells(&["#", "0x6a8fdd", "main.allocViaInline+0x5d", "/tmp/main.go:63"]),
+            cells(&["#", "0x6aa8f3", "main.main+0xf3", "/tmp/main.go:264"]),
+        ];
+        assert_eq!(
+            aligned(&lines),
+            [
+                "#\t0x6a8fdc\tmain.newBuf+0x5c\t\t/tmp/main.go:57",
+                "#\t0x6a8fdd\tmain.allocViaInline+0x5d\t/tmp/main.go:63",
+                "#\t0x6aa8f3\tmain.main+0xf3\t\t\t/tmp/main.go:264",
+            ]
+        );
+        // An unsymbolized line ends the address column's block.
+        let split = [
+            cells(&["#", "0x1", "a_long_function_name+0x1", "f:1"]),
+            cells(&["#", "0x2"]),
+            cells(&["#", "0x3", "b+0x1", "f:2"]),
+        ];
+        assert_eq!(aligned(&split), ["#\t0x1\ta_long_function_name+0x1\tf:1", "#\t0x2", "#\t0x3\tb+0x1\tf:2"]);
+    }
+
+    #[test]
+    fn names_cannot_forge_lines() {
+        let mut p = profile([(vec![1], vec![]), (vec![1], vec![])]);
+        p.locations[1].frames[0].function = "evil\n1 @ 0x1".into();
+        let text = go_text(&p, TextFormat::Count { name: "threadcreate" });
+        assert!(text.contains("evil?1 @ 0x1+0x2a"), "{text}");
+        assert_eq!(text.lines().filter(|l| l.ends_with(" @ 0x1")).count(), 0);
     }
 }

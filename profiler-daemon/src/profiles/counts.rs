@@ -64,6 +64,11 @@ impl Counts {
         self.processes.iter().map(|(&pid, c)| (pid, c))
     }
 
+    /// Keeps the counts of `pid` only.
+    pub fn retain_only(&mut self, pid: Pid) {
+        self.processes.retain(|&p, _| p == pid);
+    }
+
     /// Drops the counts of these processes.
     pub fn forget(&mut self, pids: &[Pid]) {
         for pid in pids {

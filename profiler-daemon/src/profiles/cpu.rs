@@ -86,6 +86,7 @@ pub(super) fn samples(counts: &CpuCounts, settings: &Settings) -> Vec<StackSampl
             kernel_stack: key.kernel_stack,
             user_leaf_is_return: USER_LEAF_IS_RETURN,
             values: vec![count as i64, count as i64 * period],
+            unscaled: Vec::new(),
             labels: vec![
                 ("tid", LabelValue::Num(i64::from(key.tid.0), None)),
                 ("thread", LabelValue::Str(counts.threads.get(&key.tid).cloned().unwrap_or_default())),

@@ -118,6 +118,7 @@ pub(super) fn samples(counts: &HeapCounts, settings: &Settings) -> Vec<StackSamp
                 kernel_stack: StackId::NONE,
                 user_leaf_is_return: USER_LEAF_IS_RETURN,
                 values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
+                unscaled: vec![alloc.count as i64, alloc.bytes as i64, live.count as i64, live.bytes as i64],
                 labels: vec![("bytes", LabelValue::Num((sizes.bytes / sizes.count.max(1)) as i64, Some("bytes")))],
             }
         })
@@ -126,14 +127,16 @@ pub(super) fn samples(counts: &HeapCounts, settings: &Settings) -> Vec<StackSamp
 
 /// Go's `scaleHeapSample`: a block of average size `s` is sampled with probability
 /// `1 − e^(−s/rate)`, so each sampled block stands for `1 / (1 − e^(−s/rate))` blocks.
-/// With a rate of 1 byte every allocation was recorded and nothing is scaled.
+/// With a rate of 1 byte every allocation was recorded and nothing is scaled. The products
+/// are truncated, as Go's runtime and pprof's text reader both do, so a `debug=1` text
+/// (sampled counts) reads back to exactly the values of the protobuf profile.
 pub fn scale_heap(sampled: HeapCount, rate: u64) -> (i64, i64) {
     if sampled.count == 0 || sampled.bytes == 0 || rate <= 1 {
         return (sampled.count as i64, sampled.bytes as i64);
     }
     let avg = sampled.bytes as f64 / sampled.count as f64;
     let scale = 1.0 / (1.0 - (-avg / rate as f64).exp());
-    ((sampled.count as f64 * scale).round() as i64, (sampled.bytes as f64 * scale).round() as i64)
+    ((sampled.count as f64 * scale) as i64, (sampled.bytes as f64 * scale) as i64)
 }
 
 /// What inuse and alloc mean here, the sampling rate, and what was dropped (counts over
@@ -230,9 +233,9 @@ mod tests {
         assert_eq!(scale_heap(HeapCount { count: 3, bytes: 300 }, 1), (3, 300));
         // Blocks much larger than the rate are always sampled: scale ~1.
         assert_eq!(scale_heap(HeapCount { count: 2, bytes: 2 << 30 }, 512 << 10), (2, 2 << 30));
-        // 1 sampled 512 KiB block at rate 512 KiB: scale 1/(1-1/e) = 1.582.
+        // 1 sampled 512 KiB block at rate 512 KiB: scale 1/(1-1/e) = 1.582, truncated as Go does.
         let (objects, bytes) = scale_heap(HeapCount { count: 1, bytes: 512 << 10 }, 512 << 10);
-        assert_eq!(objects, 2);
+        assert_eq!(objects, 1);
         assert!((bytes as f64 / (512 << 10) as f64 - 1.582).abs() < 0.001);
         assert_eq!(scale_heap(HeapCount::default(), 512 << 10), (0, 0));
     }

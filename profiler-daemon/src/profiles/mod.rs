@@ -26,7 +26,7 @@ use crate::{
     catalog::Sighting,
     ebpf::{Batch, Counters},
     ids::StackId,
-    pprof::Shape,
+    pprof::{Shape, TextFormat},
     resolve::{ResolvedProfile, StackSample},
 };
 
@@ -176,6 +176,18 @@ impl ProfileKind {
             Self::Block => block::comments(context, counters),
             Self::Mutex => mutex::comments(context, counters),
             Self::ThreadCreate => threadcreate::comments(context, counters),
+        }
+    }
+
+    /// Go's text layout for the kind's `debug=1` answer.
+    pub fn text_format(self, settings: &Settings) -> TextFormat {
+        match self {
+            // Go serves no text form of CPU profiles; ours lists the samples.
+            Self::Cpu => TextFormat::Generic { name: "cpu", sample_types: cpu::shape(settings).sample_types },
+            Self::Heap => TextFormat::Heap { rate: settings.heap_sample_bytes },
+            Self::Block => TextFormat::Contention { mutex_period: None },
+            Self::Mutex => TextFormat::Contention { mutex_period: Some(1) },
+            Self::ThreadCreate => TextFormat::Count { name: "threadcreate" },
         }
     }
 

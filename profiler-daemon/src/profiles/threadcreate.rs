@@ -66,6 +66,7 @@ pub(super) fn samples(counts: &ThreadCounts) -> Vec<StackSample> {
             kernel_stack: StackId::NONE,
             user_leaf_is_return: USER_LEAF_IS_RETURN,
             values: vec![count as i64],
+            unscaled: Vec::new(),
             labels: Vec::new(),
         })
         .collect()

@@ -74,6 +74,7 @@ impl WaitCounts {
                     kernel_stack: StackId::NONE,
                     user_leaf_is_return: USER_LEAF_IS_RETURN,
                     values: vec![wait.count as i64, wait.delay_ns.min(i64::MAX as u64) as i64],
+                    unscaled: Vec::new(),
                     labels: vec![
                         ("futex_op", LabelValue::Str(op.into())),
                         ("outcome", LabelValue::Str(outcome.into())),

@@ -22,6 +22,9 @@ pub struct DumpStats {
     pub skipped_low_space: u64,
     pub files_deleted: u64,
     pub retention_errors: u64,
+    /// Retention passes that left free space low rather than delete the last hour's
+    /// profiles ([`super::retention::FREE_SPACE_FLOOR`]).
+    pub retention_held_at_floor: u64,
     /// How long the last dump took.
     pub last_duration: Duration,
     /// Where the last dump's time went.
@@ -78,6 +81,15 @@ impl IntervalFiles {
         &self.stats
     }
 
+    /// Applies retention as of `end` and counts what it did.
+    fn retain(&mut self, end: SystemTime) {
+        let report = retention::enforce(&self.dir, &self.retention, end);
+        let stats = &mut self.stats;
+        stats.files_deleted += report.deleted_files;
+        stats.retention_errors += report.errors;
+        stats.retention_held_at_floor += u64::from(report.kept_for_floor);
+    }
+
     /// Starts the dump of an interval ending at `end`, which will hold about `files` files;
     /// refused (and counted) when free space is below the floor.
     pub fn begin(&mut self, end: SystemTime, files: usize) -> Result<IntervalDump<'_>, DumpError> {
@@ -88,6 +100,8 @@ impl IntervalFiles {
             Ok(true) => {}
             Ok(false) => {
                 self.stats.skipped_low_space += files as u64;
+                // Old profiles may make room; the last hour's stay (see `retention`).
+                self.retain(end);
                 return Err(DumpError::LowSpace {
                     files,
                     min_free_bytes: self.retention.min_free_bytes,
@@ -150,14 +164,12 @@ impl IntervalDump<'_> {
         self.commit();
         self.phases.write += started.elapsed();
         let started = Instant::now();
-        let report = retention::enforce(&self.files.dir, &self.files.retention, self.end);
+        self.files.retain(self.end);
         self.phases.retention = started.elapsed();
         self.phases.cpu = thread_cpu_time().saturating_sub(self.cpu_start);
         let stats = &mut self.files.stats;
         stats.last_phases = self.phases;
         stats.last_duration = self.started.elapsed();
-        stats.files_deleted += report.deleted_files;
-        stats.retention_errors += report.errors;
         match self.last_error.take() {
             Some(err) => Err(DumpError::Write(err)),
             None => Ok(()),

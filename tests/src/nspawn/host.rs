@@ -15,10 +15,7 @@ use crate::daemon::wait_for;
 pub(super) fn clean_stale() {
     let root = Path::new(SCRATCH).join("root");
     for pid in stale_nspawns(&root) {
-        eprintln!(
-            "killing systemd-nspawn {pid} left over from an earlier run on {}",
-            root.display()
-        );
+        eprintln!("killing systemd-nspawn {pid} left over from an earlier run on {}", root.display());
         for leader in children(pid) {
             signal(leader, libc::SIGKILL);
         }
@@ -28,17 +25,11 @@ pub(super) fn clean_stale() {
             eprintln!("systemd-nspawn {pid} is still alive after SIGKILL");
         }
     }
-    let mut stale: Vec<PathBuf> = mount_points()
-        .into_iter()
-        .filter(|m| m.starts_with(SCRATCH))
-        .collect();
+    let mut stale: Vec<PathBuf> = mount_points().into_iter().filter(|m| m.starts_with(SCRATCH)).collect();
     // Deepest first: the overlay before the tmpfs under it.
     stale.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     for mount in stale {
-        eprintln!(
-            "unmounting {} left over from an earlier run",
-            mount.display()
-        );
+        eprintln!("unmounting {} left over from an earlier run", mount.display());
         unmount(&mount);
     }
     if Path::new(NSPAWN_RUN_MARKER).exists() {
@@ -60,10 +51,7 @@ pub(super) fn stale_nspawns(root: &Path) -> Vec<u32> {
             let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                 return false;
             };
-            let args: Vec<String> = raw
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
+            let args: Vec<String> = raw.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
             args.first().is_some_and(|a| a.ends_with("systemd-nspawn"))
                 && args.windows(2).any(|w| w[0] == "-D" && w[1] == root)
         })
@@ -77,19 +65,14 @@ pub(super) fn unmount(target: &Path) {
     if plain.is_some_and(|o| o.status.success()) {
         return;
     }
-    let lazy = output_within(
-        Command::new("umount").arg("-l").arg(target),
-        COMMAND_TIMEOUT,
-    );
+    let lazy = output_within(Command::new("umount").arg("-l").arg(target), COMMAND_TIMEOUT);
     match lazy {
         Some(out) if out.status.success() => {
             eprintln!("{} was busy; detached it (umount -l)", target.display())
         }
-        Some(out) => eprintln!(
-            "failed to unmount {}: {}",
-            target.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
+        Some(out) => {
+            eprintln!("failed to unmount {}: {}", target.display(), String::from_utf8_lossy(&out.stderr).trim())
+        }
         None => eprintln!("umount -l {} did not finish", target.display()),
     }
 }
@@ -97,12 +80,8 @@ pub(super) fn unmount(target: &Path) {
 /// The mount points of this mount namespace (`/proc/self/mountinfo`, field 5; these paths
 /// have no characters that mountinfo escapes).
 pub(super) fn mount_points() -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .expect("failed to read /proc/self/mountinfo");
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(PathBuf::from)
-        .collect()
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("failed to read /proc/self/mountinfo");
+    text.lines().filter_map(|line| line.split(' ').nth(4)).map(PathBuf::from).collect()
 }
 
 pub(super) fn is_mount_point(path: &Path) -> bool {
@@ -117,11 +96,7 @@ pub(super) fn children(pid: u32) -> Vec<u32> {
     tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
+        .flat_map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
         .collect()
 }
 
@@ -133,13 +108,7 @@ pub(super) fn comm(pid: u32) -> Option<String> {
 /// The pid in the innermost pid namespace: the last field of `NSpid:` in `/proc/PID/status`.
 pub(super) fn ns_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// Exists and is not a zombie.
@@ -148,8 +117,7 @@ pub(super) fn alive(pid: u32) -> bool {
         return false;
     };
     // The state follows the parenthesized comm, which may itself contain ") ".
-    stat.rsplit_once(") ")
-        .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
 }
 
 pub(super) fn signal(pid: u32, signal: libc::c_int) {
@@ -165,12 +133,7 @@ pub(super) fn signal(pid: u32, signal: libc::c_int) {
 /// Runs `cmd` to completion, or kills it after `timeout` and returns `None`. Never panics,
 /// unlike [`run_with_timeout`]: for clean-up in `drop`.
 pub(super) fn output_within(cmd: &mut Command, timeout: Duration) -> Option<Output> {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ok()?;
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     // wait_with_output drains both pipes while it waits, so a chatty command cannot block.

@@ -26,31 +26,16 @@ impl InsideFixture {
             .spawn()
             .unwrap_or_else(|e| panic!("failed to start {nsenter:?}: {e}"));
         let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
-        let mut fixture = Self {
-            kind,
-            nsenter: child,
-            stdout,
-            host_pid: None,
-            ns_pid: 0,
-        };
+        let mut fixture = Self { kind, nsenter: child, stdout, host_pid: None, ns_pid: 0 };
         fixture.expect_line("ready");
         // nsenter forks once to enter the pid namespace; its child execs the fixture.
         let host_pid = children(fixture.nsenter.id())
             .into_iter()
             .find(|&pid| comm(pid).as_deref() == Some(kind.comm()))
-            .unwrap_or_else(|| {
-                panic!(
-                    "fixture {} printed ready but is not nsenter's child",
-                    kind.comm()
-                )
-            });
+            .unwrap_or_else(|| panic!("fixture {} printed ready but is not nsenter's child", kind.comm()));
         fixture.host_pid = Some(host_pid);
-        fixture.ns_pid = ns_pid(host_pid).unwrap_or_else(|| {
-            panic!(
-                "no NSpid in /proc/{host_pid}/status of fixture {}",
-                kind.comm()
-            )
-        });
+        fixture.ns_pid = ns_pid(host_pid)
+            .unwrap_or_else(|| panic!("no NSpid in /proc/{host_pid}/status of fixture {}", kind.comm()));
         fixture
     }
 

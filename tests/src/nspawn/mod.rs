@@ -94,9 +94,7 @@ impl Container {
     /// Cleans up after any killed earlier run, then mounts the scratch tmpfs and an overlay
     /// of `/` on [`Container::root`] (writes go to the tmpfs; the host's files are untouched).
     pub fn prepare() -> Self {
-        let one = ONE_CONTAINER
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let one = ONE_CONTAINER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         clean_stale();
         let mut container = Self {
             _one: one,
@@ -106,27 +104,15 @@ impl Container {
             console: Arc::new(Mutex::new(Vec::new())),
         };
         if !is_mount_point(Path::new(NSPAWN_RUN)) {
-            container.mount(
-                &["-t", "tmpfs", "-o", "mode=0755", "tmpfs"],
-                Path::new(NSPAWN_RUN),
-            );
-            write(
-                Path::new(NSPAWN_RUN_MARKER),
-                "mounted by profiler-tests (tests/src/nspawn)\n",
-            );
+            container.mount(&["-t", "tmpfs", "-o", "mode=0755", "tmpfs"], Path::new(NSPAWN_RUN));
+            write(Path::new(NSPAWN_RUN_MARKER), "mounted by profiler-tests (tests/src/nspawn)\n");
         }
-        container.mount(
-            &["-t", "tmpfs", "-o", "mode=0755", "tmpfs"],
-            Path::new(SCRATCH),
-        );
+        container.mount(&["-t", "tmpfs", "-o", "mode=0755", "tmpfs"], Path::new(SCRATCH));
         for dir in ["up", "work", "root"] {
             create_dir(&Path::new(SCRATCH).join(dir));
         }
         let options = format!("lowerdir=/,upperdir={SCRATCH}/up,workdir={SCRATCH}/work");
-        container.mount(
-            &["-t", "overlay", "-o", &options, "overlay"],
-            &container.root(),
-        );
+        container.mount(&["-t", "overlay", "-o", &options, "overlay"], &container.root());
         container
     }
 
@@ -141,13 +127,8 @@ impl Container {
     pub fn install(&self, from: &Path, to: &str, mode: u32) {
         let dest = self.inside_root(to);
         create_dir(dest.parent().expect("an absolute path has a parent"));
-        std::fs::copy(from, &dest).unwrap_or_else(|e| {
-            panic!(
-                "failed to copy {} to {}: {e}",
-                from.display(),
-                dest.display()
-            )
-        });
+        std::fs::copy(from, &dest)
+            .unwrap_or_else(|e| panic!("failed to copy {} to {}: {e}", from.display(), dest.display()));
         set_mode(&dest, mode);
     }
 
@@ -163,8 +144,7 @@ impl Container {
     /// decides what pulls it in at boot.
     pub fn enable(&self, unit: &str) {
         let mut cmd = Command::new("systemctl");
-        cmd.arg(format!("--root={}", self.root().display()))
-            .args(["enable", unit]);
+        cmd.arg(format!("--root={}", self.root().display())).args(["enable", unit]);
         let output = run_with_timeout(&mut cmd, COMMAND_TIMEOUT);
         assert!(
             output.status.success(),
@@ -203,35 +183,18 @@ impl Container {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {cmd:?}: {e}"));
-        collect(
-            child.stdout.take().expect("stdout is piped"),
-            Arc::clone(&self.console),
-        );
-        collect(
-            child.stderr.take().expect("stderr is piped"),
-            Arc::clone(&self.console),
-        );
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("failed to start {cmd:?}: {e}"));
+        collect(child.stdout.take().expect("stdout is piped"), Arc::clone(&self.console));
+        collect(child.stderr.take().expect("stderr is piped"), Arc::clone(&self.console));
         let nspawn_pid = child.id();
         self.nspawn = Some(child);
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
-            if let Some(status) = self
-                .nspawn
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "systemd-nspawn exited with {status} while booting; console:\n{}",
-                    self.console()
-                );
+            if let Some(status) = self.nspawn.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("systemd-nspawn exited with {status} while booting; console:\n{}", self.console());
             }
             if self.leader.is_none() {
-                self.leader = children(nspawn_pid)
-                    .into_iter()
-                    .find(|&pid| comm(pid).as_deref() == Some("systemd"));
+                self.leader = children(nspawn_pid).into_iter().find(|&pid| comm(pid).as_deref() == Some("systemd"));
             }
             if self.leader.is_some() {
                 let state = self.run(&["systemctl", "is-system-running"]);
@@ -287,9 +250,7 @@ impl Container {
 
     /// One property of `unit` (`systemctl show -p PROPERTY --value UNIT`).
     pub fn show(&self, unit: &str, property: &str) -> String {
-        self.systemctl(&["show", "-p", property, "--value", unit])
-            .trim()
-            .to_owned()
+        self.systemctl(&["show", "-p", property, "--value", unit]).trim().to_owned()
     }
 
     /// Several properties of `unit` at one instant (`systemctl show -p A -p B UNIT`).
@@ -314,22 +275,13 @@ impl Container {
 
     /// The same with timestamps and senders, for failure messages.
     pub fn journal_verbose(&self, unit: &str) -> String {
-        self.run_ok(&[
-            "journalctl",
-            "--no-pager",
-            "-o",
-            "short-monotonic",
-            "-u",
-            unit,
-        ])
+        self.run_ok(&["journalctl", "--no-pager", "-o", "short-monotonic", "-u", unit])
     }
 
     /// Waits until the journal of `unit` holds `needle` at least `count` times; panics with the
     /// journal after `timeout`.
     pub fn wait_for_journal(&self, unit: &str, needle: &str, count: usize, timeout: Duration) {
-        let found = wait_for(timeout, || {
-            self.journal(unit).matches(needle).count() >= count
-        });
+        let found = wait_for(timeout, || self.journal(unit).matches(needle).count() >= count);
         assert!(
             found,
             "the journal of {unit} did not hold {needle:?} {count} time(s) within {timeout:?}:\n{}",
@@ -355,8 +307,7 @@ impl Container {
 
     fn nsenter(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args(["-t", &self.leader().to_string(), "-a", "--"])
-            .args(args);
+        cmd.args(["-t", &self.leader().to_string(), "-a", "--"]).args(args);
         cmd
     }
 
@@ -407,19 +358,9 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         if std::thread::panicking() && self.leader.is_some() {
-            let mut journal = self.nsenter(&[
-                "journalctl",
-                "--no-pager",
-                "-o",
-                "short-monotonic",
-                "-n",
-                "300",
-            ]);
+            let mut journal = self.nsenter(&["journalctl", "--no-pager", "-o", "short-monotonic", "-n", "300"]);
             if let Some(out) = output_within(&mut journal, Duration::from_secs(30)) {
-                eprintln!(
-                    "the container's journal (last 300 lines):\n{}",
-                    String::from_utf8_lossy(&out.stdout)
-                );
+                eprintln!("the container's journal (last 300 lines):\n{}", String::from_utf8_lossy(&out.stdout));
             }
         }
         self.stop();
@@ -438,21 +379,17 @@ fn collect(mut pipe: impl Read + Send + 'static, log: Arc<Mutex<Vec<u8>>>) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n @ 1..) = pipe.read(&mut buf) {
-            log.lock()
-                .expect("console lock")
-                .extend_from_slice(&buf[..n]);
+            log.lock().expect("console lock").extend_from_slice(&buf[..n]);
         }
     });
 }
 
 fn create_dir(path: &Path) {
-    std::fs::create_dir_all(path)
-        .unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
+    std::fs::create_dir_all(path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
 }
 
 fn write(path: &Path, text: &str) {
-    std::fs::write(path, text)
-        .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
 }
 
 fn set_mode(path: &Path, mode: u32) {

@@ -40,7 +40,7 @@ fn every_endpoint_answers_and_go_pprof_reads_it() {
     });
     let index = String::from_utf8_lossy(&daemon.get_ok("/debug/pprof/")).into_owned();
     assert!(listed, "the index lacks pid {} or {}:\n{index}", cpu.pid(), heap.pid());
-    assert!(index.contains("/debug/pprof/heap?pid="), "the index lists no heap profile:\n{index}");
+    assert!(index.contains("heap?pid="), "the index lists no heap profile:\n{index}");
 
     check_cpu_endpoint(&daemon, cpu.pid());
     check_heap_endpoints(&daemon, heap.pid());
@@ -129,7 +129,8 @@ fn malformed_requests_get_4xx_and_the_daemon_keeps_serving() {
 
 /// Ground truth: uids. With `[socket] group = "nogroup"`, a client running as nobody (in
 /// that group) sees in the index the cpu_split it runs itself and not the one root runs,
-/// gets 403 for root's process and 200 for its own.
+/// gets for root's process the same 404 answer as for a pid that does not exist (the socket
+/// is no oracle of which pids run), and 200 for its own.
 #[test]
 fn a_non_root_client_cannot_see_roots_processes() {
     if !preflight() {
@@ -154,9 +155,88 @@ fn a_non_root_client_cannot_see_roots_processes() {
     assert!(!pids.contains(&roots.pid()), "nobody's index shows root's pid {}:\n{text}", roots.pid());
     let path = |pid: u32| format!("/debug/pprof/profile?pid={pid}&seconds=1");
     let denied = curl(daemon.socket(), &path(roots.pid()), true);
-    assert_eq!(denied.status, 403, "root's profile as nobody: {}", String::from_utf8_lossy(&denied.body));
+    let denied_text = String::from_utf8_lossy(&denied.body).replace(&roots.pid().to_string(), "PID");
+    assert_eq!(denied.status, 404, "root's profile as nobody: {denied_text}");
+    let absent = curl(daemon.socket(), &path(4_194_000), true);
+    let absent_text = String::from_utf8_lossy(&absent.body).replace("4194000", "PID");
+    assert_eq!((absent.status, absent_text), (404, denied_text), "not yours and no such process answer alike");
     let own = curl(daemon.socket(), &path(nobodys.pid()), true);
     assert_eq!(own.status, 200, "own profile as nobody: {}", String::from_utf8_lossy(&own.body));
+}
+
+/// Ground truth: what the kernel itself lets nobody see. nobody starts a setuid-root copy
+/// of cpu_split (real uid nobody, effective and saved uid root, not dumpable, as `su` is):
+/// nobody's index does not list it and its profile gets the answer of a pid that does not
+/// exist, while root sees it. nobody's own syscall_heavy profile names its kernel frames but
+/// holds no kernel address (root's does: the test can fail). nobody's `/status` holds
+/// counters only: no path, pid list or error text.
+#[test]
+fn a_non_root_client_sees_only_what_the_kernel_lets_it_see() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&[CPU_SPLIT, "syscall_heavy"]);
+    config.socket_group = Some("nogroup");
+    let daemon = Daemon::start(&config);
+    let setuid = Fixture::spawn_setuid_root_as_nobody(FixtureKind::CpuSplitC, FIXTURE_S, daemon.scratch());
+    let creds = std::fs::read_to_string(format!("/proc/{}/status", setuid.pid())).unwrap();
+    let uid_line = creds.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
+    assert!(uid_line.split_whitespace().skip(1).eq(["65534", "0", "0", "0"]), "not setuid root: {uid_line}");
+    let kernels = Fixture::spawn_as_nobody(FixtureKind::SyscallHeavy, FIXTURE_S, daemon.scratch());
+    let both = wait_for(SOON, || {
+        let pids = index_pids(&daemon.get_ok("/debug/pprof/"));
+        pids.contains(&setuid.pid()) && pids.contains(&kernels.pid())
+    });
+    assert!(both, "root's index lacks a fixture: {}", String::from_utf8_lossy(&daemon.get_ok("/debug/pprof/")));
+
+    let index = curl(daemon.socket(), "/debug/pprof/", true);
+    let pids = index_pids(&index.body);
+    assert!(pids.contains(&kernels.pid()), "nobody's index lacks its own process");
+    assert!(!pids.contains(&setuid.pid()), "nobody's index shows its setuid-root process");
+    let path = |pid: u32| format!("/debug/pprof/profile?pid={pid}&seconds=1");
+    let denied = curl(daemon.socket(), &path(setuid.pid()), true);
+    let denied_text = String::from_utf8_lossy(&denied.body).replace(&setuid.pid().to_string(), "PID");
+    let absent = curl(daemon.socket(), &path(4_194_000), true);
+    let absent_text = String::from_utf8_lossy(&absent.body).replace("4194000", "PID");
+    assert_eq!((denied.status, denied_text), (absent.status, absent_text), "setuid process as nobody");
+    assert_eq!(absent.status, 404);
+
+    const KERNEL_SPACE: u64 = 0xffff_8000_0000_0000;
+    let kernel_frames = |body: &[u8], name: &str| {
+        let profile = Profile::decode(&save(&daemon, name, body));
+        profile.samples.iter().flat_map(|s| s.kernel_frames().cloned().collect::<Vec<_>>()).collect::<Vec<_>>()
+    };
+    let long = |pid: u32| format!("/debug/pprof/profile?pid={pid}&seconds=2");
+    let own = curl(daemon.socket(), &long(kernels.pid()), true);
+    assert_eq!(own.status, 200, "own profile as nobody: {}", String::from_utf8_lossy(&own.body));
+    let frames = kernel_frames(&own.body, "nobody.pb.gz");
+    assert!(frames.iter().any(|f| !f.function.is_empty()), "nobody's profile has no named kernel frame");
+    let exposed: Vec<_> = frames.iter().filter(|f| f.address >= KERNEL_SPACE).collect();
+    assert!(exposed.is_empty(), "kernel addresses shown to nobody: {:x?}", &exposed[..exposed.len().min(3)]);
+    let roots = kernel_frames(&daemon.get_ok(&long(kernels.pid())), "root.pb.gz");
+    assert!(roots.iter().all(|f| f.address >= KERNEL_SPACE) && !roots.is_empty(), "root's kernel frames");
+
+    let status = curl(daemon.socket(), "/status", true);
+    assert_eq!(status.status, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&status.body).expect("/status is JSON");
+    let mut leaks = Vec::new();
+    find_text(&doc, "", &mut leaks);
+    assert!(leaks.is_empty(), "nobody's /status holds more than counters: {leaks:?}");
+    assert!(doc["samples"]["cpu"].as_u64().is_some_and(|n| n > 0), "nobody's /status lacks counters: {doc:#}");
+}
+
+/// Every string (but the version) and list in `doc`, by JSON pointer.
+fn find_text(doc: &serde_json::Value, at: &str, found: &mut Vec<String>) {
+    match doc {
+        serde_json::Value::String(_) if at != "/version" => found.push(format!("{at} = {doc}")),
+        serde_json::Value::Array(_) => found.push(format!("{at} = {doc}")),
+        serde_json::Value::Object(fields) => {
+            for (key, value) in fields {
+                find_text(value, &format!("{at}/{key}"), found);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn heap_processes(daemon: &Daemon) -> Vec<u64> {

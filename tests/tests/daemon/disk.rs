@@ -29,7 +29,9 @@ fn a_full_output_dir_does_not_stop_the_daemon() {
 
 /// Ground truth: with `min_free_bytes` above what a full tmpfs has left, the daemon skips
 /// writing (and counts `profiles_skipped_low_disk_space`) instead of filling the disk, keeps
-/// answering, and writes again once the space is freed.
+/// answering, and writes again once the space is freed. The space was filled by someone
+/// else: retention keeps the profiles written before (the last hour's are never deleted
+/// for free space), and says so in `/status`.
 #[test]
 fn low_free_space_skips_profiles() {
     if !preflight() {
@@ -38,9 +40,13 @@ fn low_free_space_skips_profiles() {
     let fs = Tmpfs::mount("lowspace", "256k");
     let fixture = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
     let daemon = start_on(&fs, "64KiB");
-    wait_for_files(&daemon, &fixture, 1);
+    let before = wait_for_files(&daemon, &fixture, 1);
     let fill = fs.fill();
     expect_counted_failure(&daemon, "/drops/profiles_skipped_low_disk_space");
+    let held = wait_for(SOON, || daemon.status_u64("/output/retention_held_at_free_space_floor") > 0);
+    assert!(held, "retention never reported holding at the floor: {:#}", daemon.status());
+    let gone: Vec<_> = before.iter().filter(|f| !f.exists()).collect();
+    assert!(gone.is_empty(), "retention deleted recent profiles for another writer's file: {gone:?}");
     std::fs::remove_file(&fill).expect("failed to remove the fill file");
     expect_new_file(&daemon, &fixture);
 }

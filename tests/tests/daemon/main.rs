@@ -1,8 +1,9 @@
 //! `profiler run` end to end: the daemon against fixtures with known CPU splits and known
 //! allocation sites, one module per concern: the periodic files and retention (`files`),
 //! full and read-only output file systems (`disk`), the socket's endpoints, refusals and
-//! per-uid visibility (`api`), the block, mutex and threadcreate profiles against a program's
-//! own lock-wait clock (`waits`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), and
+//! per-uid visibility (`api`), a client flooding the socket (`flood`), the block, mutex and threadcreate profiles against a program's
+//! own lock-wait clock (`waits`), perf maps planted by a process's owner (`untrusted`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), heap probes of exited processes
+//! released (`resources`), and
 //! the systemd unit's capability set (`capabilities`).
 //!
 //! Intervals are 1-4 s and every wait is bounded, so a hung daemon fails a test rather than
@@ -13,7 +14,11 @@ mod api;
 mod capabilities;
 mod disk;
 mod files;
+mod flood;
+mod go_text;
 mod lifecycle;
+mod resources;
+mod untrusted;
 mod waits;
 
 use std::collections::BTreeSet;
@@ -95,7 +100,8 @@ fn no_temporary_files(dir: &Path) {
     assert!(leftovers.is_empty(), "temporary files left in {}: {leftovers:?}", dir.display());
 }
 
-/// The pids of an index (`/debug/pprof/`): the lines that start with a number.
+/// The pids of an index (`/debug/pprof/`): each process row links to `?pid=N`.
 fn index_pids(body: &[u8]) -> Vec<u32> {
-    String::from_utf8_lossy(body).lines().filter_map(|line| line.split_whitespace().next()?.parse().ok()).collect()
+    let text = String::from_utf8_lossy(body);
+    text.split("href='?pid=").skip(1).filter_map(|rest| rest.split('\'').next()?.parse().ok()).collect()
 }

@@ -7,10 +7,7 @@ use profiler_tests::daemon::wait_for;
 use profiler_tests::nspawn::Container;
 use profiler_tests::FixtureKind;
 
-use super::{
-    machine_fit, replace_once, shipped, status, wait_active, with_unit, DROP_IN, FIXTURE_S, SOON,
-    UNIT,
-};
+use super::{machine_fit, replace_once, shipped, status, wait_active, with_unit, DROP_IN, FIXTURE_S, SOON, UNIT};
 
 /// How long heap_sites waits before it allocates.
 pub(super) const HEAP_DELAY_S: &str = "15";
@@ -31,14 +28,8 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     let refused = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
     container.wait_for_journal(UNIT, "CAP_SYS_ADMIN", 1, SOON);
     let journal = container.journal(UNIT);
-    let line = journal
-        .lines()
-        .find(|l| l.contains("CAP_SYS_ADMIN"))
-        .expect("waited for it");
-    assert!(
-        line.contains("heap_sites"),
-        "the CAP_SYS_ADMIN message does not name the process: {line}"
-    );
+    let line = journal.lines().find(|l| l.contains("CAP_SYS_ADMIN")).expect("waited for it");
+    assert!(line.contains("heap_sites"), "the CAP_SYS_ADMIN message does not name the process: {line}");
     assert_eq!(heap_processes(&container), Vec::<u64>::new());
     assert_eq!(container.show(UNIT, "ActiveState"), "active");
     drop(refused);
@@ -47,10 +38,7 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     container.systemctl(&["daemon-reload"]);
     for property in ["CapabilityBoundingSet", "AmbientCapabilities"] {
         let caps = container.show(UNIT, property);
-        assert!(
-            caps.contains("cap_sys_admin"),
-            "{property} with the drop-in: {caps}"
-        );
+        assert!(caps.contains("cap_sys_admin"), "{property} with the drop-in: {caps}");
     }
     container.systemctl(&["restart", UNIT]);
     wait_active(&container);
@@ -59,9 +47,7 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     // heap_sites allocates, and a loaded VM may take a scan or two longer.
     let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
     let pids = [u64::from(heap.ns_pid()), u64::from(heap.host_pid())];
-    let attached = wait_for(Duration::from_secs(13), || {
-        heap_processes(&container).iter().any(|p| pids.contains(p))
-    });
+    let attached = wait_for(Duration::from_secs(13), || heap_processes(&container).iter().any(|p| pids.contains(p)));
     assert!(
         attached,
         "no heap probes on heap_sites (pid {} in the container, {} on the host): {:#}\n{}",
@@ -72,14 +58,8 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     );
     container.wait_for_journal(UNIT, "heap probes attached", 1, SOON);
     heap.expect_line("allocated");
-    let counted = wait_for(SOON, || {
-        status(&container)["samples"]["heap"].as_u64().unwrap_or(0) > 0
-    });
-    assert!(
-        counted,
-        "no heap samples after heap_sites allocated: {:#}",
-        status(&container)
-    );
+    let counted = wait_for(SOON, || status(&container)["samples"]["heap"].as_u64().unwrap_or(0) > 0);
+    assert!(counted, "no heap samples after heap_sites allocated: {:#}", status(&container));
     assert_eq!(
         container.journal(UNIT).matches("CAP_SYS_ADMIN").count(),
         refusals,
@@ -90,19 +70,10 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
 
 /// The shipped config with `heap` added to `profiles` and heap_sites in `[heap] include`.
 pub(super) fn heap_config() -> String {
-    let config = replace_once(
-        &shipped("profiler.toml"),
-        "profiles = [\"cpu\"]",
-        "profiles = [\"cpu\", \"heap\"]",
-    );
-    let (before, heap) = config
-        .split_once("\n[heap]\n")
-        .expect("the shipped config has a [heap] table");
+    let config = replace_once(&shipped("profiler.toml"), "profiles = [\"cpu\"]", "profiles = [\"cpu\", \"heap\"]");
+    let (before, heap) = config.split_once("\n[heap]\n").expect("the shipped config has a [heap] table");
     let heap = heap.replacen("include = []", "include = [{ name = \"heap_sites\" }]", 1);
-    assert!(
-        heap.contains("heap_sites"),
-        "no `include = []` in the shipped [heap] table"
-    );
+    assert!(heap.contains("heap_sites"), "no `include = []` in the shipped [heap] table");
     format!("{before}\n[heap]\n{heap}")
 }
 
@@ -126,10 +97,9 @@ pub(super) fn documented_drop_in() -> String {
     text
 }
 
-fn heap_processes(container: &Container) -> Vec<u64> {
+pub(super) fn heap_processes(container: &Container) -> Vec<u64> {
     let status = status(container);
-    let pids = status["programs"]["heap_processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no heap_processes: {status:#}"));
+    let pids =
+        status["programs"]["heap_processes"].as_array().unwrap_or_else(|| panic!("no heap_processes: {status:#}"));
     pids.iter().filter_map(serde_json::Value::as_u64).collect()
 }

@@ -71,16 +71,11 @@ fn with_unit(config: &str) -> Container {
 /// `config/NAME` as shipped.
 fn shipped(name: &str) -> String {
     let path = workspace_root().join("config").join(name);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()))
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()))
 }
 
 fn replace_once(text: &str, from: &str, to: &str) -> String {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "expected {from:?} exactly once in the shipped file"
-    );
+    assert_eq!(text.matches(from).count(), 1, "expected {from:?} exactly once in the shipped file");
     text.replacen(from, to, 1)
 }
 
@@ -93,28 +88,16 @@ fn wait_active(container: &Container) {
     let mut last = Default::default();
     let active = wait_for(timeout, || {
         last = container.properties(UNIT, &["ActiveState", "SubState"]);
-        assert_ne!(
-            last["ActiveState"],
-            "failed",
-            "{UNIT} failed:\n{}",
-            container.journal_verbose(UNIT)
-        );
+        assert_ne!(last["ActiveState"], "failed", "{UNIT} failed:\n{}", container.journal_verbose(UNIT));
         last["ActiveState"] == "active" && last["SubState"] == "running"
     });
-    assert!(
-        active,
-        "{UNIT} not active within {timeout:?} ({last:?}):\n{}",
-        container.journal_verbose(UNIT)
-    );
+    assert!(active, "{UNIT} not active within {timeout:?} ({last:?}):\n{}", container.journal_verbose(UNIT));
 }
 
 /// `GET path` on the container's socket, from the host through `/proc/<its systemd>/root`.
 fn get(container: &Container, path: &str) -> (u16, Vec<u8>) {
     profiler_daemon::client::get(&container.path(SOCKET), path).unwrap_or_else(|e| {
-        panic!(
-            "GET {path} on the container's socket failed: {e}\n{}",
-            container.journal_verbose(UNIT)
-        )
+        panic!("GET {path} on the container's socket failed: {e}\n{}", container.journal_verbose(UNIT))
     })
 }
 
@@ -126,12 +109,8 @@ fn get_ok(container: &Container, path: &str) -> Vec<u8> {
 
 fn status(container: &Container) -> serde_json::Value {
     let body = get_ok(container, "/status");
-    serde_json::from_slice(&body).unwrap_or_else(|e| {
-        panic!(
-            "/status is not JSON ({e}): {}",
-            String::from_utf8_lossy(&body)
-        )
-    })
+    serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("/status is not JSON ({e}): {}", String::from_utf8_lossy(&body)))
 }
 
 /// Waits until the daemon has counted `n` more CPU samples (of the whole container) than now.
@@ -139,10 +118,7 @@ fn wait_for_samples(container: &Container, n: u64) {
     let samples = || status(container)["samples"]["cpu"].as_u64().unwrap_or(0);
     let start = samples();
     let timeout = Duration::from_secs(60);
-    assert!(
-        wait_for(timeout, || samples() >= start + n),
-        "fewer than {n} CPU samples within {timeout:?}"
-    );
+    assert!(wait_for(timeout, || samples() >= start + n), "fewer than {n} CPU samples within {timeout:?}");
 }
 
 // --- The files it wrote.
@@ -165,12 +141,6 @@ fn fixture_dir(output: &Path, comm: &str, ns_pid: u32, host_pid: u32) -> PathBuf
 /// The one CPU profile in `dir`: the final dump (the 60 s interval never came).
 fn only_cpu_file(dir: &Path) -> PathBuf {
     let files = daemon::profile_files(dir, "cpu");
-    assert_eq!(
-        files.len(),
-        1,
-        "expected only the final dump in {}:\n{}",
-        dir.display(),
-        listing(dir)
-    );
+    assert_eq!(files.len(), 1, "expected only the final dump in {}:\n{}", dir.display(), listing(dir));
     files[0].clone()
 }

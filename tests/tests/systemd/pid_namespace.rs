@@ -1,24 +1,23 @@
-//! What the daemon in a container sees: only the container's processes, named by their
-//! functions. Both tests fail today (issue 16): the kernel programs report pids of the
-//! initial pid namespace, and the daemon looks them up in its own `/proc`, where they are
-//! either absent (a container process's mappings are never found) or someone else.
+//! What the daemon in a container sees: only the container's processes, under their pids
+//! there, named by their functions. (Before the daemon counted tasks of its own pid namespace
+//! only, the kernel programs reported pids of the initial namespace, and the daemon looked
+//! them up in its own `/proc`, where they were absent or someone else.)
 
 use std::path::{Path, PathBuf};
 
 use profiler_tests::daemon::wait_for;
 use profiler_tests::{go_pprof, Fixture, FixtureKind, Profile};
 
-use super::heap::{documented_drop_in, heap_config, HEAP_DELAY_S};
+use super::heap::{documented_drop_in, heap_config, heap_processes, HEAP_DELAY_S};
 use super::{
-    fixture_dir, get, get_ok, machine_fit, only_cpu_file, shipped, wait_active, wait_for_samples,
-    with_unit, DROP_IN, ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, SOON, UNIT,
+    fixture_dir, get, get_ok, machine_fit, only_cpu_file, shipped, wait_active, wait_for_samples, with_unit, DROP_IN,
+    ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, SOON, UNIT,
 };
 
 /// Ground truth: a CPU spinner runs on the host only, outside the container. The daemon in
 /// the container must profile only the processes of its own pid namespace: no index entry,
 /// query or file names the spinner, by its pid or its name.
 #[test]
-#[ignore = "needs the daemon to filter by pid namespace (issue 16)"]
 fn a_host_process_never_appears_inside_the_systemd_container() {
     if !machine_fit() {
         return;
@@ -27,26 +26,20 @@ fn a_host_process_never_appears_inside_the_systemd_container() {
     let mut container = with_unit(&shipped("profiler.toml"));
     container.boot();
     wait_active(&container);
+    // Something to sample inside (another program: its name must not be the host's).
+    let _inside = container.spawn_fixture(FixtureKind::SyscallHeavy, &[FIXTURE_S]);
     wait_for_samples(&container, ENOUGH_SAMPLES);
     let (comm, pid) = (host.comm(), host.pid().to_string());
-    let names_it = |text: &str| {
-        text.contains(comm) || text.split(|c: char| !c.is_ascii_digit()).any(|n| n == pid)
-    };
+    let names_it = |text: &str| text.contains(comm) || text.split(|c: char| !c.is_ascii_digit()).any(|n| n == pid);
     // Every place it could show, reported together.
     let mut seen = Vec::new();
     let index = String::from_utf8_lossy(&get_ok(&container, "/debug/pprof/")).into_owned();
     if names_it(&index) {
         seen.push(format!("the index:\n{index}"));
     }
-    let (code, body) = get(
-        &container,
-        &format!("/debug/pprof/profile?pid={pid}&seconds=1"),
-    );
+    let (code, body) = get(&container, &format!("/debug/pprof/profile?pid={pid}&seconds=1"));
     if code != 404 {
-        seen.push(format!(
-            "a query for its pid answered {code} with {} bytes",
-            body.len()
-        ));
+        seen.push(format!("a query for its pid answered {code} with {} bytes", body.len()));
     }
     container.systemctl(&["stop", UNIT]);
     let output = container.path(OUTPUT);
@@ -59,21 +52,15 @@ fn a_host_process_never_appears_inside_the_systemd_container() {
     if !dirs.is_empty() {
         seen.push(format!("directories of the final dump: {dirs:?}"));
     }
-    assert!(
-        seen.is_empty(),
-        "host process {comm} (pid {pid}) is visible inside the container:\n{}",
-        seen.join("\n")
-    );
+    assert!(seen.is_empty(), "host process {comm} (pid {pid}) is visible inside the container:\n{}", seen.join("\n"));
 }
 
 /// Ground truth: cpu_split's 75/25 split of hot_a and hot_b under work_loop, and heap_sites'
 /// allocation sites, both running inside the container. Their profiles, from the socket and
 /// from the final dump, name those functions: the sandbox (ProtectSystem=, PrivateTmp=, the
-/// bounding set) hides neither the binaries nor their mappings. Fails today because the
-/// daemon reads `/proc/<pid>` of its own pid namespace with the initial namespace's pids the
-/// kernel programs report, so it never finds a container process's mappings.
+/// bounding set) hides neither the binaries nor their mappings, and the daemon names them by
+/// their pids in the container.
 #[test]
-#[ignore = "needs the daemon to translate pids into its own pid namespace (issue 16)"]
 fn systemd_names_the_functions_of_processes_in_its_container() {
     if !machine_fit() {
         return;
@@ -87,66 +74,41 @@ fn systemd_names_the_functions_of_processes_in_its_container() {
     wait_for_samples(&container, ENOUGH_SAMPLES);
     let index = String::from_utf8_lossy(&get_ok(&container, "/debug/pprof/")).into_owned();
     assert!(
-        index
-            .lines()
-            .any(|l| l.split_whitespace().next() == Some(&cpu.ns_pid().to_string())),
+        index.contains(&format!("href='?pid={}'>cpu_split<", cpu.ns_pid())),
         "the index does not list cpu_split (pid {} in the container):\n{index}",
         cpu.ns_pid()
     );
-    let queried = save(
-        &get_ok(
-            &container,
-            &format!("/debug/pprof/profile?pid={}&seconds=5", cpu.ns_pid()),
-        ),
-        "cpu.pb.gz",
-    );
+    let queried =
+        save(&get_ok(&container, &format!("/debug/pprof/profile?pid={}&seconds=5", cpu.ns_pid())), "cpu.pb.gz");
     check_cpu_split(&queried.0);
 
+    // The probes must be on before heap_sites allocates (HEAP_DELAY_S after it starts); say so
+    // when they are not, rather than time out on an empty profile.
+    let attached = wait_for(SOON, || heap_processes(&container).contains(&u64::from(heap.ns_pid())));
+    assert!(attached, "no heap probes on heap_sites (pid {} in the container) within {SOON:?}", heap.ns_pid());
     heap.expect_line("allocated");
     let got_heap = wait_for(SOON, || {
-        let (code, body) = get(
-            &container,
-            &format!("/debug/pprof/heap?pid={}", heap.ns_pid()),
-        );
+        let (code, body) = get(&container, &format!("/debug/pprof/heap?pid={}", heap.ns_pid()));
         code == 200 && {
             let file = save(&body, "heap.pb.gz");
-            Profile::decode(&file.0).value_where("alloc_space", |s| s.leaf_is("site_malloc_live"))
-                > 0
+            Profile::decode(&file.0).value_where("alloc_space", |s| s.leaf_is("site_malloc_live")) > 0
         }
     });
-    assert!(
-        got_heap,
-        "no heap profile of heap_sites naming site_malloc_live within {SOON:?}"
-    );
-    let heap_file = save(
-        &get_ok(
-            &container,
-            &format!("/debug/pprof/heap?pid={}", heap.ns_pid()),
-        ),
-        "heap.pb.gz",
-    );
+    assert!(got_heap, "no heap profile of heap_sites naming site_malloc_live within {SOON:?}");
+    let heap_file = save(&get_ok(&container, &format!("/debug/pprof/heap?pid={}", heap.ns_pid())), "heap.pb.gz");
     let top = go_pprof::top_of(&heap_file.0, "alloc_space");
-    assert!(
-        top.contains("site_malloc_live"),
-        "go tool pprof -top of the heap profile:\n{top}"
-    );
+    assert!(top.contains("site_malloc_live"), "go tool pprof -top of the heap profile:\n{top}");
 
     container.systemctl(&["stop", UNIT]);
     let output = container.path(OUTPUT);
-    check_cpu_split(&only_cpu_file(&fixture_dir(
-        &output,
-        cpu.comm(),
-        cpu.ns_pid(),
-        cpu.host_pid(),
-    )));
+    check_cpu_split(&only_cpu_file(&fixture_dir(&output, cpu.comm(), cpu.ns_pid(), cpu.host_pid())));
 }
 
 /// Keeps `body` in a scratch file for the readers; returns it with its directory's guard.
 fn save(body: &[u8], name: &str) -> (PathBuf, profiler_tests::TempDir) {
     let dir = profiler_tests::TempDir::new("systemd");
     let file = dir.path().join(name);
-    std::fs::write(&file, body)
-        .unwrap_or_else(|e| panic!("failed to write {}: {e}", file.display()));
+    std::fs::write(&file, body).unwrap_or_else(|e| panic!("failed to write {}: {e}", file.display()));
     (file, dir)
 }
 
@@ -154,8 +116,7 @@ fn save(body: &[u8], name: &str) -> (PathBuf, profiler_tests::TempDir) {
 /// gives few samples), in our reader and in `go tool pprof`.
 fn check_cpu_split(file: &Path) {
     let profile = Profile::decode(file);
-    let in_fn =
-        |f: &str| profile.value_where("samples", |s| s.has_chain(&[f, "work_loop", "main"])) as f64;
+    let in_fn = |f: &str| profile.value_where("samples", |s| s.has_chain(&[f, "work_loop", "main"])) as f64;
     let (a, b) = (in_fn("hot_a"), in_fn("hot_b"));
     assert!(
         a + b >= 40.0,
@@ -164,18 +125,9 @@ fn check_cpu_split(file: &Path) {
         profile.function_names()
     );
     let share = a / (a + b);
-    assert!(
-        (share - 0.75).abs() <= 0.15,
-        "{}: hot_a share {share:.2} of {}",
-        file.display(),
-        a + b
-    );
+    assert!((share - 0.75).abs() <= 0.15, "{}: hot_a share {share:.2} of {}", file.display(), a + b);
     let top = go_pprof::top(file);
     for function in ["hot_a", "hot_b", "work_loop"] {
-        assert!(
-            top.contains(function),
-            "go tool pprof -top of {} lacks {function}:\n{top}",
-            file.display()
-        );
+        assert!(top.contains(function), "go tool pprof -top of {} lacks {function}:\n{top}", file.display());
     }
 }

@@ -4,8 +4,7 @@
 use profiler_tests::daemon::wait_for;
 
 use super::{
-    machine_fit, replace_once, shipped, status, wait_active, with_unit, CONFIG, SHIPPED_INTERVAL_S,
-    SOON, UNIT,
+    machine_fit, replace_once, shipped, status, wait_active, with_unit, CONFIG, SHIPPED_INTERVAL_S, SOON, UNIT,
 };
 
 /// Ground truth: the config file's contents. `systemctl reload` with a file that is not TOML
@@ -28,34 +27,17 @@ fn systemd_reload_keeps_the_old_config_when_the_new_one_is_bad() {
     container.wait_for_journal(UNIT, "invalid configuration, keeping the old one", 1, SOON);
     container.wait_for_journal(UNIT, "Reloaded profiler.service", 1, SOON);
     wait_active(&container);
-    assert_eq!(
-        container.show(UNIT, "MainPID"),
-        main_pid,
-        "the bad reload replaced the daemon"
-    );
+    assert_eq!(container.show(UNIT, "MainPID"), main_pid, "the bad reload replaced the daemon");
     assert_eq!(container.show(UNIT, "NRestarts"), "0");
-    assert_eq!(
-        status(&container)["output"]["interval_seconds"],
-        SHIPPED_INTERVAL_S
-    );
+    assert_eq!(status(&container)["output"]["interval_seconds"], SHIPPED_INTERVAL_S);
 
     let good = replace_once(&shipped, "interval = \"60s\"", "interval = \"30s\"");
     container.write(CONFIG, &good);
     container.systemctl(&["reload", UNIT]);
     container.wait_for_journal(UNIT, "configuration reloaded", 1, SOON);
     container.wait_for_journal(UNIT, "Reloaded profiler.service", 2, SOON);
-    let applied = wait_for(SOON, || {
-        status(&container)["output"]["interval_seconds"] == 30
-    });
-    assert!(
-        applied,
-        "the reloaded interval is not in /status: {:#}",
-        status(&container)
-    );
+    let applied = wait_for(SOON, || status(&container)["output"]["interval_seconds"] == 30);
+    assert!(applied, "the reloaded interval is not in /status: {:#}", status(&container));
     wait_active(&container);
-    assert_eq!(
-        container.show(UNIT, "MainPID"),
-        main_pid,
-        "the good reload replaced the daemon"
-    );
+    assert_eq!(container.show(UNIT, "MainPID"), main_pid, "the good reload replaced the daemon");
 }

@@ -45,24 +45,15 @@ fn systemd_watchdog_restarts_a_stalled_daemon() {
     });
     let took = since.elapsed();
     let journal = container.journal(UNIT);
-    assert!(
-        restarted,
-        "not restarted within {timeout:?} of SIGSTOP (states seen: {seen:?}):\n{journal}"
-    );
+    assert!(restarted, "not restarted within {timeout:?} of SIGSTOP (states seen: {seen:?}):\n{journal}");
     assert_eq!(container.show(UNIT, "NRestarts"), "1", "{journal}");
     for line in [
         "profiler.service: Watchdog timeout",
         "Failed with result 'watchdog'",
         "Scheduled restart job, restart counter is at 1",
     ] {
-        assert!(
-            journal.contains(line),
-            "the journal lacks {line:?}:\n{journal}"
-        );
+        assert!(journal.contains(line), "the journal lacks {line:?}:\n{journal}");
     }
     // The last ping can be up to 15 s old when the process stops.
-    assert!(
-        took >= Duration::from_secs(14),
-        "restarted {took:?} after SIGSTOP: too soon for a 30 s watchdog"
-    );
+    assert!(took >= Duration::from_secs(14), "restarted {took:?} after SIGSTOP: too soon for a 30 s watchdog");
 }

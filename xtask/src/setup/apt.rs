@@ -14,8 +14,8 @@ pub struct Package {
     pub present: fn() -> bool,
 }
 
-/// The packages for the build, plus golang-go, linux-perf and systemd-container when the
-/// tests will run.
+/// The packages for the build, plus golang-go, linux-perf, systemd-container, curl and
+/// python3 when the tests will run.
 pub fn packages(go: bool) -> Vec<Package> {
     let mut packages = vec![
         Package {
@@ -45,6 +45,16 @@ pub fn packages(go: bool) -> Vec<Package> {
             name: "systemd-container",
             why: "`systemd-nspawn`, a real systemd as PID 1 of a container for the unit's tests",
             present: || probe(Command::new("systemd-nspawn").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "curl",
+            why: "the socket client of the end-to-end tests (`curl --unix-socket`)",
+            present: || probe(Command::new("curl").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "python3",
+            why: "the socket-flooding client of the hardening tests, run as nobody",
+            present: || probe(Command::new("/usr/bin/python3").arg("--version")).is_some(),
         });
     }
     packages

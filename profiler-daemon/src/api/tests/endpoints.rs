@@ -8,15 +8,25 @@ async fn index_lists_the_viewers_processes() {
     let server = Server::start("index", test_limits()).await;
     let response = server.raw(&get_request("/debug/pprof/")).await;
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
-    assert!(response.contains("\r\ncontent-type: text/plain; charset=utf-8\r\n"), "{response}");
-    assert!(response.contains(&format!("\n4242 fake {}\n", euid())), "{response}");
-    assert!(response.contains("  cpu                 10  /debug/pprof/profile?pid=4242\n"), "{response}");
-    assert!(response.contains("  allocs               3  /debug/pprof/allocs?pid=4242\n"), "{response}");
-    // Root sees every process; anyone else only their own (the filter is tested in `render`).
+    assert!(response.contains("\r\ncontent-type: text/html; charset=utf-8\r\n"), "{response}");
+    assert!(
+        response.contains(&format!("<td><a href='?pid=4242'>fake</a></td><td>{}</td><td>fake.service</td>", euid()))
+    );
+    assert!(response.contains("<a href='profile?pid=4242'>cpu</a> 10"), "{response}");
+    assert!(response.contains("<a href='allocs?pid=4242&amp;debug=1'>allocs</a> 3"), "{response}");
+    // Root sees every process; anyone else only their own (the filter is tested in `page`).
     let sees_theirs = Viewer { uid: euid() }.may_see(euid() + 1);
-    assert_eq!(response.contains("\n77 theirs "), sees_theirs, "{response}");
+    assert_eq!(response.contains("?pid=77'>theirs"), sees_theirs, "{response}");
     let (status, body) = server.get("/debug/pprof").await;
-    assert_eq!((status, body.contains("4242 fake")), (200, true), "{body}");
+    assert_eq!((status, body.contains("?pid=4242'>fake")), (200, true), "{body}");
+    // One process's page, as Go's index lays it out; one answer for a pid it does not list.
+    let (status, page) = server.get("/debug/pprof/?pid=4242").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("<tr><td>3</td><td><a href='heap?pid=4242&amp;debug=1'>heap</a></td></tr>"), "{page}");
+    assert_eq!(server.get("/debug/pprof/?pid=5").await.0, 404);
+    let (status, json) = server.get("/processes").await;
+    assert_eq!(status, 200);
+    assert!(json.contains("\"name\": \"fake\""), "{json}");
     server.stop().await;
 }
 
@@ -67,11 +77,15 @@ async fn status_is_json() {
     let head = server.raw(b"HEAD /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"), "no body for HEAD: {head}");
     let path = server.path.clone();
-    let text = tokio::task::spawn_blocking(move || crate::client::status(&path)).await.unwrap().unwrap();
-    assert_eq!(text, format!("{}\n", fake::STATUS_JSON));
+    let text = tokio::task::spawn_blocking(move || crate::client::status(&path, true)).await.unwrap().unwrap();
+    assert_eq!(text, format!("{}\n", fake::STATUS_JSON), "--json: the daemon's JSON as sent");
     let path = server.path.clone();
-    let ps = tokio::task::spawn_blocking(move || crate::client::ps(&path)).await.unwrap().unwrap();
-    assert!(ps.contains("4242 fake"), "{ps}");
+    let summary = tokio::task::spawn_blocking(move || crate::client::status(&path, false)).await.unwrap();
+    assert!(summary.is_err(), "the fake's JSON is not a full /status: {summary:?}");
+    let path = server.path.clone();
+    let ps = tokio::task::spawn_blocking(move || crate::client::ps(&path, false)).await.unwrap().unwrap();
+    let row = ps.lines().find(|l| l.contains("fake")).unwrap_or_else(|| panic!("no row for the fake: {ps}"));
+    assert!(row.trim_start().starts_with("4242 fake") && row.contains("fake.service"), "{ps}");
     server.stop().await;
 }
 
@@ -103,9 +117,9 @@ async fn bad_requests_get_a_4xx_and_the_server_keeps_serving() {
 async fn collector_errors_map_to_statuses() {
     let server = Server::start("errors", test_limits()).await;
     let cases = [
-        ("/debug/pprof/heap?pid=77", 403, "pid 77 belongs to another user\n"),
-        ("/debug/pprof/heap?pid=5", 404, "no data for pid 5: the process is unknown or has exited\n"),
-        ("/debug/pprof/block?pid=4242", 404, "the block profile is not enabled for this process\n"),
+        ("/debug/pprof/heap?pid=77", 404, "no data for pid 77: no such process of yours is profiled\n"),
+        ("/debug/pprof/heap?pid=5", 404, "no such process: pid 5 is not running and the daemon has no data of it\n"),
+        ("/debug/pprof/block?pid=4242", 404, "the block profile is not enabled: add it\n"),
         ("/debug/pprof/threadcreate?pid=4242", 503, "the daemon is unavailable: shutting down\n"),
     ];
     for (uri, status, reason) in cases {

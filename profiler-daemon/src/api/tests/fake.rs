@@ -25,8 +25,10 @@ pub const STATUS_JSON: &str = r#"{"version":"test","uptime_s":1}"#;
 pub fn collector(commands: Commands) {
     while let Ok(command) = commands.recv() {
         match command {
-            Command::Index { viewer, reply } => drop(reply.send(index(viewer))),
-            Command::Status { reply } => drop(reply.send(STATUS_JSON.into())),
+            Command::Index { viewer, pid, reply } => {
+                drop(reply.send(index(viewer).into_iter().filter(|e| pid.is_none_or(|p| p == e.pid)).collect()))
+            }
+            Command::Status { reply, .. } => drop(reply.send(STATUS_JSON.into())),
             // Profiles run concurrently, as the real collector's windows do.
             Command::Profile { query, reply } => drop(std::thread::spawn(move || reply.send(profile(query)))),
             Command::Shutdown { reply } => drop(reply.send(())),
@@ -41,17 +43,28 @@ fn index(viewer: Viewer) -> Vec<IndexEntry> {
         pid: Pid(PID_OK),
         name: "fake".into(),
         uid: euid(),
+        unit: Some("fake.service".into()),
+        container: None,
         profiles: vec![(ProfileKind::Cpu, 10), (ProfileKind::Heap, 3)],
     };
-    let theirs = IndexEntry { pid: Pid(PID_FORBIDDEN), name: "theirs".into(), uid: euid() + 1, profiles: vec![] };
+    let theirs = IndexEntry {
+        pid: Pid(PID_FORBIDDEN),
+        name: "theirs".into(),
+        uid: euid() + 1,
+        unit: None,
+        container: None,
+        profiles: vec![],
+    };
     [ours, theirs].into_iter().filter(|e| viewer.may_see(e.uid)).collect()
 }
 
 fn profile(query: ProfileQuery) -> Result<ProfileBody, QueryError> {
     match (query.pid.0, query.view.kind) {
-        (PID_FORBIDDEN, _) => return Err(QueryError::Forbidden(query.pid)),
+        (PID_FORBIDDEN, _) => return Err(QueryError::NotVisible(query.pid)),
         (PID_SLOW, _) => std::thread::sleep(query.window.unwrap_or(SLOW_DEFAULT)),
-        (PID_OK, ProfileKind::Block) => return Err(QueryError::NotEnabled(ProfileKind::Block)),
+        (PID_OK, ProfileKind::Block) => {
+            return Err(QueryError::NotEnabled { kind: ProfileKind::Block, fix: "add it".into() })
+        }
         (PID_OK, ProfileKind::ThreadCreate) => return Err(QueryError::Unavailable("shutting down".into())),
         (PID_OK, _) => {}
         _ => return Err(QueryError::UnknownPid(query.pid)),

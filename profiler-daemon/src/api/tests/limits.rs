@@ -37,7 +37,8 @@ async fn oversized_requests_are_refused_and_closed() {
 
 #[tokio::test]
 async fn connections_beyond_the_limit_get_503() {
-    let limits = Limits { max_connections: 1, busy_wait: Duration::from_millis(100), ..test_limits() };
+    let limits =
+        Limits { max_connections: 1, root_reserved: 0, busy_wait: Duration::from_millis(100), ..test_limits() };
     let server = Server::start("busy", limits).await;
     let holder = UnixStream::connect(&server.path).await.unwrap();
     // Let the server accept the holder first so it owns the only slot.
@@ -51,6 +52,37 @@ async fn connections_beyond_the_limit_get_503() {
         assert!(Instant::now() < deadline, "the slot is freed when the holder hangs up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_pipelines_and_never_reads_loses_its_connection() {
+    let limits = Limits {
+        max_connections: 1,
+        root_reserved: 0,
+        write_timeout: Duration::from_secs(1),
+        busy_wait: Duration::from_millis(50),
+        ..test_limits()
+    };
+    let server = Server::start("pipelined", limits).await;
+    // Thousands of requests in one write, none of the answers ever read: hyper answers
+    // them in turn until the socket buffer is full, and then the write has to time out.
+    let mut holder = UnixStream::connect(&server.path).await.unwrap();
+    let flood = b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(20_000);
+    // The write itself stalls once the server stops reading; it ends when the server hangs up.
+    let flooding = tokio::spawn(async move {
+        let _ = tokio::io::AsyncWriteExt::write_all(&mut holder, &flood).await;
+        holder
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = server.raw(&get_request("/status")).await;
+    assert!(first.contains(" 503 "), "the flooding client holds the slot: {first}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.raw(&get_request("/status")).await.contains(" 503 ") {
+        assert!(Instant::now() < deadline, "the pipelining client still holds the only slot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(flooding);
     server.stop().await;
 }
 

@@ -19,9 +19,12 @@ fn refused(path: &str, query: &str) -> (u16, String) {
 
 #[test]
 fn index_and_status() {
-    assert_eq!(get("/debug/pprof/", None), Ok(ApiRequest::Index));
-    assert_eq!(get("/debug/pprof", None), Ok(ApiRequest::Index));
-    assert_eq!(get("/debug/pprof/", Some("")), Ok(ApiRequest::Index));
+    assert_eq!(get("/debug/pprof/", None), Ok(ApiRequest::Index { pid: None }));
+    assert_eq!(get("/debug/pprof", None), Ok(ApiRequest::Index { pid: None }));
+    assert_eq!(get("/debug/pprof/", Some("")), Ok(ApiRequest::Index { pid: None }));
+    assert_eq!(get("/debug/pprof/", Some("pid=42")), Ok(ApiRequest::Index { pid: Some(Pid(42)) }));
+    assert_eq!(get("/debug/pprof/", Some("pid=x")).unwrap_err().status, 400);
+    assert_eq!(get("/processes", None), Ok(ApiRequest::Processes));
     assert_eq!(get("/status", None), Ok(ApiRequest::Status));
     assert_eq!(ApiRequest::parse("HEAD", "/status", None), Ok(ApiRequest::Status));
 }
@@ -119,7 +122,7 @@ fn unknown_and_duplicate_parameters() {
     assert_eq!((status, reason.contains(r#""debug""#)), (400, true), "Go has no text CPU profile");
     let (status, reason) = refused("/status", "verbose=1");
     assert_eq!((status, reason.as_str()), (400, r#"unknown parameter "verbose": /status takes no parameters"#));
-    assert_eq!(refused("/debug/pprof/", "pid=1").0, 400);
+    assert_eq!(refused("/debug/pprof/", "seconds=1").0, 400, "the index takes a pid only");
     let (status, reason) = refused("/debug/pprof/heap", "pid=1&pid=2");
     assert_eq!((status, reason.as_str()), (400, r#"parameter "pid" is given more than once"#));
 }

@@ -1,6 +1,9 @@
 //! The CLI side of the control socket (`profiler status`, `profiler ps`): a blocking,
-//! std-only HTTP/1.1 client for one `GET` per connection. No async runtime and no HTTP crate,
-//! because the CLI sends one request and exits.
+//! std-only HTTP/1.1 client for one `GET` per connection (no async runtime and no HTTP crate,
+//! because the CLI sends one request and exits), and [`show`], which turns the daemon's
+//! JSON into text for people.
+
+mod show;
 
 use std::{
     io::{self, BufRead, BufReader, Read, Write},
@@ -55,14 +58,29 @@ pub fn get(socket: &Path, path: &str) -> Result<(u16, Vec<u8>), ClientError> {
     })
 }
 
-/// `/status` as printable text (the daemon's JSON, as sent).
-pub fn status(socket: &Path) -> Result<String, ClientError> {
-    get_text(socket, "/status")
+/// `/status`: a short summary for people, or with `json` the daemon's JSON as sent.
+pub fn status(socket: &Path, json: bool) -> Result<String, ClientError> {
+    let text = get_text(socket, "/status")?;
+    if json {
+        return Ok(text);
+    }
+    show::status(&parse(socket, &text)?)
+        .ok_or_else(|| ClientError::Malformed { path: socket.to_owned(), reason: "an unexpected /status".into() })
 }
 
-/// The index of processes and their profiles (`/debug/pprof/`), as printable text.
-pub fn ps(socket: &Path) -> Result<String, ClientError> {
-    get_text(socket, crate::api::PPROF_PREFIX)
+/// The processes the daemon profiles: a table for people, or with `json` the daemon's JSON.
+pub fn ps(socket: &Path, json: bool) -> Result<String, ClientError> {
+    let text = get_text(socket, "/processes")?;
+    if json {
+        return Ok(text);
+    }
+    show::processes(&parse(socket, &text)?)
+        .ok_or_else(|| ClientError::Malformed { path: socket.to_owned(), reason: "an unexpected /processes".into() })
+}
+
+fn parse(socket: &Path, text: &str) -> Result<serde_json::Value, ClientError> {
+    serde_json::from_str(text)
+        .map_err(|err| ClientError::Malformed { path: socket.to_owned(), reason: format!("not JSON: {err}") })
 }
 
 fn get_text(socket: &Path, path: &str) -> Result<String, ClientError> {

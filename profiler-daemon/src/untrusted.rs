@@ -1,0 +1,162 @@
+//! Files that any local user controls, opened on behalf of one of their processes (a JIT's
+//! `/tmp/perf-PID.map`). The daemon runs as root with `CAP_DAC_READ_SEARCH` and
+//! `CAP_SYS_PTRACE`, so it opens them the way perf does, and stricter:
+//!
+//! - inside the process's own root (`openat2` from `/proc/PID/root` with `RESOLVE_IN_ROOT`
+//!   and `RESOLVE_NO_MAGICLINKS`), so a container's absolute symlink cannot reach the
+//!   daemon's files;
+//! - without following a symlink at the last component (`O_NOFOLLOW`) and without blocking
+//!   (`O_NONBLOCK`: a FIFO or a stalled device opens at once and is then refused);
+//! - only a regular file, owned by the process's uid (perf's own rule: a user's process
+//!   can only have written a file it owns), of at most a capped size, read with the cap.
+//!
+//! A refusal says why, for the profile comment that counts it.
+
+use std::{
+    ffi::CString,
+    fs::File,
+    io::{self, Read},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{ffi::OsStrExt, fs::MetadataExt},
+    },
+    path::Path,
+};
+
+use crate::ids::Pid;
+
+/// Why a file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("cannot be opened inside the process's root without following links")]
+    Open(#[source] io::Error),
+    #[error("is a {kind}, not a regular file")]
+    NotRegular { kind: &'static str },
+    #[error("is owned by uid {owner}, not by the process's uid")]
+    WrongOwner { owner: u32 },
+    #[error("is {size} bytes, over the {cap}-byte cap")]
+    TooLarge { size: u64, cap: u64 },
+    #[error("could not be read")]
+    Read(#[source] io::Error),
+}
+
+/// Reads `path` (absolute, as the process sees it) from process `pid`'s root: a regular file
+/// owned by one of `owners`, at most `cap` bytes.
+pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Refused> {
+    let file = open_in_root(pid, path).map_err(Refused::Open)?;
+    let meta = file.metadata().map_err(Refused::Read)?;
+    if !meta.file_type().is_file() {
+        return Err(Refused::NotRegular { kind: kind(meta.mode()) });
+    }
+    if !owners.contains(&meta.uid()) {
+        return Err(Refused::WrongOwner { owner: meta.uid() });
+    }
+    if meta.size() > cap {
+        return Err(Refused::TooLarge { size: meta.size(), cap });
+    }
+    // The file may grow while it is read (a JIT appends): the cap holds for the read too.
+    let mut bytes = Vec::with_capacity(meta.size() as usize);
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(Refused::Read)?;
+    if bytes.len() as u64 > cap {
+        return Err(Refused::TooLarge { size: bytes.len() as u64, cap });
+    }
+    Ok(bytes)
+}
+
+/// Opens `path` read-only inside `/proc/PID/root`, never following a link out of it, a magic
+/// link, or a link at the last component, and never blocking.
+fn open_in_root(pid: Pid, path: &Path) -> io::Result<File> {
+    let root = CString::new(format!("/proc/{pid}/root")).expect("no NUL in a /proc path");
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let dir = unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if dir < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dir` is a descriptor we just opened and own.
+    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    let relative = CString::new(relative.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    // SAFETY: `open_how` is plain integers; all-zero is valid (and what unset fields must be).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 with a live directory descriptor, a NUL-terminated path and an
+    // `open_how` of the size passed; the result is checked.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), relative.as_ptr(), &how, size_of::<libc::open_how>())
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, which we now own.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+fn kind(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => "FIFO",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symbolic link",
+        _ => "special file",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Files in a scratch directory of our own process, read through our own root.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("profiler-untrusted-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn me() -> (Pid, u32) {
+        // SAFETY: getuid has no preconditions.
+        (Pid(std::process::id()), unsafe { libc::getuid() })
+    }
+
+    #[test]
+    fn reads_a_regular_file_its_owner_wrote() {
+        let s = Scratch::new("ok");
+        let (pid, uid) = me();
+        std::fs::write(s.0.join("map"), b"7f00 10 f\n").unwrap();
+        assert_eq!(read_owned(pid, &s.0.join("map"), &[uid], 64).unwrap(), b"7f00 10 f\n");
+        assert!(matches!(read_owned(pid, &s.0.join("map"), &[uid + 1], 64), Err(Refused::WrongOwner { .. })));
+        assert!(matches!(read_owned(pid, &s.0.join("map"), &[uid], 4), Err(Refused::TooLarge { .. })));
+    }
+
+    #[test]
+    fn refuses_fifos_links_and_huge_sparse_files_without_blocking() {
+        let s = Scratch::new("attacks");
+        let (pid, uid) = me();
+        let fifo = CString::new(s.0.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        // Nobody ever writes to it: a blocking open would hang this test forever.
+        let err = read_owned(pid, &s.0.join("fifo"), &[uid], 64 << 20).unwrap_err();
+        assert!(matches!(err, Refused::NotRegular { kind: "FIFO" }), "{err}");
+        std::os::unix::fs::symlink("/dev/zero", s.0.join("zero")).unwrap();
+        assert!(matches!(read_owned(pid, &s.0.join("zero"), &[uid], 64 << 20), Err(Refused::Open(_))));
+        let sparse = File::create(s.0.join("sparse")).unwrap();
+        sparse.set_len(10 << 30).unwrap();
+        let err = read_owned(pid, &s.0.join("sparse"), &[uid], 64 << 20).unwrap_err();
+        assert!(matches!(err, Refused::TooLarge { size, .. } if size == 10 << 30), "{err}");
+    }
+}

@@ -1,0 +1,72 @@
+//! What the daemon holds for processes that come and go: heap probes are released when
+//! their process exits, so a pool of short-lived workers cannot exhaust its descriptors.
+
+use std::time::Duration;
+
+use profiler_tests::daemon::{wait_for, Daemon, DaemonConfig};
+use profiler_tests::{preflight, Fixture, FixtureKind};
+
+use super::{HEAP_SITES, SOON};
+
+/// Heap targets started at once per round.
+const WORKERS: usize = 10;
+const ROUNDS: usize = 3;
+/// What a probed process holds at least: a perf-event descriptor per probe (9 entry and
+/// 8 return probes on glibc, fewer where functions alias).
+const MIN_FDS_PER_TARGET: usize = 8;
+
+/// Ground truth: `ls /proc/DAEMON/fd`. Rounds of 10 heap_sites workers, all matched by the
+/// heap include, attached, then killed: while they run the daemon holds at least 8
+/// descriptors for each (so the count would show a leak), and once they have exited those
+/// are released: the count after each round is the first round's, and dumps go on.
+#[test]
+fn heap_probes_are_released_when_their_process_exits() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&[HEAP_SITES]);
+    config.profiles = vec!["cpu", "heap"];
+    config.heap_include = vec![HEAP_SITES];
+    let daemon = Daemon::start(&config);
+    let mut settled = Vec::new();
+    for round in 0..ROUNDS {
+        let before = fds(daemon.pid());
+        // They allocate after 60 s: long after they are killed; probing is what is tested.
+        let workers: Vec<Fixture> =
+            (0..WORKERS).map(|_| Fixture::spawn_with_args(FixtureKind::HeapSites, &["60", "60"])).collect();
+        let pids: Vec<u64> = workers.iter().map(|w| u64::from(w.pid())).collect();
+        // The daemon looks for new heap targets every 5 s.
+        let attached = wait_for(SOON, || {
+            let probed = heap_processes(&daemon);
+            pids.iter().all(|p| probed.contains(p))
+        });
+        assert!(attached, "round {round}: not every worker was probed: {:#}", daemon.status());
+        let holding = fds(daemon.pid());
+        assert!(
+            holding >= before + WORKERS * MIN_FDS_PER_TARGET,
+            "round {round}: {holding} descriptors with {WORKERS} targets probed, {before} before"
+        );
+        drop(workers);
+        // Every target's descriptors go (the first round keeps the loaded programs').
+        let released = wait_for(SOON, || fds(daemon.pid()) + WORKERS * MIN_FDS_PER_TARGET <= holding);
+        let after = fds(daemon.pid());
+        assert!(released, "round {round}: {after} descriptors after the workers exited, {holding} while probed");
+        settled.push(after);
+    }
+    let (first, last) = (settled[0], settled[ROUNDS - 1]);
+    assert!(last <= first + 2, "descriptors after each round: {settled:?}");
+    let dumps = daemon.status_u64("/output/dumps");
+    assert!(wait_for(Duration::from_secs(10), || daemon.status_u64("/output/dumps") > dumps), "dumps stopped");
+}
+
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+}
+
+fn heap_processes(daemon: &Daemon) -> Vec<u64> {
+    let status = daemon.status();
+    status["programs"]["heap_processes"]
+        .as_array()
+        .map(|pids| pids.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default()
+}
