@@ -27,6 +27,8 @@ pub mod preflight;
 pub mod primitive;
 pub mod procs;
 pub mod profiles;
+#[cfg(test)]
+mod properties;
 pub mod render;
 pub mod resolve;
 pub mod sink;

@@ -76,10 +76,10 @@ fn identity(path: &Path) -> Option<FileIdentity> {
 
 /// One symbol of a JIT's perf map (`START SIZE NAME`, hex).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct PerfMapEntry {
-    start: u64,
-    end: u64,
-    name: String,
+pub(crate) struct PerfMapEntry {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) name: String,
 }
 
 impl Default for Symbolizer {
@@ -222,7 +222,7 @@ fn new_blaze() -> Blaze {
 
 /// Parses a perf map: `START SIZE NAME` per line, hex numbers with or without `0x`; later
 /// lines win for the same start (a JIT reusing memory appends the new symbol).
-fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
+pub(crate) fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
     let mut entries: Vec<PerfMapEntry> = text
         .lines()
@@ -231,7 +231,9 @@ fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
             let start = hex(parts.next()?)?;
             let size = hex(parts.next()?)?;
             let name = parts.next()?.trim().to_string();
-            (size > 0 && !name.is_empty()).then(|| PerfMapEntry { start, end: start.saturating_add(size), name })
+            // A range past the end of the address space is no function.
+            let end = start.checked_add(size)?;
+            (size > 0 && !name.is_empty()).then_some(PerfMapEntry { start, end, name })
         })
         .collect();
     entries.reverse();

@@ -14,6 +14,8 @@ mod registry;
 mod report;
 mod rule;
 mod table;
+#[cfg(test)]
+pub(crate) use table::build as build_table;
 mod unwinder;
 
 #[cfg(test)]
