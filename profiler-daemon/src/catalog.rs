@@ -229,6 +229,14 @@ impl Catalog {
     fn refresh_mappings(&mut self, pid: Pid) {
         let Some(process) = self.processes.get_mut(&pid) else { return };
         let Some(info) = process.info.as_mut() else { return };
+        // An exec may change who the process is (a setuid program): who may see it after it
+        // exits follows what it became.
+        if let Ok(credentials) = procs::read_credentials(pid.0) {
+            if credentials.start_time == info.start_time {
+                info.uid = credentials.uids[0];
+                info.credentials = credentials;
+            }
+        }
         if let Ok(fresh) = procs::read_maps(pid.0) {
             let merged = merge_maps(fresh, &info.maps);
             if merged != info.maps {

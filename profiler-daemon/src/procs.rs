@@ -51,12 +51,15 @@ pub struct ProcessInfo {
     pub exe: Option<PathBuf>,
     /// Executable mappings, sorted by start address.
     pub maps: Vec<MapEntry>,
-    /// Real uid of the owner at first sight (who may see its profiles is decided at query
-    /// time from [`Credentials`]).
+    /// Real uid of the owner at first sight, and after each exec (who may see its profiles is
+    /// decided at query time from [`Credentials`]).
     pub uid: u32,
     /// When it started, in clock ticks since boot (`/proc/PID/stat` field 22): with the
     /// pid, the identity of the process, which a reused pid does not share.
     pub start_time: u64,
+    /// Its credentials when last read (first sight, and each `execve`): what decides who
+    /// may see it once it has exited.
+    pub credentials: Credentials,
     /// The cgroup v2 path (`/system.slice/foo.service`), when readable.
     pub cgroup: Option<String>,
     /// The pid as the process itself sees it (its innermost pid namespace, `NSpid:`): JIT
@@ -111,11 +114,11 @@ pub fn read_process(pid: u32) -> io::Result<ProcessInfo> {
     let name = read_comm(pid)?;
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let maps = read_maps(pid)?;
-    let uid = read_uid(pid)?;
-    let start_time = read_start_time(pid)?;
+    let credentials = read_credentials(pid)?;
+    let (uid, start_time) = (credentials.uids[0], credentials.start_time);
     let cgroup = read_cgroup(pid);
     let ns_pid = read_ns_pid(pid).unwrap_or(pid);
-    Ok(ProcessInfo { pid, name, exe, maps, uid, start_time, cgroup, ns_pid })
+    Ok(ProcessInfo { pid, name, exe, maps, uid, start_time, credentials, cgroup, ns_pid })
 }
 
 /// Who a process is now, for the decision whether a client may see it.
@@ -297,6 +300,7 @@ mod tests {
             maps: parse_maps(MAPS),
             uid: 0,
             start_time: 1,
+            credentials: Credentials { uids: [0; 4], dump_owner: 0, start_time: 1 },
             cgroup: None,
             ns_pid: 1,
         };

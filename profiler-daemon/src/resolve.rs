@@ -183,7 +183,7 @@ pub fn resolve(
     resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     let maps = process.maps();
     let ns_pid = process.info.as_ref().map_or(process.pid.0, |info| info.ns_pid);
-    let owner = Owner { pid: process.pid, ns_pid, uid: process.uid() };
+    let owner = Owner { pid: process.pid, ns_pid, info: process.info.as_ref() };
     let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, sym);
     frames.missing_stacks = missing_stacks;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
@@ -245,7 +245,7 @@ impl LocationTable {
     /// Symbolizes every location, grouped by site, and builds the mapping table.
     fn symbolize(
         self,
-        owner: Owner,
+        owner: Owner<'_>,
         maps: &[MapEntry],
         sym: &mut Symbolizer,
     ) -> (Vec<MappingInfo>, Vec<LocationInfo>, FrameStats, Vec<Refusal>) {
@@ -305,16 +305,29 @@ fn kernel_mapping(addrs: &[u64]) -> MappingInfo {
 
 /// The process whose addresses are resolved, as files it controls are checked against.
 #[derive(Clone, Copy)]
-struct Owner {
+struct Owner<'a> {
     pid: Pid,
     /// The pid it knows itself by (in its pid namespace).
     ns_pid: u32,
-    /// Its real uid, when it was inspected.
-    uid: Option<u32>,
+    /// What was read of it, when it was inspected.
+    info: Option<&'a crate::procs::ProcessInfo>,
+}
+
+impl Owner<'_> {
+    /// The uids a file the process wrote may be owned by: all of its uids now (a JIT that
+    /// dropped privileges writes as its new uid), or as last read once it has exited.
+    fn uids(&self) -> Vec<u32> {
+        let Some(info) = self.info else { return Vec::new() };
+        let live = crate::procs::read_credentials(self.pid.0).ok().filter(|c| c.start_time == info.start_time);
+        let mut uids = live.unwrap_or(info.credentials).uids.to_vec();
+        uids.sort_unstable();
+        uids.dedup();
+        uids
+    }
 }
 
 fn user_site(
-    owner: Owner,
+    owner: Owner<'_>,
     map: &MapEntry,
     addrs: &[u64],
     sym: &mut Symbolizer,
@@ -331,8 +344,7 @@ fn user_site(
         // can have written (a root-owned file there is a link planted by someone else).
         None if map.inode == 0 && !map.path.starts_with('[') => {
             let path = PathBuf::from(format!("/tmp/perf-{}.map", owner.ns_pid));
-            let owners: Vec<u32> = owner.uid.into_iter().collect();
-            sym.perf_map(owner.pid, &path, &owners, addrs).unwrap_or_else(|reason| {
+            sym.perf_map(owner.pid, &path, &owner.uids(), addrs).unwrap_or_else(|reason| {
                 refused.push(reason);
                 vec![Vec::new(); addrs.len()]
             })

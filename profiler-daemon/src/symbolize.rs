@@ -29,6 +29,9 @@ use blazesym::{
 
 /// The largest perf map read: a JIT that names a million functions writes about 64 MiB.
 pub const PERF_MAP_MAX_BYTES: u64 = 64 << 20;
+/// Perf map bytes read between two [`Symbolizer::forget_perf_maps`] (one dump), across
+/// processes: past it, maps are refused, so that many large maps cannot stall a dump.
+pub const PERF_MAP_BUDGET_BYTES: u64 = 256 << 20;
 
 /// One function frame at an address. A location with inlined calls has several frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,9 +60,14 @@ pub struct Symbolizer {
     kernel_blaze: Blaze,
     elf: HashMap<(PathBuf, u64), Frames>,
     kernel: HashMap<u64, Frames>,
-    /// Parsed perf maps (JIT symbols), by path; sorted by start.
-    perf_maps: HashMap<(Pid, PathBuf), Result<Vec<PerfMapEntry>, String>>,
-    /// Perf maps refused since start (not a regular file, not the process's, too large).
+    /// Names found in perf maps (JIT symbols), by (process, map) and address, and the maps
+    /// refused, until [`Symbolizer::forget_perf_maps`]. Only the addresses asked for are
+    /// kept, never a whole map: a map's size is its writer's choice.
+    perf_maps: HashMap<(Pid, PathBuf), Result<HashMap<u64, Frames>, String>>,
+    /// Perf map bytes read since the last `forget_perf_maps`.
+    perf_map_bytes: u64,
+    /// Perf map reads refused since start (not a regular file, not the process's, too
+    /// large, over the budget).
     pub perf_maps_refused: u64,
     /// (device, inode) of the profiler's own executable, symbolized without DWARF.
     own_exe: Option<(u64, u64)>,
@@ -72,14 +80,6 @@ type FileIdentity = (u64, u64, u64, i64);
 
 fn identity(path: &Path) -> Option<FileIdentity> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.size(), m.mtime()))
-}
-
-/// One symbol of a JIT's perf map (`START SIZE NAME`, hex).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PerfMapEntry {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) name: String,
 }
 
 impl Default for Symbolizer {
@@ -98,6 +98,7 @@ impl Symbolizer {
             elf: HashMap::new(),
             kernel: HashMap::new(),
             perf_maps: HashMap::new(),
+            perf_map_bytes: 0,
             perf_maps_refused: 0,
             own_exe,
             build_ids: HashMap::new(),
@@ -134,47 +135,99 @@ impl Symbolizer {
     /// Names JIT code addresses of process `pid` with its perf map at `path` as the process
     /// sees it (`/tmp/perf-PID.map`, the format JITs write for perf), read inside its root as
     /// a file any user controls is (see [`crate::untrusted`]): a regular file owned by one of
-    /// `owners`, at most [`PERF_MAP_MAX_BYTES`]. One result per address, empty when not
-    /// found; `Err` names why the map was refused (a missing map is no refusal). The map is
-    /// read once until [`Symbolizer::forget_perf_maps`]: JITs append, and a dump reads it
-    /// after the samples were taken.
+    /// `owners`, at most [`PERF_MAP_MAX_BYTES`], streamed line by line keeping only the lines
+    /// that name `addrs`. One result per address, empty when not found; `Err` names why the
+    /// map was refused (a missing map is no refusal). Answers hold until
+    /// [`Symbolizer::forget_perf_maps`]: JITs append, and a dump reads after the samples.
     pub fn perf_map(&mut self, pid: Pid, path: &Path, owners: &[u32], addrs: &[u64]) -> Result<Vec<Frames>, String> {
         let key = (pid, path.to_path_buf());
-        if !self.perf_maps.contains_key(&key) {
-            let parsed = match untrusted::read_owned(pid, path, owners, PERF_MAP_MAX_BYTES) {
-                Ok(bytes) => Ok(parse_perf_map(&String::from_utf8_lossy(&bytes))),
-                Err(untrusted::Refused::Open(err)) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-                Err(refused) => {
+        let known = match self.perf_maps.get(&key) {
+            Some(Err(reason)) => return Err(reason.clone()),
+            Some(Ok(known)) => known,
+            None => &HashMap::new(),
+        };
+        let mut missing: Vec<u64> = addrs.iter().copied().filter(|a| !known.contains_key(a)).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            match self.read_perf_map(pid, path, owners, &missing) {
+                Ok(found) => {
+                    if let Ok(known) = self.perf_maps.entry(key.clone()).or_insert_with(|| Ok(HashMap::new())) {
+                        known.extend(found);
+                        // What the map does not name stays unnamed until the next dump.
+                        for &addr in &missing {
+                            known.entry(addr).or_default();
+                        }
+                    }
+                }
+                Err(reason) => {
                     self.perf_maps_refused += 1;
-                    let reason = format!("{} of pid {pid} {}", path.display(), crate::error::chain(&refused));
                     // Not a warning: it recurs every dump, and the profile and /status carry it.
                     tracing::debug!("perf map not read: {reason}");
-                    Err(reason)
+                    self.perf_maps.insert(key, Err(reason.clone()));
+                    return Err(reason);
                 }
-            };
-            self.perf_maps.insert(key.clone(), parsed);
+            }
         }
-        let entries = match &self.perf_maps[&key] {
-            Ok(entries) => entries,
-            Err(reason) => return Err(reason.clone()),
+        let known = match self.perf_maps.get(&key) {
+            Some(Ok(known)) => known,
+            _ => return Ok(vec![Vec::new(); addrs.len()]),
         };
-        Ok(addrs
-            .iter()
-            .map(|&addr| {
-                let i = entries.partition_point(|e| e.start <= addr);
-                match i.checked_sub(1).map(|i| &entries[i]) {
-                    Some(e) if addr < e.end => {
-                        vec![Frame { function: e.name.clone(), file: None, line: 0, offset: addr - e.start }]
-                    }
-                    _ => Vec::new(),
-                }
-            })
+        Ok(addrs.iter().map(|a| known.get(a).cloned().unwrap_or_default()).collect())
+    }
+
+    /// Streams the perf map for the names of `wanted` (sorted, distinct); a later line wins
+    /// for an address two lines cover (a JIT reusing memory appends the new symbol).
+    fn read_perf_map(
+        &mut self,
+        pid: Pid,
+        path: &Path,
+        owners: &[u32],
+        wanted: &[u64],
+    ) -> Result<Vec<(u64, Frames)>, String> {
+        let refused = |what: &dyn std::fmt::Display| format!("{} of pid {pid} {what}", path.display());
+        if self.perf_map_bytes >= PERF_MAP_BUDGET_BYTES {
+            return Err(refused(&format!(
+                "was not read: this dump already read {PERF_MAP_BUDGET_BYTES} bytes of perf maps"
+            )));
+        }
+        let file = match untrusted::open_owned(pid, path, owners, PERF_MAP_MAX_BYTES) {
+            Ok(file) => file,
+            Err(untrusted::Refused::Open(err)) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(refused(&crate::error::chain(&err))),
+        };
+        let mut names: HashMap<u64, (u64, String)> = HashMap::new();
+        let mut reader = std::io::BufReader::new(std::io::Read::take(file, PERF_MAP_MAX_BYTES + 1));
+        let mut line = Vec::new();
+        let mut read = 0u64;
+        loop {
+            line.clear();
+            match std::io::BufRead::read_until(&mut reader, b'\n', &mut line) {
+                Ok(0) => break,
+                Ok(n) => read += n as u64,
+                Err(err) => return Err(refused(&format!("could not be read: {err}"))),
+            }
+            let text = String::from_utf8_lossy(&line);
+            let Some((start, end, name)) = perf_map_line(&text) else { continue };
+            let first = wanted.partition_point(|&a| a < start);
+            for &addr in wanted[first..].iter().take_while(|&&a| a < end) {
+                names.insert(addr, (addr - start, name.to_string()));
+            }
+        }
+        self.perf_map_bytes += read;
+        if read > PERF_MAP_MAX_BYTES {
+            return Err(refused(&format!("grew past the {PERF_MAP_MAX_BYTES}-byte cap while it was read")));
+        }
+        Ok(names
+            .into_iter()
+            .map(|(addr, (offset, function))| (addr, vec![Frame { function, file: None, line: 0, offset }]))
             .collect())
     }
 
     /// Forgets parsed perf maps (they grow while their JIT runs).
     pub fn forget_perf_maps(&mut self) {
         self.perf_maps.clear();
+        self.perf_map_bytes = 0;
     }
 
     /// Symbolizes file offsets in the ELF file at `path`; one result per offset.
@@ -220,26 +273,17 @@ fn new_blaze() -> Blaze {
     Blaze::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build()
 }
 
-/// Parses a perf map: `START SIZE NAME` per line, hex numbers with or without `0x`; later
-/// lines win for the same start (a JIT reusing memory appends the new symbol).
-pub(crate) fn parse_perf_map(text: &str) -> Vec<PerfMapEntry> {
+/// One line of a perf map, `START SIZE NAME` with hex numbers (with or without `0x`), as
+/// (start, end, name); `None` for a line that is not one, or a range past the end of the
+/// address space.
+pub(crate) fn perf_map_line(line: &str) -> Option<(u64, u64, &str)> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    let mut entries: Vec<PerfMapEntry> = text
-        .lines()
-        .filter_map(|line| {
-            let mut parts = line.splitn(3, ' ');
-            let start = hex(parts.next()?)?;
-            let size = hex(parts.next()?)?;
-            let name = parts.next()?.trim().to_string();
-            // A range past the end of the address space is no function.
-            let end = start.checked_add(size)?;
-            (size > 0 && !name.is_empty()).then_some(PerfMapEntry { start, end, name })
-        })
-        .collect();
-    entries.reverse();
-    entries.sort_by_key(|e| e.start);
-    entries.dedup_by_key(|e| e.start);
-    entries
+    let mut parts = line.splitn(3, ' ');
+    let start = hex(parts.next()?)?;
+    let size = hex(parts.next()?)?;
+    let name = parts.next()?.trim();
+    let end = start.checked_add(size)?;
+    (size > 0 && !name.is_empty()).then_some((start, end, name))
 }
 
 /// The file offsets of the named symbols in the ELF file at `path`, in order; `None` for a
@@ -274,18 +318,16 @@ mod perf_map_tests {
 
     #[test]
     fn perf_maps_parse_and_look_up() {
-        let map = parse_perf_map("7f0000001000 40 jit_spin\n0x7f0000002000 0x10 LazyCompile:*foo bar.js:1\nbad line\n7f0000001000 20 jit_spin_v2\n");
-        assert_eq!(map.len(), 2);
-        assert_eq!(map[0].name, "jit_spin_v2", "the later line wins");
-        assert_eq!(map[1].name, "LazyCompile:*foo bar.js:1");
+        let map = "7f0000001000 40 jit_spin\n0x7f0000002000 0x10 LazyCompile:*foo bar.js:1\nbad line\n7f0000001000 20 jit_spin_v2\n";
         let dir = std::env::temp_dir().join(format!("perf-map-test-{}", std::process::id()));
-        std::fs::write(&dir, "7f0000001000 40 jit_spin\n").unwrap();
+        std::fs::write(&dir, map).unwrap();
         let mut sym = Symbolizer::new();
         let (me, uid) = (Pid(std::process::id()), std::fs::metadata(&dir).unwrap().uid());
-        let frames = sym.perf_map(me, &dir, &[uid], &[0x7f0000001010, 0x7f0000001040, 0x10]).unwrap();
-        assert_eq!(frames[0][0].function, "jit_spin");
+        let addrs = [0x7f0000001010, 0x7f0000001030, 0x7f0000002004, 0x7f0000001040, 0x10];
+        let frames = sym.perf_map(me, &dir, &[uid], &addrs).unwrap();
+        let names: Vec<&str> = frames.iter().map(|f| f.first().map_or("", |f| f.function.as_str())).collect();
+        assert_eq!(names, ["jit_spin_v2", "jit_spin", "LazyCompile:*foo bar.js:1", "", ""], "the later line wins");
         assert_eq!(frames[0][0].offset, 0x10);
-        assert!(frames[1].is_empty() && frames[2].is_empty());
         // Not the process's own file: refused, with the reason, once per read.
         let refused = sym.perf_map(me, &dir, &[uid + 1], &[0x7f0000001010]);
         assert!(refused.is_ok(), "the first answer is cached until the maps are forgotten");

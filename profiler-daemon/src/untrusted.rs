@@ -5,10 +5,12 @@
 //! - inside the process's own root (`openat2` from `/proc/PID/root` with `RESOLVE_IN_ROOT`
 //!   and `RESOLVE_NO_MAGICLINKS`), so a container's absolute symlink cannot reach the
 //!   daemon's files;
-//! - without following a symlink at the last component (`O_NOFOLLOW`) and without blocking
-//!   (`O_NONBLOCK`: a FIFO or a stalled device opens at once and is then refused);
+//! - as a path descriptor first (`O_PATH`, `O_NOFOLLOW`): a symlink at the last component,
+//!   a FIFO or a device is seen for what it is without being opened (no driver runs, nothing
+//!   blocks) and refused;
 //! - only a regular file, owned by the process's uid (perf's own rule: a user's process
-//!   can only have written a file it owns), of at most a capped size, read with the cap.
+//!   can only have written a file it owns), of at most a capped size, then opened for
+//!   reading through that descriptor (`O_NONBLOCK`) and read with the cap.
 //!
 //! A refusal says why, for the profile comment that counts it.
 
@@ -18,7 +20,10 @@ use std::{
     io::{self, Read},
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::{ffi::OsStrExt, fs::MetadataExt},
+        unix::{
+            ffi::OsStrExt,
+            fs::{MetadataExt, OpenOptionsExt},
+        },
     },
     path::Path,
 };
@@ -28,7 +33,7 @@ use crate::ids::Pid;
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("cannot be opened inside the process's root without following links")]
+    #[error("cannot be opened inside the process's root")]
     Open(#[source] io::Error),
     #[error("is a {kind}, not a regular file")]
     NotRegular { kind: &'static str },
@@ -36,15 +41,21 @@ pub enum Refused {
     WrongOwner { owner: u32 },
     #[error("is {size} bytes, over the {cap}-byte cap")]
     TooLarge { size: u64, cap: u64 },
+    #[error("changed while it was opened")]
+    Replaced,
     #[error("could not be read")]
     Read(#[source] io::Error),
 }
 
-/// Reads `path` (absolute, as the process sees it) from process `pid`'s root: a regular file
-/// owned by one of `owners`, at most `cap` bytes.
-pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Refused> {
-    let file = open_in_root(pid, path).map_err(Refused::Open)?;
-    let meta = file.metadata().map_err(Refused::Read)?;
+/// Opens `path` (absolute, as the process sees it) in process `pid`'s root for reading, if
+/// it is a regular file owned by one of `owners` of at most `cap` bytes. The checks are made
+/// on a path descriptor (`O_PATH`), before anything is opened for reading: opening a device
+/// runs its driver, whatever the flags. The file may still grow afterwards: read it with
+/// `take(cap + 1)`.
+pub fn open_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<File, Refused> {
+    // A `File` only to `fstat` it: an `O_PATH` descriptor can do no more.
+    let handle = File::from(open_path_in_root(pid, path).map_err(Refused::Open)?);
+    let meta = handle.metadata().map_err(Refused::Read)?;
     if !meta.file_type().is_file() {
         return Err(Refused::NotRegular { kind: kind(meta.mode()) });
     }
@@ -54,8 +65,23 @@ pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec
     if meta.size() > cap {
         return Err(Refused::TooLarge { size: meta.size(), cap });
     }
-    // The file may grow while it is read (a JIT appends): the cap holds for the read too.
-    let mut bytes = Vec::with_capacity(meta.size() as usize);
+    // Through our own descriptor's magic link: the same inode, now for reading.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(Refused::Open)?;
+    let reopened = file.metadata().map_err(Refused::Read)?;
+    if (reopened.dev(), reopened.ino()) != (meta.dev(), meta.ino()) {
+        return Err(Refused::Replaced);
+    }
+    Ok(file)
+}
+
+/// Reads all of such a file (see [`open_owned`]), at most `cap` bytes.
+pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Refused> {
+    let file = open_owned(pid, path, owners, cap)?;
+    let mut bytes = Vec::new();
     file.take(cap + 1).read_to_end(&mut bytes).map_err(Refused::Read)?;
     if bytes.len() as u64 > cap {
         return Err(Refused::TooLarge { size: bytes.len() as u64, cap });
@@ -63,9 +89,9 @@ pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec
     Ok(bytes)
 }
 
-/// Opens `path` read-only inside `/proc/PID/root`, never following a link out of it, a magic
-/// link, or a link at the last component, and never blocking.
-fn open_in_root(pid: Pid, path: &Path) -> io::Result<File> {
+/// A path descriptor (`O_PATH`) of `path` inside `/proc/PID/root`, never following a link
+/// out of it, a magic link, or a link at the last component (which it then names itself).
+fn open_path_in_root(pid: Pid, path: &Path) -> io::Result<OwnedFd> {
     let root = CString::new(format!("/proc/{pid}/root")).expect("no NUL in a /proc path");
     // SAFETY: a valid NUL-terminated path; the result is checked.
     let dir = unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
@@ -79,7 +105,7 @@ fn open_in_root(pid: Pid, path: &Path) -> io::Result<File> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
     // SAFETY: `open_how` is plain integers; all-zero is valid (and what unset fields must be).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    how.flags = (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: openat2 with a live directory descriptor, a NUL-terminated path and an
     // `open_how` of the size passed; the result is checked.
@@ -90,7 +116,7 @@ fn open_in_root(pid: Pid, path: &Path) -> io::Result<File> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel returned a new descriptor, which we now own.
-    Ok(unsafe { File::from_raw_fd(fd as i32) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 fn kind(mode: u32) -> &'static str {
@@ -153,7 +179,11 @@ mod tests {
         let err = read_owned(pid, &s.0.join("fifo"), &[uid], 64 << 20).unwrap_err();
         assert!(matches!(err, Refused::NotRegular { kind: "FIFO" }), "{err}");
         std::os::unix::fs::symlink("/dev/zero", s.0.join("zero")).unwrap();
-        assert!(matches!(read_owned(pid, &s.0.join("zero"), &[uid], 64 << 20), Err(Refused::Open(_))));
+        let err = read_owned(pid, &s.0.join("zero"), &[uid], 64 << 20).unwrap_err();
+        assert!(matches!(err, Refused::NotRegular { kind: "symbolic link" }), "{err}");
+        // A device, reached without a link (a bind mount, a container's mknod): never opened.
+        let err = read_owned(Pid(std::process::id()), Path::new("/dev/null"), &[0], 64).unwrap_err();
+        assert!(matches!(err, Refused::NotRegular { kind: "character device" }), "{err}");
         let sparse = File::create(s.0.join("sparse")).unwrap();
         sparse.set_len(10 << 30).unwrap();
         let err = read_owned(pid, &s.0.join("sparse"), &[uid], 64 << 20).unwrap_err();

@@ -41,6 +41,8 @@ const MAX_STACKS: usize = 200_000;
 const MAX_WINDOWS: usize = 16;
 /// Of those, the ones one uid other than root may have open; more get a 429.
 const MAX_WINDOWS_PER_UID: usize = 4;
+/// Of those, the ones only root may open, so that other users cannot lock root out.
+const ROOT_WINDOWS: usize = 4;
 /// Capacity of the live heap block map.
 const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
 /// Resident memory above which the symbolizer's open files are closed after a dump (their
@@ -411,6 +413,16 @@ impl Collector {
             }
             Some(_)
                 if query.viewer != Viewer::ROOT
+                    && self.windows.iter().filter(|w| w.query.viewer != Viewer::ROOT).count()
+                        >= MAX_WINDOWS - ROOT_WINDOWS =>
+            {
+                let _ = reply.send(Err(QueryError::Unavailable(format!(
+                    "{} profile captures of other users are already running; retry later",
+                    MAX_WINDOWS - ROOT_WINDOWS
+                ))));
+            }
+            Some(_)
+                if query.viewer != Viewer::ROOT
                     && self.windows.iter().filter(|w| w.query.viewer == query.viewer).count()
                         >= MAX_WINDOWS_PER_UID =>
             {
@@ -470,6 +482,8 @@ impl Collector {
 
     /// Answers the windows whose time is up.
     fn finish_windows(&mut self) {
+        // A client that hung up needs no answer, and must not hold a window until its end.
+        self.windows.retain(|w| !w.reply.is_closed());
         let now = Instant::now();
         let (due, waiting): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.windows).into_iter().partition(|w| w.deadline <= now);

@@ -18,16 +18,20 @@ pub type CredentialsNow<'a> = dyn FnMut(Pid) -> Option<Credentials> + 'a;
 
 /// Whether `viewer` may see `process` now. Root sees every process. Any other uid sees only
 /// one it could ptrace: every uid of it (real, effective, saved, file system) is the
-/// viewer's and it is dumpable, as read `now`, not at first sight (a setuid program, or
-/// one that changed uid in place, is not its invoker's to see); and it is still the
-/// process first seen at this pid (same start time), not a newcomer on a reused pid.
+/// viewer's and it is dumpable, as read `now` while it lives, not at first sight (a setuid
+/// program, or one that changed uid in place, is not its invoker's to see). A process that
+/// has exited (or whose pid now belongs to a newcomer, with another start time) is judged
+/// by the credentials it last had as read by the catalogue (at first sight and each exec).
 /// Credentials are read only for a process first seen as the viewer's.
 pub fn visible(viewer: Viewer, process: &KnownProcess, now: &mut CredentialsNow<'_>) -> bool {
     if viewer == Viewer::ROOT {
         return true;
     }
     let Some(info) = process.info.as_ref().filter(|info| info.uid == viewer.uid) else { return false };
-    now(process.pid).is_some_and(|creds| creds.start_time == info.start_time && creds.all_of(viewer.uid))
+    match now(process.pid).filter(|creds| creds.start_time == info.start_time) {
+        Some(live) => live.all_of(viewer.uid),
+        None => info.credentials.all_of(viewer.uid),
+    }
 }
 
 /// What the daemon serves now: the kinds enabled in the configuration whose programs are
@@ -346,6 +350,7 @@ mod tests {
             maps: Vec::new(),
             uid,
             start_time,
+            credentials: Credentials { uids: [uid; 4], dump_owner: uid, start_time },
             cgroup: None,
             ns_pid: 7,
         };
@@ -362,11 +367,15 @@ mod tests {
         let sees = |viewer, now: Option<Credentials>| visible(viewer, &process, &mut |_| now);
         assert!(sees(Viewer::ROOT, None), "root sees everything");
         assert!(sees(owner, Some(creds([uid; 4], uid, start_time))));
-        assert!(!sees(owner, None), "gone, or unreadable");
+        assert!(sees(owner, None), "exited: as it last was, the owner's");
+        assert!(sees(owner, Some(creds([0; 4], 0, start_time + 1))), "a newcomer on the pid: as it last was");
         assert!(!sees(Viewer { uid: 1001 }, Some(creds([1001; 4], 1001, start_time))), "first seen as 1000's");
         assert!(!sees(owner, Some(creds([uid, 0, 0, 0], 0, start_time))), "setuid: euid 0, not dumpable");
         assert!(!sees(owner, Some(creds([uid, uid, 0, uid], uid, start_time))), "saved uid root");
         assert!(!sees(owner, Some(creds([uid; 4], 0, start_time))), "not dumpable");
-        assert!(!sees(owner, Some(creds([uid; 4], uid, start_time + 1))), "a reused pid");
+        // Exited after an exec made it setuid root: as it last was, not the owner's.
+        let mut setuid = process.clone();
+        setuid.info.as_mut().unwrap().credentials = creds([uid, 0, 0, 0], 0, start_time);
+        assert!(!visible(owner, &setuid, &mut |_| None), "exited setuid");
     }
 }

@@ -130,15 +130,13 @@ pub(super) fn attach(ebpf: &mut Ebpf, target: &HeapTarget) -> Result<(HeapAttach
             continue;
         }
         let at = || UProbeAttachLocation::AbsoluteOffset(offset);
-        let attached = uprobe(ebpf, entry)?.attach(at(), &target.path, scope);
-        match attached {
-            Ok(link) => links.push((entry, link)),
-            Err(e) => return Err(undo(ebpf, links, attach_error(pid, function, e))),
-        }
-        if function != "free" {
-            match uprobe(ebpf, programs::ALLOC_EXIT)?.attach(at(), &target.path, scope) {
-                Ok(link) => links.push((programs::ALLOC_EXIT, link)),
-                Err(e) => return Err(undo(ebpf, links, attach_error(pid, function, e))),
+        let programs = [Some(entry), (function != "free").then_some(programs::ALLOC_EXIT)];
+        for program in programs.into_iter().flatten() {
+            let attached = uprobe(ebpf, program)
+                .and_then(|p| p.attach(at(), &target.path, scope).map_err(|e| attach_error(pid, function, e)));
+            match attached {
+                Ok(link) => links.push((program, link)),
+                Err(err) => return Err(undo(ebpf, links, err)),
             }
         }
         probed.push(offset);

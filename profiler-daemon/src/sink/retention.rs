@@ -1,9 +1,9 @@
 //! Deleting old profiles so the output directory stays within `[retention]`: profiles older
 //! than `max_age` go first, then the oldest until the directory fits in `max_total_bytes` and
 //! the file system has `min_free_bytes` free. Free space is the one limit another writer can
-//! break: for it alone, the profiles of the last [`FREE_SPACE_FLOOR`] are never deleted (the
-//! writer skips new profiles instead), so a disk filled by someone else cannot make the
-//! daemon delete every profile it has.
+//! break: for it alone, the profiles written within [`FREE_SPACE_FLOOR`] of the newest one
+//! are never deleted (the writer skips new profiles instead, so the newest stays put), and a
+//! disk filled by someone else, for however long, cannot make the daemon delete them all.
 //!
 //! Owns: listing `DIR/<name>-<pid>/*.pb.gz`, choosing what to delete, deleting it, and
 //! removing the per-process directories that deletion emptied. Does not own writing profiles
@@ -28,8 +28,8 @@ use crate::{config::Retention, units::format_bytes};
 /// The suffix of every profile file; anything else in the directory is left alone.
 const PROFILE_SUFFIX: &str = ".pb.gz";
 
-/// Profiles younger than this are never deleted to make free space: only `max_age` and
-/// `max_total_bytes`, which bound the profiler's own use, may delete them.
+/// Profiles written within this of the newest are never deleted to make free space: only
+/// `max_age` and `max_total_bytes`, which bound the profiler's own use, may delete them.
 pub const FREE_SPACE_FLOOR: Duration = Duration::from_secs(3600);
 
 /// What one [`enforce`] pass did.
@@ -44,8 +44,8 @@ pub struct RetentionReport {
     pub remaining_bytes: u64,
     /// Per-process directories removed because the pass emptied them.
     pub removed_dirs: u64,
-    /// Whether free space stayed below `min_free_bytes` with only profiles younger than
-    /// [`FREE_SPACE_FLOOR`] left to delete (the space is someone else's to free).
+    /// Whether free space stayed below `min_free_bytes` with only the profiles within
+    /// [`FREE_SPACE_FLOOR`] of the newest left to delete (the space is someone else's to free).
     pub kept_for_floor: bool,
     /// Failures (listing, deleting, reading free space); the pass went on after each.
     pub errors: u64,
@@ -95,7 +95,7 @@ pub fn enforce(dir: &Path, policy: &Retention, now: SystemTime) -> RetentionRepo
     profiles.sort();
     let mut touched_dirs = BTreeSet::new();
     let kept = delete_expired(profiles, policy.max_age, now, &mut report, &mut touched_dirs);
-    let kept = delete_oldest_over_limits(kept, dir, policy, now, &mut report, &mut touched_dirs);
+    let kept = delete_oldest_over_limits(kept, dir, policy, &mut report, &mut touched_dirs);
     report.remaining_files = kept.len() as u64;
     report.remaining_bytes = kept.iter().map(|profile| profile.bytes).sum();
     remove_emptied_dirs(&touched_dirs, &mut report);
@@ -215,22 +215,23 @@ fn delete_expired(
 /// counts towards the total, so newer files may go in its place: the limits are what the
 /// operator asked for. Deleting only ever helps, so the first file that may stay ends the
 /// pass (and free space is not asked about once per remaining file). For free space alone,
-/// a profile younger than [`FREE_SPACE_FLOOR`] also ends the pass.
+/// a profile within [`FREE_SPACE_FLOOR`] of the newest also ends the pass.
 fn delete_oldest_over_limits(
     profiles: Vec<ProfileFile>,
     dir: &Path,
     policy: &Retention,
-    now: SystemTime,
     report: &mut RetentionReport,
     touched_dirs: &mut BTreeSet<PathBuf>,
 ) -> Vec<ProfileFile> {
+    let newest = profiles.last().map(|profile| profile.modified);
     let mut total: u64 = profiles.iter().map(|profile| profile.bytes).sum();
     let mut free_space = FreeSpace::new(dir, policy.min_free_bytes);
     let mut kept = Vec::with_capacity(profiles.len());
     let mut oldest_first = profiles.into_iter();
     for profile in oldest_first.by_ref() {
         if total <= policy.max_total_bytes {
-            let young = now.duration_since(profile.modified).unwrap_or(Duration::ZERO) < FREE_SPACE_FLOOR;
+            let age = newest.and_then(|newest| newest.duration_since(profile.modified).ok()).unwrap_or_default();
+            let young = age < FREE_SPACE_FLOOR;
             let low = free_space.is_low(report);
             if !low || young {
                 report.kept_for_floor = low;
@@ -433,15 +434,19 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_free_space_floor_keeps_the_last_hour() {
+    fn an_unreachable_free_space_floor_keeps_the_last_hour_before_the_newest() {
+        // Nothing was written for a day (space has been low since): the hour before the
+        // newest profile stays however long that lasts.
         let out = OutputDir::new("free");
-        let recent = out.file("a-1/cpu-2.pb.gz", 10, HOUR - Duration::from_secs(60));
-        out.file("a-1/cpu-1.pb.gz", 10, HOUR + Duration::from_secs(60));
-        out.file("b-2/cpu-1.pb.gz", 10, 2 * HOUR);
+        let recent = out.file("a-1/cpu-2.pb.gz", 10, DAY + HOUR - Duration::from_secs(60));
+        out.file("a-1/cpu-1.pb.gz", 10, DAY + HOUR + Duration::from_secs(60));
+        out.file("b-2/cpu-1.pb.gz", 10, DAY + 2 * HOUR);
+        out.file("b-2/cpu-2.pb.gz", 10, DAY);
         let floor = Retention { max_age: 7 * DAY, max_total_bytes: 1 << 30, min_free_bytes: u64::MAX };
         let report = out.enforce(&floor);
-        assert_eq!((report.deleted_files, report.remaining_files, report.removed_dirs), (2, 1, 1), "{report:?}");
+        assert_eq!((report.deleted_files, report.remaining_files, report.removed_dirs), (2, 2, 0), "{report:?}");
         assert!(report.kept_for_floor && recent.exists(), "{report:?}");
+        assert_eq!(out.enforce(&floor).deleted_files, 0, "the next pass deletes nothing more");
         // The operator's own size limit still applies to young files.
         let size = Retention { max_age: 7 * DAY, max_total_bytes: 5, min_free_bytes: u64::MAX };
         assert_eq!(out.enforce(&size).remaining_files, 0);

@@ -21,9 +21,8 @@ const WINDOWS_PER_UID: usize = 4;
 /// The server's write timeout, plus time for the collector to answer the backlog.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Opens `connections` connections to `socket` as nobody (group nogroup: a member of the
-/// socket's group), writes `requests` pipelined `GET /status` on each without reading,
-/// prints `opened N` (those the server did not close at once) and then holds them.
+/// Opens `connections` connections to `socket`, writes `requests` pipelined `GET /status`
+/// on each without reading, prints `opened N` and then holds them.
 const FLOODER: &str = r#"
 import socket, sys, time
 path, n, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -42,12 +41,14 @@ print("opened", len(held), flush=True)
 time.sleep(300)
 "#;
 
-/// Ground truth: nobody holds 32 connections (the server's total) stuffed with 5000
-/// pipelined requests each and reads nothing. Root's `/status` still answers within 2 s
-/// (slots are reserved for root, and a uid has 8); the connections over nobody's share are
-/// refused (429, counted), and the stalled ones are closed by the write timeout (counted).
-/// Before that, nobody asks for 5 captures of its own process at once: 4 run, the fifth
-/// gets 429.
+/// Ground truth: four uids of the socket's group (nobody and three without a name, all in
+/// group nogroup) open 12 + 8 + 8 + 8 connections, more than the server's 32 slots, each
+/// stuffed with 5000 pipelined requests, and read nothing. Root's `/status` still answers
+/// within 2 s (4 slots are root's alone); the first uid's 4 connections over its share of 8
+/// are refused (429), 4 more find no slot left to other users (503), both counted; the
+/// stalled ones are closed by the write timeout (counted), after which nobody is served
+/// again. Before that, nobody asks for 5 captures of its own process at once: 4 run, the
+/// fifth gets 429.
 #[test]
 fn a_flooding_client_cannot_take_the_socket() {
     if !preflight() {
@@ -75,8 +76,9 @@ fn a_flooding_client_cannot_take_the_socket() {
     assert_eq!(statuses, [vec![200; WINDOWS_PER_UID], vec![429]].concat(), "5 captures at once as nobody");
     assert_eq!(daemon.status_u64("/refused/windows_over_uid_share"), 1);
 
-    let mut flooder = Flooder::start(daemon.socket(), 32, 5000);
-    assert!(flooder.opened <= 32);
+    let flooders: Vec<Flooder> = [(65534, 12), (65533, 8), (65532, 8), (65531, 8)]
+        .map(|(uid, n)| Flooder::start(daemon.socket(), uid, n, 5000))
+        .into();
     for round in 0..5 {
         let started = Instant::now();
         let status = curl(daemon.socket(), "/status", false);
@@ -85,33 +87,35 @@ fn a_flooding_client_cannot_take_the_socket() {
         assert!(took < ANSWER_WITHIN, "round {round}: root's /status took {took:?} under the flood");
     }
     let over_share = daemon.status_u64("/refused/socket/connections_over_uid_share");
-    assert!(over_share >= (32 - CONNECTIONS_PER_UID) as u64, "{over_share} connections refused over nobody's share");
+    assert_eq!(over_share, (12 - CONNECTIONS_PER_UID) as u64, "connections refused over nobody's share");
+    let busy = wait_for(SOON, || daemon.status_u64("/refused/socket/connections_busy") >= 4);
+    assert!(busy, "the others' share of slots did not run out: {:#}", daemon.status());
     let closed = wait_for(WRITE_TIMEOUT + SOON, || daemon.status_u64("/refused/socket/write_timeouts") > 0);
     assert!(closed, "no stalled connection was closed: {:#}", daemon.status());
     // With its stalled connections gone, nobody is served again.
     let again = wait_for(SOON, || curl(daemon.socket(), "/status", true).status == 200);
     assert!(again, "nobody is never served again after its connections were closed");
-    flooder.stop();
+    drop(flooders);
 }
 
 struct Flooder {
     child: Child,
-    opened: usize,
 }
 
 impl Flooder {
-    fn start(socket: &std::path::Path, connections: usize, requests: usize) -> Self {
+    /// Runs [`FLOODER`] as `uid`, in group nogroup (65534) only.
+    fn start(socket: &std::path::Path, uid: u32, connections: usize, requests: usize) -> Self {
         let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--groups=65534", "--", "/usr/bin/python3", "-c", FLOODER])
+        cmd.arg(format!("--reuid={uid}"))
+            .args(["--regid=65534", "--groups=65534", "--", "/usr/bin/python3", "-c", FLOODER])
             .arg(socket)
             .args([connections.to_string(), requests.to_string()])
             .stdout(Stdio::piped());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("failed to start {cmd:?}: {e}"));
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let opened = line.trim().strip_prefix("opened ").and_then(|n| n.parse().ok());
-        let opened = opened.unwrap_or_else(|| panic!("the flooder printed {line:?}"));
-        Self { child, opened }
+        assert!(line.starts_with("opened "), "the flooder as uid {uid} printed {line:?}");
+        Self { child }
     }
 
     fn stop(&mut self) {

@@ -16,8 +16,9 @@ use super::{new_files, FIXTURE_S};
 const NOBODY: u32 = 65534;
 /// What the daemon may take to answer `/status` while a planted file waits to be read.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
-/// Far above the daemon's steady ~50 MiB, far below the 10 GiB a sparse file offers.
-const MAX_RSS_KIB: u64 = 512 << 10;
+/// Above the daemon's steady ~50 MiB and a perf map read's buffers, below what a dense
+/// 60 MiB map parsed whole (~500 MiB) or a sparse 10 GiB file would take.
+const MAX_RSS_KIB: u64 = 200 << 10;
 
 /// Ground truth: jit_spin, run as nobody and writing no perf map of its own, spends its time
 /// in code only a perf map can name. Planted in turn at its `/tmp/perf-PID.map`:
@@ -28,10 +29,12 @@ const MAX_RSS_KIB: u64 = 512 << 10;
 /// - a symbolic link to, and then a hard link of, a root-only file that names the code
 ///   `leaked_secret` (a hard link like that is what `fs.protected_hardlinks=0` allows): a
 ///   daemon that read it would show root's file to the process's owner;
+/// - `/dev/null` bind-mounted over it (a device's driver must not run);
 ///
 /// each is refused: the profile's comment names the file and why, `/status` counts it and
 /// answers within a second, the dumps go on, and the daemon's memory stays bounded. Then a
-/// valid map of nobody's names the code `jit_spin`, so the reader does work.
+/// valid but dense 60 MiB map of nobody's names the code `jit_spin` with the memory still
+/// bounded, so the reader does work.
 #[test]
 fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
     if !preflight() {
@@ -51,15 +54,19 @@ fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
     std::fs::write(&secret, format!("{code:x} {length:x} leaked_secret\n")).unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
 
-    let plants: [(&str, &Plant<'_>, &str); 5] = [
+    let plants: [(&str, &Plant<'_>, &str); 6] = [
         ("a FIFO", &|p| mkfifo(p), "is a FIFO, not a regular file"),
-        ("a link to /dev/zero", &|p| symlink("/dev/zero", p).unwrap(), "without following links"),
+        ("a link to /dev/zero", &|p| symlink("/dev/zero", p).unwrap(), "is a symbolic link, not a regular file"),
         ("a 10 GiB sparse file", &|p| sparse(p, 10 << 30), "over the 67108864-byte cap"),
-        ("a link to a root-only file", &|p| symlink(&secret, p).unwrap(), "without following links"),
+        ("a link to a root-only file", &|p| symlink(&secret, p).unwrap(), "is a symbolic link, not a regular file"),
         ("a hard link of a root-only file", &|p| std::fs::hard_link(&secret, p).unwrap(), "owned by uid 0"),
+        // What a user namespace's bind mount (or a container's mknod) puts there: a device,
+        // whose driver must not even be opened.
+        ("/dev/null bound over it", &|p| bind_device(p), "is a character device, not a regular file"),
     ];
     let mut refused_before = daemon.status_u64("/refused/perf_maps");
     for (what, plant, why) in plants {
+        unbind(&map);
         let _ = std::fs::remove_file(&map);
         plant(&map);
         let profile = profile_after_plant(&daemon, &fixture);
@@ -79,10 +86,23 @@ fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
         assert!(rss < MAX_RSS_KIB, "{what}: the daemon's RSS is {rss} KiB");
     }
 
+    unbind(&map);
     let _ = std::fs::remove_file(&map);
-    std::fs::write(&map, format!("{code:x} {length:x} jit_spin\n")).unwrap();
+    // Under the cap but dense: 60 MiB of a million one-byte functions elsewhere, then the
+    // code's own line. Read as a stream keeping only the addresses sampled, it costs no
+    // memory to speak of (parsed whole, it would take several hundred MiB).
+    let mut text = String::with_capacity(61 << 20);
+    let mut n: u64 = 0x1000;
+    while text.len() < 60 << 20 {
+        text.push_str(&format!("{n:x} 1 f\n"));
+        n += 2;
+    }
+    text.push_str(&format!("{code:x} {length:x} jit_spin\n"));
+    std::fs::write(&map, text).unwrap();
     std::os::unix::fs::chown(&map, Some(NOBODY), Some(NOBODY)).unwrap();
     let profile = profile_after_plant(&daemon, &fixture);
+    let rss = rss_kib(daemon.pid());
+    assert!(rss < MAX_RSS_KIB, "a dense 60 MiB perf map: the daemon's RSS is {rss} KiB");
     // Nearly all its time is in the generated code; half is far below that, far above 0.
     let named = profile.fraction_where("samples", |s| s.leaf_is("jit_spin"));
     assert!(named > 0.5, "nobody's own perf map named {named:.2} of the samples: {:?}", profile.function_names());
@@ -107,6 +127,17 @@ fn mkfifo(path: &Path) {
     std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
 }
 
+fn bind_device(path: &Path) {
+    std::fs::write(path, "").unwrap();
+    let status = std::process::Command::new("mount").arg("--bind").arg("/dev/null").arg(path).status().unwrap();
+    assert!(status.success(), "mount --bind /dev/null {}", path.display());
+}
+
+/// Undoes [`bind_device`], if it was done (a failure means nothing was mounted there).
+fn unbind(path: &Path) {
+    let _ = std::process::Command::new("umount").arg(path).stderr(std::process::Stdio::null()).status();
+}
+
 fn sparse(path: &Path, len: u64) {
     std::fs::File::create(path).unwrap().set_len(len).unwrap();
     std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -123,6 +154,7 @@ struct Remove(std::path::PathBuf);
 
 impl Drop for Remove {
     fn drop(&mut self) {
+        unbind(&self.0);
         let _ = std::fs::remove_file(&self.0);
     }
 }
