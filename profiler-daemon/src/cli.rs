@@ -28,9 +28,23 @@ pub enum Command {
     /// List the processes the running daemon profiles, with their units or containers and
     /// events per profile type since it started.
     Ps(ClientArgs),
+    /// Draw a pprof profile (any type, from this profiler or not) as a flame graph SVG.
+    Flamegraph(FlamegraphArgs),
     /// Build the unwind tables of ELF files and report their size, build time and the CFI
     /// they cannot express (a diagnostic: why a binary's stacks stop early).
     UnwindTable(UnwindTableArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FlamegraphArgs {
+    /// A pprof profile, gzipped or not (`cpu.pb.gz`).
+    pub file: PathBuf,
+    /// The sample type to draw (e.g. cpu, alloc_space, delay) [default: the profile's default].
+    #[arg(long = "sample-index", value_name = "NAME")]
+    pub sample_index: Option<String>,
+    /// Where to write the SVG [default: next to FILE, `.pb.gz` replaced by `.svg`].
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -105,6 +119,9 @@ pub struct SnapshotArgs {
     #[arg(long = "heap-max-live", default_value_t = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
     pub heap_max_live: u32,
+    /// Also write `<type>.svg`, a flame graph, next to each `<type>.pb.gz`.
+    #[arg(long)]
+    pub flamegraph: bool,
     /// Enable kernel BPF run-time statistics and print the CPU program's cost on exit
     /// (`bpf-stats: program=... run_count=N run_time_ns=T`), for benchmarks.
     #[arg(long, hide = true)]

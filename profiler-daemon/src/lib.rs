@@ -20,6 +20,7 @@ pub mod control;
 pub mod daemon;
 pub mod ebpf;
 pub mod error;
+pub mod flame;
 pub mod ids;
 pub mod output;
 pub mod pprof;

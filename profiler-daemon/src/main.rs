@@ -18,6 +18,9 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => print(profiler_daemon::config::check(&args.file)),
         Command::Status(args) => print(profiler_daemon::client::status(&args.socket, args.json)),
         Command::Ps(args) => print(profiler_daemon::client::ps(&args.socket, args.json)),
+        Command::Flamegraph(args) => {
+            print(profiler_daemon::flame::draw_file(&args.file, args.sample_index.as_deref(), args.output.as_deref()))
+        }
         Command::UnwindTable(args) => print(profiler_daemon::unwind::report(&args.files)),
     };
     match result {

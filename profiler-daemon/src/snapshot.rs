@@ -163,6 +163,9 @@ fn write(
             let rendered =
                 renderer.render(process, counts.process(pid).unwrap_or(&empty), View::of(kind), notes, &mut sym);
             let path = files.put(&rendered).map_err(SnapshotError::Setup)?;
+            if args.flamegraph {
+                files.put_flamegraph(&rendered).map_err(SnapshotError::Setup)?;
+            }
             written.push(Written {
                 kind,
                 pid,

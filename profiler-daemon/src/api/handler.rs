@@ -30,6 +30,7 @@ const TEXT: &str = "text/plain; charset=utf-8";
 const HTML: &str = "text/html; charset=utf-8";
 const JSON: &str = "application/json";
 const PROTO: &str = "application/octet-stream";
+const SVG: &str = "image/svg+xml";
 
 /// Answers one request from `viewer`. `slack` is how long the collector may take beyond the
 /// requested window before the client gets a 503 instead of waiting forever.
@@ -91,6 +92,18 @@ async fn dispatch(
         ApiRequest::Named { view, pid, seconds, debug } => {
             ProfileQuery { viewer, pid, view, window: seconds.map(secs), text: debug }
         }
+        ApiRequest::Flamegraph { view, pid, seconds } => {
+            let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), text: false };
+            let body = collector.profile(query).await?;
+            let title = format!("pid {pid} {}", view.endpoint());
+            return Ok(match crate::flame::svg_of_pprof(&body.bytes, "the profile", None, &title) {
+                Ok(svg) => response(StatusCode::OK, SVG, svg),
+                Err(err @ crate::flame::FlameError::Empty(_)) => {
+                    text(StatusCode::NOT_FOUND, page::error_body(&err.to_string()))
+                }
+                Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, page::error_body(&crate::error::chain(&err))),
+            });
+        }
     };
     let (view, pid) = (query.view, query.pid);
     Ok(profile(view, pid, collector.profile(query).await?))
@@ -99,7 +112,7 @@ async fn dispatch(
 fn window(request: ApiRequest) -> Option<Duration> {
     match request {
         ApiRequest::Profile { seconds, .. } => Some(secs(seconds)),
-        ApiRequest::Named { seconds, .. } => seconds.map(secs),
+        ApiRequest::Named { seconds, .. } | ApiRequest::Flamegraph { seconds, .. } => seconds.map(secs),
         ApiRequest::Index { .. } | ApiRequest::Processes | ApiRequest::Status => None,
     }
 }

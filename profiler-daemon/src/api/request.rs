@@ -44,6 +44,10 @@ pub enum ApiRequest {
         /// Go's legacy text form instead of gzipped protobuf.
         debug: bool,
     },
+    /// `GET /debug/pprof/flamegraph?pid=P[&type=T][&seconds=S]`: a profile of type `T` (an
+    /// endpoint's name: profile, heap, allocs, block, mutex, threadcreate; default profile)
+    /// drawn as an SVG flame graph. `seconds` as for that endpoint (profile: default 30).
+    Flamegraph { view: View, pid: Pid, seconds: Option<u64> },
     /// `GET /status`: the daemon's health as JSON.
     Status,
 }
@@ -87,6 +91,7 @@ enum Route {
     Status,
     Cpu,
     Named(View),
+    Flamegraph,
 }
 
 impl ApiRequest {
@@ -108,6 +113,7 @@ impl ApiRequest {
             Route::Status => params.only(path, &[]).map(|()| Self::Status).map_err(Into::into),
             Route::Cpu => cpu(path, &params),
             Route::Named(kind) => named(path, kind, &params),
+            Route::Flamegraph => flamegraph(path, &params),
         }
     }
 }
@@ -123,6 +129,9 @@ fn route(path: &str) -> Result<Route, BadRequest> {
         return Ok(Route::Index);
     }
     let name = path.strip_prefix(PPROF_PREFIX).unwrap_or_default();
+    if name == "flamegraph" {
+        return Ok(Route::Flamegraph);
+    }
     match View::at_endpoint(name) {
         Some(view) if view.kind == ProfileKind::Cpu => Ok(Route::Cpu),
         Some(view) => Ok(Route::Named(view)),
@@ -147,6 +156,21 @@ fn named(path: &str, view: View, params: &Params) -> Result<ApiRequest, BadReque
         Some(other) => return Err(BadRequest::bad(format!("debug must be 0 or 1, got {other:?}"))),
     };
     Ok(ApiRequest::Named { view, pid, seconds, debug })
+}
+
+fn flamegraph(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
+    params.only(path, &["pid", "type", "seconds"])?;
+    let pid = pid(params)?;
+    let name = params.get("type").unwrap_or("profile");
+    let view = View::at_endpoint(name).ok_or_else(|| {
+        let names: Vec<&str> = View::ALL.iter().map(|v| v.endpoint()).collect();
+        BadRequest::bad(format!("type must be one of {}, got {name:?}", names.join(", ")))
+    })?;
+    let seconds = match (seconds(params)?, view.kind) {
+        (None, ProfileKind::Cpu) => Some(DEFAULT_CPU_SECONDS),
+        (seconds, _) => seconds,
+    };
+    Ok(ApiRequest::Flamegraph { view, pid, seconds })
 }
 
 fn pid(params: &Params) -> Result<Pid, BadRequest> {

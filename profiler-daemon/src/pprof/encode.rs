@@ -29,6 +29,11 @@ impl Encoded {
     pub fn gzip(&self) -> Vec<u8> {
         super::encode_gzip(&self.0)
     }
+
+    /// Its stacks folded for a flame graph (see [`super::fold`]).
+    pub fn fold(&self, sample_type: Option<&str>) -> Result<super::Folded, super::FoldError> {
+        super::fold(&self.0, sample_type)
+    }
 }
 
 /// Facts about the capture that go into the profile.

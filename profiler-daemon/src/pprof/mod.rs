@@ -1,6 +1,7 @@
 //! The only module that touches the prost types of `profile.proto`: a builder that keeps the
 //! string table, ids and dedup rules right, the encoder of resolved profiles, gzip
-//! encode/decode, and Go's legacy text form (`debug=1`) of resolved profiles.
+//! encode/decode, Go's legacy text form (`debug=1`) of resolved profiles, and any profile's
+//! stacks folded for flame graphs.
 //!
 //! pprof's rules kept here: `string_table[0]` is `""`; every id is nonzero and unique within
 //! its table; a sample's `location_id`s are leaf first; every `Location.mapping_id` names a
@@ -8,6 +9,7 @@
 
 mod builder;
 mod encode;
+mod fold;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
 mod text;
@@ -20,6 +22,7 @@ use std::{
 pub use builder::{FunctionKey, MappingSpec, ProfileBuilder};
 pub use encode::{encode, Encoded, ProfileMeta, Shape};
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+pub use fold::{fold, FoldError, Folded};
 use prost::Message;
 pub use text::{go_text, TextFormat};
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 pub use files::{DumpError, DumpPhases, DumpStats, IntervalDump, IntervalFiles};
 
-use crate::{error::Result, output, render::Rendered};
+use crate::{error::Result, flame::FlameError, output, render::Rendered};
 
 /// A snapshot's files: `DIR/<name>-<pid>/<kind>.pb.gz`, each written atomically (and made
 /// durable on its own: a snapshot writes each file once).
@@ -32,6 +32,28 @@ impl SnapshotFiles {
             .join(format!("{}.pb.gz", profile.kind));
         output::write_atomic(&path, &profile.encoded.gzip())?;
         Ok(path)
+    }
+
+    /// Writes `profile`'s flame graph, `<kind>.svg`, next to its file; `None` when there is
+    /// nothing to draw (no sample has a value).
+    pub fn put_flamegraph(&mut self, profile: &Rendered) -> Result<Option<PathBuf>> {
+        let path =
+            self.dir.join(output::process_dir_name(&profile.name, profile.pid.0)).join(format!("{}.svg", profile.kind));
+        let title = format!("{} (pid {}) {}", profile.name, profile.pid, profile.kind);
+        let svg = match profile.encoded.fold(None).map_err(FlameError::from).and_then(|f| crate::flame::svg(&f, &title))
+        {
+            Ok(svg) => svg,
+            Err(FlameError::Empty(_)) => return Ok(None),
+            Err(err) => {
+                let action = format!("draw the flame graph {}", path.display());
+                return Err(crate::error::Error::Io {
+                    action,
+                    source: std::io::Error::other(crate::error::chain(&err)),
+                });
+            }
+        };
+        output::write_atomic(&path, &svg)?;
+        Ok(Some(path))
     }
 }
 

@@ -43,6 +43,7 @@ fn every_endpoint_answers_and_go_pprof_reads_it() {
     assert!(index.contains("heap?pid="), "the index lists no heap profile:\n{index}");
 
     check_cpu_endpoint(&daemon, cpu.pid());
+    check_flamegraph_endpoint(&daemon, cpu.pid());
     check_heap_endpoints(&daemon, heap.pid());
     let status = daemon.status();
     for key in ["/version", "/uptime_seconds", "/samples/cpu", "/output/files_written", "/drops"] {
@@ -262,6 +263,20 @@ fn check_cpu_endpoint(daemon: &Daemon, pid: u32) {
     assert_split(&profile, &file);
     let top = go_pprof::top(&file);
     assert!(go_pprof::flat_percent(&top, "hot_a").is_some(), "go tool pprof -top lacks hot_a:\n{top}");
+}
+
+/// `flamegraph?pid&seconds=2`: an SVG with cpu_split's frames, by curl (to see the
+/// content type); a type that is no profile gets a 400 naming the types.
+fn check_flamegraph_endpoint(daemon: &Daemon, pid: u32) {
+    let reply = curl(daemon.socket(), &format!("/debug/pprof/flamegraph?pid={pid}&seconds=2"), false);
+    let svg = String::from_utf8_lossy(&reply.body);
+    assert_eq!((reply.status, reply.content_type.as_str()), (200, "image/svg+xml"), "{svg}");
+    for function in ["hot_a", "hot_b", "work_loop"] {
+        assert!(svg.contains(&format!("<title>{function} (")), "the flame graph lacks {function}");
+    }
+    let (status, body) = daemon.get(&format!("/debug/pprof/flamegraph?pid={pid}&type=goroutines"));
+    let body = String::from_utf8_lossy(&body);
+    assert!(status == 400 && body.contains("type must be one of profile"), "{status} {body}");
 }
 
 /// heap, allocs and heap?debug=1 of the heap_sites fixture.
