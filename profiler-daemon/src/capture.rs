@@ -12,6 +12,7 @@ use std::{
 
 use crate::{
     catalog::Catalog,
+    config::ProcessSelection,
     ebpf::{self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig},
     ids::{Pid, StackId},
     procs::{self, own_pid_namespace, PidNamespace},
@@ -112,6 +113,9 @@ pub struct Capture {
     futex: Option<FutexAttachment>,
     /// The pid namespace profiled, when it is not the initial one.
     pid_namespace: Option<PidNamespace>,
+    /// The processes whose unwind tables are built (the configuration's `[processes]`);
+    /// the others are walked with frame pointers only, and cost no table.
+    selection: ProcessSelection,
 }
 
 impl Capture {
@@ -152,6 +156,7 @@ impl Capture {
             heap: BTreeMap::new(),
             futex: None,
             pid_namespace,
+            selection: ProcessSelection::default(),
         };
         for &pid in &config.pids {
             capture.catalog.track(pid);
@@ -302,8 +307,19 @@ impl Capture {
     }
 
     fn sync_unwinder(&mut self, budget: Option<Duration>) -> ebpf::Result<()> {
-        let processes = self.catalog.processes().map(|p| (p.pid, p.maps_version, p.maps()));
+        let selection = &self.selection;
+        let processes = self
+            .catalog
+            .processes()
+            .filter(move |p| selection.matches(&p.facts()))
+            .map(|p| (p.pid, p.maps_version, p.maps()));
         self.unwinder.sync(&mut self.session, processes, budget)
+    }
+
+    /// Builds unwind tables only for the processes `selection` matches from now on (a
+    /// process already registered keeps its tables until it exits).
+    pub fn select(&mut self, selection: &ProcessSelection) {
+        self.selection = selection.clone();
     }
 
     /// What is known of the processes and stacks captured so far.

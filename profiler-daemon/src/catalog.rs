@@ -11,6 +11,7 @@ use std::{
 };
 
 use crate::{
+    config::ProcessFacts,
     ids::{Pid, StackId},
     procs::{self, MapEntry, ProcessInfo},
 };
@@ -47,6 +48,17 @@ impl KnownProcess {
     /// The owner's uid, when the process was inspected.
     pub fn uid(&self) -> Option<u32> {
         self.info.as_ref().map(|info| info.uid)
+    }
+
+    /// What the process matchers of the configuration look at.
+    pub fn facts(&self) -> ProcessFacts<'_> {
+        let info = self.info.as_ref();
+        ProcessFacts {
+            pid: self.pid.0,
+            name: &self.name,
+            exe: info.and_then(|i| i.exe.as_deref()),
+            cgroup: info.and_then(|i| i.cgroup.as_deref()),
+        }
     }
 }
 

@@ -32,6 +32,7 @@ pub mod profiles;
 mod properties;
 pub mod render;
 pub mod resolve;
+pub mod sigbus;
 pub mod sink;
 pub mod snapshot;
 pub mod symbolize;

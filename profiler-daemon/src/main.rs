@@ -12,6 +12,12 @@ use profiler_daemon::{
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Run(_)));
+    // Before any file is mapped: a file truncated under a mapping must not kill us.
+    if let Err(err) = profiler_daemon::sigbus::install() {
+        tracing::warn!(
+            "cannot install the SIGBUS handler ({err}); a file truncated while it is read will end the process"
+        );
+    }
     let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {
         Command::Snapshot(args) => profiler_daemon::snapshot::run(args).map(|_| ()).map_err(Into::into),
         Command::Run(args) => profiler_daemon::daemon::run(args).map_err(Into::into),

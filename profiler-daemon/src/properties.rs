@@ -66,7 +66,7 @@ proptest! {
         if let Some(cut) = cut {
             bytes.truncate(cut.index(bytes.len()));
         }
-        let _ = unwind::build_table(&bytes);
+        let _ = unwind::build(&bytes);
     }
 
     /// Arbitrary bytes behind a valid ELF magic.
@@ -74,6 +74,6 @@ proptest! {
     fn arbitrary_elf_bytes_build_or_fail(tail in proptest::collection::vec(any::<u8>(), 0..4096)) {
         let mut bytes = b"\x7fELF\x02\x01\x01\x00".to_vec();
         bytes.extend(tail);
-        let _ = unwind::build_table(&bytes);
+        let _ = unwind::build(&bytes);
     }
 }

@@ -13,7 +13,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::{
-    decide::{self, facts, Serving},
+    decide::{self, Serving},
     status::{self, Status},
 };
 use crate::{
@@ -120,7 +120,7 @@ pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHand
 
 impl Collector {
     fn start(config: Config, front: Arc<Refusals>) -> Result<Self, CaptureError> {
-        let capture = Capture::start(&CaptureConfig {
+        let mut capture = Capture::start(&CaptureConfig {
             pids: Vec::new(),
             // A reload may opt processes in to heap profiling later: its maps are kept
             // whenever heap is on.
@@ -130,6 +130,7 @@ impl Collector {
             max_stacks: MAX_STACKS,
             enable_stats: false,
         })?;
+        capture.select(&config.processes);
         let now = SystemTime::now();
         Ok(Self {
             sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention)),
@@ -260,7 +261,7 @@ impl Collector {
         let catalog = self.capture.catalog();
         for (pid, samples) in by_pid {
             let Some(process) = catalog.process(pid) else { continue };
-            if self.config.processes.matches(&facts(process)) {
+            if self.config.processes.matches(&process.facts()) {
                 // The result is dropped: what is kept is the symbolizer's cache.
                 let _ = resolve::resolve(process, catalog, samples, &mut self.sym);
             }
@@ -554,6 +555,7 @@ impl Collector {
         }
         let Sink::Files(files) = &mut self.sink;
         files.reconfigure(&config.output_dir, &config.retention);
+        self.capture.select(&config.processes);
         self.config = config;
         self.heap_failed.clear();
         Ok(Reloaded { restart_needed })
@@ -594,6 +596,7 @@ impl Collector {
             perf_maps_refused: self.sym.perf_maps_refused,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,
+            truncated_pages: crate::sigbus::recovered(),
             last_error: self.last_error.clone(),
         }
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     catalog::{Catalog, KnownProcess},
-    config::{Config, ProcessFacts, ProcessSelection},
+    config::{Config, ProcessSelection},
     control::{IndexEntry, ProfileQuery, QueryError, Viewer},
     ids::Pid,
     procs::Credentials,
@@ -57,17 +57,6 @@ impl Serving {
     }
 }
 
-/// What the process matchers look at.
-pub fn facts(process: &KnownProcess) -> ProcessFacts<'_> {
-    let info = process.info.as_ref();
-    ProcessFacts {
-        pid: process.pid.0,
-        name: &process.name,
-        exe: info.and_then(|i| i.exe.as_deref()),
-        cgroup: info.and_then(|i| i.cgroup.as_deref()),
-    }
-}
-
 /// (pid, kinds) to write for an interval: the selected processes with data of a kind they
 /// have. A heap profile is written for every probed process, data or not: its `inuse` is a
 /// state, and an unchanged state is still an answer.
@@ -81,7 +70,7 @@ pub fn dump_targets(
         .iter()
         .filter_map(|(pid, counts)| {
             let process = catalog.process(pid)?;
-            if !selection.matches(&facts(process)) {
+            if !selection.matches(&process.facts()) {
                 return None;
             }
             let kinds: Vec<ProfileKind> =
@@ -108,7 +97,7 @@ pub fn index(
         .filter_map(|(pid, counts)| {
             let process = catalog.process(pid)?;
             let uid = process.uid()?;
-            if !selection.matches(&facts(process)) || !visible(viewer, process, now) {
+            if !selection.matches(&process.facts()) || !visible(viewer, process, now) {
                 return None;
             }
             let cgroup = process.info.as_ref().and_then(|i| i.cgroup.as_deref());
@@ -147,7 +136,7 @@ pub fn check_query(
     if !visible(query.viewer, process, now) {
         return Err(QueryError::NotVisible(pid));
     }
-    if !config.processes.matches(&facts(process)) {
+    if !config.processes.matches(&process.facts()) {
         let why = "the [processes] matchers of the configuration do not select it".to_string();
         return Err(QueryError::NotSelected { pid, kind, why });
     }

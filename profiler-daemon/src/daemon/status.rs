@@ -42,6 +42,9 @@ pub struct Status {
     pub front: [(&'static str, u64); 4],
     /// Profile captures (`seconds=`) refused for being over their uid's share.
     pub windows_over_uid_share: u64,
+    /// Pages of mapped files that were truncated while read, read as zeros instead
+    /// ([`crate::sigbus`]).
+    pub truncated_pages: u64,
     pub last_error: Option<String>,
 }
 
@@ -127,6 +130,7 @@ pub fn render(s: &Status, full: bool) -> String {
         "refused": {
             "perf_maps": s.perf_maps_refused,
             "windows_over_uid_share": s.windows_over_uid_share,
+            "truncated_file_pages_read_as_zeros": s.truncated_pages,
             "socket": s.front.iter().map(|&(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
         },
         "last_error": s.last_error,

@@ -19,6 +19,9 @@ const SHN_XINDEX: u16 = 0xffff;
 const SECTION_HEADER_LEN: usize = 64;
 const COMPRESSION_HEADER_LEN: usize = 24;
 const MAX_PREALLOCATED_BYTES: usize = 64 << 20;
+/// The largest section inflated: a compressed `.debug_frame` of the largest libraries is a
+/// few tens of MiB; a zlib stream can claim (and expand to) far more than it holds.
+pub const MAX_INFLATED_BYTES: u64 = 256 << 20;
 
 /// One section header, with the fields the table builder uses.
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +205,9 @@ fn inflate(raw: &[u8]) -> Result<Vec<u8>, BuildError> {
         return Err(BuildError::UnsupportedCompression(kind));
     }
     let size = u64_at(raw, 8)?;
+    if size > MAX_INFLATED_BYTES {
+        return Err(BuildError::OverCap { what: "a compressed section's size", size, cap: MAX_INFLATED_BYTES });
+    }
     let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
     // The declared size bounds the output, so a corrupt header cannot make it grow forever.
     let mut out = Vec::with_capacity(to_usize(size)?.min(MAX_PREALLOCATED_BYTES));
@@ -251,4 +257,33 @@ fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], BuildErr
     let end = at.checked_add(N).ok_or(BuildError::Truncated)?;
     let slice = bytes.get(at..end).ok_or(BuildError::Truncated)?;
     Ok(slice.try_into().expect("slice has N bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `Elf64_Chdr` declaring `size` bytes, then `stream`.
+    fn compressed(size: u64, stream: &[u8]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        raw.extend(ELFCOMPRESS_ZLIB.to_le_bytes());
+        raw.extend(0u32.to_le_bytes());
+        raw.extend(size.to_le_bytes());
+        raw.extend(1u64.to_le_bytes());
+        assert_eq!(raw.len(), COMPRESSION_HEADER_LEN);
+        raw.extend(stream);
+        raw
+    }
+
+    #[test]
+    fn inflating_is_capped_by_the_declared_size_and_the_cap() {
+        use std::io::Write;
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(&vec![0u8; 1 << 20]).unwrap();
+        let stream = zlib.finish().unwrap();
+        assert_eq!(inflate(&compressed(1 << 20, &stream)).unwrap().len(), 1 << 20);
+        assert_eq!(inflate(&compressed(1000, &stream)).unwrap().len(), 1000, "the declared size bounds it");
+        let bomb = inflate(&compressed(MAX_INFLATED_BYTES + 1, &stream)).unwrap_err();
+        assert!(matches!(bomb, BuildError::OverCap { .. }), "{bomb}");
+    }
 }

@@ -16,8 +16,8 @@ impl MappedFile {
             return Ok(Self { ptr: NonNull::dangling(), len: 0 });
         }
         // SAFETY: a private read-only mapping of `len` bytes of an open file. A file truncated
-        // while mapped would fault on access; executables in use cannot be written (ETXTBSY)
-        // and libraries are replaced by rename, not rewritten in place.
+        // while mapped faults on access past its end: `crate::sigbus` turns those pages into
+        // zeros, which the table builder reads as malformed CFI.
         let ptr =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {

@@ -14,8 +14,6 @@ mod registry;
 mod report;
 mod rule;
 mod table;
-#[cfg(test)]
-pub(crate) use table::build as build_table;
 mod unwinder;
 
 #[cfg(test)]

@@ -35,7 +35,14 @@ pub enum BuildError {
     Cfi { section: &'static str, source: gimli::Error },
     #[error("CFI spans {span:#x} bytes, more than a row's 32-bit offset can address")]
     SpanTooLarge { span: u64 },
+    /// A cap that bounds what one (possibly hostile) file can cost to build.
+    #[error("{what} is {size}, over the cap of {cap}")]
+    OverCap { what: &'static str, size: u64, cap: u64 },
 }
+
+/// The most CFI rows one file may produce before merging: libLLVM, among the largest
+/// libraries, has about 1.3 M; each costs ~24 bytes while the table is built.
+pub const MAX_ROWS: usize = 8 << 20;
 
 /// What building one table found and cost, for `/status` and the bench.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -157,6 +164,13 @@ pub(crate) fn assemble(sections: Vec<SectionCfi>, executable: &[Range<u64>]) -> 
             rules.push((covered_to, None));
         }
         rules.extend(fde.rows.into_iter().map(|(address, rule)| (address, Some(rule))));
+        if rules.len() > MAX_ROWS {
+            return Err(BuildError::OverCap {
+                what: "the CFI row count",
+                size: rules.len() as u64,
+                cap: MAX_ROWS as u64,
+            });
+        }
         covered_to = fde.end;
         stats.fdes += 1;
     }
