@@ -36,11 +36,13 @@ pub enum CpuCounter {
     CountsMapFull = 4,
     /// User stacks cut at `MAX_STACK_DEPTH` frames.
     UserStackTruncated = 5,
+    /// Samples of processes in cgroups the configuration does not select (not walked).
+    CgroupFiltered = 6,
 }
 
 impl CpuCounter {
     /// Number of counters (the length of the `CPU_COUNTERS` array).
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
     /// All counters, in index order.
     pub const ALL: [CpuCounter; Self::COUNT as usize] = [
         CpuCounter::Samples,
@@ -49,7 +51,21 @@ impl CpuCounter {
         CpuCounter::StacksMapFull,
         CpuCounter::CountsMapFull,
         CpuCounter::UserStackTruncated,
+        CpuCounter::CgroupFiltered,
     ];
+}
+
+/// How the `CGROUP_FILTER` set applies (the value in `CGROUP_MODE`): what the configuration's
+/// cgroup and unit matchers decide in the kernel, before any stack is walked.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupFilterMode {
+    /// Every cgroup.
+    Off = 0,
+    /// Only tasks in the listed cgroups.
+    Include = 1,
+    /// Every task but those in the listed cgroups.
+    Exclude = 2,
 }
 
 #[cfg(feature = "user")]

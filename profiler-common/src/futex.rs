@@ -20,10 +20,26 @@ pub struct WaitKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WaitTotals {
+    /// Waits, in units of 1/[`WAIT_COUNT_ONE`]: a wait recorded as it is counts one; a short
+    /// block wait sampled with probability d/rate counts rate/d (Go's unbiasing).
     pub count: u64,
-    /// Sum of (syscall exit − entry), nanoseconds of `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    /// Sum of (syscall exit − entry), nanoseconds of `bpf_ktime_get_ns` (CLOCK_MONOTONIC);
+    /// a sampled short block wait adds the rate instead of its own length.
     pub delay_ns: u64,
 }
+
+/// One wait in [`WaitTotals::count`] (fixed point, so that rate/d keeps its fraction).
+pub const WAIT_COUNT_ONE: u64 = 1 << 16;
+
+/// Slots of the `FUTEX_CONFIG` array (`u64`s written by userspace after load).
+/// The block profile's rate in nanoseconds: waits at least this long are always recorded,
+/// shorter ones with probability length/rate (0 or 1: every wait).
+pub const FUTEX_CONFIG_BLOCK_RATE_NS: u32 = 0;
+/// The mutex profile's fraction: 1 in N wakes records its stack, and only waits it ends are
+/// charged (0 or 1: every wake).
+pub const FUTEX_CONFIG_MUTEX_FRACTION: u32 = 1;
+/// Slots of `FUTEX_CONFIG`.
+pub const FUTEX_CONFIG_SLOTS: u32 = 2;
 
 /// A wait between its syscall entry and exit, per thread (keyed by pid_tgid).
 #[repr(C)]
@@ -57,7 +73,9 @@ pub struct Waker {
     /// if it started waiting before it, so a stale entry never takes a wait it did not end.
     pub wake_ns: u64,
     pub tid: u32,
-    pub _pad: u32,
+    /// 1 when the wake was sampled (its stack walked); a wait an unsampled wake ends is not
+    /// charged.
+    pub sampled: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
@@ -237,10 +255,14 @@ pub enum FutexCounter {
     Wakes = 7,
     /// Wakes not recorded because the waker map update failed.
     WakerMapFull = 8,
+    /// Waits shorter than the block rate left out by its sampling (not walked).
+    BlockUnsampled = 9,
+    /// Woken waits not charged because the wake that ended them was not sampled.
+    MutexUnsampled = 10,
 }
 
 impl FutexCounter {
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 11;
     pub const ALL: [FutexCounter; Self::COUNT as usize] = [
         FutexCounter::Waits,
         FutexCounter::MutexCharged,
@@ -251,6 +273,8 @@ impl FutexCounter {
         FutexCounter::StackLost,
         FutexCounter::Wakes,
         FutexCounter::WakerMapFull,
+        FutexCounter::BlockUnsampled,
+        FutexCounter::MutexUnsampled,
     ];
 }
 

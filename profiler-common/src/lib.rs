@@ -14,15 +14,20 @@
 pub mod cpu;
 pub mod futex;
 pub mod heap;
+pub mod offcpu;
 pub mod stack;
 pub mod thread;
+pub mod threads;
 pub mod unwind;
+pub mod walk;
 
-pub use cpu::{CpuCounter, CpuSampleKey};
-pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey};
+pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
+pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
-pub use stack::{Stack, MAX_STACK_DEPTH, NO_STACK};
+pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
+pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CHUNKS};
 pub use thread::{ThreadCounter, ThreadKey};
+pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
@@ -37,11 +42,18 @@ pub mod globals {
     pub const PIDNS_INO: &str = "PIDNS_INO";
     /// `u64`: mean bytes between heap samples; 0 or 1 records every allocation.
     pub const HEAP_SAMPLE_BYTES: &str = "HEAP_SAMPLE_BYTES";
+    /// [`crate::TaskOffsets`]: where the thread-dump iterator reads `task_struct` fields.
+    pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
+    /// `u64`: a random key drawn at each load that every stack hash starts from
+    /// ([`crate::stack::hash_start`]), so no process can craft stacks whose ids collide.
+    pub const STACK_HASH_KEY: &str = "STACK_HASH_KEY";
 }
 
 /// Map names, shared by both sides, and their sizes.
 pub mod maps {
-    /// Per-CPU hash of [`crate::CpuSampleKey`] → sample count, for map set 0.
+    /// Hash of [`crate::CpuSampleKey`] → sample count, for map set 0. Like every counts map
+    /// (`*_COUNTS_*`, `HEAP_TOTALS_*`), shared by all CPUs (atomic adds), so its kernel
+    /// memory does not grow with the number of CPUs.
     pub const CPU_COUNTS_0: &str = "CPU_COUNTS_0";
     /// The same for map set 1 (see [`CONTROL`]).
     pub const CPU_COUNTS_1: &str = "CPU_COUNTS_1";
@@ -68,8 +80,11 @@ pub mod maps {
     pub const STACK_WINDOW: &str = "STACK_WINDOW";
     pub const STORED_STACKS: &str = "STORED_STACKS";
     pub const ROW_CACHE: &str = "ROW_CACHE";
+    /// Per-CPU array of one [`crate::ThreadRecord`]: the thread-dump iterator's record
+    /// before it is written out (too big for the BPF stack).
+    pub const THREAD_RECORD: &str = "THREAD_RECORD";
 
-    /// Per-CPU hash of [`crate::HeapKey`] → [`crate::HeapTotals`], for map set 0.
+    /// Hash of [`crate::HeapKey`] → [`crate::HeapTotals`], for map set 0.
     pub const HEAP_TOTALS_0: &str = "HEAP_TOTALS_0";
     /// The same for map set 1.
     pub const HEAP_TOTALS_1: &str = "HEAP_TOTALS_1";
@@ -118,17 +133,17 @@ pub mod maps {
     /// Threads inside an allocator call at once.
     pub const HEAP_PENDING_MAX_ENTRIES: u32 = 16_384;
 
-    /// Per-CPU hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waiting stack (the block
+    /// Hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waiting stack (the block
     /// profile), for map set 0.
     pub const BLOCK_COUNTS_0: &str = "BLOCK_COUNTS_0";
     /// The same for map set 1.
     pub const BLOCK_COUNTS_1: &str = "BLOCK_COUNTS_1";
-    /// Per-CPU hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waking stack (the mutex
+    /// Hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waking stack (the mutex
     /// profile), for map set 0.
     pub const MUTEX_COUNTS_0: &str = "MUTEX_COUNTS_0";
     /// The same for map set 1.
     pub const MUTEX_COUNTS_1: &str = "MUTEX_COUNTS_1";
-    /// Per-CPU hash of [`crate::ThreadKey`] → threads created (`u64`), for map set 0.
+    /// Hash of [`crate::ThreadKey`] → threads created (`u64`), for map set 0.
     pub const THREAD_COUNTS_0: &str = "THREAD_COUNTS_0";
     /// The same for map set 1.
     pub const THREAD_COUNTS_1: &str = "THREAD_COUNTS_1";
@@ -139,6 +154,8 @@ pub mod maps {
     pub const FUTEX_WAKERS: &str = "FUTEX_WAKERS";
     /// Per-CPU array of `u64` futex counters, indexed by [`crate::FutexCounter`].
     pub const FUTEX_COUNTERS: &str = "FUTEX_COUNTERS";
+    /// Array of `u64` sampling knobs of the futex programs (`crate::futex::FUTEX_CONFIG_*`).
+    pub const FUTEX_CONFIG: &str = "FUTEX_CONFIG";
     /// Per-CPU array of `u64` thread-creation counters, indexed by [`crate::ThreadCounter`].
     pub const THREAD_COUNTERS: &str = "THREAD_COUNTERS";
 
@@ -157,10 +174,31 @@ pub mod maps {
     pub const STACKS_MAX_ENTRIES: u32 = 16_384;
     /// Processes that can be selected with `--pid`.
     pub const TARGET_PIDS_MAX_ENTRIES: u32 = 4_096;
+    /// Hash of cgroup id (`u64`, the cgroup directory's inode number) → `u8` 1: the cgroups
+    /// the configuration's `[processes]` cgroup and unit matchers select (or exclude).
+    pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
+    /// Array of one `u32`: how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]).
+    pub const CGROUP_MODE: &str = "CGROUP_MODE";
+    /// Cgroups a configuration can select or exclude in the kernel.
+    pub const CGROUP_FILTER_MAX_ENTRIES: u32 = 16_384;
+
+    /// Off-CPU time by (thread, state, stacks), per set.
+    pub const OFFCPU_COUNTS_0: &str = "OFFCPU_COUNTS_0";
+    pub const OFFCPU_COUNTS_1: &str = "OFFCPU_COUNTS_1";
+    /// Sampled switch-outs not yet switched back in, by `task_struct` address.
+    pub const OFFCPU_PENDING: &str = "OFFCPU_PENDING";
+    /// Array of `u32` knobs (`crate::offcpu::OFFCPU_CONFIG_*`), written after load.
+    pub const OFFCPU_CONFIG: &str = "OFFCPU_CONFIG";
+    pub const OFFCPU_COUNTERS: &str = "OFFCPU_COUNTERS";
+    pub const OFFCPU_COUNTS_MAX_ENTRIES: u32 = 16_384;
+    /// One entry per thread switched out on a sampled switch and not yet back.
+    pub const OFFCPU_PENDING_MAX_ENTRIES: u32 = 16_384;
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 34] = [
+    pub const ALL: [&str; 43] = [
+        CGROUP_FILTER,
+        CGROUP_MODE,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
         STACKS_0,
@@ -172,6 +210,7 @@ pub mod maps {
         STACK_WINDOW,
         STORED_STACKS,
         ROW_CACHE,
+        THREAD_RECORD,
         HEAP_TOTALS_0,
         HEAP_TOTALS_1,
         HEAP_LIVE,
@@ -195,6 +234,12 @@ pub mod maps {
         FUTEX_WAKERS,
         FUTEX_COUNTERS,
         THREAD_COUNTERS,
+        OFFCPU_COUNTS_0,
+        OFFCPU_COUNTS_1,
+        OFFCPU_PENDING,
+        OFFCPU_CONFIG,
+        OFFCPU_COUNTERS,
+        FUTEX_CONFIG,
     ];
 }
 
@@ -225,6 +270,10 @@ pub mod programs {
     pub const THREAD_CREATE: &str = "thread_create";
     /// `sched:sched_process_exec`.
     pub const UNWIND_EXEC: &str = "unwind_exec";
+    /// `iter/task`: one record per thread of one process (the thread dump).
+    pub const THREAD_DUMP: &str = "thread_dump";
+    /// BTF tracepoint `sched_switch`: the off-CPU profile.
+    pub const OFFCPU_SWITCH: &str = "offcpu_switch";
 
     /// The heap profile's programs.
     pub const HEAP: [&str; 9] = [
@@ -243,7 +292,7 @@ pub mod programs {
         [FUTEX_ENTER, FUTEX_EXIT, FUTEX_WAIT_ENTER, FUTEX_WAITV_ENTER, FUTEX_WAKE_ENTER, FUTEX_REQUEUE_ENTER];
 
     /// Every program of the object.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 20] = [
         CPU_SAMPLE,
         MALLOC_ENTER,
         CALLOC_ENTER,
@@ -262,6 +311,8 @@ pub mod programs {
         FUTEX_REQUEUE_ENTER,
         THREAD_CREATE,
         UNWIND_EXEC,
+        THREAD_DUMP,
+        OFFCPU_SWITCH,
     ];
 }
 

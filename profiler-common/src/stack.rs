@@ -1,8 +1,24 @@
 //! Stacks as the kernel stores them: a length and up to [`MAX_STACK_DEPTH`] instruction
-//! pointers, leaf first, keyed by a 64-bit hash of the frames.
+//! pointers, leaf first, keyed by a 64-bit hash of the frames. A user stack deeper than one
+//! entry (up to [`MAX_USER_STACK_DEPTH`] frames) is stored as a chain: the first
+//! [`MAX_STACK_DEPTH`] frames under the stack's hash, each further piece under
+//! [`chunk_key`]`(hash, n)`, each piece but the last flagged [`STACK_CONTINUED`]. Entries are
+//! 1 KiB whatever the depth, so the stack maps' memory per entry does not grow with the limit.
 
-/// Frames kept per stack: the kernel's `perf_event_max_stack` default.
+/// Frames per stored stack entry: the kernel's `perf_event_max_stack` default, so a kernel
+/// stack always fits one.
 pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Frames of a user stack, walked and stored as up to [`STACK_CHUNKS`] entries.
+pub const MAX_USER_STACK_DEPTH: usize = 512;
+
+/// Entries a stack of [`MAX_USER_STACK_DEPTH`] frames takes.
+pub const STACK_CHUNKS: usize = MAX_USER_STACK_DEPTH.div_ceil(MAX_STACK_DEPTH);
+
+/// [`Stack::truncated`] bit: the walk stopped at the depth limit (the stack may be deeper).
+pub const STACK_TRUNCATED: u32 = 1;
+/// [`Stack::truncated`] bit: the frames continue in the next piece of the chain.
+pub const STACK_CONTINUED: u32 = 2;
 
 /// The stack hash recorded when no stack was taken (kernel thread with no user stack, a
 /// sample in user mode with no kernel stack, or a failed walk, which is counted).
@@ -14,7 +30,8 @@ pub const NO_STACK: u64 = 0;
 pub struct Stack {
     /// Number of valid frames in `ips`.
     pub len: u32,
-    /// 1 when the walk stopped at [`MAX_STACK_DEPTH`] frames (the stack may be deeper).
+    /// [`STACK_TRUNCATED`] when the walk stopped at the depth limit (the stack may be
+    /// deeper), [`STACK_CONTINUED`] when the frames go on in the chain's next piece.
     pub truncated: u32,
     /// Instruction pointers, leaf first: the sampled pc, then return addresses.
     pub ips: [u64; MAX_STACK_DEPTH],
@@ -30,24 +47,46 @@ impl Stack {
     }
 }
 
-/// Folds one frame into a stack hash. The kernel and the userspace tests share this so that
-/// both agree on a stack's key. A 64-bit multiplicative mix per frame (not per byte) keeps the
-/// kernel loop at one iteration per frame.
+/// Folds one frame into a stack hash. The kernel and userspace (the thread dump's walker,
+/// the tests) share this so that both agree on a stack's key. A 64-bit multiplicative mix per
+/// frame (not per byte) keeps the kernel's walk at a few instructions per frame; the walker
+/// folds each frame as it finds it, so a stack is hashed without a second loop over it.
 #[inline(always)]
 pub fn hash_frame(state: u64, ip: u64) -> u64 {
     let h = (state ^ ip).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     h ^ (h >> 29)
 }
 
-/// The starting state of [`hash_frame`] for a stack of `len` frames.
+/// The starting state of [`hash_frame`] before the key.
+pub const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The starting state of [`hash_frame`] under `key` (the load's random
+/// `globals::STACK_HASH_KEY`): ids of crafted stacks cannot be made to collide without it.
 #[inline(always)]
-pub fn hash_seed(len: u32) -> u64 {
-    0xcbf2_9ce4_8422_2325 ^ len as u64
+pub fn hash_start(key: u64) -> u64 {
+    hash_frame(HASH_SEED, key)
 }
 
-/// Maps a finished hash away from [`NO_STACK`].
+/// Ends a stack's hash: folds in its number of frames and maps the result away from
+/// [`NO_STACK`].
 #[inline(always)]
-pub fn finish_hash(h: u64) -> u64 {
+pub fn finish_hash(state: u64, len: u32) -> u64 {
+    nonzero(hash_frame(state, (1 << 63) | len as u64))
+}
+
+/// The hash of a whole stack under `key`, leaf first: what the kernel computes frame by frame.
+pub fn stack_hash(key: u64, frames: &[u64]) -> u64 {
+    finish_hash(frames.iter().fold(hash_start(key), |h, &ip| hash_frame(h, ip)), frames.len() as u32)
+}
+
+/// The key of piece `chunk` (1, 2, …) of the stack whose hash is `hash`.
+#[inline(always)]
+pub fn chunk_key(hash: u64, chunk: u32) -> u64 {
+    nonzero(hash_frame(hash, 0x5ca1_ab1e_0000_0000 | chunk as u64))
+}
+
+#[inline(always)]
+fn nonzero(h: u64) -> u64 {
     if h == NO_STACK {
         1
     } else {
@@ -64,7 +103,12 @@ mod tests {
     use super::*;
 
     fn hash(frames: &[u64]) -> u64 {
-        finish_hash(frames.iter().fold(hash_seed(frames.len() as u32), |h, &ip| hash_frame(h, ip)))
+        stack_hash(0, frames)
+    }
+
+    #[test]
+    fn the_key_changes_every_id() {
+        assert_ne!(stack_hash(1, &[1, 2]), stack_hash(2, &[1, 2]));
     }
 
     #[test]
@@ -72,8 +116,16 @@ mod tests {
         assert_ne!(hash(&[1, 2]), hash(&[2, 1]));
         assert_ne!(hash(&[0]), hash(&[0, 0]));
         assert_ne!(hash(&[]), NO_STACK);
-        assert_eq!(finish_hash(NO_STACK), 1);
+        assert_eq!(nonzero(NO_STACK), 1);
         assert_eq!(hash(&[0x401000, 0x401234]), hash(&[0x401000, 0x401234]));
+    }
+
+    #[test]
+    fn chunk_keys_differ_from_the_head_and_each_other() {
+        let head = hash(&[1, 2, 3]);
+        assert_ne!(chunk_key(head, 1), head);
+        assert_ne!(chunk_key(head, 1), chunk_key(head, 2));
+        const { assert!(STACK_CHUNKS * MAX_STACK_DEPTH >= MAX_USER_STACK_DEPTH) };
     }
 
     #[test]

@@ -6,23 +6,37 @@
 //! what to write is the caller's business (see `profiles` and `sink`).
 
 use std::{
-    collections::{BTreeMap, HashSet},
-    time::Duration,
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Duration, Instant},
 };
 
 use crate::{
-    catalog::Catalog,
+    catalog::{Catalog, Sighting},
+    cgroups::{self, CgroupFilter},
     config::ProcessSelection,
     ebpf::{self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig},
     ids::{Pid, StackId},
+    offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
+    sideband::{Sideband, SidebandStats},
+    threads::{self, ThreadDump},
     unwind::{self, Unwinder, UnwinderStats},
 };
 
 /// Time per drain spent registering newly seen processes with the unwinder (building their
 /// tables); the rest wait for the next drain.
 const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
+/// How long a drain registers backlog processes before it follows new ones again.
+const UNWIND_SYNC_SLICE: Duration = Duration::from_millis(10);
+
+/// Time at start spent registering the processes already running with the unwinder
+/// (building their tables), so their first samples are unwound from tables; the rest are
+/// registered at the next drains.
+const START_SYNC_BUDGET: Duration = Duration::from_secs(3);
+
+/// Time per batch of process events spent registering what they changed.
+const FOLLOW_BUDGET: Duration = Duration::from_millis(100);
 
 /// How long a process that exited without any data is kept (see `KnownProcess::sampled`): a
 /// few drains, so a sample taken just before its exit still finds it.
@@ -43,6 +57,10 @@ pub struct CaptureConfig {
     pub max_stacks: usize,
     /// Turn on the kernel's BPF run-time statistics (for benchmarks).
     pub enable_stats: bool,
+    /// Beaten while a file read is waited for (the daemon's watchdog follows it).
+    pub heartbeat: Option<Heartbeat>,
+    /// The processes whose unwind tables are built (the configuration's `[processes]`).
+    pub selection: ProcessSelection,
 }
 
 /// Why capturing failed, or what went wrong in a drain without stopping it.
@@ -60,6 +78,8 @@ pub enum CaptureError {
     UnwindTables(#[source] ebpf::Error),
     #[error("failed to forget the kernel state of exited processes")]
     Forget(#[source] ebpf::Error),
+    #[error("failed to read the off-CPU switches still pending; stacks of threads asleep across this dump may be left unnamed")]
+    PendingStacks(#[source] ebpf::Error),
     #[error("failed to read the live heap")]
     LiveHeap(#[source] ebpf::Error),
     #[error("cannot heap-profile pid {pid}")]
@@ -76,6 +96,14 @@ pub enum CaptureError {
     },
     #[error("failed to read the BPF counters")]
     Counters(#[source] ebpf::Error),
+    #[error("no process {0}: it is not running (or not in the profiler's pid namespace)")]
+    NoProcess(Pid),
+    #[error("failed to dump the threads of pid {pid}")]
+    ThreadDump {
+        pid: Pid,
+        #[source]
+        source: ebpf::Error,
+    },
     #[error("failed to find the pid namespace from /proc/self/ns/pid")]
     PidNamespace(#[source] std::io::Error),
 }
@@ -88,6 +116,8 @@ pub struct Drained {
     pub new_stacks: HashSet<StackId>,
     /// Processes forgotten: they exited without any data.
     pub gone: Vec<Pid>,
+    /// Pids reused by a new process since the last drain (see [`Capture::follow`]).
+    pub reused: Vec<Pid>,
     /// What went wrong without stopping the drain (already logged; the caller may count it).
     pub problems: Vec<CaptureError>,
 }
@@ -116,6 +146,18 @@ pub struct Capture {
     /// The processes whose unwind tables are built (the configuration's `[processes]`);
     /// the others are walked with frame pointers only, and cost no table.
     selection: ProcessSelection,
+    /// A handle on the stall state the unwinder's file worker shares, for the symbolizer's.
+    files: Offload,
+    /// The kernel's process events (forks, execs, mappings, exits); `None` when they could
+    /// not be opened (then `/proc` is read at each exec and first sample, as before).
+    sideband: Option<Sideband>,
+    /// Why the side band is not open, if it is not.
+    sideband_error: Option<String>,
+    /// What the kernel filters by cgroup (from `selection`).
+    cgroup_filter: CgroupFilter,
+    /// Pids reused while a drain followed events after taking its batch: reported with the
+    /// next drain.
+    reused_since_drain: Vec<Pid>,
 }
 
 impl Capture {
@@ -141,12 +183,24 @@ impl Capture {
             heap: sources.contains(&Source::HeapProbes),
             waits: sources.contains(&Source::FutexWaits),
             threads: sources.contains(&Source::ThreadCreation),
+            offcpu: sources.contains(&Source::Switches),
+            thread_dumps: sources.contains(&Source::TaskIterator),
             enable_stats: config.enable_stats,
             unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
             pid_namespace,
         })
         .map_err(CaptureError::Load)?;
-        let unwinder = Unwinder::new(&session);
+        let files = Offload::new("offload-unwind", config.heartbeat.clone());
+        let unwinder = Unwinder::new(&session, files.sibling("offload-unwind"));
+        // Opened before `/proc` is read: a process started meanwhile is in one or the other.
+        let (sideband, sideband_error) = match Sideband::open() {
+            Ok(sideband) => (Some(sideband), None),
+            Err(err) => {
+                let reason = crate::error::chain(&err);
+                tracing::warn!("process events unavailable; short-lived processes may lose their symbols: {reason}");
+                (None, Some(reason))
+            }
+        };
         let mut capture = Self {
             session,
             catalog: Catalog::with_max_stacks(config.max_stacks),
@@ -156,13 +210,31 @@ impl Capture {
             heap: BTreeMap::new(),
             futex: None,
             pid_namespace,
-            selection: ProcessSelection::default(),
+            selection: config.selection.clone(),
+            files,
+            sideband,
+            sideband_error,
+            reused_since_drain: Vec::new(),
+            cgroup_filter: CgroupFilter::default(),
         };
-        for &pid in &config.pids {
+        capture.filter_cgroups();
+        // Processes running now are read from `/proc` and registered with the unwinder before
+        // anything is sampled, within a budget (the rest at the next drains): their first
+        // samples are unwound from tables, not frame pointers.
+        let running: Vec<Pid> = if config.pids.is_empty() {
+            let own = std::process::id();
+            procs::list_pids().into_iter().filter(|&pid| pid != own).map(Pid).collect()
+        } else {
+            config.pids.clone()
+        };
+        for pid in running {
             capture.catalog.track(pid);
         }
-        capture.sync_unwinder(None).map_err(CaptureError::UnwindTables)?;
-        for source in [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation] {
+        let budget = if config.pids.is_empty() { Some(START_SYNC_BUDGET) } else { None };
+        capture.sync_unwinder(budget).map_err(CaptureError::UnwindTables)?;
+        for source in
+            [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
+        {
             if sources.contains(&source) {
                 capture.attach(source, &config.settings)?;
             }
@@ -179,14 +251,22 @@ impl Capture {
                 self.session.attach_cpu(settings.frequency_hz).map_err(|e| CaptureError::Attach("cpu", e))?
             }
             Source::FutexWaits => {
-                let attached = self.session.attach_waits().map_err(|e| CaptureError::Attach("futex", e))?;
+                let attached = self
+                    .session
+                    .attach_waits(settings.block_rate_ns, settings.mutex_fraction)
+                    .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
                 self.futex = Some(attached);
             }
             Source::ThreadCreation => {
                 self.session.attach_threads().map_err(|e| CaptureError::Attach("thread-creation", e))?
             }
-            Source::HeapProbes => {}
+            Source::Switches => self
+                .session
+                .attach_offcpu(settings.offcpu_sample_every)
+                .map_err(|e| CaptureError::Attach("off-cpu", e))?,
+            // Loaded with the session; nothing to attach until a dump reads it.
+            Source::HeapProbes | Source::TaskIterator => {}
         }
         self.sources.insert(source);
         Ok(())
@@ -221,16 +301,89 @@ impl Capture {
         self.heap.keys().copied().collect()
     }
 
+    /// Calls `wake` (from another thread) when process events arrive, once per
+    /// [`Capture::follow`]; a driver that waits for something else wakes then and follows.
+    pub fn watch(&mut self, wake: impl Fn() + Send + 'static) {
+        if let Some(sideband) = &mut self.sideband {
+            if let Err(err) = sideband.watch(wake) {
+                tracing::warn!("process events are read only at drains: {}", crate::error::chain(&err));
+            }
+        }
+    }
+
+    /// Applies the kernel's process events since the last call (forks, execs, mappings,
+    /// exits) to the catalogue and registers what they changed with the unwinder at once:
+    /// a process that lives 20 ms is known, and unwound from tables, before it exits.
+    /// Returns the pids a new process reused after the old one exited: what the old one
+    /// left in the kernel (its registration, heap probes and blocks, waits) is dropped here,
+    /// and the caller drops what it counted for it, so none of it shows under the new one.
+    pub fn follow(&mut self) -> Vec<Pid> {
+        let Some(sideband) = &mut self.sideband else { return Vec::new() };
+        let mut events = sideband.read();
+        if !self.scope.is_empty() {
+            let scope = &self.scope;
+            events.retain(|event| event.pid().is_none_or(|pid| scope.contains(&pid)));
+        }
+        // A process outside the profiler's pid namespace is reported with pid 0.
+        events.retain(|event| event.pid() != Some(Pid(0)));
+        if events.is_empty() {
+            return Vec::new();
+        }
+        let applied = self.catalog.apply(&events);
+        self.filter_new_cgroups(&applied.cgroups);
+        if !applied.reused.is_empty() {
+            tracing::debug!(pids = ?applied.reused, "pids reused by new processes");
+            for problem in self.forget(&applied.reused) {
+                tracing::warn!("{}", crate::error::chain(&problem));
+            }
+        }
+        if applied.lost > 0 {
+            tracing::debug!(lost = applied.lost, "process event records lost (a ring was full)");
+        }
+        // A process whose exit is in this same batch (most of a shell's short commands) is
+        // not registered: every sample it will ever have was already walked, so its tables
+        // would be written only to be removed (an 8 KiB map entry each, most of what
+        // following 500 execs a second cost).
+        for &(child, parent) in &applied.forked {
+            // Registered as its parent is, at once; `sync_changed` then finds it up to date.
+            let selected = self.catalog.process(child).filter(|p| !p.exited && self.selection.matches(&p.facts()));
+            let parent_version = self.catalog.process(parent).map(|p| p.maps_version);
+            if let (Some(process), Some(parent_version)) = (selected, parent_version) {
+                let version = process.maps_version;
+                if let Err(err) = self.unwinder.inherit(&mut self.session, child, version, parent, parent_version) {
+                    tracing::warn!("{}", crate::error::chain(&CaptureError::UnwindTables(err)));
+                }
+            }
+        }
+        if !applied.changed.is_empty() {
+            if let Err(err) = self.sync_changed(&applied.changed, FOLLOW_BUDGET) {
+                tracing::warn!("{}", crate::error::chain(&CaptureError::UnwindTables(err)));
+            }
+        }
+        applied.reused
+    }
+
+    /// What the side band delivered, and why it is closed if it is.
+    pub fn sideband_stats(&self) -> (Option<SidebandStats>, Option<&str>) {
+        (self.sideband.as_ref().map(Sideband::stats), self.sideband_error.as_deref())
+    }
+
     /// Flips the map sets and drains the idle one: learns the processes and stacks it names,
     /// registers the processes that called `execve` (before their first sample) and the new
     /// ones with the unwinder, and forgets processes that exited without data.
     pub fn drain(&mut self) -> Result<Drained, CaptureError> {
+        // Before the samples: the processes they name are known with their mappings.
+        let mut reused = std::mem::take(&mut self.reused_since_drain);
+        reused.extend(self.follow());
         let batch = self.session.drain().map_err(CaptureError::Drain)?;
         let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
         let mut problems = Vec::new();
         match self.unwinder.take_execs(&mut self.session) {
             // A new image is registered now, not after its first sample: until then its
             // stacks would be walked with frame pointers only.
+            // With the side band, the exec's events already told its new mappings (and the
+            // unwinder, told of the exec above, registers it again).
+            Ok(_) if self.sideband.is_some() => {}
             Ok(pids) => {
                 for pid in pids {
                     if self.in_scope(pid) {
@@ -251,13 +404,60 @@ impl Capture {
         let gone: Vec<Pid> =
             self.catalog.prune_unsampled(UNSAMPLED_GRACE).into_iter().filter(|pid| !scope.contains(pid)).collect();
         problems.extend(self.forget(&gone));
-        if let Err(err) = self.sync_unwinder(Some(UNWIND_SYNC_BUDGET)) {
-            problems.push(CaptureError::UnwindTables(err));
+        // The backlog (processes seen in /proc, not yet registered) goes in slices, the side
+        // band's new processes between them: a program started now must not wait the whole
+        // budget behind processes that have run for hours.
+        let deadline = Instant::now() + UNWIND_SYNC_BUDGET;
+        loop {
+            match self.sync_unwinder(Some(UNWIND_SYNC_SLICE)) {
+                Ok(true) => break,
+                Ok(false) if Instant::now() < deadline => {
+                    // Reported with the next drain: this batch was taken before the reuse,
+                    // so its samples are the old process's.
+                    let more = self.follow();
+                    self.reused_since_drain.extend(more);
+                }
+                Ok(false) => break,
+                Err(err) => {
+                    problems.push(CaptureError::UnwindTables(err));
+                    break;
+                }
+            }
         }
         for problem in &problems {
             tracing::warn!("{}", crate::error::chain(problem));
         }
-        Ok(Drained { batch, new_stacks, gone, problems })
+        Ok(Drained { batch, new_stacks, gone, reused, problems })
+    }
+
+    /// Dumps every thread of `pid` now (see [`crate::threads`]), after registering the
+    /// process with the unwinder if it is not yet (so that its frames are stepped with
+    /// tables), and learns the dump's stacks so that they resolve like any other.
+    pub fn thread_dump(&mut self, pid: Pid) -> Result<ThreadDump, CaptureError> {
+        if !procs::exists(pid.0) {
+            return Err(CaptureError::NoProcess(pid));
+        }
+        self.catalog.track(pid);
+        if let Some(process) = self.catalog.process(pid) {
+            let registration = [(pid, process.maps_version, process.maps())];
+            self.unwinder.sync(&mut self.session, registration, None).map_err(CaptureError::UnwindTables)?;
+        }
+        let dump = threads::take(&self.session, pid).map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        let stacks: HashMap<StackId, Vec<u64>> =
+            dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();
+        let seen: Vec<Sighting<'_>> = dump
+            .threads
+            .iter()
+            .map(|t| Sighting {
+                pid,
+                user_stack: threads::stack_id(&t.user),
+                kernel_stack: threads::stack_id(&t.kernel),
+                user_leaf_is_return: false,
+                main_thread_name: None,
+            })
+            .collect();
+        self.catalog.learn(&stacks, &seen);
+        Ok(dump)
     }
 
     /// Reads the live heap blocks, then drains (see [`Live`]).
@@ -270,8 +470,17 @@ impl Capture {
     /// Forgets processes not seen for `grace` that have exited, and stacks not in `keep`.
     /// Returns the pids forgotten, and what could not be cleared in the kernel.
     pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> (Vec<Pid>, Vec<CaptureError>) {
-        let gone = self.catalog.prune(grace, keep);
-        let problems = self.forget(&gone);
+        let mut problems = Vec::new();
+        let mut keep = std::borrow::Cow::Borrowed(keep);
+        if self.has(Source::Switches) {
+            // A thread still asleep since a sampled switch-out: its time is charged (and names
+            // these stacks) only when it runs again, maybe many dumps from now.
+            if let Err(err) = self.session.pending_offcpu_stacks(keep.to_mut()) {
+                problems.push(CaptureError::PendingStacks(err));
+            }
+        }
+        let gone = self.catalog.prune(grace, &keep);
+        problems.extend(self.forget(&gone));
         (gone, problems)
     }
 
@@ -306,20 +515,83 @@ impl Capture {
         self.scope.is_empty() || self.scope.contains(&pid)
     }
 
-    fn sync_unwinder(&mut self, budget: Option<Duration>) -> ebpf::Result<()> {
+    fn sync_unwinder(&mut self, budget: Option<Duration>) -> ebpf::Result<bool> {
         let selection = &self.selection;
         let processes = self
             .catalog
             .processes()
-            .filter(move |p| selection.matches(&p.facts()))
+            .filter(move |p| !p.exited && selection.matches(&p.facts()))
             .map(|p| (p.pid, p.maps_version, p.maps()));
         self.unwinder.sync(&mut self.session, processes, budget)
+    }
+
+    /// Registers `pids` (the processes a batch of events changed) with the unwinder, and
+    /// nothing else: they run now, and a short-lived one must not wait behind a backlog of
+    /// older processes (those are registered at the drains).
+    fn sync_changed(&mut self, pids: &[Pid], budget: Duration) -> ebpf::Result<()> {
+        let (selection, catalog) = (&self.selection, &self.catalog);
+        let processes = pids
+            .iter()
+            .filter_map(|pid| catalog.process(*pid))
+            .filter(move |p| !p.exited && selection.matches(&p.facts()))
+            .map(|p| (p.pid, p.maps_version, p.maps()));
+        self.unwinder.sync(&mut self.session, processes, Some(budget)).map(|_| ())
     }
 
     /// Builds unwind tables only for the processes `selection` matches from now on (a
     /// process already registered keeps its tables until it exits).
     pub fn select(&mut self, selection: &ProcessSelection) {
         self.selection = selection.clone();
+        self.filter_cgroups();
+    }
+
+    /// Tells the kernel which cgroups the selection's cgroup and unit matchers select, from
+    /// the hierarchy as it is now (new cgroups are added as the side band reports them).
+    fn filter_cgroups(&mut self) {
+        let root = cgroups::cgroup2_root();
+        let filter = match root {
+            Some(root) if CgroupFilter::applies(&self.selection) => {
+                CgroupFilter::for_selection(&self.selection, &cgroups::scan(&root))
+            }
+            _ => CgroupFilter::default(),
+        };
+        self.set_cgroup_filter(filter);
+    }
+
+    fn set_cgroup_filter(&mut self, filter: CgroupFilter) {
+        if filter == self.cgroup_filter {
+            return;
+        }
+        let mode = filter.mode.unwrap_or(ebpf::CgroupFilterMode::Off);
+        match self.session.set_cgroup_filter(mode, &filter.ids) {
+            Ok(()) => self.cgroup_filter = filter,
+            Err(err) => tracing::warn!(
+                "cgroup and unit matchers are applied in userspace only (every process is walked): {}",
+                crate::error::chain(&err)
+            ),
+        }
+    }
+
+    /// Adds the cgroups just created that the selection's matchers select (or exclude).
+    fn filter_new_cgroups(&mut self, created: &[(u64, String)]) {
+        if created.is_empty() || self.cgroup_filter.mode.is_none() {
+            return;
+        }
+        let fresh = CgroupFilter::for_selection(&self.selection, created);
+        let mut filter = self.cgroup_filter.clone();
+        filter.ids.extend(fresh.ids);
+        self.set_cgroup_filter(filter);
+    }
+
+    /// A symbolizer whose file reads skip the devices the unwinder found stalled, and the
+    /// other way round.
+    pub fn symbolizer(&self) -> crate::symbolize::Symbolizer {
+        crate::symbolize::Symbolizer::with_offload(self.files.sibling("offload-symbols"))
+    }
+
+    /// What the file workers (the unwinder's and the symbolizers') did.
+    pub fn offload_stats(&self) -> OffloadStats {
+        self.files.stats()
     }
 
     /// What is known of the processes and stacks captured so far.

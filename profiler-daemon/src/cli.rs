@@ -30,6 +30,9 @@ pub enum Command {
     Ps(ClientArgs),
     /// Draw a pprof profile (any type, from this profiler or not) as a flame graph SVG.
     Flamegraph(FlamegraphArgs),
+    /// Dump every thread of a process (stack, state, system call) without stopping it:
+    /// Go's goroutine profile for any process, without the daemon.
+    Threads(ThreadsArgs),
     /// Build the unwind tables of ELF files and report their size, build time and the CFI
     /// they cannot express (a diagnostic: why a binary's stacks stop early).
     UnwindTable(UnwindTableArgs),
@@ -43,6 +46,19 @@ pub struct FlamegraphArgs {
     #[arg(long = "sample-index", value_name = "NAME")]
     pub sample_index: Option<String>,
     /// Where to write the SVG [default: next to FILE, `.pb.gz` replaced by `.svg`].
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ThreadsArgs {
+    /// The process to dump.
+    pub pid: u32,
+    /// 0: a gzipped pprof profile (goroutine/count, one sample per thread, labelled); 1: Go's
+    /// text, threads grouped by stack; 2: every thread with its own stack.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub debug: u8,
+    /// Where to write the dump [default: stdout].
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }
@@ -89,6 +105,14 @@ pub struct ClientArgs {
     pub json: bool,
 }
 
+/// The block profile's default rate. Measured with `cargo xtask bench futex --pin-cpu 1`
+/// (see README): a handoff's wait is a few microseconds, so at 100us about 1 in 20-50 of them
+/// walks a stack, while a wait as long as a scheduler tick or more is always recorded.
+pub const DEFAULT_BLOCK_RATE: &str = "100us";
+/// The mutex profile's default fraction: 1 in 5 wakes walks its stack; a lock contended 1,000
+/// times still gives ~200 charged waits (±7%).
+pub const DEFAULT_MUTEX_FRACTION: u32 = 5;
+
 /// Highest sampling frequency accepted: above this the sampling itself dominates the cost.
 pub const MAX_FREQUENCY_HZ: u32 = 10_000;
 
@@ -107,7 +131,8 @@ pub struct SnapshotArgs {
     /// Directory to write `<name>-<pid>/cpu.pb.gz` files into.
     #[arg(long, default_value = "./profiles")]
     pub output: PathBuf,
-    /// Profile types to capture, comma-separated: cpu, heap.
+    /// Profile types to capture, comma-separated: cpu, heap, block, mutex, threadcreate,
+    /// threads (every thread of each process at the end of the capture), offcpu.
     #[arg(long, value_delimiter = ',', default_value = "cpu")]
     pub profiles: Vec<ProfileKind>,
     /// Heap: mean bytes allocated between samples (1 records every allocation).
@@ -119,6 +144,18 @@ pub struct SnapshotArgs {
     #[arg(long = "heap-max-live", default_value_t = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
     pub heap_max_live: u32,
+    /// Off-CPU: record 1 in N context switches, values scaled by N (1 records every one).
+    #[arg(long = "offcpu-every", value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub offcpu_every: u32,
+    /// Block: waits at least this long are all recorded, shorter ones with probability
+    /// length/rate, scaled as Go scales them (1ns records every wait).
+    #[arg(long = "block-rate", value_name = "DUR", default_value = DEFAULT_BLOCK_RATE, value_parser = parse_duration)]
+    pub block_rate: Duration,
+    /// Mutex: record 1 in N contention events, values scaled by N (1 records every one).
+    #[arg(long = "mutex-fraction", value_name = "N", default_value_t = DEFAULT_MUTEX_FRACTION,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub mutex_fraction: u32,
     /// Also write `<type>.svg`, a flame graph, next to each `<type>.pb.gz`.
     #[arg(long)]
     pub flamegraph: bool,

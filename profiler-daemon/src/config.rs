@@ -7,6 +7,7 @@
 //! kept as written), and `Config::try_from(raw)` (in `config/validate.rs`) checks every value
 //! once. The documented default file is `config/profiler.toml`; an empty file means the same.
 
+mod export;
 pub mod raw;
 mod select;
 mod validate;
@@ -21,9 +22,16 @@ use std::{
 };
 
 pub use crate::profiles::ProfileKind;
+pub use export::{
+    Auth, ExportConfig, ExportUrl, Protocol, Secret, Template, EXPORT_BACKOFF_RANGE, EXPORT_NAME_MAX_BYTES,
+    EXPORT_TIMEOUT_RANGE, SERVICE_NAME_FIELDS,
+};
 pub use raw::RawConfig;
 pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
-pub use validate::{FREQUENCY_HZ_RANGE, INTERVAL_RANGE, SAMPLE_BYTES_RANGE, SOCKET_PATH_MAX_BYTES};
+pub use validate::{
+    BLOCK_RATE_RANGE, FREQUENCY_HZ_RANGE, INTERVAL_RANGE, MUTEX_FRACTION_RANGE, OFFCPU_SAMPLE_EVERY_RANGE,
+    SAMPLE_BYTES_RANGE, SOCKET_PATH_MAX_BYTES,
+};
 
 use crate::units::{format_bytes, format_duration};
 
@@ -48,6 +56,15 @@ pub struct Config {
     pub processes: ProcessSelection,
     /// The heap profiler's opt-in list and sampling interval.
     pub heap: HeapConfig,
+    /// Thread dumps in interval dumps.
+    pub threads: ThreadsConfig,
+    /// The off-CPU profile's sampling.
+    pub offcpu: OffCpuConfig,
+    /// `[block] rate` and `[mutex] fraction`: how block and mutex events are sampled.
+    pub waits: WaitSampling,
+    /// `[[export]]`: backends the interval profiles are pushed to; empty (the default)
+    /// means none.
+    pub exports: Vec<ExportConfig>,
 }
 
 /// `[socket]`.
@@ -86,6 +103,35 @@ pub struct HeapConfig {
     /// Mean bytes allocated between samples; within [`SAMPLE_BYTES_RANGE`], 1 samples every
     /// allocation. Default 512KiB.
     pub sample_bytes: u64,
+}
+
+/// `[block] rate` and `[mutex] fraction`, as Go's `SetBlockProfileRate` and
+/// `SetMutexProfileFraction`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitSampling {
+    /// Waits at least this long are always recorded, shorter ones with probability
+    /// length/rate (scaled as Go scales them); within [`BLOCK_RATE_RANGE`].
+    pub block_rate: Duration,
+    /// 1 in this many contention events recorded, scaled by it; within
+    /// [`MUTEX_FRACTION_RANGE`].
+    pub mutex_fraction: u32,
+}
+
+/// `[offcpu]`: the off-CPU profile's sampling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    /// Record 1 in this many context switches, values scaled by it; within
+    /// [`OFFCPU_SAMPLE_EVERY_RANGE`]. Default 50.
+    pub sample_every: u32,
+}
+
+/// `[threads]`. A thread dump is served on demand (`/debug/pprof/goroutine`) whenever
+/// "threads" is in `profiles`; writing one per process at every interval is opt-in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadsConfig {
+    /// Each interval dump also writes `threads-<stamp>.pb.gz` for every process it writes.
+    /// Default false.
+    pub interval_dumps: bool,
 }
 
 impl HeapConfig {
@@ -194,6 +240,9 @@ impl fmt::Display for Config {
             f.write_str(", all processes")?;
         } else {
             write!(f, ", processes: {} include, {} exclude", processes.include.len(), processes.exclude.len())?;
+        }
+        for export in &self.exports {
+            write!(f, ", export {} to {} ({})", export.name, export.url.text, export.protocol)?;
         }
         let retention = &self.retention;
         write!(

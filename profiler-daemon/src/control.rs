@@ -5,13 +5,16 @@
 //!
 //! The command channel is a bounded std channel, so the collector keeps its own clock (a
 //! `recv_timeout`, not an async runtime it would depend on); replies are tokio oneshots,
-//! which a sync thread can send on.
+//! which a sync thread can send on. `/status` is not a command: the collector publishes it
+//! on a [`StatusBoard`] after every drain and command, and the front answers from there, so
+//! it answers at once even while the collector is busy (a long dump, a table build, a file
+//! read waited out on a stalled file system).
 
 use std::{
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
         mpsc::{self, RecvError, RecvTimeoutError, SyncSender, TrySendError},
-        Arc,
+        Arc, Mutex, Weak,
     },
     time::Duration,
 };
@@ -52,8 +55,9 @@ pub struct ProfileQuery {
     /// Capture a delta over the next `window` (always set for CPU); `None` = since start
     /// (heap: the live state now).
     pub window: Option<Duration>,
-    /// Go's legacy text form (`debug=1`) instead of gzipped protobuf.
-    pub text: bool,
+    /// Go's `debug` parameter: 0 gzipped protobuf, 1 Go's legacy text form, 2 the thread
+    /// dump's per-thread text (goroutine only).
+    pub debug: u8,
 }
 
 /// Why a query has no profile, each with its real cause and, where there is one, the fix.
@@ -137,11 +141,6 @@ pub enum Command {
         query: ProfileQuery,
         reply: oneshot::Sender<Result<ProfileBody, QueryError>>,
     },
-    /// `/status` as a JSON document: all of it for root, only counters for anyone else.
-    Status {
-        viewer: Viewer,
-        reply: oneshot::Sender<String>,
-    },
     /// Apply a new, already validated configuration.
     Reload {
         config: Box<Config>,
@@ -151,6 +150,9 @@ pub enum Command {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
+    /// Process events arrived from the kernel (sent by the capture's side-band watcher, not
+    /// by the front): apply them now, so a short-lived process is registered while it runs.
+    ProcessEvents,
 }
 
 /// What the front refused, by reason: the socket server counts, `/status` shows.
@@ -183,19 +185,58 @@ impl Refusals {
     }
 }
 
+/// `/status` as the collector last published it: the JSON document for root, and the one
+/// with only its counters for anyone else. The front's own counters ([`Refusals`]) are put
+/// in when it is read, so they are never stale.
+#[derive(Clone, Debug, Default)]
+pub struct StatusBoard(Arc<Mutex<Option<PublishedStatus>>>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedStatus {
+    pub full: serde_json::Value,
+    pub counters_only: serde_json::Value,
+}
+
+impl StatusBoard {
+    pub fn publish(&self, status: PublishedStatus) {
+        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(status);
+    }
+
+    /// The document `viewer` may see, with the front's `refusals` as they are now; `None`
+    /// before the first publication.
+    pub fn read(&self, viewer: Viewer, refusals: &Refusals) -> Option<String> {
+        let board = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let published = board.as_ref()?;
+        let mut doc = if viewer == Viewer::ROOT { published.full.clone() } else { published.counters_only.clone() };
+        drop(board);
+        let socket: serde_json::Map<String, serde_json::Value> =
+            refusals.read().into_iter().map(|(name, n)| (name.to_string(), n.into())).collect();
+        if let Some(refused) = doc.get_mut("refused").and_then(serde_json::Value::as_object_mut) {
+            refused.insert("socket".into(), socket.into());
+        }
+        Some(serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()) + "\n")
+    }
+}
+
 /// The front's handle on the collector; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct CollectorHandle {
-    tx: SyncSender<Command>,
+    /// Only the front's handles hold the sender: when they are all gone the collector sees
+    /// the channel close (the side-band waker holds a weak reference).
+    tx: Arc<SyncSender<Command>>,
     /// Shared with the collector, which shows them.
     pub refusals: Arc<Refusals>,
+    status: StatusBoard,
 }
 
-/// The collector's end of the channel, and the front's refusals it reports.
+/// The collector's end of the channel, the front's refusals it reports, and where it
+/// publishes `/status`.
 #[derive(Debug)]
 pub struct Commands {
     rx: mpsc::Receiver<Command>,
+    tx: Weak<SyncSender<Command>>,
     pub refusals: Arc<Refusals>,
+    pub status: StatusBoard,
 }
 
 impl Commands {
@@ -206,13 +247,27 @@ impl Commands {
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Command, RecvTimeoutError> {
         self.rx.recv_timeout(timeout)
     }
+
+    /// A waker for another thread: queues [`Command::ProcessEvents`] (dropped when the queue
+    /// is full: the collector is busy, and follows the events at its next drain anyway).
+    pub fn waker(&self) -> impl Fn() + Send + 'static {
+        let tx = Weak::clone(&self.tx);
+        move || {
+            if let Some(tx) = tx.upgrade() {
+                let _ = tx.try_send(Command::ProcessEvents);
+            }
+        }
+    }
 }
 
 /// A handle and the collector's end of its channel.
 pub fn channel() -> (CollectorHandle, Commands) {
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let refusals = Arc::new(Refusals::default());
-    (CollectorHandle { tx, refusals: Arc::clone(&refusals) }, Commands { rx, refusals })
+    let status = StatusBoard::default();
+    let tx = Arc::new(tx);
+    let commands = Commands { rx, tx: Arc::downgrade(&tx), refusals: Arc::clone(&refusals), status: status.clone() };
+    (CollectorHandle { tx, refusals, status }, commands)
 }
 
 impl CollectorHandle {
@@ -240,8 +295,11 @@ impl CollectorHandle {
         self.ask(|reply| Command::Profile { query, reply }).await?
     }
 
-    pub async fn status(&self, viewer: Viewer) -> Result<String, QueryError> {
-        self.ask(|reply| Command::Status { viewer, reply }).await
+    /// `/status` for `viewer`, from the board: never waits for the collector.
+    pub fn status(&self, viewer: Viewer) -> Result<String, QueryError> {
+        self.status
+            .read(viewer, &self.refusals)
+            .ok_or_else(|| QueryError::Unavailable("the collector is starting".into()))
     }
 
     pub async fn reload(&self, config: Config) -> Result<Result<Reloaded, ReloadError>, QueryError> {

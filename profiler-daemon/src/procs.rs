@@ -3,7 +3,29 @@
 //! sampled address falls outside the known mappings, e.g. after `dlopen`), so that addresses
 //! can still be turned into (file, offset) after the process has exited.
 
-use std::{fs, io, path::PathBuf};
+use std::{fmt, fs, io, os::unix::fs::MetadataExt, path::PathBuf};
+
+/// A device as `/proc/PID/maps` names it (`fe:01`, `0:53` for a FUSE mount): which file
+/// system a mapped file lives on, known without asking that file system anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Device {
+    /// Parses `major:minor` in hex, as the maps file writes it.
+    fn parse(text: &str) -> Option<Self> {
+        let (major, minor) = text.split_once(':')?;
+        Some(Self { major: u32::from_str_radix(major, 16).ok()?, minor: u32::from_str_radix(minor, 16).ok()? })
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
 
 /// One executable, file-backed (or special, like `[vdso]`) mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +40,12 @@ pub struct MapEntry {
     pub path: String,
     /// Inode of the file (0 for anonymous and special mappings).
     pub inode: u64,
+    /// The device of the file system holding the file.
+    pub device: Device,
+    /// The inode's generation, when the kernel said (side-band events; 0 from
+    /// `/proc/PID/maps`): with device and inode, the file's identity even after the inode
+    /// number is reused.
+    pub generation: u64,
     /// No longer in the process's latest `/proc/PID/maps` (a `dlclose`d library, the image
     /// an `execve` replaced): kept so that samples taken before still resolve, but not a
     /// mapping the process has now.
@@ -67,11 +95,65 @@ pub struct ProcessInfo {
     pub ns_pid: u32,
 }
 
+/// Credentials no viewer but root has: a process known only from kernel events, whose
+/// owner was never read.
+pub const UNKNOWN_UID: u32 = u32::MAX;
+
 impl ProcessInfo {
+    /// A process known only from the kernel's events (it exited before `/proc` was read):
+    /// its mappings and name, and an owner nobody but root matches.
+    pub fn from_events(pid: u32, name: &str) -> Self {
+        let credentials = Credentials { uids: [UNKNOWN_UID; 4], dump_owner: UNKNOWN_UID, start_time: 0 };
+        Self {
+            pid,
+            name: name.to_string(),
+            exe: None,
+            maps: Vec::new(),
+            uid: UNKNOWN_UID,
+            start_time: 0,
+            credentials,
+            cgroup: None,
+            ns_pid: pid,
+        }
+    }
+
     /// The mapping that holds `addr`, by binary search.
     pub fn mapping_of(&self, addr: u64) -> Option<usize> {
         let idx = self.maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
         self.maps[idx].contains(addr).then_some(idx)
+    }
+}
+
+/// Where the file a process maps opens here, with its (size, mtime): the path it mapped when
+/// that path here is the same file (device and inode as in its maps: the common case, one
+/// path for every process), else the mapping itself (`/proc/PID/map_files`: another mount
+/// namespace, a deleted file), else through the process's root. `None` when it cannot be
+/// found any more (the process exited and the path no longer names the same file): a
+/// container's file is never read from the host's file that happens to have its path.
+pub fn locate(pid: crate::ids::Pid, map: &MapEntry) -> Option<(PathBuf, (u64, i64))> {
+    let same_file = |meta: &std::fs::Metadata| {
+        let dev = meta.dev();
+        (libc::major(dev), libc::minor(dev), meta.ino()) == (map.device.major, map.device.minor, map.inode)
+    };
+    let version = |meta: &std::fs::Metadata| (meta.size(), meta.mtime());
+    let direct = std::path::Path::new(&map.path);
+    if !map.path.ends_with(" (deleted)") {
+        if let Ok(meta) = fs::metadata(direct) {
+            if same_file(&meta) {
+                return Some((direct.to_path_buf(), version(&meta)));
+            }
+        }
+    }
+    let mapping = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", map.start, map.end));
+    match fs::metadata(&mapping) {
+        // The inode checks that the pid is still the process whose mapping this is.
+        Ok(meta) if meta.ino() == map.inode => return Some((mapping, version(&meta))),
+        _ => {}
+    }
+    let rooted = PathBuf::from(format!("/proc/{pid}/root{}", map.path));
+    match fs::metadata(&rooted) {
+        Ok(meta) if meta.ino() == map.inode => Some((rooted, version(&meta))),
+        _ => None,
     }
 }
 
@@ -95,7 +177,6 @@ impl PidNamespace {
 
 /// The pid namespace this process runs in.
 pub fn own_pid_namespace() -> io::Result<PidNamespace> {
-    use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata("/proc/self/ns/pid")?;
     // stat's st_dev is the userspace encoding; the kernel compares its own dev_t (major << 20
     // | minor).
@@ -144,7 +225,6 @@ impl Credentials {
 
 /// Reads the credentials of `pid` now.
 pub fn read_credentials(pid: u32) -> io::Result<Credentials> {
-    use std::os::unix::fs::MetadataExt;
     let dump_owner = fs::metadata(format!("/proc/{pid}"))?.uid();
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let uids = parse_uids(&status)
@@ -168,6 +248,12 @@ pub fn read_start_time(pid: u32) -> io::Result<u64> {
 fn parse_start_time(stat: &str) -> Option<u64> {
     // After "pid (comm) " come fields 3 (state) onwards: field 22 is the 20th.
     stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The number of threads of a process (`Threads:` of `/proc/PID/status`).
+pub fn thread_count(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Threads:"))?.trim().parse().ok()
 }
 
 /// The innermost namespace's pid of a process: the last field of `NSpid:` in
@@ -251,7 +337,7 @@ fn parse_maps_line(line: &str) -> Option<MapEntry> {
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?;
     let offset = fields.next()?;
-    let _dev = fields.next()?;
+    let device = Device::parse(fields.next()?)?;
     let inode = fields.next()?;
     let path = fields.next().unwrap_or("").trim_start();
     if perms.as_bytes().get(2) != Some(&b'x') {
@@ -263,6 +349,8 @@ fn parse_maps_line(line: &str) -> Option<MapEntry> {
         offset: u64::from_str_radix(offset, 16).ok()?,
         path: path.to_string(),
         inode: inode.parse().ok()?,
+        device,
+        generation: 0,
         unmapped: false,
     })
 }
@@ -286,6 +374,8 @@ mod tests {
         assert_eq!(maps[0].path, "/usr/bin/my prog");
         assert_eq!(maps[0].offset, 0x1000);
         assert_eq!(maps[1].path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(maps[1].device, Device { major: 0xfe, minor: 1 });
+        assert_eq!(maps[1].device.to_string(), "254:1");
         assert_eq!(maps[2].path, "[vdso]");
         assert!(!maps[2].is_file());
         assert!(maps[1].is_file());

@@ -51,15 +51,23 @@ pub struct Rendered {
 }
 
 impl Renderer<'_> {
-    /// `view` of `process` from `counts` in Go's text layout for the kind (`debug=1`).
-    pub fn text(&self, process: &KnownProcess, counts: &ProcessCounts, view: View, sym: &mut Symbolizer) -> String {
+    /// `view` of `process` from `counts` in Go's text layout for the kind (`debug=1`, or 2
+    /// for the thread dump's per-thread layout).
+    pub fn text(
+        &self,
+        process: &KnownProcess,
+        counts: &ProcessCounts,
+        view: View,
+        debug: u8,
+        sym: &mut Symbolizer,
+    ) -> String {
         let kind = view.kind;
         let mut resolved = resolve::resolve(process, self.catalog, kind.samples(counts, &self.settings), sym);
         if !self.kernel_addresses {
             resolved.hide_kernel_addresses();
         }
         kind.label(&mut resolved);
-        pprof::go_text(&resolved, kind.text_format(&self.settings))
+        pprof::go_text(&resolved, kind.text_format(&self.settings, debug))
     }
 
     /// Renders `view` of `process` from `counts`. `notes` are extra comment lines (e.g. what
@@ -80,7 +88,7 @@ impl Renderer<'_> {
         let samples = kind.samples(counts, &self.settings);
         let mut resolved = resolve::resolve(process, self.catalog, samples, sym);
         kind.label(&mut resolved);
-        let mut comments = kind.comments(self.context, self.counters, &self.settings);
+        let mut comments = kind.comments(self.context, self.counters, &self.settings, counts);
         if !self.kernel_addresses && resolved.hide_kernel_addresses() {
             comments.push(format!(
                 "kernel addresses are shown from {:#x} on, relative to the lowest: only root sees where the kernel is",
@@ -90,6 +98,7 @@ impl Renderer<'_> {
         if process.info.is_none() {
             comments.push("the process exited before its mappings could be read: user frames unsymbolized".into());
         }
+        comments.push(attribution(process));
         comments.extend(notes);
         let meta = pprof::ProfileMeta { start: self.window.start, duration: self.window.duration, comments };
         let encoded = pprof::encode(&resolved, &shape, &meta);
@@ -104,6 +113,25 @@ impl Renderer<'_> {
             hottest: hottest_function(&resolved, index),
         }
     }
+}
+
+/// Who the process is, as its profile says: pid, name, executable, owner, cgroup, and the
+/// systemd unit and container its cgroup names (what `[processes]` matchers select by).
+fn attribution(process: &KnownProcess) -> String {
+    let info = process.info.as_ref();
+    let or_unknown = |value: Option<String>| value.unwrap_or_else(|| "unknown".into());
+    let cgroup = info.and_then(|i| i.cgroup.clone());
+    let uid = info.map(|i| i.uid).filter(|&uid| uid != crate::procs::UNKNOWN_UID);
+    format!(
+        "process {} (pid {}): executable {}, uid {}, cgroup {}, unit {}, container {}",
+        process.name,
+        process.pid,
+        or_unknown(info.and_then(|i| i.exe.as_ref()).map(|e| e.display().to_string())),
+        or_unknown(uid.map(|u| u.to_string())),
+        or_unknown(cgroup.clone()),
+        cgroup.as_deref().and_then(crate::procs::unit_of).unwrap_or("none"),
+        cgroup.as_deref().and_then(crate::procs::container_of).unwrap_or("none"),
+    )
 }
 
 /// The function with the largest self value at `value_index` (the leaf frame's innermost

@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use crate::{
@@ -99,7 +99,8 @@ pub struct FrameStats {
     pub missing_stacks: u64,
 }
 
-/// Why a file the process controls (its JIT perf map) was not read; named in the profile.
+/// Why a file the process controls (an executable, a library, its JIT perf map) was not
+/// read, or read in part; named in the profile.
 pub type Refusal = String;
 
 /// A process's samples, symbolized, ready to encode.
@@ -111,7 +112,8 @@ pub struct ResolvedProfile {
     pub locations: Vec<LocationInfo>,
     pub samples: Vec<ResolvedSample>,
     pub frames: FrameStats,
-    /// Files of the process refused (see [`crate::untrusted`]); their addresses stay unnamed.
+    /// Files of the process not read, or read in part (see [`Refusal`]); their addresses stay
+    /// unnamed, or named without source lines.
     pub refused: Vec<Refusal>,
 }
 
@@ -333,50 +335,44 @@ fn user_site(
     sym: &mut Symbolizer,
     refused: &mut Vec<Refusal>,
 ) -> (Option<MappingInfo>, Vec<Frames>) {
-    let file = map.is_file().then(|| openable_path(owner.pid.0, map));
-    let frames = match &file {
-        Some(path) => {
-            let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
-            sym.elf(path, &offsets)
+    let unnamed = || vec![Vec::new(); addrs.len()];
+    let mut build_id = None;
+    let frames = if map.is_file() {
+        let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
+        match sym.elf(owner.pid, map, &offsets) {
+            Ok(answer) => {
+                refused.extend(answer.note);
+                build_id = answer.build_id;
+                answer.frames
+            }
+            Err(stall) => {
+                refused.push(stall);
+                unnamed()
+            }
         }
+    } else if map.inode == 0 && !map.path.starts_with('[') {
         // Anonymous executable memory is JIT code: its runtime may name it in a perf map,
         // `/tmp/perf-<pid as it knows itself>.map` in its own root, which only its owner
         // can have written (a root-owned file there is a link planted by someone else).
-        None if map.inode == 0 && !map.path.starts_with('[') => {
-            let path = PathBuf::from(format!("/tmp/perf-{}.map", owner.ns_pid));
-            sym.perf_map(owner.pid, &path, &owner.uids(), addrs).unwrap_or_else(|reason| {
-                refused.push(reason);
-                vec![Vec::new(); addrs.len()]
-            })
-        }
-        None => vec![Vec::new(); addrs.len()],
+        let path = PathBuf::from(format!("/tmp/perf-{}.map", owner.ns_pid));
+        sym.perf_map(owner.pid, &path, &owner.uids(), addrs).unwrap_or_else(|reason| {
+            refused.push(reason);
+            unnamed()
+        })
+    } else {
+        unnamed()
     };
     let mapping = MappingInfo {
         start: map.start,
         limit: map.end,
         offset: map.offset,
         path: map.path.clone(),
-        build_id: file.as_deref().and_then(|path| sym.build_id(path)),
+        build_id,
         has_functions: false,
         has_lines: false,
         has_inline_frames: false,
     };
     (Some(mapping), frames)
-}
-
-/// The path under which we can open a process's file: its own path when that exists here,
-/// otherwise through the process's root (containers), or, for a deleted file, through
-/// `/proc/PID/map_files` (both work only while the process lives).
-fn openable_path(pid: u32, map: &MapEntry) -> PathBuf {
-    const DELETED: &str = " (deleted)";
-    if map.path.ends_with(DELETED) {
-        return PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", map.start, map.end));
-    }
-    let direct = Path::new(&map.path);
-    if direct.exists() {
-        return direct.to_path_buf();
-    }
-    PathBuf::from(format!("/proc/{pid}/root{}", map.path))
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use crate::{
     profiles::{heap::attachment_comment, Context, Counts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
     sink::SnapshotFiles,
-    symbolize::Symbolizer,
     unwind::UnwinderStats,
 };
 
@@ -75,7 +74,13 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     output::ensure_writable_dir(&args.output)?;
 
     let pids: Vec<Pid> = args.pids.iter().copied().map(Pid).collect();
-    let settings = Settings { frequency_hz: args.frequency_hz, heap_sample_bytes: args.heap_sample_bytes };
+    let settings = Settings {
+        frequency_hz: args.frequency_hz,
+        heap_sample_bytes: args.heap_sample_bytes,
+        offcpu_sample_every: args.offcpu_every,
+        block_rate_ns: args.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
+        mutex_fraction: args.mutex_fraction,
+    };
     let mut capture = Capture::start(&CaptureConfig {
         pids: pids.clone(),
         kinds: args.profiles.clone(),
@@ -83,6 +88,8 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         heap_max_live: args.heap_max_live,
         max_stacks: usize::MAX,
         enable_stats: args.bpf_stats,
+        heartbeat: None,
+        selection: Default::default(),
     })?;
     if capture.has(Source::HeapProbes) {
         for &pid in &pids {
@@ -90,6 +97,10 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         }
     }
     tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
+    // One line on stderr once everything is attached: what is measured starts here (a
+    // script can start its workload on it).
+    let whom = if pids.is_empty() { "every process".to_string() } else { format!("{} process(es)", pids.len()) };
+    eprintln!("capturing {whom} for {:?}", args.duration);
     let start = SystemTime::now();
     let mut counts = Counts::default();
     let interrupted = capture_for(&mut capture, &mut counts, args.duration)?;
@@ -97,6 +108,9 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         let live = capture.live()?;
         counts.set_live(&live.pids, &live.blocks);
         counts.add(&live.drained.batch);
+    }
+    if capture.has(Source::TaskIterator) {
+        dump_threads(&mut capture, &mut counts, &pids);
     }
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = capture.counters()?;
@@ -133,7 +147,7 @@ fn write(
         kernel_addresses: true,
     };
     let mut files = SnapshotFiles::new(&args.output);
-    let mut sym = Symbolizer::new();
+    let mut sym = capture.symbolizer();
     let empty = Default::default();
     let mut written = Vec::new();
     for &kind in kinds {
@@ -179,6 +193,19 @@ fn write(
     Ok(written)
 }
 
+/// Dumps the threads of the chosen processes (`--pid`), or of every process seen, at the
+/// end of the capture. A process that exited by then has no dump (said in the log).
+fn dump_threads(capture: &mut Capture, counts: &mut Counts, chosen: &[Pid]) {
+    let pids: Vec<Pid> = if chosen.is_empty() { counts.iter().map(|(pid, _)| pid).collect() } else { chosen.to_vec() };
+    for pid in pids {
+        match capture.thread_dump(pid) {
+            Ok(dump) => counts.set_thread_dump(pid, std::sync::Arc::new(dump)),
+            Err(CaptureError::NoProcess(_)) => tracing::info!(pid = pid.0, "exited before its threads were dumped"),
+            Err(err) => tracing::warn!("{}", crate::error::chain(&err)),
+        }
+    }
+}
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_interrupt(_: libc::c_int) {
@@ -193,11 +220,16 @@ fn capture_for(capture: &mut Capture, counts: &mut Counts, duration: Duration) -
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
     let mut interval = FIRST_DRAIN;
+    // Process events are followed as they come, between drains (see `Capture::follow`).
+    let (events_tx, events) = std::sync::mpsc::channel();
+    capture.watch(move || {
+        let _ = events_tx.send(());
+    });
     loop {
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
         if now >= deadline || interrupted {
-            counts.add(&capture.drain()?.batch);
+            add(counts, capture.drain()?);
             if progress {
                 eprint!("\r\x1b[K");
             }
@@ -213,20 +245,30 @@ fn capture_for(capture: &mut Capture, counts: &mut Counts, duration: Duration) -
             );
             let _ = std::io::stderr().flush();
         }
-        sleep_until(deadline.min(now + interval));
+        wait_until(deadline.min(now + interval), capture, counts, &events);
         interval = DRAIN_INTERVAL;
-        counts.add(&capture.drain()?.batch);
+        add(counts, capture.drain()?);
     }
 }
 
-/// Sleeps in short steps so Ctrl-C is noticed promptly.
-fn sleep_until(when: Instant) {
+/// Counts a drained batch, after forgetting what was counted under pids reused since.
+fn add(counts: &mut Counts, drained: crate::capture::Drained) {
+    counts.forget(&drained.reused);
+    counts.add(&drained.batch);
+}
+
+/// Waits in short steps so Ctrl-C is noticed promptly, following process events as they
+/// come.
+fn wait_until(when: Instant, capture: &mut Capture, counts: &mut Counts, events: &std::sync::mpsc::Receiver<()>) {
     while !INTERRUPTED.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= when {
             return;
         }
-        std::thread::sleep((when - now).min(Duration::from_millis(100)));
+        if events.recv_timeout((when - now).min(Duration::from_millis(100))).is_ok() {
+            let reused = capture.follow();
+            counts.forget(&reused);
+        }
     }
 }
 
@@ -240,6 +282,8 @@ fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
             Source::HeapProbes => names.extend([programs::MALLOC_ENTER, programs::FREE_ENTER, programs::ALLOC_EXIT]),
             Source::FutexWaits => names.extend(programs::FUTEX),
             Source::ThreadCreation => names.push(programs::THREAD_CREATE),
+            Source::TaskIterator => names.push(programs::THREAD_DUMP),
+            Source::Switches => names.push(programs::OFFCPU_SWITCH),
         }
     }
     for program in names {

@@ -5,21 +5,21 @@
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::{map, perf_event},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, PerCpuArray},
     programs::PerfEventContext,
     EbpfContext,
 };
 use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, stacks_of, wanted, Scratch},
     stack::{capture_kernel, capture_user, StackError},
 };
 
 #[map]
-pub static CPU_COUNTS_0: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_0: HashMap<CpuSampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static CPU_COUNTS_1: PerCpuHashMap<CpuSampleKey, u64> = PerCpuHashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_1: HashMap<CpuSampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
 
 #[map]
 pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCounter::COUNT, 0);
@@ -40,6 +40,10 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     if task.pid_tgid as u32 == 0 || !wanted(tgid) {
         return Err(());
     }
+    if !cgroup_wanted() {
+        count(CpuCounter::CgroupFiltered);
+        return Err(());
+    }
     let set = active_set();
     let (counts, stacks) = (pick_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1), stacks_of(set));
 
@@ -57,7 +61,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     };
 
     let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };
-    if !add_or_insert(counts, &key, &1, |n| *n += 1) {
+    if !add_or_insert(counts, &key, &1) {
         count(CpuCounter::CountsMapFull);
         return Err(());
     }

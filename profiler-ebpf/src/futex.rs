@@ -11,19 +11,29 @@
 //! `futex_wake`/`futex_requeue`) records its stack as the futex word's last waker at entry,
 //! before any waiter can run. A waiter that returns woken, on a word whose last wake came
 //! after it started waiting, has its delay added under the waker's stack in the mutex maps.
+//!
+//! Both are sampled as Go samples them, decided before any stack is walked (`FUTEX_CONFIG`):
+//! a wait at least as long as the block rate is always counted, a shorter one of length d
+//! with probability d/rate and then as rate/d waits of total delay rate (Go's unbiasing);
+//! 1 in N wakes (the mutex fraction) walks its stack, and only the waits a sampled wake ends
+//! are charged, scaled by N in userspace. An unsampled wait costs two timestamps and its
+//! in-flight entry; an unsampled wake, a timestamp and its word's entry.
 #![allow(non_upper_case_globals)]
 
 use core::ptr;
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use profiler_common::{
-    futex::{is_wake_cmd, FUTEX_CMD_MASK},
+    futex::{
+        is_wake_cmd, FUTEX_CMD_MASK, FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION, FUTEX_CONFIG_SLOTS,
+        WAIT_COUNT_ONE,
+    },
     maps::{FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
     FutexCounter, PendingWait, Stack, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
 };
@@ -35,17 +45,13 @@ use crate::{
 };
 
 #[map]
-pub static BLOCK_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static BLOCK_COUNTS_0: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static BLOCK_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static BLOCK_COUNTS_1: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static MUTEX_COUNTS_0: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static MUTEX_COUNTS_0: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static MUTEX_COUNTS_1: PerCpuHashMap<WaitKey, WaitTotals> =
-    PerCpuHashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static MUTEX_COUNTS_1: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
 
 #[map]
 pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(FUTEX_PENDING_MAX_ENTRIES, 0);
@@ -53,6 +59,10 @@ pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(
 // LRU: words nobody wakes any more age out instead of filling the map.
 #[map]
 pub static FUTEX_WAKERS: LruHashMap<WakerKey, Waker> = LruHashMap::with_max_entries(FUTEX_WAKERS_MAX_ENTRIES, 0);
+
+/// Sampling knobs written by userspace after load (see the module's comment).
+#[map]
+pub static FUTEX_CONFIG: Array<u64> = Array::with_max_entries(FUTEX_CONFIG_SLOTS, 0);
 
 #[map]
 pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FutexCounter::COUNT, 0);
@@ -176,6 +186,9 @@ fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
 /// unrolled frame-pointer walk; the order is kept).
 #[inline(always)]
 fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
+    // The end first: the walk below is the profiler's time, not the wait's.
+    // SAFETY: a helper without arguments.
+    let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let tgid = task.tgid;
     let set = active_set();
     let (block, mutex, stacks) = (
@@ -183,15 +196,18 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1),
         stacks_of(set),
     );
-    let stack = user_stack(stacks, tgid);
-    // SAFETY: a helper without arguments.
-    let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
-    let key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack };
-    if add_wait(block, &key, delay_ns) {
-        count(FutexCounter::Waits);
-    } else {
-        count(FutexCounter::BlockMapFull);
+    let mut key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack: NO_STACK };
+    match block_weight(delay_ns) {
+        Some((weight, delay)) => {
+            key.stack = user_stack(stacks, tgid);
+            if add_wait(block, &key, weight, delay) {
+                count(FutexCounter::Waits);
+            } else {
+                count(FutexCounter::BlockMapFull);
+            }
+        }
+        None => count(FutexCounter::BlockUnsampled),
     }
     if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
         return;
@@ -199,31 +215,61 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     let waker_key = WakerKey { tgid, _pad: 0, uaddr: wait.uaddr };
     // The time before the stack: `record_waker` may be rewriting the entry in place, and
     // writes the stack before the time.
-    let waker_stack = match FUTEX_WAKERS.get_ptr(&waker_key) {
+    let (waker_stack, sampled) = match FUTEX_WAKERS.get_ptr(&waker_key) {
         // SAFETY: plain field reads of a live map value.
         Some(entry) if unsafe { ptr::read_volatile(&(*entry).wake_ns) } >= wait.start_ns => unsafe {
-            ptr::read_volatile(&(*entry).stack)
+            (ptr::read_volatile(&(*entry).stack), ptr::read_volatile(&(*entry).sampled))
         },
         _ => {
             count(FutexCounter::NoWaker);
             return;
         }
     };
+    if sampled == 0 {
+        count(FutexCounter::MutexUnsampled);
+        return;
+    }
     let key = WaitKey { stack: waker_stack, ..key };
-    if add_wait(mutex, &key, delay_ns) {
+    if add_wait(mutex, &key, WAIT_COUNT_ONE, delay_ns) {
         count(FutexCounter::MutexCharged);
     } else {
         count(FutexCounter::MutexMapFull);
     }
 }
 
-/// Adds one wait of `delay_ns` under `key`. False when the map is full.
+/// Adds `weight` waits (in 1/`WAIT_COUNT_ONE`) of `delay_ns` in all under `key`. False when
+/// the map is full.
 #[inline(always)]
-fn add_wait(totals: &PerCpuHashMap<WaitKey, WaitTotals>, key: &WaitKey, delay_ns: u64) -> bool {
-    add_or_insert(totals, key, &WaitTotals { count: 1, delay_ns }, |t| {
-        t.count += 1;
-        t.delay_ns = t.delay_ns.wrapping_add(delay_ns);
-    })
+fn add_wait(totals: &HashMap<WaitKey, WaitTotals>, key: &WaitKey, weight: u64, delay_ns: u64) -> bool {
+    add_or_insert(totals, key, &WaitTotals { count: weight, delay_ns })
+}
+
+/// Whether a wait of `delay_ns` goes into the block profile, and as what (count in
+/// 1/`WAIT_COUNT_ONE`, delay): as itself when at least the rate long, else with probability
+/// delay/rate as rate/delay waits of `rate` ns in all (Go's CL 299991), so that the sums
+/// estimate every wait's.
+#[inline(always)]
+fn block_weight(delay_ns: u64) -> Option<(u64, u64)> {
+    let rate = FUTEX_CONFIG.get(FUTEX_CONFIG_BLOCK_RATE_NS).copied().unwrap_or(0);
+    if rate <= 1 || delay_ns >= rate {
+        return Some((WAIT_COUNT_ONE, delay_ns));
+    }
+    // Uniform in [0, rate): a 32-bit random number scaled, no division.
+    // SAFETY: a helper without arguments.
+    let draw = (u64::from(unsafe { bpf_get_prandom_u32() }) * rate) >> 32;
+    if draw >= delay_ns {
+        return None;
+    }
+    // delay_ns > draw >= 0 here.
+    Some(((rate * WAIT_COUNT_ONE) / delay_ns, rate))
+}
+
+/// Whether this wake walks its stack: 1 in the mutex fraction.
+#[inline(always)]
+fn wake_sampled() -> bool {
+    let fraction = FUTEX_CONFIG.get(FUTEX_CONFIG_MUTEX_FRACTION).copied().unwrap_or(0);
+    // SAFETY: a helper without arguments.
+    fraction <= 1 || u64::from(unsafe { bpf_get_prandom_u32() }) % fraction == 0
 }
 
 /// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted.
@@ -242,11 +288,12 @@ fn user_stack(stacks: &HashMap<u64, Stack>, tgid: u32) -> u64 {
 /// Remembers the calling thread's stack as the last waker of `uaddr`.
 #[inline(always)]
 fn record_waker(task: Task, uaddr: u64) {
-    let stack = user_stack(stacks_of(active_set()), task.tgid);
+    let sampled = wake_sampled();
+    let stack = if sampled { user_stack(stacks_of(active_set()), task.tgid) } else { NO_STACK };
     let tgid = task.tgid;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };
-    let waker = Waker { stack, wake_ns, tid: task.tid, _pad: 0 };
+    let waker = Waker { stack, wake_ns, tid: task.tid, sampled: sampled as u32 };
     let key = WakerKey { tgid, _pad: 0, uaddr };
     // A word is usually woken again and again (the same lock or condition): overwriting its
     // entry in place skips the LRU's allocation and list locking. `wake_ns` is written last,
@@ -256,6 +303,7 @@ fn record_waker(task: Task, uaddr: u64) {
         unsafe {
             ptr::write_volatile(&mut (*entry).stack, stack);
             ptr::write_volatile(&mut (*entry).tid, waker.tid);
+            ptr::write_volatile(&mut (*entry).sampled, waker.sampled);
             ptr::write_volatile(&mut (*entry).wake_ns, wake_ns);
         }
         count(FutexCounter::Wakes);

@@ -17,7 +17,7 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_NO_PREALLOC},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext},
     Global,
 };
@@ -37,11 +37,9 @@ use crate::{
 pub static HEAP_SAMPLE_BYTES: Global<u64> = Global::new(524_288);
 
 #[map]
-pub static HEAP_TOTALS_0: PerCpuHashMap<HeapKey, HeapTotals> =
-    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+pub static HEAP_TOTALS_0: HashMap<HeapKey, HeapTotals> = HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
 #[map]
-pub static HEAP_TOTALS_1: PerCpuHashMap<HeapKey, HeapTotals> =
-    PerCpuHashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+pub static HEAP_TOTALS_1: HashMap<HeapKey, HeapTotals> = HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
 
 // Sized for many live blocks; allocate entries as they come instead of preallocating.
 #[map]
@@ -320,10 +318,7 @@ fn record(task: Task, ptr: u64, size: u64) {
         }
     };
     let key = HeapKey { tgid: task.tgid, _pad: 0, stack };
-    if !add_or_insert(totals, &key, &HeapTotals { count: 1, bytes: size }, |t| {
-        t.count += 1;
-        t.bytes += size;
-    }) {
+    if !add_or_insert(totals, &key, &HeapTotals { count: 1, bytes: size }) {
         count(HeapCounter::TotalsMapFull);
     }
     let live = LiveAlloc { size, stack };

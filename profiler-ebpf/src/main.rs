@@ -6,6 +6,10 @@
 //! per-sample events to userspace.
 #![no_std]
 #![no_main]
+// `core::intrinsics::atomic_xadd`: the counts maps' atomic adds (see `maps::atomic_add`);
+// only the kernel build is nightly (a host build is clippy's, on stable).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 // Map keys and values go by reference: one passed by value is copied onto the 512-byte BPF
 // stack first (`stacks.insert(hash, *scratch)` would copy a 1 KiB stack and fail to build).
 #![allow(clippy::needless_borrows_for_generic_args)]
@@ -15,8 +19,10 @@ mod exec;
 mod futex;
 mod heap;
 mod maps;
+mod offcpu;
 mod stack;
 mod thread;
+mod thread_dump;
 mod tracepoint;
 mod user_stack;
 

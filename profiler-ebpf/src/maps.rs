@@ -7,15 +7,22 @@
 
 use aya_ebpf::{
     bindings::{bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_ns_current_pid_tgid},
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_cgroup_id, bpf_get_ns_current_pid_tgid},
+    },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray},
     Global,
 };
 use profiler_common::{
-    maps::{STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
-    Stack,
+    maps::{CGROUP_FILTER_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
+    CgroupFilterMode, Stack, STACK_CHUNKS,
 };
+
+/// The load's random stack-hash key (`profiler_common::globals::STACK_HASH_KEY`).
+#[unsafe(no_mangle)]
+pub static STACK_HASH_KEY: Global<u64> = Global::new(0);
 
 /// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
 #[unsafe(no_mangle)]
@@ -63,7 +70,28 @@ pub fn current_task() -> Option<Task> {
 /// The current task, if its process is profiled.
 #[inline(always)]
 pub fn wanted_task() -> Option<Task> {
-    current_task().filter(|task| wanted(task.tgid))
+    current_task().filter(|task| wanted(task.tgid) && cgroup_wanted())
+}
+
+/// The cgroups the configuration's cgroup and unit matchers select, decided here so that
+/// an excluded process costs no walk (see `CgroupFilterMode`).
+#[map]
+pub static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(CGROUP_FILTER_MAX_ENTRIES, 0);
+#[map]
+pub static CGROUP_MODE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether the current task's cgroup is profiled.
+#[inline(always)]
+pub fn cgroup_wanted() -> bool {
+    let mode = CGROUP_MODE.get(0).copied().unwrap_or(CgroupFilterMode::Off as u32);
+    if mode == CgroupFilterMode::Off as u32 {
+        return true;
+    }
+    // SAFETY: a helper without arguments.
+    let id = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: only checks for presence.
+    let listed = unsafe { CGROUP_FILTER.get(&id) }.is_some();
+    listed == (mode == CgroupFilterMode::Include as u32)
 }
 
 #[map]
@@ -89,13 +117,19 @@ pub enum Scratch {
     Task = 0,
     /// The perf-event (CPU sampling) program, in interrupt context.
     Interrupt = 1,
+    /// The scheduler's switch (off-CPU profile): it can run while a task-context program
+    /// of the thread switched out is preempted mid-walk (syscall tracepoint and uprobe
+    /// programs may be preempted).
+    Switch = 2,
 }
 
 /// Slots of each scratch map: one per [`Scratch`].
-pub const SCRATCH_SLOTS: u32 = 2;
+pub const SCRATCH_SLOTS: u32 = 3;
 
 #[map]
-pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+/// Per [`Scratch`] slot, [`STACK_CHUNKS`] consecutive entries: a walk of up to
+/// `MAX_USER_STACK_DEPTH` frames, stored as that many pieces (see `profiler_common::stack`).
+pub static STACK_SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(SCRATCH_SLOTS * STACK_CHUNKS as u32, 0);
 
 /// Words of user stack the walker copies per read (a power of two).
 pub const STACK_WINDOW_WORDS: usize = 64;
@@ -115,20 +149,47 @@ pub fn bump(counters: &PerCpuArray<u64>, index: u32) {
     }
 }
 
-/// Updates this CPU's value for `key` with `add`, or inserts `first` when the key is new.
-/// False when the map is full. Another CPU may create the key between the lookup and the
-/// insert; then the lookup is tried again.
+/// Adds `n` to the counter at `counter` with one atomic instruction (`lock xadd`): every
+/// CPU writes the counts maps. The BPF target has atomic adds but no compare-and-swap, so
+/// `core`'s `AtomicU64::fetch_add` does not exist there; the intrinsic does, and with its
+/// result unused it compiles to the add without fetch that every kernel accepts.
 #[inline(always)]
-pub fn add_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, first: &V, add: impl Fn(&mut V)) -> bool {
+pub fn atomic_add(counter: *mut u64, n: u64) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: callers pass a pointer into a live map value, 8-byte aligned.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, n)
+    };
+    // The host build (clippy over the workspace) has the stable API.
+    #[cfg(not(target_arch = "bpf"))]
+    // SAFETY: as above; no other access to this word is non-atomic.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(counter) }.fetch_add(n, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Adds `delta` to `key`'s value word by word with atomic adds, or inserts `delta` when the
+/// key is new. False when the map is full. `V` is made of `u64` counters only (each count's
+/// first value is its increment). Another CPU may create the key between the lookup and the
+/// insert; then the lookup is tried again.
+///
+/// The counts maps are hashes every CPU shares rather than per-CPU hashes: a per-CPU hash
+/// holds a value per possible CPU for every entry, so its kernel memory grows with the host
+/// (16,384 entries of 16 bytes take 64 MiB at 256 CPUs); a shared entry costs the same on
+/// any host, and two CPUs rarely add to the same key at once.
+#[inline(always)]
+pub fn add_or_insert<K, V>(map: &HashMap<K, V>, key: &K, delta: &V) -> bool {
     const EEXIST: i32 = 17;
+    const { assert!(core::mem::size_of::<V>().is_multiple_of(8)) };
+    let words = core::mem::size_of::<V>() / 8;
     for _ in 0..2 {
         if let Some(value) = map.get_ptr_mut(key) {
-            // SAFETY: this CPU's slot of a live per-CPU value; each such map belongs to
-            // programs of one context, which do not nest on a CPU.
-            add(unsafe { &mut *value });
+            let (value, delta) = (value.cast::<u64>(), (delta as *const V).cast::<u64>());
+            for i in 0..words {
+                // SAFETY: word `i` of a live map value and of `delta`, both of `V`'s size.
+                unsafe { atomic_add(value.add(i), *delta.add(i)) };
+            }
             return true;
         }
-        match map.insert(key, first, BPF_NOEXIST as u64) {
+        match map.insert(key, delta, BPF_NOEXIST as u64) {
             Ok(()) => return true,
             Err(err) if err == -EEXIST => continue,
             Err(_) => return false,

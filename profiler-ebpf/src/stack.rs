@@ -14,12 +14,12 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    stack::{finish_hash, hash_frame, hash_seed},
-    Stack, MAX_STACK_DEPTH, NO_STACK,
+    stack::{chunk_key, finish_hash, hash_frame, hash_start, STACK_CONTINUED, STACK_TRUNCATED},
+    Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CHUNKS,
 };
 
 use crate::{
-    maps::{active_generation, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_SCRATCH},
+    maps::{active_generation, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_HASH_KEY, STACK_SCRATCH},
     user_stack,
 };
 
@@ -57,17 +57,31 @@ const EEXIST: i32 = 17;
 /// `stacks`. Returns its hash, or [`NO_STACK`] when there is none.
 #[inline(always)]
 pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Result<u64, StackError> {
+    capture_kernel_skipping(ctx, stacks, slot, 0)
+}
+
+/// [`capture_kernel`] for a program whose own frames (and its trampoline's) are on the
+/// kernel stack: the `skip` innermost frames are left out (`BPF_F_SKIP_FIELD_MASK`), so the
+/// stack starts at the traced function.
+#[inline(always)]
+pub fn capture_kernel_skipping(
+    ctx: *mut c_void,
+    stacks: &HashMap<u64, Stack>,
+    slot: Scratch,
+    skip: u64,
+) -> Result<u64, StackError> {
     let scratch = scratch(slot)?;
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: the buffer is `size` bytes of map memory owned by this program for now.
-    let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, 0) };
+    let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, skip & 0xff) };
     if ret < 0 {
         return Err(StackError::Walk);
     }
     let len = (ret as usize / 8).min(MAX_STACK_DEPTH);
     scratch.len = len as u32;
-    scratch.truncated = (len == MAX_STACK_DEPTH) as u32;
-    store(scratch, stacks, slot)
+    scratch.truncated = if len == MAX_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
+    let hash = hash_kernel(scratch, len);
+    store(stacks, slot, hash)
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
@@ -81,38 +95,79 @@ pub fn capture_user(
     slot: Scratch,
     tgid: u32,
 ) -> Result<u64, StackError> {
-    if !user_stack::walk(slot, tgid) {
-        return Ok(NO_STACK);
-    }
-    let scratch = scratch(slot)?;
-    *truncated = scratch.truncated != 0;
-    store(scratch, stacks, slot)
+    let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
+    *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
+    store(stacks, slot, hash)
 }
 
 #[inline(always)]
 fn scratch(slot: Scratch) -> Result<&'static mut Stack, StackError> {
-    let ptr = STACK_SCRATCH.get_ptr_mut(slot as u32).ok_or(StackError::Walk)?;
+    piece(slot, 0)
+}
+
+/// Piece `n` of the caller's scratch stack (see `maps::STACK_SCRATCH`).
+#[inline(always)]
+fn piece(slot: Scratch, n: usize) -> Result<&'static mut Stack, StackError> {
+    let ptr = STACK_SCRATCH.get_ptr_mut(slot as u32 * STACK_CHUNKS as u32 + n as u32).ok_or(StackError::Walk)?;
     // SAFETY: this CPU's slot of the scratch array for the caller's context: no program of
     // the same context nests on a CPU, and the other context has its own slot.
     Ok(unsafe { &mut *ptr })
 }
 
-/// Hashes the frames of `scratch` and inserts them into `stacks` unless already there.
+/// The hash of a kernel stack of `len` frames (at most one piece).
 #[inline(always)]
-fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Result<u64, StackError> {
-    let len = (scratch.len as usize).min(MAX_STACK_DEPTH);
-    if len == 0 {
-        return Ok(NO_STACK);
-    }
-
-    let mut hash = hash_seed(len as u32);
+fn hash_kernel(stack: &Stack, len: usize) -> u64 {
+    let mut hash = hash_start(STACK_HASH_KEY.load());
     for i in 0..MAX_STACK_DEPTH {
         if i >= len {
             break;
         }
-        hash = hash_frame(hash, scratch.ips[i]);
+        hash = hash_frame(hash, stack.ips[i]);
     }
-    let hash = finish_hash(hash);
+    finish_hash(hash, len as u32)
+}
+
+/// Inserts `stack` under `key` unless it is there. Err when the map is full.
+#[inline(always)]
+fn insert(stacks: &HashMap<u64, Stack>, key: u64, stack: &Stack) -> Result<(), StackError> {
+    match stacks.insert(&key, stack, BPF_NOEXIST as u64) {
+        Ok(()) => Ok(()),
+        Err(err) if err == -EEXIST => Ok(()),
+        Err(_) => Err(StackError::MapFull),
+    }
+}
+
+/// Stores the caller's scratch stack of `len` frames under `hash`: the pieces after the
+/// first under their [`chunk_key`]s, last first, then the first, so a stack whose hash is in
+/// the map has its whole chain there.
+#[inline(always)]
+fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usize) -> Result<(), StackError> {
+    let pieces = len.div_ceil(MAX_STACK_DEPTH);
+    for n in (1..STACK_CHUNKS).rev() {
+        if n >= pieces {
+            continue;
+        }
+        let piece = piece(slot, n)?;
+        piece.len = (len - n * MAX_STACK_DEPTH).min(MAX_STACK_DEPTH) as u32;
+        piece.truncated = if n + 1 < pieces { STACK_CONTINUED } else { 0 };
+        insert(stacks, chunk_key(hash, n as u32), piece)?;
+    }
+    let head = scratch(slot)?;
+    head.len = len.min(MAX_STACK_DEPTH) as u32;
+    if pieces > 1 {
+        head.truncated |= STACK_CONTINUED;
+    }
+    insert(stacks, hash, head)
+}
+
+/// Inserts the caller's scratch stack, whose hash is `hash`, into `stacks` unless already
+/// there.
+#[inline(always)]
+fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64) -> Result<u64, StackError> {
+    let len = (scratch(slot)?.len as usize).min(MAX_USER_STACK_DEPTH);
+    if len == 0 {
+        return Ok(NO_STACK);
+    }
     // Most samples repeat a stack this CPU stored lately: the per-CPU note of it is an array
     // slot, cheaper than a hash lookup. It holds only for the generation it was written in:
     // each flip, userspace drains and clears the set. If the sets flipped since the caller
@@ -133,11 +188,7 @@ fn store(scratch: &mut Stack, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Re
     // map allocates) before it finds the key.
     // SAFETY: only checks for presence.
     if unsafe { stacks.get(&hash) }.is_none() {
-        match stacks.insert(&hash, &*scratch, BPF_NOEXIST as u64) {
-            Ok(()) => {}
-            Err(err) if err == -EEXIST => {}
-            Err(_) => return Err(StackError::MapFull),
-        }
+        insert_chain(stacks, hash, slot, len)?;
     }
     if noted {
         if let Some(note) = STORED_STACKS.get_ptr_mut(note_index) {

@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     macros::{map, tracepoint},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
@@ -17,11 +17,9 @@ use crate::{
 };
 
 #[map]
-pub static THREAD_COUNTS_0: PerCpuHashMap<ThreadKey, u64> =
-    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+pub static THREAD_COUNTS_0: HashMap<ThreadKey, u64> = HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
 #[map]
-pub static THREAD_COUNTS_1: PerCpuHashMap<ThreadKey, u64> =
-    PerCpuHashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+pub static THREAD_COUNTS_1: HashMap<ThreadKey, u64> = HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
 
 #[map]
 pub static THREAD_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ThreadCounter::COUNT, 0);
@@ -50,7 +48,7 @@ fn try_thread_create(ctx: &TracePointContext) -> Result<(), ()> {
         NO_STACK
     });
     let key = ThreadKey { tgid, _pad: 0, stack };
-    if !add_or_insert(pick_set(set, &THREAD_COUNTS_0, &THREAD_COUNTS_1), &key, &1, |n| *n += 1) {
+    if !add_or_insert(pick_set(set, &THREAD_COUNTS_0, &THREAD_COUNTS_1), &key, &1) {
         count(ThreadCounter::MapFull);
         return Err(());
     }

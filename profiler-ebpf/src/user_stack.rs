@@ -5,7 +5,8 @@
 //! mode). Each step finds the frame's mapping in the process's `UNWIND_PROCESSES` entry, its
 //! row in the mapping's table (`UNWIND_TABLES` → shards of `UNWIND_ROWS`), computes the CFA
 //! and reads the return address (and the caller's rbp, if saved) from the stack. The frame
-//! loop is a `bpf_loop` callback, so the verifier checks one step, not 127 unrolled ones.
+//! loop is a `bpf_loop` callback, so the verifier checks one step, not 512 unrolled ones,
+//! and the cost is linear in the depth.
 //!
 //! Not `bpf_get_stack(BPF_F_USER_STACK)`: the kernel's walk follows `rbp` until a read
 //! faults, and code without frame pointers (Debian's libc calls `main`) leaves garbage in
@@ -27,14 +28,16 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES},
+    stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
         TABLE_SEARCH_STEPS,
     },
     Stack, Unsupported, UnwindCounter, UnwindKind, UnwindProcess, UnwindRow, UnwindTableInfo, MAX_STACK_DEPTH,
+    MAX_USER_STACK_DEPTH, STACK_CHUNKS,
 };
 
-use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
+use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
 
 /// Every loaded unwind table's rows (resized at load time to the memory budget).
 #[map]
@@ -124,6 +127,8 @@ pub struct WalkState {
     exact: u32,
     /// The [`Scratch`] slot of the walking program: which `STACK_WINDOW` entry is its own.
     slot: u32,
+    /// The frames so far folded into the stack's hash (`profiler_common::stack`).
+    hash: u64,
 }
 
 /// The current thread's saved user registers.
@@ -143,15 +148,15 @@ fn user_regs() -> Option<pt_regs> {
 
 /// Walks the current thread's user stack into this CPU's `STACK_SCRATCH` entry for `slot`,
 /// leaf first; `tgid` names its process in `UNWIND_PROCESSES`. Returns false when the thread
-/// has no user context (kernel threads).
+/// has no user context (kernel threads); else the stack's hash.
 #[inline(always)]
-pub fn walk(slot: Scratch, tgid: u32) -> bool {
+pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     let slot = slot as u32;
-    let Some(regs) = user_regs() else { return false };
+    let regs = user_regs()?;
     if regs.rip == 0 || regs.rip >= USER_ADDR_LIMIT {
-        return false;
+        return None;
     }
-    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else { return false };
+    let state = UNWIND_STATE.get_ptr_mut(slot)?;
     // SAFETY: this CPU's scratch entry for the caller's context, see `Scratch`.
     let state = unsafe { &mut *state };
     *state = WalkState {
@@ -170,8 +175,9 @@ pub fn walk(slot: Scratch, tgid: u32) -> bool {
         tgid,
         exact: 1,
         slot,
+        hash: hash_start(STACK_HASH_KEY.load()),
     };
-    let Some(out) = STACK_SCRATCH.get_ptr_mut(slot) else { return false };
+    let out = STACK_SCRATCH.get_ptr_mut(slot * STACK_CHUNKS as u32)?;
     // SAFETY: as above.
     let out: &mut Stack = unsafe { &mut *out };
     out.len = 0;
@@ -179,9 +185,17 @@ pub fn walk(slot: Scratch, tgid: u32) -> bool {
     // SAFETY: the callback is a static function of this object; its context is `slot`, on
     // this stack for the whole loop.
     unsafe {
-        bpf_loop(MAX_STACK_DEPTH as u32 + 1, step_callback as *mut c_void, (&slot as *const u32).cast_mut().cast(), 0);
+        bpf_loop(
+            MAX_USER_STACK_DEPTH as u32 + 1,
+            step_callback as *mut c_void,
+            (&slot as *const u32).cast_mut().cast(),
+            0,
+        );
     }
-    true
+    // The callback wrote both through its own lookups: read them again, not a cached copy.
+    // SAFETY: plain reads of this CPU's live scratch entries.
+    let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
+    Some(finish_hash(hash, len))
 }
 
 /// One frame: records the pc and steps to the caller. 0 continues, 1 stops. `ctx` points to
@@ -190,20 +204,36 @@ pub fn walk(slot: Scratch, tgid: u32) -> bool {
 extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `walk` passes a pointer to a `u32` on its stack.
     let slot = unsafe { *(ctx as *const u32) };
-    let (Some(state), Some(out)) = (UNWIND_STATE.get_ptr_mut(slot), STACK_SCRATCH.get_ptr_mut(slot)) else {
+    // The first piece holds the walk's length and flags; frame n goes to piece
+    // n / MAX_STACK_DEPTH (see `profiler_common::stack`).
+    let first = slot * STACK_CHUNKS as u32;
+    let (Some(state), Some(head)) = (UNWIND_STATE.get_ptr_mut(slot), STACK_SCRATCH.get_ptr_mut(first)) else {
         return 1;
     };
-    // SAFETY: this CPU's slots, see `walk`.
-    let (state, out) = unsafe { (&mut *state, &mut *out) };
-    let len = out.len as usize;
-    if len >= MAX_STACK_DEPTH {
-        out.truncated = 1;
+    // SAFETY: this CPU's slots, see `walk`. `head` may be the piece written below, so it is
+    // only accessed through the raw pointer.
+    let state = unsafe { &mut *state };
+    // SAFETY: as above.
+    let len = unsafe { (*head).len } as usize;
+    if len >= MAX_USER_STACK_DEPTH {
+        // SAFETY: as above.
+        unsafe { (*head).truncated = STACK_TRUNCATED };
         return 1;
     }
-    if let Some(slot) = out.ips.get_mut(len) {
-        *slot = state.pc;
+    // The compiler knows `len % MAX_STACK_DEPTH` is in bounds and drops the check; the
+    // verifier cannot follow `%`. A volatile read hides the range so the check stays.
+    let at = len % MAX_STACK_DEPTH;
+    // SAFETY: a read of a local.
+    let at = unsafe { ptr::read_volatile(&at) };
+    if let Some(piece) = STACK_SCRATCH.get_ptr_mut(first + (len / MAX_STACK_DEPTH) as u32) {
+        // SAFETY: as above.
+        if let Some(ip) = unsafe { (*piece).ips.get_mut(at) } {
+            *ip = state.pc;
+        }
     }
-    out.len = len as u32 + 1;
+    // SAFETY: as above.
+    unsafe { (*head).len = len as u32 + 1 };
+    state.hash = hash_frame(state.hash, state.pc);
     if step(state) {
         0
     } else {

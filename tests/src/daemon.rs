@@ -31,6 +31,8 @@ pub struct DaemonConfig {
     pub profiles: Vec<&'static str>,
     /// `[processes] include`, as `{ name = ... }` matchers; empty means every process.
     pub include: Vec<&'static str>,
+    /// `[processes] include`, as `{ cgroup = ... }` matchers (with those of `include`).
+    pub include_cgroups: Vec<String>,
     /// `[heap] include`, as `{ name = ... }` matchers.
     pub heap_include: Vec<&'static str>,
     /// `[heap] sample_bytes`, as written ("1B").
@@ -46,6 +48,12 @@ pub struct DaemonConfig {
     /// A command the daemon is started under, which must exec it (e.g. `setpriv ... --`);
     /// empty: started directly.
     pub launcher: Vec<String>,
+    /// `[threads] interval_dumps`.
+    pub thread_interval_dumps: bool,
+    /// `[[export]]` tables, each as TOML key lines (`protocol = "otlp"\nurl = "..."`).
+    pub exports: Vec<String>,
+    /// `[offcpu] sample_every`; the default when `None`.
+    pub offcpu_sample_every: Option<u32>,
 }
 
 impl DaemonConfig {
@@ -57,6 +65,7 @@ impl DaemonConfig {
             frequency_hz: 199,
             profiles: vec!["cpu"],
             include: include.to_vec(),
+            include_cgroups: Vec::new(),
             heap_include: Vec::new(),
             sample_bytes: None,
             max_age: None,
@@ -65,6 +74,9 @@ impl DaemonConfig {
             socket_group: None,
             output_dir: None,
             launcher: Vec::new(),
+            thread_interval_dumps: false,
+            exports: Vec::new(),
+            offcpu_sample_every: None,
         }
     }
 
@@ -96,10 +108,19 @@ impl DaemonConfig {
             text += &format!("max_total_bytes = {max_total:?}\n");
         }
         text += &format!("\n[cpu]\nfrequency_hz = {}\n", self.frequency_hz);
-        text += &format!("\n[processes]\ninclude = [{}]\n", names(&self.include));
+        let mut include: Vec<String> = self.include.iter().map(|n| format!("{{ name = {n:?} }}")).collect();
+        include.extend(self.include_cgroups.iter().map(|c| format!("{{ cgroup = {c:?} }}")));
+        text += &format!("\n[processes]\ninclude = [{}]\n", include.join(", "));
         text += &format!("\n[heap]\ninclude = [{}]\n", names(&self.heap_include));
         if let Some(bytes) = &self.sample_bytes {
             text += &format!("sample_bytes = {bytes:?}\n");
+        }
+        text += &format!("\n[threads]\ninterval_dumps = {}\n", self.thread_interval_dumps);
+        if let Some(every) = self.offcpu_sample_every {
+            text += &format!("\n[offcpu]\nsample_every = {every}\n");
+        }
+        for export in &self.exports {
+            text += &format!("\n[[export]]\n{export}\n");
         }
         text
     }

@@ -72,6 +72,40 @@ pub enum FixtureKind {
     /// `jit_spin.c`: main → run_jit → generated code in anonymous memory named `jit_spin`
     /// in `/tmp/perf-PID.map`.
     JitSpin,
+    /// `fuse_hang.c`: a FUSE file system serving one file, `prog`, that stops answering on
+    /// SIGUSR1 (or never answers the threads of a given comm); see [`crate::fuse`].
+    FuseHang,
+    /// `thread_dump.c`: threads blocked in pthread_cond_wait, read, nanosleep,
+    /// pthread_mutex_lock and epoll_wait, a busy one, a 1 ms watchdog and a 10 ms
+    /// condition-wait ticker (see the source); argv[1] seconds, then the watchdog's late
+    /// wakeups and `done`.
+    ThreadDumpC,
+    /// `thread_dump.c` built `-O2 -fomit-frame-pointer`.
+    ThreadDumpCNoFp,
+    /// `thread_dump.rs`: threads blocked in `std::sync::Mutex::lock` and `thread::sleep`,
+    /// and a busy one, with frame pointers.
+    ThreadDumpRust,
+    /// `thread_dump.rs` at opt-level 3 without frame pointers.
+    ThreadDumpRustNoFp,
+    /// `short_lived.c` (no frame pointers): main → work → spin for argv[1] ms of CPU, then
+    /// exits; prints nothing (started in loops by a shell).
+    ShortLived,
+    /// `fork_workers.c` (no frame pointers): forks argv[1] children one after another, each
+    /// running child_main → child_work → hot_loop for argv[2] ms without exec.
+    ForkWorkers,
+    /// `dlopen_host.c` (no frame pointers): dlopens `libdl_spin.so` after a delay and spins
+    /// in it (see [`FixtureKind::DlSpinLibrary`]).
+    DlopenHost,
+    /// `dl_spin.c` built as `libdl_spin.so` without frame pointers: lib_spin → lib_inner.
+    DlSpinLibrary,
+    /// `stack_churn.c`: a new distinct stack every ~0.2 ms (2^16 of them), for argv[1]
+    /// seconds.
+    StackChurn,
+    /// `offcpu_sleeper.c`: threads blocked in nanosleep (sleep_long, sleep_short), a pipe read
+    /// (read_pipe) and a condvar (wait_cond) for times they measure, and starved_work kept
+    /// waiting for its core by a spinner; after a delay (argv[1]) prints the measured times
+    /// (see the source), `done`, lingers argv[2] seconds.
+    OffCpuSleeper,
 }
 
 impl FixtureKind {
@@ -90,6 +124,17 @@ impl FixtureKind {
             Self::LibcHot => "libc_hot",
             Self::InlineRust => "inline_rs",
             Self::JitSpin => "jit_spin",
+            Self::FuseHang => "fuse_hang",
+            Self::ThreadDumpC => "tdump_c",
+            Self::ThreadDumpCNoFp => "tdump_c_nofp",
+            Self::ThreadDumpRust => "tdump_rs",
+            Self::ThreadDumpRustNoFp => "tdump_rs_nofp",
+            Self::ShortLived => "short_lived",
+            Self::ForkWorkers => "fork_workers",
+            Self::DlopenHost => "dlopen_host",
+            Self::DlSpinLibrary => "libdl_spin.so",
+            Self::StackChurn => "stack_churn",
+            Self::OffCpuSleeper => "offcpu_sleeper",
         }
     }
 
@@ -106,6 +151,15 @@ impl FixtureKind {
             Self::LibcHot => "libc_hot.c",
             Self::InlineRust => "inline_rs.rs",
             Self::JitSpin => "jit_spin.c",
+            Self::FuseHang => "fuse_hang.c",
+            Self::ThreadDumpC | Self::ThreadDumpCNoFp => "thread_dump.c",
+            Self::ThreadDumpRust | Self::ThreadDumpRustNoFp => "thread_dump.rs",
+            Self::ShortLived => "short_lived.c",
+            Self::ForkWorkers => "fork_workers.c",
+            Self::DlopenHost => "dlopen_host.c",
+            Self::DlSpinLibrary => "dl_spin.c",
+            Self::StackChurn => "stack_churn.c",
+            Self::OffCpuSleeper => "offcpu_sleeper.c",
         }
     }
 
@@ -139,14 +193,25 @@ impl FixtureKind {
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
         let mut cmd;
-        if matches!(self, Self::CpuSplitRust | Self::InlineRust | Self::RustMutex) {
+        if matches!(
+            self,
+            Self::CpuSplitRust | Self::InlineRust | Self::RustMutex | Self::ThreadDumpRust | Self::ThreadDumpRustNoFp
+        ) {
             cmd = Command::new("rustc");
-            let flags = if self == Self::InlineRust { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
+            let release = matches!(self, Self::InlineRust | Self::ThreadDumpRustNoFp);
+            let flags = if release { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
             cmd.args(flags).args(["--crate-name", self.comm()]);
         } else {
             cmd = Command::new("gcc");
             match self {
-                Self::CpuSplitNoFp | Self::LibcHot | Self::HeapSitesNoFp => cmd.args(CFLAGS_NO_FRAME_POINTERS),
+                Self::CpuSplitNoFp
+                | Self::LibcHot
+                | Self::HeapSitesNoFp
+                | Self::ThreadDumpCNoFp
+                | Self::ShortLived
+                | Self::ForkWorkers
+                | Self::DlopenHost
+                | Self::DlSpinLibrary => cmd.args(CFLAGS_NO_FRAME_POINTERS),
                 _ => cmd.args(CFLAGS),
             };
             if matches!(self, Self::HeapSites | Self::HeapSitesNoFp) {
@@ -156,8 +221,18 @@ impl FixtureKind {
                 // Keep the memcpy call a call into libc.
                 cmd.arg("-fno-builtin-memcpy");
             }
-            if matches!(self, Self::LockContention | Self::ThreadSpawner) {
+            if matches!(
+                self,
+                Self::LockContention
+                    | Self::ThreadSpawner
+                    | Self::ThreadDumpC
+                    | Self::ThreadDumpCNoFp
+                    | Self::OffCpuSleeper
+            ) {
                 cmd.arg("-pthread");
+            }
+            if self == Self::DlSpinLibrary {
+                cmd.args(["-shared", "-fPIC"]);
             }
         }
         cmd.arg("-o").arg(output).arg(source);
@@ -246,8 +321,9 @@ impl Fixture {
         Self { kind, child, stdout, reaped: false }
     }
 
-    /// Starts `cmd` (which runs fixture `kind`) and waits for its `ready`.
-    fn from_command(kind: FixtureKind, mut cmd: Command) -> Self {
+    /// Starts `cmd` (which runs fixture `kind`, from wherever it was copied) and waits for its
+    /// `ready`.
+    pub fn from_command(kind: FixtureKind, mut cmd: Command) -> Self {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -287,9 +363,22 @@ impl Fixture {
         })
     }
 
+    /// Reads the fixture's next stdout line into `line` (waits for it; empty at its end).
+    pub fn read_line(&mut self, line: &mut String) {
+        line.clear();
+        let _ = self.stdout.read_line(line);
+    }
+
     /// The fixture's pid (its only thread's tid too).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` to the fixture.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill has no memory preconditions; the pid is our child's, not yet reaped.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "failed to signal fixture {}", self.kind.comm());
     }
 
     /// The fixture's process name, as the profiler names its output directory.

@@ -14,6 +14,12 @@ pub fn raw(profile: &Path) -> String {
     go_tool_pprof(&["-raw"], profile)
 }
 
+/// Runs `go tool pprof -traces FILE` (each sample's stack and labels); panics unless it
+/// exits 0. Returns stdout.
+pub fn traces(profile: &Path) -> String {
+    go_tool_pprof(&["-traces"], profile)
+}
+
 /// Runs `go tool pprof -top FILE`; panics unless it exits 0. Returns stdout.
 pub fn top(profile: &Path) -> String {
     go_tool_pprof(&["-top"], profile)

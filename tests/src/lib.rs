@@ -5,16 +5,21 @@
 //! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
 //! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), Go's own text profiles and their grammar (`go_text`), reading
 //! the summary the binary prints (`summary`), `perf`'s DWARF unwinding to compare with (`perf`), the heap fixture's ground truth and the checks
-//! against it (`heap_sites`), and the assertions several tests share (`expect`); running the
+//! against it (`heap_sites`), elfutils' `eu-stack` as the thread dumps' reference (`eu_stack`),
+//! the assertions several tests share (`expect`), a FUSE file system that stops answering
+//! (`fuse`); running the
 //! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
-//! (`tmpfs`); booting a container with a real systemd as its PID 1 to run the shipped unit
+//! (`tmpfs`); the export tests' stand-in for Pyroscope and an OTLP collector (`backend`); booting a container with a real systemd as its PID 1 to run the shipped unit
 //! under (`nspawn`).
 //! Does not own: any profiler logic. When the machine is not fit (not root, no compiler, no
 //! Go) it panics with a message saying what to do.
 
+pub mod backend;
 pub mod daemon;
+pub mod eu_stack;
 pub mod expect;
 pub mod fixture;
+pub mod fuse;
 pub mod go_pprof;
 pub mod go_text;
 pub mod heap_sites;

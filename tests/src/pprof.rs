@@ -176,6 +176,28 @@ impl Sample {
     }
 }
 
+/// Over the profiles at `paths`: the samples taken in the program's own code (a frame of
+/// `chain` is named: the leaf is known from the sampled address even when the walk fails),
+/// and those whose stack holds all of `chain` (leaf to root). Samples before the program's
+/// code runs (the kernel's exec, the dynamic loader) are not counted.
+pub fn tally_chain(paths: &[std::path::PathBuf], chain: &[&str]) -> (i64, i64) {
+    let (mut total, mut chained) = (0, 0);
+    for path in paths {
+        let profile = Profile::decode(path);
+        let samples = profile.value_index("samples");
+        for sample in &profile.samples {
+            if !sample.stack.iter().any(|f| chain.iter().any(|c| f.function == *c)) {
+                continue;
+            }
+            total += sample.values[samples];
+            if sample.has_chain(chain) {
+                chained += sample.values[samples];
+            }
+        }
+    }
+    (total, chained)
+}
+
 /// Whether `stack` (leaf first) holds `leaf_to_root` as a subsequence.
 pub fn has_chain(stack: &[Frame], leaf_to_root: &[&str]) -> bool {
     let mut wanted = leaf_to_root.iter().peekable();

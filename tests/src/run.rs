@@ -34,6 +34,51 @@ pub fn run_profiler(args: &[&str]) -> Output {
     run_with_timeout(&mut cmd, PROFILER_TIMEOUT)
 }
 
+/// `profiler ARGS...` started, not waited for: [`Running::wait_capturing`] returns once it
+/// has attached (its `capturing` line on stderr), so a workload started then is measured
+/// from its beginning.
+pub struct Running {
+    child: Child,
+    stderr: std::io::BufReader<std::process::ChildStderr>,
+    seen: String,
+}
+
+impl Running {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(profiler_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start the profiler: {e}"));
+        let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+        Self { child, stderr, seen: String::new() }
+    }
+
+    /// Waits for the `capturing` line (panics if the profiler ends before it).
+    pub fn wait_capturing(&mut self) {
+        use std::io::BufRead;
+        loop {
+            let mut line = String::new();
+            match self.stderr.read_line(&mut line) {
+                Ok(0) | Err(_) => panic!("the profiler ended before it was capturing; stderr:\n{}", self.seen),
+                Ok(_) if line.starts_with("capturing") => return,
+                Ok(_) => self.seen.push_str(&line),
+            }
+        }
+    }
+
+    /// Waits for the end (within [`PROFILER_TIMEOUT`]) and returns all it printed.
+    pub fn finish(self) -> Output {
+        let rest = drain(self.stderr);
+        let mut output = wait_with_timeout(self.child, "the profiler", PROFILER_TIMEOUT);
+        let mut stderr = self.seen.into_bytes();
+        stderr.extend(rest.join().expect("stderr reader panicked"));
+        output.stderr = stderr;
+        output
+    }
+}
+
 /// Runs `profiler ARGS...` as the unprivileged user `nobody` (uid/gid 65534, no groups, no
 /// capabilities), from a copy of the binary in `scratch` so directory permissions on the
 /// workspace cannot make the exec itself fail.
@@ -47,27 +92,34 @@ pub fn run_profiler_as_nobody(scratch: &TempDir, args: &[&str]) -> Output {
 
 /// Runs `cmd` with piped stdout/stderr; kills it and panics if it outlives `timeout`.
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("failed to run {cmd:?}: {e}"));
+    wait_with_timeout(child, &format!("{cmd:?}"), timeout)
+}
+
+/// Waits for `child`, draining the pipes it still has; kills it and panics if it outlives
+/// `timeout`.
+fn wait_with_timeout(mut child: Child, what: &str, timeout: Duration) -> Output {
     // Drain both pipes while waiting, so a chatty child never blocks on a full pipe.
-    let stdout = drain(child.stdout.take().expect("stdout is piped"));
-    let stderr = drain(child.stderr.take().expect("stderr is piped"));
+    let stdout = child.stdout.take().map(drain);
+    let stderr = child.stderr.take().map(drain);
     let status = wait_until(&mut child, Instant::now() + timeout);
+    let joined = |pipe: Option<JoinHandle<Vec<u8>>>| pipe.map(|p| p.join().expect("pipe reader panicked"));
     let output = Output {
         status: status.unwrap_or_else(|| {
             let _ = child.kill();
             child.wait().expect("failed to reap timed-out child")
         }),
-        stdout: stdout.join().expect("stdout reader panicked"),
-        stderr: stderr.join().expect("stderr reader panicked"),
+        stdout: joined(stdout).unwrap_or_default(),
+        stderr: joined(stderr).unwrap_or_default(),
     };
     assert!(
         status.is_some(),
-        "{cmd:?} did not finish within {timeout:?}; killed it.\nstdout:\n{}\nstderr:\n{}",
+        "{what} did not finish within {timeout:?}; killed it.\nstdout:\n{}\nstderr:\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );

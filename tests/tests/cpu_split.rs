@@ -197,3 +197,59 @@ fn check_go_pprof(path: &std::path::Path) {
         "`go tool pprof -top` flat% of hot_a is {flat}, expected {expected} ± {tolerance}:\n{top}"
     );
 }
+
+/// cpu_split with its `.debug_str` replaced by 300 MiB of zeros, zlib-compressed (objcopy,
+/// as a file any user can make): blazesym would inflate all of it into memory. The file is
+/// named from its symbol table instead (hot_a and its chain are there, without source
+/// lines), and the profile's comment names the section and the cap; the fixture built as
+/// usual has source lines, so their absence is the refusal's doing.
+#[test]
+fn a_file_past_the_inflate_cap_is_named_without_its_debug_info() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("inflate-cap");
+    let zeros = scratch.path().join("zeros");
+    std::fs::File::create(&zeros).unwrap().set_len(300 << 20).unwrap();
+    let (bloated, bomb) = (scratch.path().join("bloated"), scratch.path().join(FixtureKind::CpuSplitC.comm()));
+    // Two steps: objcopy compresses the sections it updates no more in the same run.
+    objcopy(&[&format!("--update-section=.debug_str={}", zeros.display())], &FixtureKind::CpuSplitC.build(), &bloated);
+    objcopy(&["--compress-debug-sections=zlib"], &bloated, &bomb);
+    assert!(std::fs::metadata(&bomb).unwrap().len() < 4 << 20, "the section is not compressed");
+    let mut cmd = std::process::Command::new(&bomb);
+    cmd.arg(FIXTURE_S.to_string());
+    let fixture = Fixture::from_command(FixtureKind::CpuSplitC, cmd);
+    let plain = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let out = TempDir::new("inflate-cap-out");
+    let (a, b) = (fixture.pid().to_string(), plain.pid().to_string());
+    let output = run_profiler(&["snapshot", "--pid", &a, "--pid", &b, "--duration", "2s", "--output", &out.path_arg()]);
+    assert_success(&output, "snapshot of a file past the inflate cap");
+    let path = expect::profile_written(out.path(), fixture.comm(), fixture.pid());
+    let profile = Profile::decode(&path);
+    let chained = profile.samples.iter().any(|s| s.has_chain(&["hot_a", "work_loop", "main"]));
+    assert!(chained, "no hot_a ← work_loop ← main chain: {:?}", profile.function_names());
+    let comment = profile.comments.iter().find(|c| c.contains(".debug_str") && c.contains("over the"));
+    assert!(comment.is_some(), "no comment names the capped section: {:#?}", profile.comments);
+    // Source lines in the program's own mapping (the C library may have some of its own).
+    let lines = |path: &std::path::Path, program: &std::path::Path| {
+        let raw = profiler_daemon::pprof::decode_file(path).unwrap();
+        let program = program.display().to_string();
+        let ours: Vec<u64> =
+            raw.mapping.iter().filter(|m| raw.string_table[m.filename as usize] == program).map(|m| m.id).collect();
+        let located = raw.location.iter().filter(|l| ours.contains(&l.mapping_id));
+        located.flat_map(|l| &l.line).filter(|l| l.line > 0).count()
+    };
+    assert_eq!(lines(&path, &bomb), 0, "source lines were read from the capped file");
+    let plain_profile = expect::profile_written(out.path(), plain.comm(), plain.pid());
+    assert!(lines(&plain_profile, &FixtureKind::CpuSplitC.build()) > 0, "the plain build has lines");
+}
+
+fn objcopy(args: &[&str], input: &std::path::Path, output: &std::path::Path) {
+    let run = std::process::Command::new("objcopy")
+        .args(args)
+        .arg(input)
+        .arg(output)
+        .output()
+        .expect("objcopy (binutils) is installed with gcc");
+    assert!(run.status.success(), "objcopy {args:?} failed: {}", String::from_utf8_lossy(&run.stderr));
+}

@@ -1,8 +1,14 @@
 //! A system-wide snapshot (no --pid) with two known busy processes running: each gets its own
 //! `<comm>-<pid>/cpu.pb.gz`, every directory written holds a profile that decodes, and the
-//! fixtures' profiles hold only their own thread and their hot function.
+//! fixtures' profiles hold only their own thread and their hot function. And one with a
+//! program running from a file system that stops answering: every profile is still written.
 
-use profiler_tests::{assert_success, expect, listing, preflight, run_profiler};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use profiler_tests::fuse::{HungFs, PROGRAM};
+use profiler_tests::run::{profiler_bin, PROFILER_TIMEOUT};
+use profiler_tests::{assert_success, expect, listing, preflight, process_dir, profile_path, run_profiler};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
 /// Both fixtures by name and pid, and every other directory well-formed.
@@ -44,4 +50,54 @@ fn system_wide_snapshot_profiles_every_busy_process() {
             profile.function_names()
         );
     }
+}
+
+/// A program runs from a FUSE file system whose server stops answering: a system-wide
+/// snapshot gives up the reads of its file (they would sleep for ever), writes every profile,
+/// the program's with its frames unnamed and the reason in its comment, and exits once the
+/// server is gone (a thread stuck in a FUSE request the server has read cannot be killed,
+/// so the process can only end when the request ends).
+#[test]
+fn a_snapshot_writes_every_profile_past_a_file_system_that_stops_answering() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("stalled");
+    let mut fs = HungFs::start(FixtureKind::CpuSplitNoFp, &["60"], None);
+    fs.hang();
+    let split = Fixture::spawn(FixtureKind::CpuSplitC, 60);
+    let started = Instant::now();
+    let mut snapshot = Command::new(profiler_bin())
+        .args(["snapshot", "--duration", "3s", "--output", &out.path_arg()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("failed to start the profiler");
+    let program = profile_path(out.path(), PROGRAM, fs.program().pid());
+    let split_profile = profile_path(out.path(), split.comm(), split.pid());
+    // 3 s of capture, the stalled reads given up after 5 s each, then the writes.
+    let deadline = Duration::from_secs(40);
+    while !(program.is_file() && split_profile.is_file()) && started.elapsed() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(program.is_file(), "no profile of the stalled program after {deadline:?}:\n{}", listing(out.path()));
+    assert!(split_profile.is_file(), "no profile of cpu_split:\n{}", listing(out.path()));
+    let profile = Profile::decode(&program);
+    let path = fs.program_path().display().to_string();
+    assert!(
+        profile.comments.iter().any(|c| c.contains("file not fully read") && c.contains(&path)),
+        "the profile does not name the stalled file: {:#?}",
+        profile.comments
+    );
+    assert!(Profile::decode(&split_profile).function_names().contains(&"hot_a"));
+    assert!(process_dir(out.path(), split.comm(), split.pid()).is_dir());
+    fs.kill_server();
+    let exited = (0..PROFILER_TIMEOUT.as_secs() * 5).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(200));
+        snapshot.try_wait().expect("wait for the profiler")
+    });
+    let status = exited.unwrap_or_else(|| {
+        let _ = snapshot.kill();
+        panic!("the snapshot did not exit after the server died")
+    });
+    assert!(status.success(), "snapshot exited with {status}");
 }

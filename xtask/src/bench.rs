@@ -4,20 +4,35 @@
 //! next to bare uprobes.
 //! `cargo xtask bench futex` (module `futex`): what the block, mutex and threadcreate
 //! tracepoints cost a lock-heavy process, next to empty programs on the same tracepoints.
+//! `cargo xtask bench offcpu` (module `offcpu`): what the off-CPU profile costs a process
+//! that does nothing but switch, next to an empty program on `sched_switch`.
 //! `cargo xtask bench daemon` (module `daemon`): what `profiler run` costs over minutes
 //! among a few hundred processes: CPU, RSS and its growth, dump time.
+//! `cargo xtask bench exec` (module `exec`): what following hundreds of short programs a
+//! second costs the daemon, next to `perf record` doing the same side-band job.
+//! `cargo xtask bench export` (module `export`): what pushing to a backend costs the daemon,
+//! and how fast a backlog drains after an outage.
 //! `cargo xtask bench unwind` (module `unwind`): the `.eh_frame` unwinder's cost per sample
 //! across stack depths, and table sizes.
+//! `cargo xtask bench threads` (module `threads`): a thread dump's time and CPU at 10-1,000
+//! threads, and the pause it causes, next to `eu-stack`.
+//! `cargo xtask bench memory` (module `memory`): the kernel memory of every BPF map, measured
+//! here and priced from the kernel's formula at 64 and 256 possible CPUs.
 //!
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
 
 mod daemon;
+mod exec;
+mod export;
 mod futex;
 mod heap;
 mod measure;
+mod memory;
+mod offcpu;
 mod peer;
 mod report;
+mod threads;
 mod unwind;
 mod workload;
 
@@ -39,12 +54,29 @@ pub enum Bench {
     /// ns per futex handoff of two threads (mutex + condvar): no profiler, empty programs on
     /// the same tracepoints (the floor), the profiler on the process and system-wide.
     Futex(futex::FutexArgs),
+    /// ns per pipe handoff of two threads on one CPU (a context switch each): no profiler,
+    /// an empty program on sched_switch (the floor), the off-CPU profile at 1 in 50, at 1 in
+    /// 1,000,000 and at every switch.
+    Offcpu(offcpu::OffCpuArgs),
     /// `profiler run` among ~200 processes for minutes per frequency: CPU, RSS (peak,
     /// steady, flat?) and dump time.
     Daemon(daemon::DaemonArgs),
+    /// `profiler run` following 500 short programs a second, next to `perf record -a -e
+    /// dummy` (perf's side band): CPU, RSS over the run, records lost.
+    Exec(exec::ExecArgs),
+    /// `profiler run` among ~200 processes with `[[export]]` off vs on (CPU, RSS), then a
+    /// backend outage: the backlog, RSS meanwhile, and the drain rate.
+    Export(export::ExportArgs),
     /// BPF ns per sample with the .eh_frame unwinder at stack depths 12–124, no frame
     /// pointers vs frame pointers, and unwind table sizes for libc and the profiler.
     Unwind(unwind::UnwindArgs),
+    /// Thread dumps of processes with 10, 100 and 1,000 threads: `profiler threads`, a
+    /// daemon's goroutine query and `eu-stack -p`, wall and CPU time and the pause each
+    /// causes.
+    Threads(threads::ThreadsArgs),
+    /// Kernel memory of every BPF map with every profile kind on: as the kernel accounts it
+    /// here, and from its formula at 64 and 256 possible CPUs, next to the 96 MiB target.
+    Memory(memory::MemoryArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -65,13 +97,18 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Cpu(args) => cpu(&args).map(|()| ExitCode::SUCCESS),
         Bench::Heap(args) => heap::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Futex(args) => futex::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Offcpu(args) => offcpu::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Daemon(args) => daemon::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Unwind(args) => unwind::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Threads(args) => threads::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Export(args) => export::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Exec(args) => exec::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Memory(args) => memory::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 
 fn cpu(args: &CpuArgs) -> Result<()> {
-    workspace::prepare(false)?;
+    workspace::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();

@@ -19,7 +19,7 @@ use cli::Cli;
 fn main() -> ExitCode {
     let result = match Cli::parse() {
         Cli::Setup { for_test } => {
-            setup::run(setup::Needs { go: for_test, privileges: false }).map(|()| ExitCode::SUCCESS)
+            setup::run(setup::Needs { go: for_test, bench: false, privileges: false }).map(|()| ExitCode::SUCCESS)
         }
         Cli::Snapshot { args } => snapshot::run(&args),
         Cli::Test { args } => test::run(&args),

@@ -7,6 +7,7 @@
 //! newer nightly ships LLVM 23, which bpf-linker built for LLVM 22 cannot link.
 
 mod apt;
+mod python;
 mod system;
 mod toolchain;
 
@@ -20,6 +21,8 @@ use anyhow::{bail, Result};
 pub struct Needs {
     /// `go tool pprof`, which the end-to-end tests use as the reference pprof reader.
     pub go: bool,
+    /// The benches' peers and floors: `perf`, `bpftrace`, `eu-stack`.
+    pub bench: bool,
     /// Root or CAP_BPF+CAP_PERFMON+CAP_SYS_ADMIN; a warning when false, an error when true.
     pub privileges: bool,
 }
@@ -87,11 +90,12 @@ pub fn run(needs: Needs) -> Result<()> {
     let host = Host::detect();
     let mut report = Report::default();
     report.add(system::privileges(&host, needs.privileges));
-    apt::check(&host, &apt::packages(needs.go), &mut report);
+    apt::check(&host, &apt::packages(needs.go, needs.bench), &mut report);
     toolchain::check(&mut report);
     if needs.go {
         // The test command checks formatting and lints first.
         toolchain::lint_tools(&mut report);
+        python::check(&host, &mut report);
     }
     system::mounts(&host, &mut report);
     let missing = report.missing;

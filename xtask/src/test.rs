@@ -23,7 +23,7 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         "fix the lints above",
     )?;
     let mut cmd = workspace::cargo();
-    cmd.args(["test", "--release", "--workspace", "--exclude", "profiler-ebpf", "--"])
+    cmd.args(["test", "--release", "--no-fail-fast", "--workspace", "--exclude", "profiler-ebpf", "--"])
         // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
         // system-wide, so running them in parallel would let them see each other.
         .arg("--test-threads=1")

@@ -22,9 +22,14 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-/// The release `profiler` binary that `build_release` produces.
+/// The `profiler` binary commands run: `PROFILER_BIN` when set (as the tests take it: another
+/// build, say the one before a change, for a bench to compare), else the release build that
+/// `build_release` produces.
 pub fn profiler_bin() -> PathBuf {
-    target_dir().join("release/profiler")
+    match std::env::var_os("PROFILER_BIN") {
+        Some(bin) => PathBuf::from(bin),
+        None => target_dir().join("release/profiler"),
+    }
 }
 
 /// The cargo that runs us (`cargo xtask` sets `CARGO`), so nested builds use the same one.
@@ -60,7 +65,15 @@ pub fn prepare(go: bool) -> anyhow::Result<()> {
     } else {
         stage("setup");
     }
-    crate::setup::run(crate::setup::Needs { go, privileges: true })?;
+    crate::setup::run(crate::setup::Needs { go, bench: false, privileges: true })?;
+    build_release()
+}
+
+/// [`prepare`] for a bench: also installs what its peers and floors run (perf, bpftrace,
+/// eu-stack), so a fresh machine's figures are not `n/a`.
+pub fn prepare_bench() -> anyhow::Result<()> {
+    stage("setup (including the benches' peers: perf, bpftrace, eu-stack)");
+    crate::setup::run(crate::setup::Needs { go: false, bench: true, privileges: true })?;
     build_release()
 }
 
@@ -70,7 +83,7 @@ pub fn build_release() -> Result<()> {
     if !status.success() {
         bail!("cargo build --release failed ({status}); fix the build errors above, or run `cargo xtask setup` if a tool is missing");
     }
-    let bin = profiler_bin();
+    let bin = target_dir().join("release/profiler");
     if !bin.is_file() {
         bail!("cargo build --release did not produce {}", bin.display());
     }

@@ -85,15 +85,15 @@ async fn dispatch(
             let entries = collector.index(viewer, None).await?;
             return Ok(json(page::processes(viewer, &entries)));
         }
-        ApiRequest::Status => return Ok(json(collector.status(viewer).await?)),
+        ApiRequest::Status => return Ok(json(collector.status(viewer)?)),
         ApiRequest::Profile { pid, seconds } => {
-            ProfileQuery { viewer, pid, view: View::of(ProfileKind::Cpu), window: Some(secs(seconds)), text: false }
+            ProfileQuery { viewer, pid, view: View::of(ProfileKind::Cpu), window: Some(secs(seconds)), debug: 0 }
         }
         ApiRequest::Named { view, pid, seconds, debug } => {
-            ProfileQuery { viewer, pid, view, window: seconds.map(secs), text: debug }
+            ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug }
         }
         ApiRequest::Flamegraph { view, pid, seconds } => {
-            let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), text: false };
+            let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug: 0 };
             let body = collector.profile(query).await?;
             let title = format!("pid {pid} {}", view.endpoint());
             return Ok(match crate::flame::svg_of_pprof(&body.bytes, "the profile", None, &title) {

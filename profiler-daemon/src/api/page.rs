@@ -26,6 +26,11 @@ fn description(view: View) -> &'static str {
              file, use the go tool pprof command to investigate the profile."
         }
         "threadcreate" => "Stack traces that led to the creation of new OS threads",
+        // Not a Go profile; worded as Go words its own.
+        "offcpu" => {
+            "Time threads spent off CPU (asleep or waiting for a core), by stack. You can specify the duration \
+             in the seconds GET parameter."
+        }
         _ => "",
     }
 }

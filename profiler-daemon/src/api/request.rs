@@ -35,14 +35,16 @@ pub enum ApiRequest {
     Processes,
     /// `GET /debug/pprof/profile?pid=P[&seconds=S]`: CPU over the next `seconds`.
     Profile { pid: Pid, seconds: u64 },
-    /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`.
+    /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`,
+    /// `GET /debug/pprof/goroutine?pid=P[&debug=0|1|2]` (alias `threads`).
     Named {
         view: View,
         pid: Pid,
         /// A delta over the next `seconds`; `None` = since the daemon started (heap: live now).
         seconds: Option<u64>,
-        /// Go's legacy text form instead of gzipped protobuf.
-        debug: bool,
+        /// Go's `debug`: 0 gzipped protobuf, 1 Go's legacy text form, 2 (goroutine only)
+        /// every thread with its own stack.
+        debug: u8,
     },
     /// `GET /debug/pprof/flamegraph?pid=P[&type=T][&seconds=S]`: a profile of type `T` (an
     /// endpoint's name: profile, heap, allocs, block, mutex, threadcreate; default profile)
@@ -147,12 +149,16 @@ fn cpu(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
 }
 
 fn named(path: &str, view: View, params: &Params) -> Result<ApiRequest, BadRequest> {
-    params.only(path, &["pid", "seconds", "debug"])?;
+    // A thread dump is a moment, not a window.
+    let dump = view.kind == ProfileKind::Threads;
+    params.only(path, if dump { &["pid", "debug"] } else { &["pid", "seconds", "debug"] })?;
     let pid = pid(params)?;
     let seconds = seconds(params)?;
     let debug = match params.get("debug") {
-        None | Some("0") => false,
-        Some("1") => true,
+        None | Some("0") => 0,
+        Some("1") => 1,
+        Some("2") if dump => 2,
+        Some(other) if dump => return Err(BadRequest::bad(format!("debug must be 0, 1 or 2, got {other:?}"))),
         Some(other) => return Err(BadRequest::bad(format!("debug must be 0 or 1, got {other:?}"))),
     };
     Ok(ApiRequest::Named { view, pid, seconds, debug })
@@ -168,6 +174,9 @@ fn flamegraph(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
     })?;
     let seconds = match (seconds(params)?, view.kind) {
         (None, ProfileKind::Cpu) => Some(DEFAULT_CPU_SECONDS),
+        (Some(_), ProfileKind::Threads) => {
+            return Err(BadRequest::bad("a thread dump is one moment: type=goroutine takes no seconds"));
+        }
         (seconds, _) => seconds,
     };
     Ok(ApiRequest::Flamegraph { view, pid, seconds })

@@ -70,6 +70,23 @@ pub fn status(s: &Value) -> Option<String> {
         u(&o["files_deleted_by_retention"])
     );
     let mut warnings = Vec::new();
+    for (name, e) in s["export"].as_object().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "export:    {name} ({} {}): {} sent ({}), {} queued, {} retried, {} failed, {} dropped",
+            e["protocol"].as_str().unwrap_or("?"),
+            e["url"].as_str().unwrap_or("?"),
+            u(&e["sent"]),
+            format_bytes(u(&e["bytes_sent"])),
+            u(&e["queue_depth"]),
+            u(&e["retried"]),
+            u(&e["failed"]),
+            u(&e["dropped"])
+        );
+        if let Some(err) = e["last_error"].as_str() {
+            warnings.push(format!("export {name}: last error: {err}"));
+        }
+    }
     if let Some(err) = s["last_error"].as_str() {
         warnings.push(format!("last error: {err}"));
     }
@@ -133,6 +150,8 @@ mod tests {
                       "table_budget_bytes":33554432,"exec_tracking_error":null},
             "output":{"dir":"/var/lib/profiler","files_written":4,"bytes_written":7249,"dumps":2,"interval_seconds":60,
                       "last_dump_ms":4,"files_deleted_by_retention":0},
+            "export":{"eu":{"protocol":"otlp","url":"http://c:4318","sent":9,"bytes_sent":2048,"queue_depth":2,
+                      "retried":1,"failed":0,"dropped":3,"last_error":"c:4318 answered 503: busy"}},
             "last_error":"failed to write","pid_namespace":{"initial":true}}"#,
         )
         .unwrap();
@@ -144,7 +163,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("dropped:   cpu stacks map full 1\n"), "{text}");
-        assert!(text.ends_with("warnings:  last error: failed to write\n"), "{text}");
+        assert!(
+            text.contains(
+                "export:    eu (otlp http://c:4318): 9 sent (2KiB), 2 queued, 1 retried, 0 failed, 3 dropped\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("warnings:  export eu: last error: c:4318 answered 503: busy\n"), "{text}");
+        assert!(text.ends_with("           last error: failed to write\n"), "{text}");
         assert!(status(&Value::Null).is_none());
     }
 

@@ -3,7 +3,7 @@
 //! below). Nothing here checks a value; `Config::try_from` turns a [`RawConfig`] into a
 //! [`super::Config`] once.
 
-use std::{fmt, path::PathBuf};
+use std::{collections::BTreeMap, fmt, path::PathBuf};
 
 use serde::{
     de::{self, Unexpected, Visitor},
@@ -22,6 +22,13 @@ pub struct RawConfig {
     pub cpu: RawCpu,
     pub processes: RawSelection,
     pub heap: RawHeap,
+    pub threads: RawThreads,
+    pub offcpu: RawOffCpu,
+    pub block: RawBlock,
+    pub mutex: RawMutex,
+    /// `[[export]]` tables, in the order written.
+    #[serde(rename = "export")]
+    pub exports: Vec<RawExport>,
 }
 
 /// `[socket]`.
@@ -63,6 +70,64 @@ pub struct RawSelection {
 pub struct RawHeap {
     pub include: Vec<RawMatcher>,
     pub sample_bytes: Quantity,
+}
+
+/// `[threads]`: whether interval dumps include a thread dump.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [threads] table")]
+pub struct RawThreads {
+    pub interval_dumps: bool,
+}
+
+/// `[offcpu]`: the off-CPU profile's sampling.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "an [offcpu] table")]
+pub struct RawOffCpu {
+    pub sample_every: i64,
+}
+
+/// `[block]`: the block profile's sampling rate.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [block] table")]
+pub struct RawBlock {
+    pub rate: Quantity,
+}
+
+/// `[mutex]`: the mutex profile's sampling fraction.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [mutex] table")]
+pub struct RawMutex {
+    pub fraction: i64,
+}
+
+/// One `[[export]]` table. `protocol` and `url` are required; the rest have defaults.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an [[export]] table with protocol and url")]
+pub struct RawExport {
+    pub name: Option<String>,
+    pub protocol: String,
+    pub url: String,
+    #[serde(default = "RawExport::default_timeout")]
+    pub timeout: Quantity,
+    #[serde(default = "RawExport::default_max_backoff")]
+    pub max_backoff: Quantity,
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub basic_auth: Option<RawAuth>,
+    pub bearer_token: Option<String>,
+    pub bearer_token_file: Option<PathBuf>,
+    #[serde(default = "RawExport::default_service_name")]
+    pub service_name: String,
+}
+
+/// `basic_auth = { username = "...", password_file = "..." }`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table with username and password or password_file")]
+pub struct RawAuth {
+    pub username: String,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
 }
 
 /// One entry of an include/exclude list, e.g. `{ name = "nginx" }`. Exactly one field must be
@@ -146,6 +211,11 @@ impl Default for RawConfig {
             cpu: RawCpu::default(),
             processes: RawSelection::default(),
             heap: RawHeap::default(),
+            threads: RawThreads::default(),
+            offcpu: RawOffCpu::default(),
+            block: RawBlock::default(),
+            mutex: RawMutex::default(),
+            exports: Vec::new(),
         }
     }
 }
@@ -166,6 +236,29 @@ impl Default for RawRetention {
     }
 }
 
+impl Default for RawOffCpu {
+    /// 1 in 50: `cargo xtask bench offcpu` (two threads ping-ponging on a pipe) costs about
+    /// the floor (empty programs on the same tracepoint) at 50, while every switch walks two
+    /// stacks at 1. A thread blocked 1,000 times a second is still sampled 20 times a second.
+    fn default() -> Self {
+        Self { sample_every: 50 }
+    }
+}
+
+impl Default for RawBlock {
+    /// See `DEFAULT_BLOCK_RATE` in `cli.rs`.
+    fn default() -> Self {
+        Self { rate: Quantity::text(crate::cli::DEFAULT_BLOCK_RATE) }
+    }
+}
+
+impl Default for RawMutex {
+    /// See `DEFAULT_MUTEX_FRACTION` in `cli.rs`.
+    fn default() -> Self {
+        Self { fraction: crate::cli::DEFAULT_MUTEX_FRACTION.into() }
+    }
+}
+
 impl Default for RawCpu {
     /// 19 Hz: a prime, so sampling does not beat with periodic work (timers at 10, 100 or
     /// 1000 Hz), and low enough to run continuously on every CPU.
@@ -178,5 +271,23 @@ impl Default for RawHeap {
     /// 512 KiB mean sampling interval: Go's runtime.MemProfileRate default.
     fn default() -> Self {
         Self { include: Vec::new(), sample_bytes: Quantity::text("512KiB") }
+    }
+}
+
+impl RawExport {
+    /// A push waits at most this long for an answer; a slow backend is retried.
+    fn default_timeout() -> Quantity {
+        Quantity::text("10s")
+    }
+
+    /// Retries back off exponentially up to a minute: a backend back from an outage is found
+    /// within a minute, and one that is down costs a try a minute.
+    fn default_max_backoff() -> Quantity {
+        Quantity::text("60s")
+    }
+
+    /// The systemd unit, else the container, else the process name.
+    fn default_service_name() -> String {
+        "{service}".to_owned()
     }
 }

@@ -194,15 +194,15 @@ fn rejects_bad_profile_lists() {
     assert_rejected(
         "profiles = [\"cpu\", \"goroutine\"]",
         "profiles[1]",
-        r#""goroutine" is not a profile type; allowed: cpu, heap, block, mutex, threadcreate"#,
+        r#""goroutine" is not a profile type; allowed: cpu, heap, block, mutex, threadcreate, threads, offcpu"#,
     );
     assert_rejected("profiles = [\"cpu\", \"heap\", \"cpu\"]", "profiles[2]", r#""cpu" is listed twice"#);
     assert_rejected(
         "profiles = []",
         "profiles",
-        "the list is empty; enable at least one of cpu, heap, block, mutex, threadcreate",
+        "the list is empty; enable at least one of cpu, heap, block, mutex, threadcreate, threads, offcpu",
     );
-    let every = r#"profiles = ["cpu", "heap", "block", "mutex", "threadcreate"]"#;
+    let every = r#"profiles = ["cpu", "heap", "block", "mutex", "threadcreate", "threads", "offcpu"]"#;
     assert_eq!(parse(every).unwrap().profiles, ProfileKind::ALL);
 }
 
@@ -362,4 +362,114 @@ fn flags_override_the_file_and_are_checked_like_its_keys() {
     let relative = Overrides { output_dir: Some("out".into()), ..Overrides::default() };
     assert!(message(&Config::load_with(None, &relative).unwrap_err()).starts_with("--output: "));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn reads_export_tables() {
+    let text = r#"
+        [[export]]
+        protocol = "pyroscope"
+        url = "https://pyroscope.example.com:4443/base/"
+        timeout = "5s"
+        max_backoff = "2m"
+        ca_file = "/etc/profiler/ca.pem"
+        headers = { "X-Scope-OrgID" = "tenant-1" }
+        basic_auth = { username = "fleet", password_file = "/etc/profiler/password" }
+        service_name = "{hostname}/{service}"
+        [[export]]
+        name = "collector"
+        protocol = "otlp"
+        url = "http://[::1]:4318"
+        bearer_token = "s3cret"
+    "#;
+    let config = parse(text).unwrap();
+    let [pyroscope, otlp] = &config.exports[..] else { panic!("two exports: {:?}", config.exports) };
+    assert_eq!((pyroscope.name.as_str(), pyroscope.protocol), ("pyroscope", Protocol::Pyroscope));
+    let url = &pyroscope.url;
+    assert_eq!(
+        (url.tls, url.host.as_str(), url.port, url.base_path.as_str()),
+        (true, "pyroscope.example.com", 4443, "/base")
+    );
+    assert_eq!((pyroscope.timeout, pyroscope.max_backoff), (Duration::from_secs(5), Duration::from_secs(120)));
+    assert_eq!(pyroscope.headers, [("x-scope-orgid".to_owned(), "tenant-1".to_owned())]);
+    assert_eq!(
+        pyroscope.auth,
+        Some(Auth::Basic { username: "fleet".into(), password: Secret::File("/etc/profiler/password".into()) })
+    );
+    let fill = |field: &str| Some(format!("<{field}>"));
+    assert_eq!(pyroscope.service_name.render(fill), "<hostname>/<service>");
+    assert_eq!((otlp.name.as_str(), otlp.url.host.as_str(), otlp.url.port), ("collector", "::1", 4318));
+    assert_eq!(otlp.url.authority(), "[::1]:4318");
+    assert_eq!(otlp.auth, Some(Auth::Bearer(Secret::Inline("s3cret".into()))));
+    assert_eq!((otlp.timeout, otlp.max_backoff), (Duration::from_secs(10), Duration::from_secs(60)), "defaults");
+    assert_eq!(otlp.service_name.render(fill), "<service>");
+    assert!(!format!("{:?}", otlp.auth).contains("s3cret"), "secrets are never printed");
+    assert!(config.to_string().contains("export pyroscope to https://pyroscope.example.com:4443/base/ (pyroscope)"));
+}
+
+#[test]
+fn rejects_bad_export_tables() {
+    let table = |extra: &str| format!("[[export]]\nprotocol = \"pyroscope\"\nurl = \"http://localhost:4040\"\n{extra}");
+    assert_rejected(
+        "[[export]]\nprotocol = \"zipkin\"\nurl = \"http://h\"",
+        "export[0].protocol",
+        r#""zipkin" is not a protocol; allowed: pyroscope, otlp"#,
+    );
+    for (url, problem) in [
+        ("ftp://h", "is not an http:// or https:// URL"),
+        ("localhost:4040", "is not an http:// or https:// URL"),
+        ("http://user:pw@h", "carries credentials; put them in basic_auth"),
+        ("http://h/?tenant=1", "has a query or fragment"),
+        ("not a url", "is not a URL"),
+    ] {
+        let text = format!("[[export]]\nprotocol = \"otlp\"\nurl = {url:?}");
+        assert_rejected(&text, "export[0].url", problem);
+    }
+    assert_rejected(&table("timeout = \"0s\""), "export[0].timeout", "allowed 1s to 5m");
+    assert_rejected(&table("max_backoff = \"2h\""), "export[0].max_backoff", "allowed 1s to 1h");
+    assert_rejected(&table("ca_file = \"/ca.pem\""), "export[0].ca_file", "only applies to an https url");
+    assert_rejected(&table("name = \"a b\""), "export[0].name", "is not a sink name");
+    assert_rejected(
+        &table("headers = { Authorization = \"x\" }"),
+        "export[0].headers.Authorization",
+        "basic_auth or bearer_token",
+    );
+    assert_rejected(
+        &table("headers = { Content-Type = \"x\" }"),
+        "export[0].headers.Content-Type",
+        "set by the exporter",
+    );
+    assert_rejected(&table("headers = { \"a b\" = \"x\" }"), "export[0].headers.a b", "is not a header name");
+    assert_rejected(&table("headers = { X-A = \"two\\nlines\" }"), "export[0].headers.X-A", "one line");
+    assert_rejected(
+        &table("bearer_token = \"t\"\nbearer_token_file = \"/t\""),
+        "export[0].bearer_token_file",
+        "set either bearer_token or bearer_token_file, not both",
+    );
+    assert_rejected(&table("bearer_token_file = \"t\""), "export[0].bearer_token_file", "is not an absolute path");
+    assert_rejected(
+        &table("bearer_token = \"t\"\nbasic_auth = { username = \"u\", password = \"p\" }"),
+        "export[0].bearer_token",
+        "either basic_auth or a bearer token",
+    );
+    assert_rejected(
+        &table("basic_auth = { username = \"u\" }"),
+        "export[0].basic_auth",
+        "set password or password_file",
+    );
+    assert_rejected(
+        &table("basic_auth = { username = \"a:b\", password = \"p\" }"),
+        "export[0].basic_auth.username",
+        "without ':'",
+    );
+    assert_rejected(
+        &table("service_name = \"{pid}\""),
+        "export[0].service_name",
+        "{pid} in \"{pid}\" is not a placeholder",
+    );
+    assert_rejected(&table("service_name = \"{unit\""), "export[0].service_name", "has an unclosed '{'");
+    assert_rejected(&table("service_name = \"\""), "export[0].service_name", "the template is empty");
+    assert_rejected(&format!("{}{}", table(""), table("")), "export[1].name", "is also the name of export[0]");
+    assert_parse_error("[[export]]\nprotocol = \"otlp\"", &["missing field `url`"]);
+    assert_parse_error(&table("token = \"x\""), &["unknown field `token`"]);
 }

@@ -4,9 +4,11 @@
 use std::{ops::RangeInclusive, path::Path, path::PathBuf, time::Duration};
 
 use super::{
+    export::exports_from_raw,
     raw::{Quantity, RawConfig, RawRetention},
     select::matchers_from_raw,
-    Config, CpuConfig, HeapConfig, InvalidValue, ProcessSelection, ProfileKind, Retention, SocketConfig,
+    Config, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind, Retention, SocketConfig,
+    ThreadsConfig, WaitSampling,
 };
 use crate::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 
@@ -19,6 +21,15 @@ pub const FREQUENCY_HZ_RANGE: RangeInclusive<u32> = 1..=10_000;
 
 /// `heap.sample_bytes`: 1 samples every allocation; past 1GiB almost nothing is sampled.
 pub const SAMPLE_BYTES_RANGE: RangeInclusive<u64> = 1..=1 << 30;
+
+/// `offcpu.sample_every`: 1 records every context switch; past a million almost none.
+pub const OFFCPU_SAMPLE_EVERY_RANGE: RangeInclusive<u32> = 1..=1_000_000;
+
+/// `block.rate`: 1ns records every wait; past 10s almost none is short enough to sample.
+pub const BLOCK_RATE_RANGE: RangeInclusive<Duration> = Duration::from_nanos(1)..=Duration::from_secs(10);
+
+/// `mutex.fraction`: 1 records every contention event.
+pub const MUTEX_FRACTION_RANGE: RangeInclusive<u32> = 1..=1_000_000;
 
 /// Longest unix socket path: `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX_BYTES: usize = 107;
@@ -46,6 +57,15 @@ impl TryFrom<RawConfig> for Config {
                 include: matchers_from_raw(&raw.heap.include, "heap.include")?,
                 sample_bytes: bytes_in(&raw.heap.sample_bytes, "heap.sample_bytes", SAMPLE_BYTES_RANGE)?,
             },
+            threads: ThreadsConfig { interval_dumps: raw.threads.interval_dumps },
+            waits: WaitSampling {
+                block_rate: duration_in(&raw.block.rate, "block.rate", BLOCK_RATE_RANGE)?,
+                mutex_fraction: integer_in(raw.mutex.fraction, "mutex.fraction", MUTEX_FRACTION_RANGE)?,
+            },
+            offcpu: OffCpuConfig {
+                sample_every: integer_in(raw.offcpu.sample_every, "offcpu.sample_every", OFFCPU_SAMPLE_EVERY_RANGE)?,
+            },
+            exports: exports_from_raw(&raw.exports)?,
         })
     }
 }
@@ -89,7 +109,11 @@ fn duration(value: &Quantity, key: &str) -> Result<Duration, InvalidValue> {
     }
 }
 
-fn duration_in(value: &Quantity, key: &str, range: RangeInclusive<Duration>) -> Result<Duration, InvalidValue> {
+pub(super) fn duration_in(
+    value: &Quantity,
+    key: &str,
+    range: RangeInclusive<Duration>,
+) -> Result<Duration, InvalidValue> {
     let parsed = duration(value, key)?;
     if !range.contains(&parsed) {
         let (min, max) = (format_duration(*range.start()), format_duration(*range.end()));
@@ -136,7 +160,7 @@ fn integer_in(value: i64, key: &str, range: RangeInclusive<u32>) -> Result<u32, 
 
 /// The daemon's working directory is not the config file's, so a relative path would be a
 /// guess: require absolute ones.
-fn absolute_path(path: &Path, key: &str, example: &str) -> Result<PathBuf, InvalidValue> {
+pub(super) fn absolute_path(path: &Path, key: &str, example: &str) -> Result<PathBuf, InvalidValue> {
     if !path.is_absolute() {
         let problem = format!("{:?} is not an absolute path; write e.g. {example:?}", path.display().to_string());
         return Err(InvalidValue::new(key, problem));

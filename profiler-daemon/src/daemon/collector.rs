@@ -20,15 +20,18 @@ use crate::{
     capture::{Capture, CaptureConfig, CaptureError, Drained},
     config::{Config, ProcessFacts},
     control::{
-        Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, Refusals, ReloadError, Reloaded, Viewer,
+        Command, Commands, IndexEntry, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Refusals, ReloadError,
+        Reloaded, StatusBoard, Viewer,
     },
     ids::{Pid, StackId},
+    offload::Heartbeat,
     output, procs,
     profiles::{heap::attachment_comment, Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
     resolve::{self, StackSample},
     sink::{IntervalFiles, Sink},
     symbolize::Symbolizer,
+    threads::ThreadDump,
 };
 
 /// How often the kernel maps are drained.
@@ -37,6 +40,8 @@ const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory; past it new stacks are counted and dropped.
 const MAX_STACKS: usize = 200_000;
+/// How often the loop publishes `/status` at most (commands that change it publish at once).
+const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 /// On-demand captures (`seconds=S`) in flight at once.
 const MAX_WINDOWS: usize = 16;
 /// Of those, the ones one uid other than root may have open; more get a 429.
@@ -47,6 +52,8 @@ const ROOT_WINDOWS: usize = 4;
 const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
 /// Resident memory above which the symbolizer's open files are closed after a dump (their
 /// symbols found are kept).
+/// How often the collector follows process events while a dump's files are made durable.
+const FOLLOW_WHILE_FINISHING: Duration = Duration::from_millis(2);
 const SYMBOLIZER_FILES_BUDGET: u64 = 40 << 20;
 /// Resident memory above which the symbol caches are dropped after a dump.
 const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
@@ -94,16 +101,28 @@ struct Collector {
     front: Arc<Refusals>,
     /// Windows refused because their uid had [`MAX_WINDOWS_PER_UID`] open.
     windows_over_uid_share: u64,
+    /// Beaten once per loop, per profile rendered, and while a file read is waited for.
+    heartbeat: Heartbeat,
+    /// When the next drain is due (a long dump drains between its profiles).
+    next_drain: Instant,
+    /// When `/status` was last published.
+    published: Instant,
 }
 
 /// Loads and attaches on a new thread; returns once attached (or with the error), leaving
 /// the thread running until `Shutdown` or until every handle is dropped.
-pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHandle<()>, StartError> {
+pub fn spawn(
+    config: Config,
+    commands: Commands,
+    heartbeat: Heartbeat,
+) -> Result<std::thread::JoinHandle<()>, StartError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("collector".into())
-        .spawn(move || match Collector::start(config, Arc::clone(&commands.refusals)) {
+        .spawn(move || match Collector::start(config, Arc::clone(&commands.refusals), heartbeat) {
             Ok(mut collector) => {
+                collector.capture.watch(commands.waker());
+                collector.publish_status(&commands.status);
                 let _ = ready_tx.send(Ok(()));
                 collector.run(&commands);
             }
@@ -118,8 +137,14 @@ pub fn spawn(config: Config, commands: Commands) -> Result<std::thread::JoinHand
     }
 }
 
+/// The stack table's capacity: [`MAX_STACKS`], or `PROFILER_TEST_MAX_STACKS`, a test hook
+/// with which a soak test fills the table in seconds rather than days.
+fn max_stacks() -> usize {
+    std::env::var("PROFILER_TEST_MAX_STACKS").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_STACKS)
+}
+
 impl Collector {
-    fn start(config: Config, front: Arc<Refusals>) -> Result<Self, CaptureError> {
+    fn start(config: Config, front: Arc<Refusals>, heartbeat: Heartbeat) -> Result<Self, CaptureError> {
         let mut capture = Capture::start(&CaptureConfig {
             pids: Vec::new(),
             // A reload may opt processes in to heap profiling later: its maps are kept
@@ -127,13 +152,16 @@ impl Collector {
             kinds: config.profiles.clone(),
             settings: settings(&config),
             heap_max_live: HEAP_MAX_LIVE,
-            max_stacks: MAX_STACKS,
+            max_stacks: max_stacks(),
             enable_stats: false,
+            heartbeat: Some(heartbeat.clone()),
+            selection: config.processes.clone(),
         })?;
         capture.select(&config.processes);
+        let sym = capture.symbolizer();
         let now = SystemTime::now();
         Ok(Self {
-            sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention)),
+            sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention, &config.exports)),
             config,
             capture,
             interval: Counts::default(),
@@ -144,22 +172,27 @@ impl Collector {
             windows: Vec::new(),
             heap_failed: BTreeMap::new(),
             live_blocks: 0,
-            sym: Symbolizer::new(),
+            sym,
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
             front,
             windows_over_uid_share: 0,
+            heartbeat,
+            next_drain: Instant::now() + DRAIN_INTERVAL,
+            published: Instant::now(),
         })
     }
 
     fn run(&mut self, commands: &Commands) {
-        let mut next_drain = Instant::now() + DRAIN_INTERVAL;
         let mut next_dump = Instant::now() + self.config.interval;
         let mut next_scan = Instant::now();
         loop {
-            let wake =
-                [next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline)).min();
+            self.heartbeat.beat();
+            let wake = [self.next_drain, next_dump, next_scan]
+                .into_iter()
+                .chain(self.windows.iter().map(|w| w.deadline))
+                .min();
             let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
             match commands.recv_timeout(wait) {
                 Ok(Command::Shutdown { reply }) => {
@@ -167,7 +200,13 @@ impl Collector {
                     let _ = reply.send(());
                     return;
                 }
-                Ok(command) => self.handle(command),
+                // Process events come often: they show at the end of the loop.
+                Ok(Command::ProcessEvents) => self.handle(Command::ProcessEvents),
+                Ok(command) => {
+                    self.handle(command);
+                    // What the command changed (a refused capture, a reload) shows at once.
+                    self.publish_status(&commands.status);
+                }
                 // Every handle is gone: the front has stopped. Leave a final dump.
                 Err(RecvTimeoutError::Disconnected) => return self.final_dump(),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -177,21 +216,27 @@ impl Collector {
                 self.scan_heap_targets();
                 next_scan = now + HEAP_SCAN_INTERVAL;
             }
-            if now >= next_drain {
+            if now >= self.next_drain {
                 self.drain();
-                next_drain = now + DRAIN_INTERVAL;
             }
             if now >= next_dump {
                 self.dump();
                 next_dump = now + self.config.interval;
             }
             self.finish_windows();
+            // At most a few times a second: process events wake the loop often.
+            if self.published.elapsed() >= PUBLISH_EVERY {
+                self.publish_status(&commands.status);
+            }
         }
     }
 
+    /// The last interval's files, then a moment for the exporters to send them.
     fn final_dump(&mut self) {
         self.drain();
         self.dump();
+        let Sink::Files(files) = &mut self.sink;
+        files.close();
     }
 
     fn handle(&mut self, command: Command) {
@@ -200,11 +245,12 @@ impl Collector {
                 let _ = reply.send(self.index(viewer, pid));
             }
             Command::Profile { query, reply } => self.query(query, reply),
-            Command::Status { viewer, reply } => {
-                let _ = reply.send(status::render(&self.status(), viewer == Viewer::ROOT));
-            }
             Command::Reload { config, reply } => {
                 let _ = reply.send(self.reload(*config));
+            }
+            Command::ProcessEvents => {
+                let reused = self.capture.follow();
+                self.forget_reused(&reused);
             }
             Command::Shutdown { .. } => unreachable!("handled by the loop"),
         }
@@ -212,6 +258,7 @@ impl Collector {
 
     /// Drains one map set into every open window and symbolizes what is new.
     fn drain(&mut self) {
+        self.next_drain = Instant::now() + DRAIN_INTERVAL;
         match self.capture.drain() {
             Ok(drained) => self.take(drained),
             Err(err) => self.record_error(&err),
@@ -220,7 +267,8 @@ impl Collector {
 
     /// Counts a drained batch in every window, and forgets what the capture forgot.
     fn take(&mut self, drained: Drained) {
-        let Drained { batch, new_stacks, gone, problems } = drained;
+        let Drained { batch, new_stacks, gone, reused, problems } = drained;
+        self.forget_reused(&reused);
         self.interval.add(&batch);
         self.total.add(&batch);
         for window in &mut self.windows {
@@ -235,6 +283,22 @@ impl Collector {
             self.record_error(problem);
         }
         self.presymbolize(&batch, &new_stacks);
+    }
+
+    /// Drops what was counted under pids a new process now has (the old process exited):
+    /// its profiles would otherwise carry the old process's samples under the new name.
+    fn forget_reused(&mut self, pids: &[Pid]) {
+        if pids.is_empty() {
+            return;
+        }
+        self.interval.forget(pids);
+        self.total.forget(pids);
+        for window in &mut self.windows {
+            window.counts.forget(pids);
+        }
+        for pid in pids {
+            self.heap_failed.remove(pid);
+        }
     }
 
     /// Symbolizes the addresses of stacks first seen in this drain, so that the dump finds
@@ -295,37 +359,74 @@ impl Collector {
             start: self.interval_start,
             duration: end.duration_since(self.interval_start).unwrap_or_default(),
         };
-        let interval = std::mem::take(&mut self.interval);
+        let mut interval = std::mem::take(&mut self.interval);
         self.interval_start = end;
         let serving = self.serving();
         let targets = decide::dump_targets(&serving, &self.config.processes, self.capture.catalog(), &interval);
+        for (pid, _) in targets.iter().filter(|(_, kinds)| kinds.contains(&ProfileKind::Threads)) {
+            // A process that exited or cannot be dumped is written without it (logged).
+            if let Ok(dump) = self.thread_dump(*pid) {
+                interval.set_thread_dump(*pid, dump);
+            }
+        }
         let counters = self.capture.counters().unwrap_or_default();
-        let renderer = Renderer {
-            catalog: self.capture.catalog(),
-            settings: settings(&self.config),
-            context: Context::Interval,
-            window,
-            counters: &counters,
-            // Files in the output directory are root's (see `crate::output`).
-            kernel_addresses: true,
-        };
         let files = targets.iter().map(|(_, kinds)| kinds.len()).sum();
         let Sink::Files(sink) = &mut self.sink;
         let result = match sink.begin(end, files) {
             Ok(mut dump) => {
                 for (pid, kinds) in &targets {
-                    let (Some(process), Some(counts)) = (renderer.catalog.process(*pid), interval.process(*pid)) else {
-                        continue;
-                    };
                     for &kind in kinds {
+                        // A dump of many processes takes a while: the kernel's map sets are
+                        // still drained every second meanwhile (into the next interval), so
+                        // they do not fill up, and the watchdog sees the collector work.
+                        self.heartbeat.beat();
+                        if Instant::now() >= self.next_drain {
+                            self.drain();
+                        }
+                        // Processes started meanwhile are registered while they run.
+                        let reused = self.capture.follow();
+                        interval.forget(&reused);
+                        self.forget_reused(&reused);
+                        let renderer = Renderer {
+                            catalog: self.capture.catalog(),
+                            settings: settings(&self.config),
+                            context: Context::Interval,
+                            window,
+                            counters: &counters,
+                            // Files in the output directory are root's (see `crate::output`).
+                            kernel_addresses: true,
+                        };
+                        let (Some(process), Some(counts)) = (renderer.catalog.process(*pid), interval.process(*pid))
+                        else {
+                            continue;
+                        };
                         let started = Instant::now();
                         let notes = notes(&self.capture, *pid, kind);
                         let rendered = renderer.render(process, counts, View::of(kind), notes, &mut self.sym);
                         dump.rendered_in(started.elapsed());
-                        dump.put(&rendered);
+                        dump.put(&rendered, &process.facts());
                     }
                 }
-                dump.finish()
+                // Finishing makes the files durable (a syncfs that waits for the disk, often
+                // 100 ms or more): meanwhile processes keep starting, and one not registered
+                // before it runs is unwound without its tables. The collector follows them
+                // while another thread waits for the disk.
+                let Sink::Files(sink) = &mut self.sink;
+                let capture = &mut self.capture;
+                let mut reused = Vec::new();
+                let finished = std::thread::scope(|scope| {
+                    let finishing = scope.spawn(move || sink.finish(dump));
+                    while !finishing.is_finished() {
+                        reused.extend(capture.follow());
+                        std::thread::sleep(FOLLOW_WHILE_FINISHING);
+                    }
+                    finishing.join()
+                });
+                self.forget_reused(&reused);
+                match finished {
+                    Ok(result) => result,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
             }
             Err(err) => Err(err),
         };
@@ -367,9 +468,7 @@ impl Collector {
         let rss = resident_bytes().unwrap_or(0);
         if rss > SYMBOLIZER_RSS_BUDGET {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
-            let refused = self.sym.perf_maps_refused;
-            self.sym = Symbolizer::new();
-            self.sym.perf_maps_refused = refused;
+            self.sym.forget_files();
             self.symbol_cache_resets += 1;
         } else if rss > SYMBOLIZER_FILES_BUDGET {
             tracing::debug!("resident memory over the files budget; closing the symbolizer's files");
@@ -392,15 +491,41 @@ impl Collector {
                 .collect(),
             heap_pids: self.capture.heap_pids().into_iter().collect(),
             heap_refused: self.heap_failed.clone(),
+            interval_thread_dumps: self.config.threads.interval_dumps,
         }
     }
 
     fn index(&self, viewer: Viewer, pid: Option<Pid>) -> Vec<IndexEntry> {
         let catalog = self.capture.catalog();
-        decide::index(&self.serving(), &self.config.processes, catalog, &self.total, viewer, pid, &mut credentials_now)
+        let mut entries = decide::index(
+            &self.serving(),
+            &self.config.processes,
+            catalog,
+            &self.total,
+            viewer,
+            pid,
+            &mut credentials_now,
+        );
+        // A dump is taken when asked for: the index shows how many threads there are now,
+        // as Go's shows how many goroutines.
+        for entry in &mut entries {
+            for (kind, count) in &mut entry.profiles {
+                if *kind == ProfileKind::Threads {
+                    *count = procs::thread_count(entry.pid.0).unwrap_or(0);
+                }
+            }
+        }
+        entries
     }
 
     fn query(&mut self, query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>>) {
+        if query.view.kind == ProfileKind::Threads && self.capture.catalog().process(query.pid).is_none() {
+            // A process whose threads all sleep has no samples and is not known yet; its
+            // credentials are read now, and `check_query` judges them as for any process.
+            if procs::exists(query.pid.0) {
+                self.capture.track(query.pid);
+            }
+        }
         let catalog = self.capture.catalog();
         if let Err(err) = decide::check_query(&self.serving(), &self.config, catalog, &query, &mut credentials_now) {
             let _ = reply.send(Err(err));
@@ -444,8 +569,20 @@ impl Collector {
                 if query.view.kind == ProfileKind::Heap {
                     self.refresh_live();
                 }
-                let window = Window { start: self.started, duration: self.started_at.elapsed() };
-                let counts = self.total.process(query.pid).cloned().unwrap_or_default();
+                let mut window = Window { start: self.started, duration: self.started_at.elapsed() };
+                let mut counts = self.total.process(query.pid).cloned().unwrap_or_default();
+                if query.view.kind == ProfileKind::Threads {
+                    match self.thread_dump(query.pid) {
+                        Ok(dump) => {
+                            window = Window { start: dump.taken, duration: dump.duration };
+                            counts.threads.dump = Some(dump);
+                        }
+                        Err(err) => {
+                            let _ = reply.send(Err(err));
+                            return;
+                        }
+                    }
+                }
                 let _ = reply.send(self.answer(&query, &counts, window));
             }
         }
@@ -472,13 +609,13 @@ impl Collector {
             counters: &counters,
             kernel_addresses: query.viewer == Viewer::ROOT,
         };
-        let bytes = if query.text {
-            renderer.text(process, counts, query.view, &mut self.sym).into_bytes()
+        let bytes = if query.debug > 0 {
+            renderer.text(process, counts, query.view, query.debug, &mut self.sym).into_bytes()
         } else {
             let notes = notes(&self.capture, query.pid, query.view.kind);
             renderer.render(process, counts, query.view, notes, &mut self.sym).encoded.gzip()
         };
-        Ok(ProfileBody { bytes, text: query.text })
+        Ok(ProfileBody { bytes, text: query.debug > 0 })
     }
 
     /// Answers the windows whose time is up.
@@ -504,6 +641,19 @@ impl Collector {
                 counts = counts.with_live_from(total);
             }
             let _ = w.reply.send(self.answer(&w.query, &counts, window));
+        }
+    }
+
+    /// Dumps the threads of `pid` now; a process that exited meanwhile is answered as one.
+    fn thread_dump(&mut self, pid: Pid) -> Result<Arc<ThreadDump>, QueryError> {
+        match self.capture.thread_dump(pid) {
+            Ok(dump) => Ok(Arc::new(dump)),
+            Err(CaptureError::NoProcess(pid)) => Err(QueryError::UnknownPid(pid)),
+            Err(err) => {
+                let message = crate::error::chain(&err);
+                self.record(message.clone());
+                Err(QueryError::Unavailable(message))
+            }
         }
     }
 
@@ -544,7 +694,7 @@ impl Collector {
     /// sampling rate, which programs run) needs a restart, and the reply names those keys;
     /// everything else applies now. A new output directory must be writable, or nothing
     /// changes.
-    fn reload(&mut self, config: Config) -> Result<Reloaded, ReloadError> {
+    fn reload(&mut self, mut config: Config) -> Result<Reloaded, ReloadError> {
         if config.output_dir != self.config.output_dir {
             output::ensure_writable_dir(&config.output_dir).map_err(ReloadError::OutputDir)?;
         }
@@ -554,8 +704,14 @@ impl Collector {
             tracing::warn!(keys = ?restart_needed, "these settings take effect after a restart");
         }
         let Sink::Files(files) = &mut self.sink;
-        files.reconfigure(&config.output_dir, &config.retention);
+        files.reconfigure(&config.output_dir, &config.retention, &config.exports);
         self.capture.select(&config.processes);
+        // The kernel keeps sampling at the rates it was loaded with: scale by those (the
+        // reply names the keys that wait for a restart).
+        config.cpu.frequency_hz = self.config.cpu.frequency_hz;
+        config.heap.sample_bytes = self.config.heap.sample_bytes;
+        config.offcpu.sample_every = self.config.offcpu.sample_every;
+        config.waits = self.config.waits.clone();
         self.config = config;
         self.heap_failed.clear();
         Ok(Reloaded { restart_needed })
@@ -571,19 +727,31 @@ impl Collector {
         self.last_error = Some(message);
     }
 
+    /// Renders `/status` for the front to serve without asking.
+    fn publish_status(&mut self, board: &StatusBoard) {
+        self.published = Instant::now();
+        let status = self.status();
+        board.publish(PublishedStatus {
+            full: status::render(&status, true),
+            counters_only: status::render(&status, false),
+        });
+    }
+
     fn status(&self) -> Status {
         let catalog = self.capture.catalog();
         let Sink::Files(files) = &self.sink;
         Status {
             uptime: self.started_at.elapsed(),
             frequency_hz: self.config.cpu.frequency_hz,
+            offcpu_sample_every: self.config.offcpu.sample_every,
             serving: self.serving().kinds.into_iter().collect(),
             heap_pids: self.capture.heap_pids(),
             counters: self.capture.counters().unwrap_or_default(),
             live_blocks: self.live_blocks,
             stacks: catalog.stack_count(),
-            max_stacks: MAX_STACKS,
+            max_stacks: max_stacks(),
             stacks_dropped: catalog.dropped_stacks,
+            stacks_evicted: catalog.evicted_stacks,
             processes: catalog.processes().count(),
             unwinder: self.capture.unwinder_stats(),
             exec_tracking_error: self.capture.exec_tracking_error().map(str::to_string),
@@ -591,12 +759,16 @@ impl Collector {
             output_dir: files.dir().to_path_buf(),
             interval: self.config.interval,
             dumps: files.stats().clone(),
+            exports: files.export_status(),
             symbol_cache_resets: self.symbol_cache_resets,
             symbol_file_closes: self.symbol_file_closes,
             perf_maps_refused: self.sym.perf_maps_refused,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,
             truncated_pages: crate::sigbus::recovered(),
+            offload: self.capture.offload_stats(),
+            process_events: self.capture.sideband_stats().0,
+            process_events_error: self.capture.sideband_stats().1.map(str::to_string),
             last_error: self.last_error.clone(),
         }
     }
@@ -604,7 +776,13 @@ impl Collector {
 
 /// The settings that shape profiles.
 fn settings(config: &Config) -> Settings {
-    Settings { frequency_hz: config.cpu.frequency_hz, heap_sample_bytes: config.heap.sample_bytes }
+    Settings {
+        frequency_hz: config.cpu.frequency_hz,
+        heap_sample_bytes: config.heap.sample_bytes,
+        offcpu_sample_every: config.offcpu.sample_every,
+        block_rate_ns: config.waits.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
+        mutex_fraction: config.waits.mutex_fraction,
+    }
 }
 
 /// Extra comment lines for a profile of `pid`: what was probed, for heap profiles.

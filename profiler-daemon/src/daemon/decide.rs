@@ -43,6 +43,9 @@ pub struct Serving {
     pub heap_pids: BTreeSet<Pid>,
     /// Processes the `[heap]` matchers select whose probes could not be attached, and why.
     pub heap_refused: BTreeMap<Pid, String>,
+    /// Whether interval dumps write a thread dump of each process they write
+    /// (`[threads] interval_dumps`).
+    pub interval_thread_dumps: bool,
 }
 
 impl Serving {
@@ -59,7 +62,8 @@ impl Serving {
 
 /// (pid, kinds) to write for an interval: the selected processes with data of a kind they
 /// have. A heap profile is written for every probed process, data or not: its `inuse` is a
-/// state, and an unchanged state is still an answer.
+/// state, and an unchanged state is still an answer. A thread dump (when interval dumps
+/// take them) goes with every process written.
 pub fn dump_targets(
     serving: &Serving,
     selection: &ProcessSelection,
@@ -73,8 +77,13 @@ pub fn dump_targets(
             if !selection.matches(&process.facts()) {
                 return None;
             }
-            let kinds: Vec<ProfileKind> =
-                serving.kinds_of(pid).filter(|&kind| kind == ProfileKind::Heap || kind.events(counts) > 0).collect();
+            let mut kinds: Vec<ProfileKind> = serving
+                .kinds_of(pid)
+                .filter(|&kind| kind == ProfileKind::Heap || (kind != ProfileKind::Threads && kind.events(counts) > 0))
+                .collect();
+            if !kinds.is_empty() && serving.interval_thread_dumps && serving.kinds.contains(&ProfileKind::Threads) {
+                kinds.push(ProfileKind::Threads);
+            }
             (!kinds.is_empty()).then_some((pid, kinds))
         })
         .collect()
@@ -173,6 +182,15 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     if new.heap.sample_bytes != old.heap.sample_bytes {
         keys.push("heap.sample_bytes");
     }
+    if new.offcpu.sample_every != old.offcpu.sample_every {
+        keys.push("offcpu.sample_every");
+    }
+    if new.waits.block_rate != old.waits.block_rate {
+        keys.push("block.rate");
+    }
+    if new.waits.mutex_fraction != old.waits.mutex_fraction {
+        keys.push("mutex.fraction");
+    }
     for kind in ProfileKind::ALL {
         let source = kind.source();
         let wanted = ProfileKind::ALL.into_iter().any(|k| k.source() == source && new.is_enabled(k));
@@ -215,7 +233,14 @@ mod tests {
 
     /// A catalogue and since-start counts where A has CPU samples and B only block waits.
     fn world() -> (Catalog, Counts) {
-        let wait = RawWaitTotals { pid: B, op: 0, outcome: 0, stack: StackId(8), count: 2, delay_ns: 10 };
+        let wait = RawWaitTotals {
+            pid: B,
+            op: 0,
+            outcome: 0,
+            stack: StackId(8),
+            count: 2 * profiler_common::WAIT_COUNT_ONE,
+            delay_ns: 10,
+        };
         let batch = Batch { cpu: vec![cpu(A)], block: vec![wait], ..Batch::default() };
         let mut catalog = Catalog::default();
         let stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
@@ -231,6 +256,7 @@ mod tests {
             kinds: kinds.iter().copied().collect(),
             heap_pids: heap.iter().copied().collect(),
             heap_refused: BTreeMap::new(),
+            interval_thread_dumps: false,
         }
     }
 
@@ -259,7 +285,7 @@ mod tests {
         let on = serving(&[ProfileKind::Cpu, ProfileKind::Mutex], &[]);
         let live = &mut |_| None;
         assert!(index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer::ROOT, None, live).is_empty());
-        let query = |viewer, view| ProfileQuery { viewer, pid: A, view, window: None, text: false };
+        let query = |viewer, view| ProfileQuery { viewer, pid: A, view, window: None, debug: 0 };
         let cpu = View::of(ProfileKind::Cpu);
         let enabled = config(&[ProfileKind::Cpu, ProfileKind::Mutex, ProfileKind::Block]);
         let check = |catalog: &Catalog, q: &ProfileQuery| check_query(&on, &enabled, catalog, q, &mut |_| None);
@@ -347,6 +373,9 @@ mod tests {
             pid: Pid(7),
             name: "app".into(),
             info: Some(info),
+            inspected: true,
+            exec_time: 0,
+            exited: false,
             last_seen: std::time::Instant::now(),
             maps_version: 0,
             sampled: true,

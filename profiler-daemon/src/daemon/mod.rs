@@ -20,6 +20,7 @@ use crate::{
     config::{Config, Overrides},
     control::{self, CollectorHandle},
     error::{chain, Error},
+    offload::Heartbeat,
     output, preflight,
 };
 pub use collector::StartError;
@@ -30,6 +31,10 @@ pub const DEFAULT_CONFIG: &str = "/etc/profiler/profiler.toml";
 
 /// How long shutdown waits for in-flight socket requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// The collector counts as stuck once its heartbeat is this old: it beats at least once a
+/// second while it works, and every 100 ms while it waits on a file read that may never
+/// return (which it gives up on, see `crate::offload`).
+const HEARTBEAT_STALE: Duration = Duration::from_secs(10);
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,18 +60,25 @@ pub fn run(args: &RunArgs) -> Result<(), DaemonError> {
         .map_err(|source| Error::Io { action: "start the async runtime".into(), source })?;
     let listener = rt.block_on(async { api::bind(&config.socket) })?;
     let (handle, commands) = control::channel();
-    let collector = collector::spawn(config.clone(), commands)?;
+    let heartbeat = Heartbeat::new();
+    let collector = collector::spawn(config.clone(), commands, heartbeat.clone())?;
     let notifier = Notifier::from_env();
     tracing::info!(output = %config.output_dir.display(), socket = %config.socket.path.display(), "profiler running");
     notifier.ready(&format!("profiling; writing to {}", config.output_dir.display()));
-    rt.block_on(front(handle, listener, &notifier, args));
+    rt.block_on(front(handle, listener, &notifier, &heartbeat, args));
     let _ = collector.join();
     tracing::info!("stopped");
     Ok(())
 }
 
 /// Serves the socket and handles signals until asked to stop.
-async fn front(handle: CollectorHandle, listener: tokio::net::UnixListener, notifier: &Notifier, args: &RunArgs) {
+async fn front(
+    handle: CollectorHandle,
+    listener: tokio::net::UnixListener,
+    notifier: &Notifier,
+    heartbeat: &Heartbeat,
+    args: &RunArgs,
+) {
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let stopped = async move {
         let _ = stop_rx.changed().await;
@@ -86,8 +98,9 @@ async fn front(handle: CollectorHandle, listener: tokio::net::UnixListener, noti
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = watchdog.tick() => {
-                // Ping only when the collector answers: a stuck collector must trip the watchdog.
-                if tokio::time::timeout(Duration::from_secs(5), handle.status(control::Viewer::ROOT)).await.is_ok_and(|r| r.is_ok()) {
+                // Ping only while the collector's heartbeat is fresh: a stuck collector must
+                // trip the watchdog, one waiting (with a deadline) on a stuck file must not.
+                if heartbeat.age() < HEARTBEAT_STALE {
                     notifier.watchdog();
                 }
             }

@@ -11,7 +11,14 @@ use profiler_common::{
 use serde_json::json;
 
 use crate::{
-    ebpf::Counters, ids::Pid, procs::PidNamespace, profiles::ProfileKind, sink::DumpStats, unwind::UnwinderStats,
+    ebpf::Counters,
+    ids::Pid,
+    offload::OffloadStats,
+    procs::PidNamespace,
+    profiles::ProfileKind,
+    sideband::SidebandStats,
+    sink::{export::SinkStatus, DumpStats},
+    unwind::UnwinderStats,
 };
 
 /// What `/status` shows, as the collector knows it.
@@ -19,6 +26,8 @@ use crate::{
 pub struct Status {
     pub uptime: Duration,
     pub frequency_hz: u32,
+    /// The off-CPU profile's sampling period in force.
+    pub offcpu_sample_every: u32,
     /// The kinds served (enabled and attached).
     pub serving: Vec<ProfileKind>,
     pub heap_pids: Vec<Pid>,
@@ -27,6 +36,8 @@ pub struct Status {
     pub stacks: usize,
     pub max_stacks: usize,
     pub stacks_dropped: u64,
+    /// Stacks forgotten for new ones, named only by history (seen last before a dump).
+    pub stacks_evicted: u64,
     pub processes: usize,
     pub unwinder: UnwinderStats,
     pub exec_tracking_error: Option<String>,
@@ -34,6 +45,8 @@ pub struct Status {
     pub output_dir: PathBuf,
     pub interval: Duration,
     pub dumps: DumpStats,
+    /// Each `[[export]]` sink's counts.
+    pub exports: Vec<SinkStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
     /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
@@ -45,13 +58,18 @@ pub struct Status {
     /// Pages of mapped files that were truncated while read, read as zeros instead
     /// ([`crate::sigbus`]).
     pub truncated_pages: u64,
+    /// File reads given up or skipped because their file system did not answer.
+    pub offload: OffloadStats,
+    /// The kernel's process events read and lost; why they are not read, if they are not.
+    pub process_events: Option<SidebandStats>,
+    pub process_events_error: Option<String>,
     pub last_error: Option<String>,
 }
 
 /// The JSON document; `full` for root. Anyone else gets its counters only (numbers and
 /// flags): no paths, pids, error messages or lists, which would tell them about other
 /// users' processes.
-pub fn render(s: &Status, full: bool) -> String {
+pub fn render(s: &Status, full: bool) -> serde_json::Value {
     let (cpu, heap, futex, threads, d) =
         (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
     let serves = |kind| s.serving.contains(&kind);
@@ -65,6 +83,8 @@ pub fn render(s: &Status, full: bool) -> String {
             "block": serves(ProfileKind::Block),
             "mutex": serves(ProfileKind::Mutex),
             "threadcreate": serves(ProfileKind::ThreadCreate),
+            "offcpu": serves(ProfileKind::OffCpu),
+            "offcpu_sample_every": s.offcpu_sample_every,
         },
         "samples": {
             "cpu": cpu.samples,
@@ -73,6 +93,7 @@ pub fn render(s: &Status, full: bool) -> String {
             "futex_waits_charged_to_waker": futex.mutex_charged,
             "futex_wakes": futex.wakes,
             "threads_created": threads.created,
+            "offcpu_switches_sampled": s.counters.offcpu.charged,
         },
         "drops": {
             "cpu_counts_map_full": cpu.counts_map_full,
@@ -80,6 +101,8 @@ pub fn render(s: &Status, full: bool) -> String {
             "cpu_user_stack_unreadable": cpu.user_stack_failed,
             "cpu_kernel_stack_unreadable": cpu.kernel_stack_failed,
             "cpu_user_stack_truncated": cpu.user_stack_truncated,
+            "cpu_cgroup_not_selected": cpu.cgroup_filtered,
+            "cpu_skipped_another_bpf_program_running": cpu.recursion_misses,
             "heap_live_map_full": heap.live_map_full,
             "heap_totals_map_full": heap.totals_map_full,
             "heap_stack_lost": heap.stack_lost,
@@ -92,7 +115,12 @@ pub fn render(s: &Status, full: bool) -> String {
             "futex_stack_lost": futex.stack_lost,
             "threadcreate_map_full": threads.map_full,
             "threadcreate_stack_lost": threads.stack_lost,
+            "offcpu_in_flight_map_full": s.counters.offcpu.pending_map_full,
+            "offcpu_counts_map_full": s.counters.offcpu.counts_map_full,
+            "offcpu_stack_lost": s.counters.offcpu.stack_lost,
+            "offcpu_cgroup_not_selected": s.counters.offcpu.cgroup_filtered,
             "userspace_stack_table_full": s.stacks_dropped,
+            "userspace_stacks_evicted": s.stacks_evicted,
             "profiles_skipped_low_disk_space": d.skipped_low_space,
             "profile_write_errors": d.write_errors,
         },
@@ -103,6 +131,12 @@ pub fn render(s: &Status, full: bool) -> String {
         },
         "unwind": unwind_status(s),
         "processes_tracked": s.processes,
+        // Forks, execs, mappings and exits as the kernel reports them (perf's side band).
+        "process_events": {
+            "read": s.process_events.map(|e| e.events),
+            "lost": s.process_events.map(|e| e.lost),
+            "error": s.process_events_error,
+        },
         // A daemon in a pid namespace of its own profiles that namespace's processes only.
         "pid_namespace": match s.pid_namespace {
             None => json!({ "initial": true }),
@@ -127,16 +161,30 @@ pub fn render(s: &Status, full: bool) -> String {
             "symbol_cache_resets": s.symbol_cache_resets,
             "symbol_file_closes": s.symbol_file_closes,
         },
+        "export": export_status(&s.exports),
         "refused": {
             "perf_maps": s.perf_maps_refused,
             "windows_over_uid_share": s.windows_over_uid_share,
             "truncated_file_pages_read_as_zeros": s.truncated_pages,
             "socket": s.front.iter().map(|&(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
         },
+        // Reads of processes' files that never returned (a FUSE or NFS server that does not
+        // answer): given up after a while, their devices skipped until they answer.
+        "stalled": {
+            "reads_given_up": s.offload.stalls,
+            "reads_skipped": s.offload.refused,
+            "reads_returned_later": s.offload.recovered,
+            "threads_stuck_now": s.offload.stuck_threads,
+            "devices_skipped_now": s.offload.stalled_devices.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            "file_reads": s.offload.jobs,
+        },
         "last_error": s.last_error,
     });
-    let doc = if full { doc } else { counters_only(doc) };
-    serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()) + "\n"
+    if full {
+        doc
+    } else {
+        counters_only(doc)
+    }
 }
 
 /// `doc` with only its numbers and booleans (and the version), objects kept as the path to
@@ -160,6 +208,27 @@ fn counters_only(doc: serde_json::Value) -> serde_json::Value {
     kept
 }
 
+/// Each sink by name: its backend and counts. Profiles are counted once each: `sent`
+/// (acknowledged), `failed` (refused for good), `dropped` (deleted by retention before they
+/// were sent) or still in `queue_depth`; `retried` counts failed tries.
+fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
+    let sinks = sinks.iter().map(|s| {
+        let sink = json!({
+            "protocol": s.protocol.as_str(),
+            "url": s.url,
+            "sent": s.sent,
+            "retried": s.retried,
+            "failed": s.failed,
+            "dropped": s.dropped,
+            "queue_depth": s.queue_depth,
+            "bytes_sent": s.bytes_sent,
+            "last_error": s.last_error,
+        });
+        (s.name.clone(), sink)
+    });
+    serde_json::Value::Object(sinks.collect())
+}
+
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel
 /// walker's frame counts per method and per fallback and stop reason.
 fn unwind_status(s: &Status) -> serde_json::Value {
@@ -179,6 +248,7 @@ fn unwind_status(s: &Status) -> serde_json::Value {
         "tables_evicted": t.evictions,
         "mappings_over_limit": t.mappings_over_limit,
         "unreadable_files": t.unreadable_files,
+        "stalled_files": t.stalled_files,
         "largest_tables": t.tables.iter().take(10).map(|t| json!({
             "file": t.name, "rows": t.rows, "bytes": t.bytes, "build_ms": t.build_duration.as_secs_f64() * 1e3,
         })).collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use aya::{
 };
 use profiler_common::{maps, programs, CpuCounter, CpuSampleKey};
 
-use super::{drain::drain_per_cpu, missing, program_error, sum_counters, Error, Result};
+use super::{drain::drain_counts, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId, Tid};
 
 /// Totals of the CPU sampler's event and drop counters since load.
@@ -23,6 +23,11 @@ pub struct CpuCounters {
     pub stacks_map_full: u64,
     pub counts_map_full: u64,
     pub user_stack_truncated: u64,
+    /// Samples of tasks in cgroups the configuration does not select: not walked.
+    pub cgroup_filtered: u64,
+    /// Samples the kernel did not run the program for because another BPF program was
+    /// running on that CPU (the program's `recursion_misses`); 0 before it is attached.
+    pub recursion_misses: u64,
 }
 
 /// A (process, thread, stacks) entry with the number of samples it got.
@@ -59,6 +64,44 @@ pub(super) fn attach(ebpf: &mut Ebpf, frequency_hz: u32) -> Result<()> {
     Ok(())
 }
 
+/// Offset of `recursion_misses` in the kernel's `struct bpf_prog_info` (uapi, stable: after
+/// `run_time_ns` at 192 and `run_cnt` at 200).
+const RECURSION_MISSES_OFFSET: usize = 208;
+/// `BPF_OBJ_GET_INFO_BY_FD`.
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// The CPU program's `recursion_misses`: aya 0.14's `ProgramInfo` does not expose it, so
+/// `bpf_prog_info` is read here (the kernel fills as much as it has of the buffer given).
+fn recursion_misses(ebpf: &Ebpf) -> u64 {
+    use std::os::fd::{AsFd, AsRawFd};
+    let Some(program) = ebpf.program(programs::CPU_SAMPLE) else { return 0 };
+    let Ok(fd) = program.fd() else { return 0 };
+    let mut info = [0u8; 256];
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let mut attr =
+        InfoAttr { bpf_fd: fd.as_fd().as_raw_fd() as u32, info_len: info.len() as u32, info: info.as_mut_ptr() as u64 };
+    // SAFETY: `attr` names a writable buffer of `info_len` bytes that outlives the call; the
+    // kernel writes at most that many.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if ret != 0 || (attr.info_len as usize) < RECURSION_MISSES_OFFSET + 8 {
+        return 0;
+    }
+    let bytes: [u8; 8] = info[RECURSION_MISSES_OFFSET..RECURSION_MISSES_OFFSET + 8].try_into().unwrap_or_default();
+    u64::from_ne_bytes(bytes)
+}
+
 pub(super) fn counters(ebpf: &Ebpf) -> Result<CpuCounters> {
     let c: [u64; CpuCounter::COUNT as usize] = sum_counters(ebpf, maps::CPU_COUNTERS)?;
     let get = |counter: CpuCounter| c[counter as usize];
@@ -69,12 +112,14 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<CpuCounters> {
         stacks_map_full: get(CpuCounter::StacksMapFull),
         counts_map_full: get(CpuCounter::CountsMapFull),
         user_stack_truncated: get(CpuCounter::UserStackTruncated),
+        cgroup_filtered: get(CpuCounter::CgroupFiltered),
+        recursion_misses: recursion_misses(ebpf),
     })
 }
 
 /// Reads and empties set `set`'s sample counts.
 pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawCpuSample>> {
-    let entries = drain_per_cpu(ebpf, COUNTS[set], |values: &[u64]| values.iter().sum())?;
+    let entries = drain_counts(ebpf, COUNTS[set])?;
     Ok(entries.into_iter().map(|(key, count)| raw_sample(&key, count)).collect())
 }
 

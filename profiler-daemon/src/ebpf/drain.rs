@@ -6,18 +6,23 @@
 //! (see `Session::drain`). Stacks go to userspace with the batch, and since a stack's key is
 //! its content hash, a live heap block that names a stack drained long ago still resolves.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{HashMap as StdHashMap, HashSet};
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuHashMap},
+    maps::{HashMap, MapData},
     Ebpf,
 };
-use profiler_common::{maps, Stack};
+use profiler_common::{
+    maps,
+    stack::{chunk_key, STACK_CONTINUED},
+    Stack, STACK_CHUNKS,
+};
 
 use super::{
     cpu::{self, RawCpuSample},
     heap::{self, RawHeapTotals},
     map_error, map_mut,
+    offcpu::{self, RawOffCpu},
     threads::{self, RawThreadCount},
     waits::{self, RawWaitTotals},
     Result,
@@ -35,6 +40,8 @@ pub struct Batch {
     pub mutex: Vec<RawWaitTotals>,
     /// Threads created, by creating stack.
     pub threads: Vec<RawThreadCount>,
+    /// Sampled switches and time off CPU, by (thread, state, stacks), unscaled.
+    pub offcpu: Vec<RawOffCpu>,
     /// Stack → frames (leaf first).
     pub stacks: StdHashMap<StackId, Vec<u64>>,
 }
@@ -48,27 +55,24 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let heap = heap::drain(ebpf, set)?;
     let (block, mutex) = waits::drain(ebpf, set)?;
     let threads = threads::drain(ebpf, set)?;
+    let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, STACKS[set])?;
-    Ok(Batch { cpu, heap, block, mutex, threads, stacks })
+    Ok(Batch { cpu, heap, block, mutex, threads, offcpu, stacks })
 }
 
-/// Reads every entry of a per-CPU hash (summing the CPUs with `sum`) and deletes it.
-pub(super) fn drain_per_cpu<K, V, T>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    sum: impl Fn(&[V]) -> T,
-) -> Result<Vec<(K, T)>>
+/// Reads every entry of a counts map (a hash every CPU adds to) and deletes it.
+pub(super) fn drain_counts<K, V>(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<(K, V)>>
 where
     K: aya::Pod,
     V: aya::Pod,
 {
-    let mut map: PerCpuHashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
+    let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
     let keys: Vec<K> = map.keys().filter_map(|k| k.ok()).collect();
     let mut entries = Vec::with_capacity(keys.len());
     for key in keys {
-        if let Ok(values) = map.get(&key, 0) {
-            entries.push((key, sum(&values)));
+        if let Ok(value) = map.get(&key, 0) {
+            entries.push((key, value));
         }
         map.remove(&key).map_err(map_error("clear", name))?;
     }
@@ -78,12 +82,69 @@ where
 fn drain_stacks(ebpf: &mut Ebpf, name: &'static str) -> Result<StdHashMap<StackId, Vec<u64>>> {
     let mut stacks: HashMap<&mut MapData, u64, Stack> = map_mut(ebpf, name)?;
     let keys: Vec<u64> = stacks.keys().filter_map(|k| k.ok()).collect();
-    let mut out = StdHashMap::with_capacity(keys.len());
+    let mut entries = StdHashMap::with_capacity(keys.len());
     for hash in keys {
         if let Ok(stack) = stacks.get(&hash, 0) {
-            out.insert(StackId(hash), stack.frames().to_vec());
+            entries.insert(hash, stack);
         }
         stacks.remove(&hash).map_err(map_error("clear", name))?;
     }
-    Ok(out)
+    Ok(join_pieces(&entries))
+}
+
+/// Stacks from the map's entries: a deep stack's pieces (see `profiler_common::stack`)
+/// joined under its hash, the pieces themselves left out. A chain missing a piece (the map
+/// filled between two inserts, which the kernel then refuses the stack for) ends there.
+fn join_pieces(entries: &StdHashMap<u64, Stack>) -> StdHashMap<StackId, Vec<u64>> {
+    let mut pieces = HashSet::new();
+    let mut out = StdHashMap::with_capacity(entries.len());
+    for (&hash, stack) in entries {
+        let mut frames = stack.frames().to_vec();
+        let mut last = stack;
+        for n in 1..STACK_CHUNKS as u32 {
+            if last.truncated & STACK_CONTINUED == 0 {
+                break;
+            }
+            let key = chunk_key(hash, n);
+            let Some(next) = entries.get(&key) else { break };
+            pieces.insert(key);
+            frames.extend_from_slice(next.frames());
+            last = next;
+        }
+        out.insert(StackId(hash), frames);
+    }
+    out.retain(|id, _| !pieces.contains(&id.0));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::MAX_STACK_DEPTH;
+
+    use super::*;
+
+    fn piece(frames: &[u64], continued: bool) -> Stack {
+        let mut stack = Stack { len: frames.len() as u32, truncated: 0, ips: [0; MAX_STACK_DEPTH] };
+        stack.ips[..frames.len()].copy_from_slice(frames);
+        if continued {
+            stack.truncated = STACK_CONTINUED;
+        }
+        stack
+    }
+
+    #[test]
+    fn a_deep_stack_is_joined_and_its_pieces_left_out() {
+        let deep: Vec<u64> = (1..=300).collect();
+        let (head, shallow) = (0xdee9, 0x5a11);
+        let entries = StdHashMap::from([
+            (head, piece(&deep[..127], true)),
+            (chunk_key(head, 1), piece(&deep[127..254], true)),
+            (chunk_key(head, 2), piece(&deep[254..], false)),
+            (shallow, piece(&[7, 8], false)),
+        ]);
+        let stacks = join_pieces(&entries);
+        assert_eq!(stacks.len(), 2);
+        assert_eq!(stacks[&StackId(head)], deep);
+        assert_eq!(stacks[&StackId(shallow)], vec![7, 8]);
+    }
 }

@@ -15,7 +15,7 @@ use aya::{
 };
 use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, programs, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey};
 
-use super::{drain::drain_per_cpu, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the heap probes use (created with one entry when heap profiling is off).
@@ -218,12 +218,7 @@ fn exponential_quantiles(mean: u64) -> Vec<u64> {
 
 /// Reads and empties set `set`'s allocation totals.
 pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawHeapTotals>> {
-    let sum = |values: &[HeapTotals]| {
-        values
-            .iter()
-            .fold(HeapTotals::default(), |a, v| HeapTotals { count: a.count + v.count, bytes: a.bytes + v.bytes })
-    };
-    Ok(drain_per_cpu(ebpf, TOTALS[set], sum)?
+    Ok(drain_counts(ebpf, TOTALS[set])?
         .into_iter()
         .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals {
             pid: Pid(key.tgid),

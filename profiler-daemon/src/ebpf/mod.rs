@@ -1,15 +1,19 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
 //! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`waits`]) and the
-//! thread-creation tracepoint ([`threads`]), drains their maps ([`drain`]) and feeds the
-//! unwinder's maps ([`unwind`]). Errors are [`Error`], which alone carries aya's types.
+//! thread-creation tracepoint ([`threads`]), drains their maps ([`drain`]), feeds the
+//! unwinder's maps ([`unwind`]) and reads thread dumps ([`task_iter`], with the `task_struct`
+//! layout from the kernel's BTF, [`btf`]). Errors are [`Error`], which alone carries aya's types.
 //!
 //! Ownership: one [`Session`] owns the loaded object; dropping it detaches everything. Read
 //! what you need (counters, live heap) before dropping it.
 
+mod btf;
 mod cpu;
 mod drain;
 mod error;
 mod heap;
+mod offcpu;
+mod task_iter;
 mod threads;
 mod unwind;
 mod waits;
@@ -25,12 +29,17 @@ pub use drain::Batch;
 use error::{map_error, missing, program_error};
 pub use error::{Error, Result};
 pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
-use profiler_common::{globals, maps, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use offcpu::{OffCpuCounters, RawOffCpu};
+pub use profiler_common::CgroupFilterMode;
+use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use threads::{RawThreadCount, ThreadCounters};
-pub use unwind::UnwindCounters;
+pub use unwind::{UnwindCounters, UnwindView};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
-use crate::{ids::Pid, procs::PidNamespace};
+use crate::{
+    ids::{Pid, StackId},
+    procs::PidNamespace,
+};
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -53,6 +62,11 @@ pub struct SessionConfig {
     pub waits: bool,
     /// Whether the thread-creation program may be attached (the same for its maps).
     pub threads: bool,
+    /// Whether the off-CPU program may be attached (the same for its maps).
+    pub offcpu: bool,
+    /// Whether thread dumps are taken: loads the task iterator, after reading the
+    /// `task_struct` layout from the kernel's BTF.
+    pub thread_dumps: bool,
     /// Turn on the kernel's BPF run-time statistics while the session lives.
     pub enable_stats: bool,
     /// Rows of the unwind-table memory (8 bytes each; a multiple of
@@ -77,6 +91,7 @@ pub struct Counters {
     pub heap: HeapCounters,
     pub futex: FutexCounters,
     pub threads: ThreadCounters,
+    pub offcpu: OffCpuCounters,
     pub unwind: UnwindCounters,
 }
 
@@ -101,16 +116,25 @@ impl Session {
         let stats = config.enable_stats.then(enable_run_time_stats).transpose()?;
         let filter: u8 = (!config.pids.is_empty()).into();
         let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
+        let task_offsets = if config.thread_dumps { task_offsets()? } else { TaskOffsets::default() };
+        let stack_key = random_key()?;
+        crate::threads::set_stack_hash_key(stack_key);
         let mut loader = EbpfLoader::new();
         loader
             .override_global(globals::FILTER_PIDS, &filter, true)
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
             .override_global(globals::PIDNS_DEV, &pidns_dev, true)
             .override_global(globals::PIDNS_INO, &pidns_ino, true)
+            .override_global(globals::TASK_OFFSETS, &task_offsets, true)
+            .override_global(globals::STACK_HASH_KEY, &stack_key, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
             .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
-        let unused: [(bool, &[&str]); 3] =
-            [(config.heap, &heap::MAPS), (config.waits, &waits::MAPS), (config.threads, &threads::MAPS)];
+        let unused: [(bool, &[&str]); 4] = [
+            (config.heap, &heap::MAPS),
+            (config.waits, &waits::MAPS),
+            (config.threads, &threads::MAPS),
+            (config.offcpu, &offcpu::MAPS),
+        ];
         for map in unused.into_iter().filter(|(used, _)| !used).flat_map(|(_, maps)| maps.iter()) {
             loader.map_max_entries(map, 1);
         }
@@ -118,6 +142,9 @@ impl Session {
         select_pids(&mut ebpf, &config.pids)?;
         if config.heap {
             heap::fill_intervals(&mut ebpf, config.heap_sample_bytes)?;
+        }
+        if config.thread_dumps {
+            task_iter::load(&mut ebpf)?;
         }
         // Without it a process that calls execve unwinds with its old tables until its
         // mappings are read again; worth a warning, not worth refusing to profile.
@@ -160,6 +187,11 @@ impl Session {
     }
 
     /// Makes the walker forget process `pid` (a no-op if it does not know it).
+    /// What the kernel filters by cgroup (see `profiler_common::CgroupFilterMode`).
+    pub fn set_cgroup_filter(&mut self, mode: CgroupFilterMode, ids: &std::collections::BTreeSet<u64>) -> Result<()> {
+        set_cgroup_filter(&mut self.ebpf, mode, ids)
+    }
+
     pub fn remove_unwind_process(&mut self, pid: Pid) -> Result<()> {
         unwind::remove_process(&mut self.ebpf, pid.0)
     }
@@ -209,13 +241,19 @@ impl Session {
 
     /// Attaches the futex programs (block and mutex profiles), system-wide but for the
     /// process filter. Call once.
-    pub fn attach_waits(&mut self) -> Result<FutexAttachment> {
-        waits::attach(&mut self.ebpf)
+    pub fn attach_waits(&mut self, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
+        waits::attach(&mut self.ebpf, block_rate_ns, mutex_fraction)
     }
 
     /// Attaches the thread-creation program (threadcreate profile). Call once.
     pub fn attach_threads(&mut self) -> Result<()> {
         threads::attach(&mut self.ebpf)
+    }
+
+    /// Attaches the off-CPU program (offcpu profile), recording 1 in `sample_every` switches.
+    /// Call once.
+    pub fn attach_offcpu(&mut self, sample_every: u32) -> Result<()> {
+        offcpu::attach(&mut self.ebpf, sample_every)
     }
 
     /// Sums the per-CPU counters.
@@ -225,6 +263,7 @@ impl Session {
             heap: heap::counters(&self.ebpf)?,
             futex: waits::counters(&self.ebpf)?,
             threads: threads::counters(&self.ebpf)?,
+            offcpu: offcpu::counters(&self.ebpf)?,
             unwind: unwind::counters(&self.ebpf)?,
         })
     }
@@ -234,6 +273,18 @@ impl Session {
         let prog = self.ebpf.program(program).ok_or_else(|| missing(program))?;
         let info = prog.info().map_err(program_error("query", program))?;
         Ok(ProgramStats { run_count: info.run_count(), run_time: info.run_time() })
+    }
+
+    /// One record per thread of process `pid`, as its threads are now (thread dumps must
+    /// have been enabled at load).
+    pub fn thread_records(&self, pid: Pid) -> Result<Vec<ThreadRecord>> {
+        task_iter::read(&self.ebpf, pid)
+    }
+
+    /// What the kernel walker knows of process `pid` (its mappings, their tables, the rows),
+    /// for a walker in userspace that must read exactly what the kernel's reads.
+    pub fn unwind_view(&self, pid: Pid) -> Result<UnwindView> {
+        unwind::view(&self.ebpf, pid.0, self.unwind_rows)
     }
 
     /// Flips the kernel to the other map set and drains the one it wrote to until now.
@@ -248,6 +299,12 @@ impl Session {
         // BPF programs run to completion in microseconds; wait far longer than that.
         std::thread::sleep(Duration::from_millis(5));
         drain::drain_set(&mut self.ebpf, drained)
+    }
+
+    /// Adds to `into` the stacks of sampled off-CPU switches not charged yet (the threads are
+    /// still off their CPUs): a later drain's counts name them.
+    pub fn pending_offcpu_stacks(&self, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
+        offcpu::pending_stacks(&self.ebpf, into)
     }
 
     /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.
@@ -271,11 +328,53 @@ impl Session {
     }
 }
 
+/// A random `u64` from the kernel's generator.
+fn random_key() -> Result<u64> {
+    let mut key = [0u8; 8];
+    // SAFETY: getrandom writes at most `key.len()` bytes into the buffer.
+    let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+    if n != key.len() as isize {
+        let source = std::io::Error::last_os_error();
+        return Err(Error::Io { action: "draw the stack hash key (getrandom)".into(), source });
+    }
+    Ok(u64::from_ne_bytes(key))
+}
+
+/// The `task_struct` layout of the running kernel, and the level of our pid namespace (the
+/// number of `NSpid:` entries of our own status, less one).
+fn task_offsets() -> Result<TaskOffsets> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|source| Error::Io { action: "read /proc/self/status".into(), source })?;
+    let levels = status.lines().find_map(|l| l.strip_prefix("NSpid:")).map_or(1, |ids| ids.split_whitespace().count());
+    let types = btf::Types::vmlinux().map_err(Error::TaskLayout)?;
+    btf::task_offsets(&types, levels.saturating_sub(1) as u32).map_err(Error::TaskLayout)
+}
+
 fn enable_run_time_stats() -> Result<OwnedFd> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|err| Error::KernelFeature {
         feature: "BPF run-time statistics (BPF_ENABLE_STATS)",
         detail: err.to_string(),
     })
+}
+
+/// Replaces the cgroups filtered in the kernel: `mode` and the cgroup ids it applies to.
+fn set_cgroup_filter(ebpf: &mut Ebpf, mode: CgroupFilterMode, ids: &std::collections::BTreeSet<u64>) -> Result<()> {
+    let old: Vec<u64> = {
+        let filter: HashMap<&mut MapData, u64, u8> = map_mut(ebpf, maps::CGROUP_FILTER)?;
+        filter.keys().filter_map(|k| k.ok()).filter(|id| !ids.contains(id)).collect()
+    };
+    // Off while the set changes: a sample meanwhile is counted rather than lost.
+    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CGROUP_MODE)?;
+    control.set(0, CgroupFilterMode::Off as u32, 0).map_err(map_error("write", maps::CGROUP_MODE))?;
+    let mut filter: HashMap<&mut MapData, u64, u8> = map_mut(ebpf, maps::CGROUP_FILTER)?;
+    for id in old {
+        let _ = filter.remove(&id);
+    }
+    for &id in ids {
+        filter.insert(id, 1, 0).map_err(map_error("write", maps::CGROUP_FILTER))?;
+    }
+    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CGROUP_MODE)?;
+    control.set(0, mode as u32, 0).map_err(map_error("write", maps::CGROUP_MODE))
 }
 
 fn select_pids(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<()> {

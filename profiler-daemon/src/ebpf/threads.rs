@@ -4,7 +4,7 @@
 use aya::{programs::TracePoint, Ebpf};
 use profiler_common::{maps, programs, ThreadCounter, ThreadKey};
 
-use super::{drain::drain_per_cpu, missing, program_error, sum_counters, Result};
+use super::{drain::drain_counts, missing, program_error, sum_counters, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the thread-creation program uses (created with one entry when it is off).
@@ -47,7 +47,7 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<ThreadCounters> {
 
 /// Reads and empties set `set`'s thread counts.
 pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawThreadCount>> {
-    let entries = drain_per_cpu(ebpf, MAPS[set], |values: &[u64]| values.iter().sum())?;
+    let entries = drain_counts(ebpf, MAPS[set])?;
     Ok(entries
         .into_iter()
         .map(|(key, count): (ThreadKey, u64)| RawThreadCount { pid: Pid(key.tgid), stack: StackId(key.stack), count })

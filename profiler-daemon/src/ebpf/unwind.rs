@@ -1,6 +1,7 @@
 //! The unwinder's side of the session: the row array (memory-mapped, so whole tables are
 //! copied in without a syscall per row), the table and process maps, the exec tracepoint and
-//! the walker's counters. What to put in them is `unwind::Unwinder`'s business.
+//! the walker's counters. What to put in them is `unwind::Unwinder`'s business. Also a
+//! read-only [`UnwindView`] of one process's entries, for the thread dump's userspace walker.
 
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -10,7 +11,9 @@ use aya::{
     Ebpf,
 };
 use profiler_common::{
-    maps, programs, unwind::SHARD_ROWS, Unsupported, UnwindCounter, UnwindProcess, UnwindRow, UnwindTableInfo,
+    maps, programs,
+    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT},
+    Unsupported, UnwindCounter, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo,
 };
 
 use super::{map_error, map_mut, missing, program_error, sum_counters, Error, Result};
@@ -118,4 +121,103 @@ impl UnwindCounters {
 
 pub(super) fn counters(ebpf: &Ebpf) -> Result<UnwindCounters> {
     Ok(UnwindCounters(sum_counters(ebpf, maps::UNWIND_COUNTERS)?))
+}
+
+/// What the kernel walker knows of one process, read from its maps: the process's mapping
+/// list, the tables those mappings name, and the row memory (mapped read-only for the
+/// view's life). A walker in userspace that reads these finds exactly the rows the kernel's
+/// finds.
+pub struct UnwindView {
+    process: Option<Box<UnwindProcess>>,
+    tables: std::collections::HashMap<u32, UnwindTableInfo>,
+    rows: Option<RowMemory>,
+}
+
+impl UnwindView {
+    /// The process's executable mappings, sorted by start; `None` when the walker does not
+    /// know the process.
+    pub fn mappings(&self) -> Option<&[UnwindMapping]> {
+        let process = self.process.as_deref()?;
+        Some(&process.mappings[..(process.len as usize).min(MAX_PROCESS_MAPPINGS)])
+    }
+
+    /// The table in slot `slot`, if a mapping of the process names it and it has rows.
+    pub fn table(&self, slot: u32) -> Option<&UnwindTableInfo> {
+        self.tables.get(&slot).filter(|t| t.rows > 0)
+    }
+
+    /// Row `index` of `table`, as the kernel's `row_at` finds it.
+    pub fn row(&self, table: &UnwindTableInfo, index: u32) -> Option<UnwindRow> {
+        let shard = *table.shards.get((index >> SHARD_ROWS_SHIFT) as usize & (MAX_TABLE_SHARDS - 1))? as u32;
+        self.rows.as_ref()?.get((shard << SHARD_ROWS_SHIFT) | (index & (SHARD_ROWS - 1)))
+    }
+}
+
+/// `UNWIND_ROWS` mapped read-only.
+struct RowMemory {
+    ptr: *const UnwindRow,
+    len: usize,
+}
+
+impl RowMemory {
+    fn get(&self, index: u32) -> Option<UnwindRow> {
+        // SAFETY: `index` is checked against the mapping's length; the kernel keeps the
+        // memory alive while mapped, and a row is 8 aligned bytes of plain integers.
+        ((index as usize) < self.len).then(|| unsafe { *self.ptr.add(index as usize) })
+    }
+}
+
+impl Drop for RowMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `view` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len * size_of::<UnwindRow>()) };
+    }
+}
+
+/// Reads what the kernel walker knows of process `pid` (`rows`: the row array's length).
+pub(super) fn view(ebpf: &Ebpf, pid: u32, rows: u32) -> Result<UnwindView> {
+    let processes: HashMap<&MapData, u32, UnwindProcess> = super::map_ref(ebpf, maps::UNWIND_PROCESSES)?;
+    let process = match processes.get(&pid, 0) {
+        Ok(process) => Some(Box::new(process)),
+        Err(aya::maps::MapError::KeyNotFound) => None,
+        Err(e) => return Err(map_error("read", maps::UNWIND_PROCESSES)(e)),
+    };
+    let mut view = UnwindView { process, tables: Default::default(), rows: None };
+    let slots: Vec<u32> = view.mappings().unwrap_or(&[]).iter().map(|m| m.table).filter(|&t| t != NO_TABLE).collect();
+    if slots.is_empty() {
+        return Ok(view);
+    }
+    let tables: Array<&MapData, UnwindTableInfo> = super::map_ref(ebpf, maps::UNWIND_TABLES)?;
+    for slot in slots {
+        let info = tables.get(&slot, 0).map_err(map_error("read", maps::UNWIND_TABLES))?;
+        view.tables.insert(slot, info);
+    }
+    view.rows = Some(map_rows(ebpf, rows)?);
+    Ok(view)
+}
+
+fn map_rows(ebpf: &Ebpf, rows: u32) -> Result<RowMemory> {
+    let map = ebpf.map(maps::UNWIND_ROWS).ok_or_else(|| missing(maps::UNWIND_ROWS))?;
+    let aya::maps::Map::Array(data) = map else {
+        return Err(missing(maps::UNWIND_ROWS));
+    };
+    let len = rows as usize;
+    // SAFETY: a shared read-only mapping of the whole mmapable BPF array.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len * size_of::<UnwindRow>(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::Io {
+            action: format!("map the BPF array {} into memory to read it", maps::UNWIND_ROWS),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(RowMemory { ptr: ptr.cast(), len })
 }

@@ -5,13 +5,16 @@
 use std::path::Path;
 
 use aya::{
-    maps::{HashMap, MapData},
+    maps::{Array, HashMap, MapData},
     programs::TracePoint,
     Ebpf,
 };
-use profiler_common::{maps, programs, FutexCounter, PendingWait, WaitKey, WaitTotals};
+use profiler_common::{
+    futex::{FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION},
+    maps, programs, FutexCounter, PendingWait, WaitKey, WaitTotals,
+};
 
-use super::{drain::drain_per_cpu, map_mut, missing, program_error, sum_counters, Result};
+use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the futex programs use (created with one entry when they are off).
@@ -58,6 +61,10 @@ pub struct FutexCounters {
     pub stack_lost: u64,
     pub wakes: u64,
     pub waker_map_full: u64,
+    /// Block waits shorter than the rate its sampling left out.
+    pub block_unsampled: u64,
+    /// Woken waits not charged: their wake was not sampled.
+    pub mutex_unsampled: u64,
 }
 
 /// Futex waits of one (process, op, outcome, stack) in the drained interval.
@@ -73,7 +80,13 @@ pub struct RawWaitTotals {
     pub delay_ns: u64,
 }
 
-pub(super) fn attach(ebpf: &mut Ebpf) -> Result<FutexAttachment> {
+pub(super) fn attach(ebpf: &mut Ebpf, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
+    let mut config: Array<&mut MapData, u64> = map_mut(ebpf, maps::FUTEX_CONFIG)?;
+    for (slot, value) in
+        [(FUTEX_CONFIG_BLOCK_RATE_NS, block_rate_ns), (FUTEX_CONFIG_MUTEX_FRACTION, mutex_fraction.into())]
+    {
+        config.set(slot, value, 0).map_err(map_error("write", maps::FUTEX_CONFIG))?;
+    }
     let mut report = FutexAttachment::default();
     for name in programs::FUTEX {
         tracepoint(ebpf, name)?.load().map_err(program_error("load", name))?;
@@ -128,6 +141,8 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<FutexCounters> {
         stack_lost: get(FutexCounter::StackLost),
         wakes: get(FutexCounter::Wakes),
         waker_map_full: get(FutexCounter::WakerMapFull),
+        block_unsampled: get(FutexCounter::BlockUnsampled),
+        mutex_unsampled: get(FutexCounter::MutexUnsampled),
     })
 }
 
@@ -137,13 +152,7 @@ pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<(Vec<RawWaitTotals>, 
 }
 
 fn drain_waits(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<RawWaitTotals>> {
-    let sum = |values: &[WaitTotals]| {
-        values.iter().fold(WaitTotals::default(), |a, v| WaitTotals {
-            count: a.count + v.count,
-            delay_ns: a.delay_ns.wrapping_add(v.delay_ns),
-        })
-    };
-    Ok(drain_per_cpu(ebpf, name, sum)?
+    Ok(drain_counts(ebpf, name)?
         .into_iter()
         .map(|(key, t): (WaitKey, WaitTotals)| RawWaitTotals {
             pid: Pid(key.tgid),

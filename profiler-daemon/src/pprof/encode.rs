@@ -88,7 +88,7 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
         f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
     for refusal in &resolved.refused {
-        b.add_comment(&format!("file refused, its addresses left unnamed: {refusal}"));
+        b.add_comment(&format!("file not fully read: {refusal}"));
     }
     b.finish()
 }

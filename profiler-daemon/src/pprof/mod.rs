@@ -1,7 +1,9 @@
-//! The only module that touches the prost types of `profile.proto`: a builder that keeps the
-//! string table, ids and dedup rules right, the encoder of resolved profiles, gzip
-//! encode/decode, Go's legacy text form (`debug=1`) of resolved profiles, and any profile's
-//! stacks folded for flame graphs.
+//! The only module that touches protobuf types: those of `profile.proto` (a builder that
+//! keeps the string table, ids and dedup rules right, the encoder of resolved profiles, gzip
+//! encode/decode, Go's legacy text forms (`debug=1`, and the thread dump's `debug=2`) of
+//! resolved profiles, and any profile's stacks folded for flame graphs), and the exporters'
+//! wire formats: Pyroscope's `push.v1.PushRequest` (`push`) and OTLP profiles translated
+//! from pprof (`otlp`).
 //!
 //! pprof's rules kept here: `string_table[0]` is `""`; every id is nonzero and unique within
 //! its table; a sample's `location_id`s are leaf first; every `Location.mapping_id` names a
@@ -10,9 +12,17 @@
 mod builder;
 mod encode;
 mod fold;
+pub mod otlp;
+// Generated: the messages this crate does not build are kept, as the protos have them.
+#[allow(clippy::all, missing_docs, dead_code)]
+mod otlp_proto;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
+pub mod push;
+#[allow(clippy::all, missing_docs, dead_code)]
+mod push_proto;
 mod text;
+mod thread_text;
 
 use std::{
     io::{Read, Write},
@@ -84,5 +94,30 @@ mod tests {
         let out = std::process::Command::new("sha256sum").arg(format!("{dir}/proto/profile.proto")).output().unwrap();
         let actual = String::from_utf8(out.stdout).unwrap();
         assert_eq!(actual.split_whitespace().next(), Some(named), "proto.rs is stale: regenerate it");
+    }
+
+    /// The same for the exporters' protos: every source the generated file names, by hash.
+    #[test]
+    fn the_generated_wire_formats_match_their_protos() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        for generated in ["push_proto.rs", "otlp_proto.rs"] {
+            let text = std::fs::read_to_string(format!("{dir}/src/pprof/{generated}")).unwrap();
+            let sources: Vec<(&str, &str)> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("// source sha256: "))
+                .filter_map(|l| l.split_once(' '))
+                .collect();
+            assert!(sources.len() >= 2, "{generated} names its sources");
+            for (hash, source) in sources {
+                let path = format!("{dir}/../{source}");
+                let out = std::process::Command::new("sha256sum").arg(&path).output().unwrap();
+                let actual = String::from_utf8(out.stdout).unwrap();
+                assert_eq!(
+                    actual.split_whitespace().next(),
+                    Some(hash),
+                    "{generated} is stale for {source}: regenerate it"
+                );
+            }
+        }
     }
 }

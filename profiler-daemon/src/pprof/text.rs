@@ -28,8 +28,12 @@ pub enum TextFormat {
     /// `--- contention:` (block) or `--- mutex:`, values `[count, delay_ns]`; the mutex
     /// layout states its sampling period.
     Contention { mutex_period: Option<i64> },
-    /// `<name> profile: total N`, one count value.
+    /// `<name> profile: total N`, one count value; samples with the same stack are one
+    /// record (Go groups goroutines so).
     Count { name: &'static str },
+    /// Go's `goroutine?debug=2` adapted to threads: each thread's header, then its frames
+    /// (see [`super::thread_text`]).
+    Threads,
     /// `--- <type>: <sample types>` then the values and stack of each sample: for profiles
     /// Go has no text form of (CPU).
     Generic { name: &'static str, sample_types: &'static [(&'static str, &'static str)] },
@@ -42,6 +46,7 @@ pub fn go_text(resolved: &ResolvedProfile, format: TextFormat) -> String {
         TextFormat::Heap { rate } => heap(resolved, rate, &mut out),
         TextFormat::Contention { mutex_period } => contention(resolved, mutex_period, &mut out),
         TextFormat::Count { name } => count(resolved, name, &mut out),
+        TextFormat::Threads => super::thread_text::per_thread(resolved, &mut out),
         TextFormat::Generic { name, sample_types } => generic(resolved, name, sample_types, &mut out),
     }
     out
@@ -97,15 +102,21 @@ fn contention(resolved: &ResolvedProfile, mutex_period: Option<i64>, out: &mut S
 }
 
 /// `<name> profile: total N`, then the stacks with their counts: largest count first, ties
-/// by the text of the address list, as Go orders them.
+/// by the text of the address list, as Go orders them. Samples with the same locations are
+/// one record.
 fn count(resolved: &ResolvedProfile, name: &str, out: &mut String) {
     let total: i64 = resolved.samples.iter().map(|s| value(s, 0)).sum();
     let _ = writeln!(out, "{name} profile: total {total}");
-    let mut samples: Vec<(&ResolvedSample, String)> =
-        resolved.samples.iter().map(|s| (s, addresses(resolved, s))).collect();
-    samples.sort_by(|(a, ka), (b, kb)| value(b, 0).cmp(&value(a, 0)).then_with(|| ka.cmp(kb)));
-    for (sample, _) in samples {
-        let _ = write!(out, "{}", value(sample, 0));
+    let mut grouped: Vec<(&ResolvedSample, i64, String)> = Vec::new();
+    for sample in &resolved.samples {
+        match grouped.iter_mut().find(|(s, _, _)| s.locations == sample.locations) {
+            Some((_, n, _)) => *n += value(sample, 0),
+            None => grouped.push((sample, value(sample, 0), addresses(resolved, sample))),
+        }
+    }
+    grouped.sort_by(|(_, a, ka), (_, b, kb)| b.cmp(a).then_with(|| ka.cmp(kb)));
+    for (sample, n, _) in grouped {
+        let _ = write!(out, "{n}");
         record_stack(resolved, sample, out);
     }
 }
@@ -135,6 +146,12 @@ fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
 fn record_stack(resolved: &ResolvedProfile, sample: &ResolvedSample, out: &mut String) {
     out.push_str(&addresses(resolved, sample));
     out.push('\n');
+    frames(resolved, sample, out);
+    out.push('\n');
+}
+
+/// A sample's frame lines, aligned (`#\t0x0` for a stack without frames).
+pub(super) fn frames(resolved: &ResolvedProfile, sample: &ResolvedSample, out: &mut String) {
     let mut lines: Vec<Vec<String>> = Vec::new();
     for &location in &sample.locations {
         frame_lines(&resolved.locations[location], &mut lines);
@@ -146,7 +163,6 @@ fn record_stack(resolved: &ResolvedProfile, sample: &ResolvedSample, out: &mut S
         out.push_str(&line);
         out.push('\n');
     }
-    out.push('\n');
 }
 
 /// A location's frame lines as tab-separated cells: `#`, the address, `function+0xoff`,
@@ -170,7 +186,7 @@ fn frame_lines(location: &LocationInfo, lines: &mut Vec<Vec<String>>) {
 
 /// Symbol and file names come from files any user controls: no control characters in a
 /// line of text (a newline would forge a record, an escape would reach a terminal).
-fn printable(text: &str) -> String {
+pub(super) fn printable(text: &str) -> String {
     text.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{waits::drop_comments, Context, Counts, ProcessCounts};
+use super::{waits::drop_comments, Context, Counts, ProcessCounts, Settings};
 use crate::{
     catalog::Sighting,
     ebpf::{Batch, Counters},
@@ -24,7 +24,7 @@ pub(super) fn stacks(counts: &ProcessCounts, out: &mut HashSet<StackId>) {
     counts.block.stacks(out);
 }
 
-pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
+pub(super) fn comments(context: Context, counters: &Counters, settings: &Settings) -> Vec<String> {
     let [drops, unwind] = drop_comments(counters);
     vec![
         format!(
@@ -33,6 +33,13 @@ pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
              (the locking function on the stack), futex_op, outcome (timed out and interrupted waits count too); {}",
             env!("CARGO_PKG_VERSION"),
             context.describe()
+        ),
+        format!(
+            "sampling: block rate {} ns: waits at least that long are all recorded, a shorter one of length d \
+             with probability d/rate and then counted as rate/d waits of rate ns in all (Go's unbiasing); \
+             shorter waits left out (whole machine): {}",
+            settings.block_rate_ns.max(1),
+            counters.futex.block_unsampled
         ),
         drops,
         unwind,

@@ -1,12 +1,19 @@
 //! What was *counted* over one window, per process and per kind: [`Counts`]. Each kind's
 //! file owns its part of [`ProcessCounts`] and how a drained batch adds to it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
 
-use super::{cpu::CpuCounts, heap, heap::HeapCounts, threadcreate::ThreadCounts, waits::WaitCounts, ProfileKind};
+use super::{
+    cpu::CpuCounts, heap, heap::HeapCounts, offcpu::OffCpuCounts, threadcreate::ThreadCounts, threads::ThreadState,
+    waits::WaitCounts, ProfileKind,
+};
 use crate::{
     ebpf::{Batch, LiveBlock},
     ids::{Pid, StackId},
+    threads::ThreadDump,
 };
 
 /// What one process got in a window, one part per kind.
@@ -19,6 +26,10 @@ pub struct ProcessCounts {
     /// Woken futex waits by the stack that woke them.
     pub mutex: WaitCounts,
     pub threadcreate: ThreadCounts,
+    /// Time off CPU by (thread, state, stacks), sampled.
+    pub offcpu: OffCpuCounts,
+    /// Point in time: the latest CPU stacks of each thread, and a dump to render.
+    pub threads: ThreadState,
 }
 
 impl ProcessCounts {
@@ -50,6 +61,12 @@ impl Counts {
         heap::set_live(self, pids, blocks);
     }
 
+    /// Gives `pid` the thread dump its threads profile renders (the state at the time of
+    /// the dump, never added to).
+    pub fn set_thread_dump(&mut self, pid: Pid, dump: Arc<ThreadDump>) {
+        self.process_mut(pid).threads.dump = Some(dump);
+    }
+
     /// Counts of one process.
     pub fn process(&self, pid: Pid) -> Option<&ProcessCounts> {
         self.processes.get(&pid)
@@ -57,6 +74,10 @@ impl Counts {
 
     pub(super) fn process_mut(&mut self, pid: Pid) -> &mut ProcessCounts {
         self.processes.entry(pid).or_default()
+    }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (Pid, &mut ProcessCounts)> {
+        self.processes.iter_mut().map(|(&pid, c)| (pid, c))
     }
 
     /// (pid, counts) pairs by pid.

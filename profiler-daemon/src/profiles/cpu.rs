@@ -107,13 +107,16 @@ pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
         format!(
             "dropped samples (whole machine): counts map full {}; stacks without frames: stack not stored \
              (map full or kernel allocation failed) {}, user stack unreadable {}, kernel stack unreadable {}; \
-             user stacks cut at {} frames {}",
+             user stacks cut at {} frames {}; samples of cgroups not selected (not walked) {}; samples the \
+             kernel skipped because another BPF program was running on that CPU {}",
             c.counts_map_full,
             c.stacks_map_full,
             c.user_stack_failed,
             c.kernel_stack_failed,
-            profiler_common::MAX_STACK_DEPTH,
-            c.user_stack_truncated
+            profiler_common::MAX_USER_STACK_DEPTH,
+            c.user_stack_truncated,
+            c.cgroup_filtered,
+            c.recursion_misses
         ),
         unwind_comment(counters),
     ]
@@ -147,7 +150,16 @@ mod tests {
         sightings(&batch, &mut seen);
         assert_eq!(seen[0].main_thread_name, Some("t10"));
         assert_eq!(seen[1].main_thread_name, None, "not the main thread");
-        let samples = samples(cpu, &Settings { frequency_hz: 100, heap_sample_bytes: 1 });
+        let samples = samples(
+            cpu,
+            &Settings {
+                frequency_hz: 100,
+                heap_sample_bytes: 1,
+                offcpu_sample_every: 1,
+                block_rate_ns: 1,
+                mutex_fraction: 1,
+            },
+        );
         let s = samples.iter().find(|s| s.labels[0].1 == LabelValue::Num(10, None)).unwrap();
         assert_eq!(s.values, [6, 60_000_000], "count, and count × the 10 ms period");
     }

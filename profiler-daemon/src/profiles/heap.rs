@@ -263,7 +263,16 @@ mod tests {
     fn samples_have_gos_values_and_the_return_leaf() {
         let mut heap = HeapCounts::default();
         heap.allocated.insert(StackId(14), HeapCount { count: 1, bytes: 8 });
-        let samples = samples(&heap, &Settings { frequency_hz: 1, heap_sample_bytes: 1 });
+        let samples = samples(
+            &heap,
+            &Settings {
+                frequency_hz: 1,
+                heap_sample_bytes: 1,
+                offcpu_sample_every: 1,
+                block_rate_ns: 1,
+                mutex_fraction: 1,
+            },
+        );
         assert_eq!(samples[0].values, [1, 8, 0, 0]);
         assert!(samples[0].user_leaf_is_return);
         assert_eq!(samples[0].labels[0], ("bytes", LabelValue::Num(8, Some("bytes"))));
@@ -271,7 +280,16 @@ mod tests {
 
     #[test]
     fn finds_glibc_and_musl() {
-        let entry = |path: &str| MapEntry { start: 0, end: 1, offset: 0, path: path.into(), inode: 1, unmapped: false };
+        let entry = |path: &str| MapEntry {
+            start: 0,
+            end: 1,
+            offset: 0,
+            path: path.into(),
+            inode: 1,
+            device: Default::default(),
+            generation: 0,
+            unmapped: false,
+        };
         let glibc = [entry("/usr/bin/app"), entry("/usr/lib/x86_64-linux-gnu/libc.so.6")];
         assert_eq!(find_libc(&glibc).as_deref(), Some("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert_eq!(find_libc(&[entry("/lib/ld-musl-x86_64.so.1")]).as_deref(), Some("/lib/ld-musl-x86_64.so.1"));

@@ -1,7 +1,7 @@
 //! [`ProfileKind`]: the closed set of profile types, named as in the config file
 //! (`profiles = ["cpu", "heap"]`) and in output file names, and [`View`]: a kind as a
 //! `/debug/pprof/` endpoint serves it (Go's names: `profile` for CPU, `allocs` for the heap
-//! with allocations as the default sample type).
+//! with allocations as the default sample type, `goroutine` for thread dumps).
 
 use std::{fmt, str::FromStr};
 
@@ -19,11 +19,17 @@ pub enum ProfileKind {
     Mutex,
     /// Stacks that created threads.
     ThreadCreate,
+    /// Every thread's stack and state at one moment (Go's `goroutine` endpoint).
+    Threads,
+    /// Time threads spent off a CPU (asleep or waiting for a core), by the stack they left
+    /// it with, sampled 1 in `offcpu.sample_every` switches.
+    OffCpu,
 }
 
 impl ProfileKind {
     /// Every kind, in the order used in messages.
-    pub const ALL: [ProfileKind; 5] = [Self::Cpu, Self::Heap, Self::Block, Self::Mutex, Self::ThreadCreate];
+    pub const ALL: [ProfileKind; 7] =
+        [Self::Cpu, Self::Heap, Self::Block, Self::Mutex, Self::ThreadCreate, Self::Threads, Self::OffCpu];
 
     /// The name used in the config file and in output file names.
     pub fn as_str(self) -> &'static str {
@@ -33,10 +39,13 @@ impl ProfileKind {
             Self::Block => "block",
             Self::Mutex => "mutex",
             Self::ThreadCreate => "threadcreate",
+            Self::Threads => "threads",
+            Self::OffCpu => "offcpu",
         }
     }
 
-    /// The allowed names, for error messages: `cpu, heap, block, mutex, threadcreate`.
+    /// The allowed names, for error messages: `cpu, heap, block, mutex, threadcreate, threads,
+    /// offcpu`.
     pub fn allowed() -> String {
         Self::ALL.map(Self::as_str).join(", ")
     }
@@ -53,13 +62,15 @@ pub struct View {
 
 impl View {
     /// Every view, in the order of the index.
-    pub const ALL: [View; 6] = [
+    pub const ALL: [View; 8] = [
         View::of(ProfileKind::Cpu),
         View::of(ProfileKind::Heap),
         View::ALLOCS,
         View::of(ProfileKind::Block),
         View::of(ProfileKind::Mutex),
         View::of(ProfileKind::ThreadCreate),
+        View::of(ProfileKind::Threads),
+        View::of(ProfileKind::OffCpu),
     ];
 
     /// Go's `allocs`.
@@ -80,6 +91,7 @@ impl View {
         match (self.kind, self.allocs) {
             (_, true) => "allocs",
             (ProfileKind::Cpu, false) => "profile",
+            (ProfileKind::Threads, false) => "goroutine",
             (kind, false) => kind.as_str(),
         }
     }
@@ -98,8 +110,11 @@ impl View {
         self.allocs.then_some("alloc_space")
     }
 
-    /// The view served at `endpoint`.
+    /// The view served at `endpoint` (`threads` is an alias of Go's `goroutine`).
     pub fn at_endpoint(endpoint: &str) -> Option<View> {
+        if endpoint == ProfileKind::Threads.as_str() {
+            return Some(View::of(ProfileKind::Threads));
+        }
         Self::ALL.into_iter().find(|view| view.endpoint() == endpoint)
     }
 }
@@ -137,8 +152,9 @@ mod tests {
     #[test]
     fn views_are_gos_endpoints() {
         let endpoints: Vec<&str> = View::ALL.iter().map(|v| v.endpoint()).collect();
-        assert_eq!(endpoints, ["profile", "heap", "allocs", "block", "mutex", "threadcreate"]);
+        assert_eq!(endpoints, ["profile", "heap", "allocs", "block", "mutex", "threadcreate", "goroutine", "offcpu"]);
         assert_eq!(View::at_endpoint("allocs"), Some(View::ALLOCS));
+        assert_eq!(View::at_endpoint("threads"), View::at_endpoint("goroutine"), "an alias");
         assert_eq!(View::at_endpoint("cpu"), None, "Go's name is profile");
         assert_eq!(View::of_kind(ProfileKind::Heap).count(), 2);
         assert_eq!(View::ALLOCS.default_sample_type(), Some("alloc_space"));
@@ -148,7 +164,10 @@ mod tests {
     #[test]
     fn unknown_names_list_the_allowed_ones() {
         let err = "CPU".parse::<ProfileKind>().unwrap_err();
-        assert_eq!(err, r#""CPU" is not a profile type; allowed: cpu, heap, block, mutex, threadcreate"#);
+        assert_eq!(
+            err,
+            r#""CPU" is not a profile type; allowed: cpu, heap, block, mutex, threadcreate, threads, offcpu"#
+        );
         assert!("goroutine".parse::<ProfileKind>().is_err());
     }
 }

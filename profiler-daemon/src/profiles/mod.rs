@@ -1,5 +1,5 @@
 //! What each profile kind is. One file per kind (`cpu`, `heap`, `block`, `mutex`,
-//! `threadcreate`) owns its slice of a drained batch, its counts, its pprof shape, its
+//! `threadcreate`, `threads`, `offcpu`) owns its slice of a drained batch, its counts, its pprof shape, its
 //! samples and values, its leaf rule, its comment, its labels and its headline; the rest of
 //! the daemon reaches a kind only through the one delegating `match` per hook below.
 //! [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
@@ -10,7 +10,9 @@ mod cpu;
 pub mod heap;
 mod kind;
 mod mutex;
+mod offcpu;
 mod threadcreate;
+mod threads;
 mod waits;
 
 use std::collections::HashSet;
@@ -19,7 +21,9 @@ pub use counts::{Counts, ProcessCounts};
 pub use cpu::{CpuCounts, SampleKey};
 pub use heap::{HeapCount, HeapCounts};
 pub use kind::{ProfileKind, View};
+pub use offcpu::OffCpuCounts;
 pub use threadcreate::ThreadCounts;
+pub use threads::{CpuSighting, ThreadState};
 pub use waits::{WaitCount, WaitCounts, WaitSite};
 
 use crate::{
@@ -37,6 +41,13 @@ pub struct Settings {
     pub frequency_hz: u32,
     /// Mean bytes between heap samples.
     pub heap_sample_bytes: u64,
+    /// The off-CPU profile records 1 in this many context switches (1: every one).
+    pub offcpu_sample_every: u32,
+    /// The block profile's rate: waits at least this long are always recorded, shorter ones
+    /// with probability length/rate (0 or 1: every wait).
+    pub block_rate_ns: u64,
+    /// The mutex profile records 1 in this many contention events, values scaled by it.
+    pub mutex_fraction: u32,
 }
 
 /// Which capture a profile comes from, for its comment.
@@ -71,10 +82,21 @@ pub enum Source {
     FutexWaits,
     /// `task:task_newtask`.
     ThreadCreation,
+    /// The task iterator of thread dumps (read on demand, attached to nothing).
+    TaskIterator,
+    /// The scheduler's `sched_switch` (BTF tracepoint).
+    Switches,
 }
 
 impl Source {
-    pub const ALL: [Source; 4] = [Source::CpuClock, Source::HeapProbes, Source::FutexWaits, Source::ThreadCreation];
+    pub const ALL: [Source; 6] = [
+        Source::CpuClock,
+        Source::HeapProbes,
+        Source::FutexWaits,
+        Source::ThreadCreation,
+        Source::TaskIterator,
+        Source::Switches,
+    ];
 }
 
 /// The number a snapshot's summary shows for a profile: which sample value, and its name.
@@ -92,6 +114,8 @@ impl ProfileKind {
             Self::Heap => Source::HeapProbes,
             Self::Block | Self::Mutex => Source::FutexWaits,
             Self::ThreadCreate => Source::ThreadCreation,
+            Self::Threads => Source::TaskIterator,
+            Self::OffCpu => Source::Switches,
         }
     }
 
@@ -103,6 +127,8 @@ impl ProfileKind {
             Self::Block => block::count(batch, counts),
             Self::Mutex => mutex::count(batch, counts),
             Self::ThreadCreate => threadcreate::count(batch, counts),
+            Self::Threads => threads::count(batch, counts),
+            Self::OffCpu => offcpu::count(batch, counts),
         }
     }
 
@@ -114,6 +140,10 @@ impl ProfileKind {
             Self::Block => block::sightings(batch, out),
             Self::Mutex => mutex::sightings(batch, out),
             Self::ThreadCreate => threadcreate::sightings(batch, out),
+            Self::OffCpu => offcpu::sightings(batch, out),
+            // Its stacks are the CPU samples' (already named) and the dump's (learned when
+            // it is taken).
+            Self::Threads => {}
         }
     }
 
@@ -125,10 +155,13 @@ impl ProfileKind {
             Self::Block => block::stacks(counts, out),
             Self::Mutex => mutex::stacks(counts, out),
             Self::ThreadCreate => threadcreate::stacks(&counts.threadcreate, out),
+            Self::Threads => threads::stacks(&counts.threads, out),
+            Self::OffCpu => offcpu::stacks(&counts.offcpu, out),
         }
     }
 
-    /// Events of this kind in `counts`: CPU samples, sampled allocations, waits, threads.
+    /// Events of this kind in `counts`: CPU samples, sampled allocations, waits, threads
+    /// created, threads dumped.
     pub fn events(self, counts: &ProcessCounts) -> u64 {
         match self {
             Self::Cpu => counts.cpu.total,
@@ -136,6 +169,8 @@ impl ProfileKind {
             Self::Block => counts.block.waits(),
             Self::Mutex => counts.mutex.waits(),
             Self::ThreadCreate => counts.threadcreate.total(),
+            Self::Threads => counts.threads.dump.as_ref().map_or(0, |d| d.threads.len() as u64),
+            Self::OffCpu => counts.offcpu.switches(),
         }
     }
 
@@ -146,6 +181,8 @@ impl ProfileKind {
             Self::Heap => heap::shape(settings),
             Self::Block | Self::Mutex => waits::SHAPE,
             Self::ThreadCreate => threadcreate::SHAPE,
+            Self::Threads => threads::SHAPE,
+            Self::OffCpu => offcpu::shape(settings),
         }
     }
 
@@ -154,40 +191,55 @@ impl ProfileKind {
         match self {
             Self::Cpu => cpu::samples(&counts.cpu, settings),
             Self::Heap => heap::samples(&counts.heap, settings),
-            Self::Block => counts.block.samples(),
-            Self::Mutex => counts.mutex.samples(),
+            Self::Block => counts.block.samples(1),
+            Self::Mutex => counts.mutex.samples(settings.mutex_fraction),
             Self::ThreadCreate => threadcreate::samples(&counts.threadcreate),
+            Self::Threads => threads::samples(&counts.threads),
+            Self::OffCpu => offcpu::samples(&counts.offcpu, settings),
         }
     }
 
     /// Labels that need the symbolized frames (block and mutex: `primitive`).
     pub fn label(self, resolved: &mut ResolvedProfile) {
         match self {
-            Self::Block | Self::Mutex => waits::label(resolved),
-            Self::Cpu | Self::Heap | Self::ThreadCreate => {}
+            Self::Block => waits::label(resolved),
+            Self::Mutex => waits::label_locks_only(resolved),
+            Self::Cpu | Self::Heap | Self::ThreadCreate | Self::Threads | Self::OffCpu => {}
         }
     }
 
     /// The profile comment: what a sample is and what was dropped.
-    pub fn comments(self, context: Context, counters: &Counters, settings: &Settings) -> Vec<String> {
+    pub fn comments(
+        self,
+        context: Context,
+        counters: &Counters,
+        settings: &Settings,
+        counts: &ProcessCounts,
+    ) -> Vec<String> {
         match self {
             Self::Cpu => cpu::comments(context, counters),
             Self::Heap => heap::comments(context, counters, settings),
-            Self::Block => block::comments(context, counters),
-            Self::Mutex => mutex::comments(context, counters),
+            Self::Block => block::comments(context, counters, settings),
+            Self::Mutex => mutex::comments(context, counters, settings),
             Self::ThreadCreate => threadcreate::comments(context, counters),
+            Self::Threads => threads::comments(context, counters, counts),
+            Self::OffCpu => offcpu::comments(context, counters, settings),
         }
     }
 
-    /// Go's text layout for the kind's `debug=1` answer.
-    pub fn text_format(self, settings: &Settings) -> TextFormat {
+    /// Go's text layout for the kind's `debug=1` answer (`debug=2`: the thread dump's
+    /// per-thread layout, which only [`ProfileKind::Threads`] has).
+    pub fn text_format(self, settings: &Settings, debug: u8) -> TextFormat {
         match self {
             // Go serves no text form of CPU profiles; ours lists the samples.
             Self::Cpu => TextFormat::Generic { name: "cpu", sample_types: cpu::shape(settings).sample_types },
             Self::Heap => TextFormat::Heap { rate: settings.heap_sample_bytes },
             Self::Block => TextFormat::Contention { mutex_period: None },
-            Self::Mutex => TextFormat::Contention { mutex_period: Some(1) },
+            Self::Mutex => TextFormat::Contention { mutex_period: Some(i64::from(settings.mutex_fraction.max(1))) },
             Self::ThreadCreate => TextFormat::Count { name: "threadcreate" },
+            Self::Threads if debug >= 2 => TextFormat::Threads,
+            Self::Threads => TextFormat::Count { name: "threads" },
+            Self::OffCpu => TextFormat::Generic { name: "offcpu", sample_types: offcpu::SAMPLE_TYPES },
         }
     }
 
@@ -198,6 +250,8 @@ impl ProfileKind {
             Self::Heap => Headline { value_index: 3, what: "inuse bytes" },
             Self::Block | Self::Mutex => Headline { value_index: 1, what: "delay ns" },
             Self::ThreadCreate => Headline { value_index: 0, what: "threads" },
+            Self::Threads => Headline { value_index: 0, what: "threads" },
+            Self::OffCpu => Headline { value_index: 1, what: "off-CPU ns" },
         }
     }
 }
@@ -247,12 +301,19 @@ fn unwind_comment(counters: &Counters) -> String {
 mod tests {
     use super::*;
     use crate::{
-        ebpf::{RawCpuSample, RawHeapTotals, RawThreadCount, RawWaitTotals},
+        ebpf::{RawCpuSample, RawHeapTotals, RawOffCpu, RawThreadCount, RawWaitTotals},
         ids::{Pid, Tid},
     };
 
     fn batch() -> Batch {
-        let wait = RawWaitTotals { pid: Pid(4), op: 0, outcome: 0, stack: StackId(15), count: 1, delay_ns: 9 };
+        let wait = RawWaitTotals {
+            pid: Pid(4),
+            op: 0,
+            outcome: 0,
+            stack: StackId(15),
+            count: profiler_common::WAIT_COUNT_ONE,
+            delay_ns: 9,
+        };
         Batch {
             cpu: vec![RawCpuSample {
                 pid: Pid(1),
@@ -266,8 +327,23 @@ mod tests {
             block: vec![wait],
             mutex: vec![RawWaitTotals { stack: StackId(16), ..wait }],
             threads: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
+            offcpu: vec![RawOffCpu {
+                pid: Pid(6),
+                tid: Tid(6),
+                comm: "o".into(),
+                state: profiler_common::OffCpuState::Blocked,
+                user_stack: StackId(18),
+                kernel_stack: StackId(19),
+                switches: 1,
+                off_cpu_ns: 5,
+            }],
             ..Batch::default()
         }
+    }
+
+    /// 99 Hz and every event recorded (no scaling).
+    fn unit_settings() -> Settings {
+        Settings { frequency_hz: 99, heap_sample_bytes: 1, offcpu_sample_every: 1, block_rate_ns: 1, mutex_fraction: 1 }
     }
 
     #[test]
@@ -275,13 +351,14 @@ mod tests {
         let batch = batch();
         let mut counts = Counts::default();
         counts.add(&batch);
-        let settings = Settings { frequency_hz: 99, heap_sample_bytes: 1 };
+        let settings = unit_settings();
         for (kind, pid) in [
             (ProfileKind::Cpu, 1),
             (ProfileKind::Heap, 3),
             (ProfileKind::Block, 4),
             (ProfileKind::Mutex, 4),
             (ProfileKind::ThreadCreate, 5),
+            (ProfileKind::OffCpu, 6),
         ] {
             let process = counts.process(Pid(pid)).unwrap();
             assert_eq!(kind.events(process), 1, "{kind}");
@@ -291,7 +368,7 @@ mod tests {
         }
         let mut stacks = HashSet::new();
         counts.stacks(&mut stacks);
-        let expected: HashSet<StackId> = [10, 12, 14, 15, 16, 17].into_iter().map(StackId).collect();
+        let expected: HashSet<StackId> = [10, 12, 14, 15, 16, 17, 18, 19].into_iter().map(StackId).collect();
         assert_eq!(stacks, expected);
     }
 
@@ -301,8 +378,8 @@ mod tests {
         let mut counts = Counts::default();
         counts.add(&batch);
         let seen = sightings(&batch);
-        assert_eq!(seen.len(), 5);
-        let settings = Settings { frequency_hz: 99, heap_sample_bytes: 1 };
+        assert_eq!(seen.len(), 6);
+        let settings = unit_settings();
         for s in &seen {
             let process = counts.process(s.pid).unwrap();
             let sample = ProfileKind::ALL

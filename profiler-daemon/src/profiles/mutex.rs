@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::{waits::drop_comments, Context, Counts, ProcessCounts};
+use super::{waits::drop_comments, Context, Counts, ProcessCounts, Settings};
 use crate::{
     catalog::Sighting,
     ebpf::{Batch, Counters},
@@ -25,19 +25,28 @@ pub(super) fn stacks(counts: &ProcessCounts, out: &mut HashSet<StackId>) {
     counts.mutex.stacks(out);
 }
 
-pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
+pub(super) fn comments(context: Context, counters: &Counters, settings: &Settings) -> Vec<String> {
     let [drops, unwind] = drop_comments(counters);
     vec![
         format!(
             "profiler {} mutex profile: delay of woken futex waits charged to the stack of the thread whose wake, \
-             unlock or requeue on the same futex word ended them (as Go charges the unlocker); condvar and other \
-             non-lock waits appear too: filter with -tagfocus primitive=...; {}",
+             unlock or requeue on the same futex word ended them (as Go charges the unlocker); locks only: waits \
+             ended by a condvar signal or broadcast, a semaphore post, a barrier or a once are in the block \
+             profile, not here; {}",
             env!("CARGO_PKG_VERSION"),
             context.describe()
         ),
         format!(
             "woken waits without a recorded waker (whole machine; not in this profile): {}",
             counters.futex.no_waker
+        ),
+        format!(
+            "sampling: mutex fraction {}: 1 in {} wakes records its stack, and the waits it ends are charged \
+             to it, values scaled by {}; woken waits whose wake was not sampled (whole machine): {}",
+            settings.mutex_fraction.max(1),
+            settings.mutex_fraction.max(1),
+            settings.mutex_fraction.max(1),
+            counters.futex.mutex_unsampled
         ),
         drops,
         unwind,

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use profiler_common::{WaitOp, WaitOutcome};
+use profiler_common::{WaitOp, WaitOutcome, WAIT_COUNT_ONE};
 
 use super::unwind_comment;
 use crate::{
@@ -34,6 +34,7 @@ pub struct WaitSite {
 /// Completed waits: how many and their summed delay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WaitCount {
+    /// In 1/`WAIT_COUNT_ONE` (the kernel's fixed point: sampled short waits count rate/d).
     pub count: u64,
     pub delay_ns: u64,
 }
@@ -54,14 +55,18 @@ impl WaitCounts {
 
     /// Waits in the window.
     pub fn waits(&self) -> u64 {
-        self.sites.values().map(|w| w.count).sum()
+        whole(self.sites.values().map(|w| w.count).sum())
     }
 
     pub(super) fn stacks(&self, out: &mut HashSet<StackId>) {
         out.extend(self.sites.keys().map(|site| site.stack));
     }
 
-    pub(super) fn samples(&self) -> Vec<StackSample> {
+    /// The samples, values multiplied by `scale` (the mutex fraction; 1 for block, whose
+    /// kernel counts are already unbiased). Scaled values keep the sampled ones for Go's
+    /// text form, which states the period instead.
+    pub(super) fn samples(&self, scale: u32) -> Vec<StackSample> {
+        let scale = i64::from(scale.max(1));
         let mut sites: Vec<(&WaitSite, &WaitCount)> = self.sites.iter().collect();
         sites.sort_unstable_by_key(|(site, _)| **site);
         sites
@@ -69,12 +74,17 @@ impl WaitCounts {
             .map(|(site, wait)| {
                 let op = WaitOp::from_u16(site.op).map_or("unknown", WaitOp::name);
                 let outcome = WaitOutcome::from_u16(site.outcome).map_or("unknown", WaitOutcome::name);
+                let sampled = [whole(wait.count) as i64, wait.delay_ns.min(i64::MAX as u64) as i64];
                 StackSample {
                     user_stack: site.stack,
                     kernel_stack: StackId::NONE,
                     user_leaf_is_return: USER_LEAF_IS_RETURN,
-                    values: vec![wait.count as i64, wait.delay_ns.min(i64::MAX as u64) as i64],
-                    unscaled: Vec::new(),
+                    values: if scale == 1 {
+                        sampled.to_vec()
+                    } else {
+                        vec![whole(wait.count.saturating_mul(scale as u64)) as i64, sampled[1].saturating_mul(scale)]
+                    },
+                    unscaled: if scale == 1 { Vec::new() } else { sampled.to_vec() },
                     labels: vec![
                         ("futex_op", LabelValue::Str(op.into())),
                         ("outcome", LabelValue::Str(outcome.into())),
@@ -83,6 +93,11 @@ impl WaitCounts {
             })
             .collect()
     }
+}
+
+/// Waits from the kernel's fixed point, rounded.
+fn whole(count: u64) -> u64 {
+    count.saturating_add(WAIT_COUNT_ONE / 2) / WAIT_COUNT_ONE
 }
 
 pub(super) fn sightings<'a>(waits: &'a [RawWaitTotals], out: &mut Vec<Sighting<'a>>) {
@@ -106,6 +121,33 @@ pub(super) const SHAPE: Shape = Shape {
 /// After symbolization: the `primitive` label, named from the frames.
 pub(super) fn label(resolved: &mut ResolvedProfile) {
     primitive::label(resolved);
+}
+
+/// Wakes that release no lock: a wait they end is a condition, a semaphore or a one-time
+/// event, which Go's mutex profile leaves to the block profile.
+const NOT_LOCK_RELEASES: &[&str] = &[
+    "pthread_cond_signal",
+    "pthread_cond_broadcast",
+    "sem_post",
+    "pthread_barrier_wait",
+    "pthread_once",
+    "std::sync::Condvar::notify_one",
+    "std::sync::Condvar::notify_all",
+    "std::thread::Thread::unpark",
+    "std::sync::Once",
+];
+
+/// The mutex profile's labels, then only lock releases kept: a sample whose waking stack
+/// signals a condition variable or posts a semaphore is dropped (those waits stay in the
+/// block profile, under the waiter).
+pub(super) fn label_locks_only(resolved: &mut ResolvedProfile) {
+    primitive::label(resolved);
+    resolved.samples.retain(|sample| {
+        !sample.labels.iter().any(|(key, value)| {
+            *key == primitive::LABEL
+                && matches!(value, LabelValue::Str(name) if NOT_LOCK_RELEASES.contains(&name.as_str()))
+        })
+    });
 }
 
 /// The comment lines both profiles end with: drops and the unwinder's counts.
@@ -134,17 +176,37 @@ mod tests {
             op: WaitOp::WaitBitset as u16,
             outcome: WaitOutcome::TimedOut as u16,
             stack: StackId(7),
-            count: 2,
+            count: 2 * WAIT_COUNT_ONE,
             delay_ns: 5_000,
         };
         waits.add(&raw);
         waits.add(&raw);
         waits.add(&RawWaitTotals { outcome: WaitOutcome::Woken as u16, ..raw });
         assert_eq!((waits.sites.len(), waits.waits()), (2, 6));
-        let samples = waits.samples();
+        let samples = waits.samples(1);
         let timed_out = samples.iter().find(|s| s.labels[1].1 == LabelValue::Str("timed_out".into())).unwrap();
         assert_eq!(timed_out.values, [4, 10_000]);
         assert_eq!(timed_out.labels[0], ("futex_op", LabelValue::Str("FUTEX_WAIT_BITSET".into())));
         assert!(timed_out.user_leaf_is_return);
+        let scaled = waits.samples(5);
+        assert_eq!(scaled[0].values.len(), 2);
+        let timed_out = scaled.iter().find(|s| s.labels[1].1 == LabelValue::Str("timed_out".into())).unwrap();
+        assert_eq!((timed_out.values.clone(), timed_out.unscaled.clone()), (vec![20, 50_000], vec![4, 10_000]));
+    }
+
+    #[test]
+    fn fractional_counts_add_up_before_rounding() {
+        let mut waits = WaitCounts::default();
+        let raw = RawWaitTotals {
+            pid: Pid(1),
+            op: 0,
+            outcome: 0,
+            stack: StackId(7),
+            count: WAIT_COUNT_ONE * 3 / 2,
+            delay_ns: 100,
+        };
+        waits.add(&raw);
+        waits.add(&raw);
+        assert_eq!(waits.waits(), 3);
     }
 }

@@ -2,14 +2,27 @@
 //! <kind>-<UTC timestamp>.pb.gz` per enabled kind, written atomically as one
 //! [`output::Batch`]; then retention. Failures (disk full, permission denied, a vanished
 //! directory) are counted and reported, never fatal: the next interval tries again.
+//!
+//! With `[[export]]` tables, the directory is also the exporters' spool: a dump's files
+//! that reached the disk are listed in a manifest ([`super::spool`]) and the [`Exporter`]
+//! is woken to send them.
 
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
 };
 
-use super::retention;
-use crate::{config::Retention, output, profiles::ProfileKind, render::Rendered};
+use super::{
+    export::{Exporter, SinkStatus},
+    retention,
+    spool::{self, Entry, Manifest},
+};
+use crate::{
+    config::{ExportConfig, ProcessFacts, Retention},
+    output, procs,
+    profiles::ProfileKind,
+    render::Rendered,
+};
 
 /// Totals over the daemon's life, for `/status`.
 #[derive(Clone, Debug, Default)]
@@ -52,25 +65,74 @@ pub enum DumpError {
     LowSpace { files: usize, min_free_bytes: u64, dir: PathBuf },
     #[error("failed to write some profiles of this interval")]
     Write(#[source] crate::Error),
+    #[error("failed to write the export manifest of this interval: its profiles will not be exported")]
+    Manifest(#[source] crate::Error),
 }
 
-/// The output directory and its retention, and what was written so far.
-#[derive(Debug)]
+/// The output directory and its retention, the exporters that read it, and what was
+/// written so far.
 pub struct IntervalFiles {
     dir: PathBuf,
     retention: Retention,
     stats: DumpStats,
+    exports: Vec<ExportConfig>,
+    /// Running when `exports` is not empty.
+    exporter: Option<Exporter>,
+    /// The number of the next manifest.
+    next_seq: u64,
 }
 
 impl IntervalFiles {
-    pub fn new(dir: &Path, retention: &Retention) -> Self {
-        Self { dir: dir.to_path_buf(), retention: retention.clone(), stats: DumpStats::default() }
+    pub fn new(dir: &Path, retention: &Retention, exports: &[ExportConfig]) -> Self {
+        let mut files = Self {
+            dir: dir.to_path_buf(),
+            retention: retention.clone(),
+            stats: DumpStats::default(),
+            exports: Vec::new(),
+            exporter: None,
+            next_seq: 0,
+        };
+        files.start_exports(exports);
+        files
     }
 
-    /// A reload's new directory and limits.
-    pub fn reconfigure(&mut self, dir: &Path, retention: &Retention) {
+    /// A reload's new directory, limits and exports. The exporter is restarted when its
+    /// directory or exports changed (each sink resumes from its cursor).
+    pub fn reconfigure(&mut self, dir: &Path, retention: &Retention, exports: &[ExportConfig]) {
+        let restart = dir != self.dir || exports != self.exports;
         self.dir = dir.to_path_buf();
         self.retention = retention.clone();
+        if restart {
+            if let Some(exporter) = self.exporter.take() {
+                exporter.stop();
+            }
+            self.start_exports(exports);
+        }
+    }
+
+    fn start_exports(&mut self, exports: &[ExportConfig]) {
+        self.exports = exports.to_vec();
+        if exports.is_empty() {
+            return;
+        }
+        self.next_seq = super::export::next_seq(&self.dir);
+        match Exporter::start(exports, &self.dir) {
+            Ok(exporter) => self.exporter = Some(exporter),
+            Err(err) => tracing::error!("failed to start the exporter thread, nothing will be exported: {err}"),
+        }
+    }
+
+    /// Each export's counts, for `/status`.
+    pub fn export_status(&self) -> Vec<SinkStatus> {
+        self.exporter.as_ref().map(Exporter::status).unwrap_or_default()
+    }
+
+    /// Stops the exporters, giving them a moment to send what is queued (the final dump);
+    /// the rest stays in the spool for the next start.
+    pub fn close(&mut self) {
+        if let Some(exporter) = self.exporter.take() {
+            exporter.stop();
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -92,7 +154,7 @@ impl IntervalFiles {
 
     /// Starts the dump of an interval ending at `end`, which will hold about `files` files;
     /// refused (and counted) when free space is below the floor.
-    pub fn begin(&mut self, end: SystemTime, files: usize) -> Result<IntervalDump<'_>, DumpError> {
+    pub fn begin(&mut self, end: SystemTime, files: usize) -> Result<IntervalDump, DumpError> {
         self.stats.dumps += 1;
         self.stats.last_phases = DumpPhases::default();
         let cpu_start = thread_cpu_time();
@@ -116,18 +178,64 @@ impl IntervalFiles {
             end,
             started: Instant::now(),
             cpu_start,
-            files: self,
+            dir: self.dir.clone(),
+            written: DumpStats::default(),
             batch: output::Batch::default(),
             phases: DumpPhases::default(),
             last_error: None,
+            exporting: self.exporter.is_some(),
+            staged: Vec::new(),
+            spooled: Vec::new(),
         })
+    }
+
+    /// Makes the staged files of `dump` durable and in place, counts them, then applies
+    /// retention.
+    pub fn finish(&mut self, mut dump: IntervalDump) -> Result<(), DumpError> {
+        let started = Instant::now();
+        dump.commit();
+        dump.phases.write += started.elapsed();
+        let spooled = self.spool(&mut dump);
+        let started = Instant::now();
+        self.retain(dump.end);
+        dump.phases.retention = started.elapsed();
+        dump.phases.cpu = thread_cpu_time().saturating_sub(dump.cpu_start);
+        let stats = &mut self.stats;
+        stats.files_written += dump.written.files_written;
+        stats.bytes_written += dump.written.bytes_written;
+        stats.write_errors += dump.written.write_errors;
+        stats.last_phases = dump.phases;
+        stats.last_duration = dump.started.elapsed();
+        match (dump.last_error.take(), spooled) {
+            (Some(err), _) => Err(DumpError::Write(err)),
+            (None, Err(err)) => Err(DumpError::Manifest(err)),
+            (None, Ok(())) => Ok(()),
+        }
+    }
+
+    /// Lists the files of `dump` that are in place in its manifest, and wakes the exporters.
+    fn spool(&mut self, dump: &mut IntervalDump) -> Result<(), crate::Error> {
+        let Some(exporter) = &self.exporter else { return Ok(()) };
+        if dump.spooled.is_empty() {
+            return Ok(());
+        }
+        let end_unix_ns = dump.end.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let files = std::mem::take(&mut dump.spooled);
+        let count = files.len();
+        spool::write(&self.dir, &Manifest { seq: self.next_seq, end_unix_ns, files })?;
+        self.next_seq += 1;
+        exporter.spooled(count);
+        Ok(())
     }
 }
 
 /// One interval's dump in progress: files staged as they are rendered, made durable
-/// together by [`IntervalDump::finish`].
-pub struct IntervalDump<'a> {
-    files: &'a mut IntervalFiles,
+/// together by [`IntervalFiles::finish`]. It holds no borrow of its [`IntervalFiles`], so the
+/// collector can go on draining between two profiles.
+pub struct IntervalDump {
+    dir: PathBuf,
+    /// What this dump wrote so far (added to the files' stats when it finishes).
+    written: DumpStats,
     stamp: String,
     end: SystemTime,
     started: Instant,
@@ -135,22 +243,35 @@ pub struct IntervalDump<'a> {
     batch: output::Batch,
     phases: DumpPhases,
     last_error: Option<crate::Error>,
+    /// Whether the files are to be exported (listed in a manifest).
+    exporting: bool,
+    /// Spool entries of the staged files (when exporting), by path.
+    staged: Vec<(PathBuf, Entry)>,
+    /// Spool entries of the files in place, in the order written.
+    spooled: Vec<Entry>,
 }
 
-impl IntervalDump<'_> {
+impl IntervalDump {
     /// Counts time spent rendering (the caller renders).
     pub fn rendered_in(&mut self, took: Duration) {
         self.phases.render += took;
     }
 
-    /// Stages one profile.
-    pub fn put(&mut self, profile: &Rendered) {
+    /// Stages one profile of the process `facts` describes.
+    pub fn put(&mut self, profile: &Rendered, facts: &ProcessFacts<'_>) {
         let started = Instant::now();
-        let dir = self.files.dir.join(output::process_dir_name(&profile.name, profile.pid.0));
+        let dir = self.dir.join(output::process_dir_name(&profile.name, profile.pid.0));
         let path = unused_path(&dir, profile.kind, &self.stamp);
-        if let Err(err) = self.batch.stage(&path, &profile.encoded.gzip()) {
-            self.files.stats.write_errors += 1;
-            self.last_error = Some(err);
+        match self.batch.stage(&path, &profile.encoded.gzip()) {
+            Ok(()) if self.exporting => {
+                let entry = spool_entry(&self.dir, &path, profile, facts);
+                self.staged.push((path, entry));
+            }
+            Ok(()) => {}
+            Err(err) => {
+                self.written.write_errors += 1;
+                self.last_error = Some(err);
+            }
         }
         if self.batch.is_full() {
             self.commit();
@@ -158,34 +279,36 @@ impl IntervalDump<'_> {
         self.phases.write += started.elapsed();
     }
 
-    /// Makes the staged files durable and in place, then applies retention.
-    pub fn finish(mut self) -> Result<(), DumpError> {
-        let started = Instant::now();
-        self.commit();
-        self.phases.write += started.elapsed();
-        let started = Instant::now();
-        self.files.retain(self.end);
-        self.phases.retention = started.elapsed();
-        self.phases.cpu = thread_cpu_time().saturating_sub(self.cpu_start);
-        let stats = &mut self.files.stats;
-        stats.last_phases = self.phases;
-        stats.last_duration = self.started.elapsed();
-        match self.last_error.take() {
-            Some(err) => Err(DumpError::Write(err)),
-            None => Ok(()),
-        }
-    }
-
     /// Puts the staged files in place and counts them.
     fn commit(&mut self) {
         let done = self.batch.commit();
-        let stats = &mut self.files.stats;
+        for (path, _) in &done.written {
+            if let Some(at) = self.staged.iter().position(|(staged, _)| staged == path) {
+                self.spooled.push(self.staged.swap_remove(at).1);
+            }
+        }
+        self.staged.clear();
+        let stats = &mut self.written;
         stats.files_written += done.written.len() as u64;
         stats.bytes_written += done.written.iter().map(|(_, bytes)| bytes).sum::<u64>();
         stats.write_errors += done.failed.len() as u64;
         if let Some(err) = done.failed.into_iter().last() {
             self.last_error = Some(err);
         }
+    }
+}
+
+/// The spool entry of a profile written to `path`: what its labels need, captured now.
+fn spool_entry(dir: &Path, path: &Path, profile: &Rendered, facts: &ProcessFacts<'_>) -> Entry {
+    let cgroup = facts.cgroup.unwrap_or_default();
+    Entry {
+        path: path.strip_prefix(dir).unwrap_or(path).to_string_lossy().into_owned(),
+        kind: profile.kind.as_str().to_owned(),
+        pid: profile.pid.0,
+        name: profile.name.clone(),
+        exe: facts.exe.map(|exe| exe.to_string_lossy().into_owned()),
+        unit: procs::unit_of(cgroup).map(str::to_owned),
+        container: procs::container_of(cgroup).map(str::to_owned),
     }
 }
 

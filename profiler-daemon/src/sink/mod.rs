@@ -1,10 +1,15 @@
 //! Where finished profiles go. `profiler snapshot` writes [`SnapshotFiles`]; the daemon's
-//! interval dumps go to its [`Sink`]s: files today, with retention ([`IntervalFiles`]), and
-//! exporters (Pyroscope, OTLP) later, as variants. Socket answers are not a sink: the
-//! collector sends each back on its query's reply channel.
+//! interval dumps go to its [`Sink`]: files, with retention ([`IntervalFiles`]). The
+//! exporters (Pyroscope, OTLP; [`export`]) are not variants beside it but readers of it:
+//! the dump directory is their spool ([`spool`]), so what they send is what was written, in
+//! order, across restarts, and a backend that is down costs disk that retention bounds, not
+//! memory. Socket answers are not a sink: the collector sends each back on its query's reply
+//! channel.
 
+pub mod export;
 mod files;
 pub mod retention;
+pub mod spool;
 
 use std::path::{Path, PathBuf};
 
@@ -58,7 +63,6 @@ impl SnapshotFiles {
 }
 
 /// Where the daemon's interval profiles go.
-#[derive(Debug)]
 pub enum Sink {
     /// Timestamped files in the output directory, with retention.
     Files(IntervalFiles),

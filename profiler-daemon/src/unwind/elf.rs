@@ -198,6 +198,45 @@ impl<'a> Elf<'a> {
     }
 }
 
+/// The compressed sections (`SHF_COMPRESSED`) of `bytes` a reader that inflates a whole
+/// section at once (blazesym) must not be given, each as (section name, why): those that
+/// declare more than `cap` bytes, those whose stream holds more than `cap` whatever they
+/// declare (found by inflating into nothing, at most `cap` + 1 bytes), and those compressed
+/// in a way other than zlib (which such a reader fails on, losing the file's symbols too).
+pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(String, String)>, BuildError> {
+    let elf = Elf::parse(bytes)?;
+    let mut refused = Vec::new();
+    for section in elf.sections.iter().filter(|s| s.flags & SHF_COMPRESSED != 0 && s.kind != SHT_NOBITS) {
+        let raw = file_range(bytes, section.offset, section.size)?;
+        let why = match u32_at(raw, 0)? {
+            ELFCOMPRESS_ZLIB => {
+                let declared = u64_at(raw, 8)?;
+                let size = if declared > cap { declared } else { inflated_size(raw, cap)? };
+                (size > cap).then(|| format!("inflates to {size} bytes, over the {cap}-byte cap"))
+            }
+            kind => Some(format!("is compressed with type {kind}, not zlib")),
+        };
+        if let Some(why) = why {
+            let name = elf.name(section).map_or_else(|| "?".into(), |n| String::from_utf8_lossy(n).into_owned());
+            refused.push((name, why));
+        }
+    }
+    Ok(refused)
+}
+
+/// What the zlib stream of a compressed section inflates to, counted up to `cap` + 1 bytes
+/// without keeping any; a corrupt stream ends the count where it breaks.
+fn inflated_size(raw: &[u8], cap: u64) -> Result<u64, BuildError> {
+    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
+    let mut decoder = flate2::read::ZlibDecoder::new(stream).take(cap + 1);
+    let mut inflated = 0u64;
+    let mut buffer = vec![0u8; 64 << 10];
+    while let Ok(n @ 1..) = decoder.read(&mut buffer) {
+        inflated += n as u64;
+    }
+    Ok(inflated)
+}
+
 /// Inflates an `SHF_COMPRESSED` section: an `Elf64_Chdr`, then a zlib stream.
 fn inflate(raw: &[u8]) -> Result<Vec<u8>, BuildError> {
     let kind = u32_at(raw, 0)?;
@@ -285,5 +324,56 @@ mod tests {
         assert_eq!(inflate(&compressed(1000, &stream)).unwrap().len(), 1000, "the declared size bounds it");
         let bomb = inflate(&compressed(MAX_INFLATED_BYTES + 1, &stream)).unwrap_err();
         assert!(matches!(bomb, BuildError::OverCap { .. }), "{bomb}");
+    }
+
+    /// A minimal ELF file with one compressed section `.debug_x` holding `raw`.
+    fn elf_with_compressed_section(raw: &[u8]) -> Vec<u8> {
+        let names = b"\0.debug_x\0.shstrtab\0";
+        let mut bytes = vec![0u8; 64];
+        bytes[..4].copy_from_slice(ELF_MAGIC);
+        (bytes[4], bytes[5]) = (ELFCLASS64, ELFDATA2LSB);
+        bytes[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+        let data_at = bytes.len() as u64;
+        bytes.extend(raw);
+        let names_at = bytes.len() as u64;
+        bytes.extend(names);
+        let shoff = bytes.len() as u64;
+        let header = |name: u32, kind: u32, flags: u64, offset: u64, size: u64| {
+            let mut h = vec![0u8; SECTION_HEADER_LEN];
+            h[0..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&kind.to_le_bytes());
+            h[8..16].copy_from_slice(&flags.to_le_bytes());
+            h[24..32].copy_from_slice(&offset.to_le_bytes());
+            h[32..40].copy_from_slice(&size.to_le_bytes());
+            h
+        };
+        bytes.extend(header(0, 0, 0, 0, 0));
+        bytes.extend(header(1, 1, SHF_COMPRESSED, data_at, raw.len() as u64));
+        bytes.extend(header(10, 3, 0, names_at, names.len() as u64));
+        bytes[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        bytes[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        bytes[0x3e..0x40].copy_from_slice(&2u16.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn sections_that_would_inflate_past_the_cap_are_found_however_they_lie() {
+        use std::io::Write;
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(&vec![0u8; 1 << 20]).unwrap();
+        let stream = zlib.finish().unwrap();
+        let refused = |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap).unwrap();
+        assert_eq!(refused(&compressed(1 << 20, &stream), 1 << 20), vec![]);
+        let over = |size: u64, cap: u64| {
+            vec![(".debug_x".to_string(), format!("inflates to {size} bytes, over the {cap}-byte cap"))]
+        };
+        assert_eq!(refused(&compressed(1 << 30, &stream), 1 << 20), over(1 << 30, 1 << 20));
+        // Declares 1 KiB, holds 1 MiB: a reader trusting the stream would inflate it all.
+        assert_eq!(refused(&compressed(1024, &stream), 4096), over(4097, 4096));
+        // Not zlib (here: zeros where the header is): the reader would fail on the file.
+        let mut unknown = compressed(1024, &stream);
+        unknown[..4].copy_from_slice(&0u32.to_le_bytes());
+        let other = vec![(".debug_x".to_string(), "is compressed with type 0, not zlib".to_string())];
+        assert_eq!(refused(&unknown, 4096), other);
     }
 }

@@ -88,6 +88,20 @@ impl Registry {
         Some(loaded.slot)
     }
 
+    /// Whether a table of `rows` rows would find room now (free, or held by unreferenced
+    /// tables): a table that did not fit is not built again until one would.
+    pub fn has_room_for(&self, rows: u32) -> bool {
+        let need = rows.div_ceil(SHARD_ROWS).max(1) as usize;
+        let (spare_shards, spare_slots) = self
+            .loaded
+            .values()
+            .filter(|t| t.refs == 0)
+            .fold((self.free_shards.len(), self.free_slots.len()), |(shards, slots), t| {
+                (shards + t.shards.len(), slots + 1)
+            });
+        spare_shards >= need && spare_slots > 0
+    }
+
     /// Finds room for a table of `rows` rows, evicting unreferenced tables (least recently
     /// used first) as needed.
     pub fn reserve(&mut self, rows: u32) -> Result<Reservation, NoRoom> {
@@ -96,14 +110,7 @@ impl Registry {
             return Err(NoRoom::TooLarge);
         }
         // Check before evicting anything, so a failed reservation changes nothing.
-        let (spare_shards, spare_slots) = self
-            .loaded
-            .values()
-            .filter(|t| t.refs == 0)
-            .fold((self.free_shards.len(), self.free_slots.len()), |(shards, slots), t| {
-                (shards + t.shards.len(), slots + 1)
-            });
-        if spare_shards < need || spare_slots == 0 {
+        if !self.has_room_for(rows) {
             return Err(NoRoom::BudgetFull);
         }
         let mut evicted_slots = Vec::new();

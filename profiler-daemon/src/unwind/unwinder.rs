@@ -2,7 +2,10 @@
 //! about, with the mappings the catalogue captured, finds each executable file's table by
 //! build id (building it the first time, from the file as the process sees it through
 //! `/proc/PID/map_files`), loads the rows into the kernel's row memory and writes the
-//! process's mapping list. One owner: the thread that owns the [`Session`].
+//! process's mapping list. One owner: the thread that owns the [`Session`]. The files are
+//! the processes' to control, so every stat, open, map and read of one runs on an offload
+//! worker, time-boxed (see [`crate::offload`]); a file that stalls gets no table (its frames
+//! fall back to frame pointers, counted by the walker) and is counted here.
 
 use std::{
     collections::HashMap,
@@ -25,7 +28,8 @@ use super::{
 use crate::{
     ebpf::{Result, Session},
     ids::Pid,
-    procs::MapEntry,
+    offload::Offload,
+    procs::{self, Device, MapEntry},
 };
 
 /// Tables from this many rows on are large enough to trim the heap after building.
@@ -60,6 +64,9 @@ pub struct UnwinderStats {
     pub mappings_over_limit: u64,
     /// Mapped files that could not be opened or parsed.
     pub unreadable_files: u64,
+    /// Mapped files not read because their file system did not answer (see
+    /// [`crate::offload`]).
+    pub stalled_files: u64,
     /// Bytes of row memory in use, and the budget.
     pub table_bytes: u64,
     pub budget_bytes: u64,
@@ -89,15 +96,26 @@ struct FileInfo {
 struct Registered {
     keys: Vec<FileKey>,
     version: u32,
+    /// The mapping list last written to the kernel: one unchanged is not written again,
+    /// and a forked child gets its parent's as it is.
+    written: Vec<UnwindMapping>,
 }
 
 /// The owner of the unwind tables and of the walker's per-process mappings.
 pub struct Unwinder {
     registry: Registry,
-    /// By (path as mapped, inode): the same file mapped by many processes is opened once.
-    files: HashMap<(String, u64), FileInfo>,
+    /// Where the files are read.
+    offload: Offload,
+    /// By file identity: the same file mapped by many processes is parsed once, and a path
+    /// that names another file now (rebuilt, upgraded) is parsed again.
+    files: HashMap<FileIdentity, FileInfo>,
+    /// The vDSO image's, by its mapping's size.
+    vdso: HashMap<u64, FileInfo>,
     /// Files whose table will never be built, with the reason.
     failed: HashMap<FileKey, String>,
+    /// Files whose table was built but did not fit the memory, by its rows: not built again
+    /// until the registry has room for that many (building one can take a second).
+    no_room: HashMap<FileKey, u32>,
     processes: HashMap<Pid, Registered>,
     stats: UnwinderStats,
     /// A large table was built since the heap was last trimmed.
@@ -107,13 +125,16 @@ pub struct Unwinder {
 }
 
 impl Unwinder {
-    /// An unwinder over the session's row memory.
-    pub fn new(session: &Session) -> Self {
+    /// An unwinder over the session's row memory, reading files on `offload`.
+    pub fn new(session: &Session, offload: Offload) -> Self {
         let shards = session.unwind_rows() / SHARD_ROWS;
         Self {
             registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
+            offload,
             files: HashMap::new(),
+            vdso: HashMap::new(),
             failed: HashMap::new(),
+            no_room: HashMap::new(),
             processes: HashMap::new(),
             stats: UnwinderStats::default(),
             trim_pending: false,
@@ -137,16 +158,18 @@ impl Unwinder {
     /// Registers the processes not registered yet, or registered with an older mapping
     /// `version` (their mappings changed: `dlopen`), each as (pid, version, mappings).
     /// Stops starting new registrations after `budget` (the rest wait for the next call);
-    /// `None` registers all.
+    /// `None` registers all. Returns whether every process was looked at.
     pub fn sync<'a>(
         &mut self,
         session: &mut Session,
         processes: impl IntoIterator<Item = (Pid, u32, &'a [MapEntry])>,
         budget: Option<Duration>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let started = Instant::now();
+        let mut finished = true;
         for (pid, version, maps) in processes {
             if budget.is_some_and(|b| started.elapsed() >= b) {
+                finished = false;
                 break;
             }
             let current = self.processes.get(&pid).map(|r| r.version);
@@ -162,7 +185,7 @@ impl Unwinder {
             // SAFETY: malloc_trim only releases free heap memory.
             unsafe { libc::malloc_trim(0) };
         }
-        Ok(())
+        Ok(finished)
     }
 
     /// Forgets processes that are gone.
@@ -225,12 +248,45 @@ impl Unwinder {
             len += 1;
         }
         process.len = len as u32;
-        session.set_unwind_process(pid, &process)?;
+        let written = process.mappings[..len].to_vec();
+        if self.processes.get(&pid).is_none_or(|old| old.written != written) {
+            session.set_unwind_process(pid, &process)?;
+        }
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version }) {
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written }) {
             self.release(&old.keys);
         }
         Ok(())
+    }
+
+    /// Registers `child`, just forked from `parent`, with its parent's mapping list as it is
+    /// (a fork copies the address space): no file is looked up. Returns false when the
+    /// parent is not registered with its mappings as of `parent_version` (the child is then
+    /// registered from its own mappings, not from a stale copy marked up to date).
+    pub fn inherit(
+        &mut self,
+        session: &mut Session,
+        child: Pid,
+        version: u32,
+        parent: Pid,
+        parent_version: u32,
+    ) -> Result<bool> {
+        let Some(from) = self.processes.get(&parent).filter(|from| from.version == parent_version) else {
+            return Ok(false);
+        };
+        let (keys, written) = (from.keys.clone(), from.written.clone());
+        let mut process =
+            Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
+        process.mappings[..written.len()].copy_from_slice(&written);
+        process.len = written.len() as u32;
+        session.set_unwind_process(child, &process)?;
+        for key in &keys {
+            self.registry.acquire(key);
+        }
+        if let Some(old) = self.processes.insert(child, Registered { keys, version, written }) {
+            self.release(&old.keys);
+        }
+        Ok(true)
     }
 
     fn release(&mut self, keys: &[FileKey]) {
@@ -241,25 +297,58 @@ impl Unwinder {
 
     /// The key and segments of a mapped file, opened as the process sees it.
     fn file_info(&mut self, pid: Pid, entry: &MapEntry) -> Option<FileInfo> {
-        let cache_key = (entry.path.clone(), entry.inode);
-        if let Some(info) = self.files.get(&cache_key) {
-            return Some(info.clone());
-        }
-        let info = if entry.path == "[vdso]" {
+        if entry.path == "[vdso]" {
+            // Every process maps the same vDSO image of the running kernel (one per size: a
+            // 32-bit process's differs), read from memory once.
+            let len = entry.end - entry.start;
+            if let Some(info) = self.vdso.get(&len) {
+                return Some(info.clone());
+            }
             let bytes = read_vdso(pid, entry)?;
             let segments = load_segments(&bytes).ok()?;
-            // Every process maps the same vDSO image of the running kernel.
-            FileInfo { key: format!("vdso:{}", hash_bytes(&bytes)), segments }
+            let info = FileInfo { key: format!("vdso:{}", hash_bytes(&bytes)), segments };
+            self.vdso.insert(len, info.clone());
+            return Some(info);
+        }
+        // The kernel's events give a file's identity with its mapping: no file to stat. A
+        // mapping read from /proc is stat'ed for it.
+        let identity = if entry.generation != 0 {
+            FileIdentity::Event { device: entry.device, inode: entry.inode, generation: entry.generation }
         } else {
-            let path = map_files_path(pid, entry);
-            let Some(info) = open_file_info(&path) else {
-                self.stats.unreadable_files += 1;
-                return None;
-            };
-            info
+            let (map, pid) = (entry.clone(), pid);
+            let (_, (size, mtime)) = self.on_file(pid, entry, move || procs::locate(pid, &map))??;
+            FileIdentity::Stat { device: entry.device, inode: entry.inode, size, mtime }
         };
-        self.files.insert(cache_key, info.clone());
+        if let Some(info) = self.files.get(&identity) {
+            return Some(info.clone());
+        }
+        let map = entry.clone();
+        let opened = self.on_file(pid, entry, move || procs::locate(pid, &map).and_then(|(p, _)| open_file_info(&p)));
+        let Some(info) = opened? else {
+            self.stats.unreadable_files += 1;
+            return None;
+        };
+        self.files.insert(identity, info.clone());
         Some(info)
+    }
+
+    /// Runs `work` on the file of `entry` on the offload worker; `None` when it stalled or
+    /// was refused for a stalled device (counted).
+    fn on_file<T: Send + 'static>(
+        &mut self,
+        pid: Pid,
+        entry: &MapEntry,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let what = format!("{} (pid {pid})", entry.path);
+        match self.offload.run(&what, Some(entry.device), work) {
+            Ok(value) => Some(value),
+            Err(stall) => {
+                tracing::debug!("no unwind table: {stall}");
+                self.stats.stalled_files += 1;
+                None
+            }
+        }
     }
 
     /// The slot of the table for `key`, building and loading it if needed; `None` when the
@@ -271,11 +360,25 @@ impl Unwinder {
         if self.failed.contains_key(key) {
             return Ok(None);
         }
+        if self.no_room.get(key).is_some_and(|&rows| !self.registry.has_room_for(rows)) {
+            self.stats.budget_full += 1;
+            return Ok(None);
+        }
         let built = if entry.path == "[vdso]" {
             read_vdso(pid, entry).map(|bytes| super::build(&bytes))
         } else {
-            let path = map_files_path(pid, entry);
-            File::open(&path).and_then(|f| MappedFile::map(&f)).ok().map(|mapped| super::build(mapped.bytes()))
+            let map = entry.clone();
+            let build = move || {
+                let (path, _) = procs::locate(pid, &map)?;
+                let mapped = File::open(path).and_then(|f| MappedFile::map(&f)).ok()?;
+                Some(super::build(mapped.bytes()))
+            };
+            match self.on_file(pid, entry, build) {
+                Some(built) => built,
+                // Stalled: no table now; a device that answers again is tried at the next
+                // registration.
+                None => return Ok(None),
+            }
         };
         let table = match built {
             Some(Ok(table)) => table,
@@ -308,6 +411,7 @@ impl Unwinder {
             }
             Err(NoRoom::BudgetFull) => {
                 self.stats.budget_full += 1;
+                self.no_room.insert(key.clone(), count);
                 return Ok(None);
             }
         };
@@ -332,17 +436,22 @@ impl Unwinder {
             return Err(err);
         }
         self.registry.insert(key.clone(), &reservation, count, entry.path.clone(), table.stats().build_duration);
+        self.no_room.remove(key);
         Ok(Some(reservation.slot))
     }
 }
 
-/// The file a mapping maps, as the process sees it: works for deleted files and other mount
-/// namespaces.
-fn map_files_path(pid: Pid, entry: &MapEntry) -> String {
-    format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)
+/// A mapped file's identity: from the kernel's mapping event (device, inode and the
+/// inode's generation, which changes when an inode number is reused), or from a `stat` of
+/// it for mappings read from `/proc` (device, inode, size, mtime). A file rebuilt or
+/// upgraded in place is another file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum FileIdentity {
+    Event { device: Device, inode: u64, generation: u64 },
+    Stat { device: Device, inode: u64, size: u64, mtime: i64 },
 }
 
-fn open_file_info(path: &str) -> Option<FileInfo> {
+fn open_file_info(path: &std::path::Path) -> Option<FileInfo> {
     let file = File::open(path).ok()?;
     let meta = file.metadata().ok()?;
     let mapped = MappedFile::map(&file).ok()?;
@@ -389,7 +498,16 @@ mod tests {
     use super::*;
 
     fn entry(start: u64, offset: u64) -> MapEntry {
-        MapEntry { start, end: start + 0x1000, offset, path: "/x".into(), inode: 1, unmapped: false }
+        MapEntry {
+            start,
+            end: start + 0x1000,
+            offset,
+            path: "/x".into(),
+            inode: 1,
+            device: Default::default(),
+            generation: 0,
+            unmapped: false,
+        }
     }
 
     #[test]

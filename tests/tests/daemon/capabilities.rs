@@ -1,11 +1,15 @@
 //! The systemd unit's capability set is enough. The daemon is started the way the unit
 //! starts it, with exactly the `CapabilityBoundingSet=` of `config/profiler.service` and no
-//! new privileges, and must still do its whole job on processes it does not own.
+//! new privileges, and must still do its whole job on processes it does not own, exporting
+//! included.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
-use profiler_tests::daemon::{Daemon, DaemonConfig};
+use std::time::Duration;
+
+use profiler_tests::backend::Backend;
+use profiler_tests::daemon::{wait_for, Daemon, DaemonConfig};
 use profiler_tests::{preflight, workspace_root, Fixture, FixtureKind, Profile, TempDir};
 
 use super::{assert_split, wait_for_files, FIXTURE_S};
@@ -42,11 +46,7 @@ fn the_units_capabilities_are_enough() {
     let mut config = DaemonConfig::new(&[user.comm(), kernel.comm()]);
     config.profiles = vec!["cpu", "block", "mutex", "threadcreate"];
     let names = setpriv_names();
-    let set: Vec<String> = caps.iter().map(|c| format!("+{}", setpriv_name(c, &names))).collect();
-    config.launcher =
-        ["setpriv", "--bounding-set", &format!("-all,{}", set.join(",")), "--inh-caps", "-all", "--no-new-privs", "--"]
-            .map(String::from)
-            .to_vec();
+    config.launcher = unit_launcher(&caps, &names);
     let daemon = Daemon::start(&config);
     let mask = caps.iter().fold(0u64, |m, c| m | 1 << cap_number(c, &names));
     assert_eq!(
@@ -88,6 +88,47 @@ fn the_units_capabilities_are_enough() {
     let status = daemon.status();
     assert_eq!(status["unwind"]["unreadable_files"], 0, "files unreadable under the unit's capabilities: {status}");
     assert!(status["last_error"].is_null(), "error under the unit's capabilities: {status}");
+}
+
+/// `setpriv` with exactly the unit's capability bounding set and no new privileges.
+fn unit_launcher(caps: &[String], names: &[String]) -> Vec<String> {
+    let set: Vec<String> = caps.iter().map(|c| format!("+{}", setpriv_name(c, names))).collect();
+    ["setpriv", "--bounding-set", &format!("-all,{}", set.join(",")), "--inh-caps", "-all", "--no-new-privs", "--"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The unit keeps sockets to `AF_UNIX`, and its comments show the drop-in that opens
+/// `AF_INET`/`AF_INET6` for `[[export]]`. With the unit's capabilities (no more), the daemon
+/// pushes its profiles to a backend on 127.0.0.1: exporting needs the drop-in's address
+/// families and no capability. (The address-family filter itself is systemd's seccomp
+/// filter, applied only under a real systemd: the `systemd` tests' territory.)
+#[test]
+fn export_needs_the_documented_drop_in_and_no_capability() {
+    if !preflight() {
+        return;
+    }
+    assert_eq!(unit_values("RestrictAddressFamilies"), ["AF_UNIX"], "the unit must stay closed by default");
+    let path = workspace_root().join("config/profiler.service");
+    let text = std::fs::read_to_string(&path).expect("read the unit");
+    let drop_in: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start_matches('#').trim().strip_prefix("RestrictAddressFamilies="))
+        .filter(|families| families.contains("AF_INET"))
+        .collect();
+    let [families] = drop_in[..] else { panic!("{} shows no drop-in opening AF_INET: {drop_in:?}", path.display()) };
+    let families: Vec<&str> = families.split_whitespace().collect();
+    assert_eq!(families, ["AF_UNIX", "AF_INET", "AF_INET6"], "the documented drop-in");
+
+    let backend = Backend::start(None);
+    let cpu = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut config = DaemonConfig::new(&[cpu.comm()]);
+    config.launcher = unit_launcher(&unit_values("CapabilityBoundingSet"), &setpriv_names());
+    config.exports = vec![format!("protocol = \"otlp\"\nurl = {:?}", backend.url())];
+    let daemon = Daemon::start(&config);
+    let arrived = wait_for(Duration::from_secs(30), || !backend.received().is_empty());
+    assert!(arrived, "nothing exported under the unit's capabilities: {}", daemon.status()["export"]);
+    assert_eq!(daemon.status_u64("/export/otlp/failed"), 0);
 }
 
 /// The values of every `KEY=` line of the shipped unit, split on whitespace.

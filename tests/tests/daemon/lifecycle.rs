@@ -32,15 +32,27 @@ fn sighup_with_a_bad_config_keeps_the_old_one() {
         assert!((1.5..3.0).contains(&gap), "files {gap:.2} s apart after a bad reload: {old:?}");
     }
 
+    // The frequency is fixed when the program is loaded: the reload says so, and the
+    // profiles keep the period the kernel samples at.
+    let loaded_hz = config.frequency_hz;
     config.interval = "4s".into();
+    config.frequency_hz = loaded_hz * 2;
     daemon.rewrite_config(&config.toml(daemon.output(), daemon.socket()));
     daemon.signal(libc::SIGHUP);
     daemon.wait_for_log("configuration reloaded", SOON);
+    daemon.wait_for_log("cpu.frequency_hz", SOON);
     assert_eq!(daemon.status_u64("/output/interval_seconds"), 4);
     // The first dump after the reload may still be on the old schedule; the next two are not.
     let new = new_files(&daemon, &fixture, 3);
     let gap = mtime_gaps(&new)[1];
     assert!((3.5..5.0).contains(&gap), "files {gap:.2} s apart after reloading a 4 s interval: {new:?}");
+    let period = Profile::decode(new.last().expect("three files")).period;
+    assert_eq!(
+        period,
+        1_000_000_000 / i64::from(loaded_hz),
+        "the period after a reload that asked for {} Hz must stay the loaded {loaded_hz} Hz's",
+        config.frequency_hz
+    );
 }
 
 /// Ground truth: nothing collected is lost at shutdown. SIGTERM sent right after a dump (0.2 s,

@@ -2,9 +2,10 @@
 //! allocation sites, one module per concern: the periodic files and retention (`files`),
 //! full and read-only output file systems (`disk`), the socket's endpoints, refusals and
 //! per-uid visibility (`api`), a client flooding the socket (`flood`), the block, mutex and threadcreate profiles against a program's
-//! own lock-wait clock (`waits`), perf maps planted by a process's owner (`untrusted`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), heap probes of exited processes
-//! released (`resources`), and
-//! the systemd unit's capability set (`capabilities`).
+//! own lock-wait clock (`waits`), perf maps planted by a process's owner (`untrusted`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), processes that come and go (`processes`), cgroup matchers applied in the kernel (`cgroups`), heap probes of exited processes
+//! released (`resources`), a stack table full of history (`soak`), thread dumps on the socket and in interval dumps (`threads`),
+//! the systemd unit's capability set (`capabilities`), and pushing profiles to Pyroscope and
+//! OTLP backends (`export`, and when they fail, `export_delivery`).
 //!
 //! Intervals are 1-4 s and every wait is bounded, so a hung daemon fails a test rather than
 //! hanging it. Run with `--test-threads=1`: the tests share the machine's CPUs and each
@@ -12,12 +13,19 @@
 
 mod api;
 mod capabilities;
+mod cgroups;
 mod disk;
+mod export;
+mod export_delivery;
 mod files;
 mod flood;
 mod go_text;
 mod lifecycle;
+mod processes;
 mod resources;
+mod soak;
+mod stalls;
+mod threads;
 mod untrusted;
 mod waits;
 

@@ -70,7 +70,7 @@ fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
         let _ = std::fs::remove_file(&map);
         plant(&map);
         let profile = profile_after_plant(&daemon, &fixture);
-        let comment = profile.comments.iter().find(|c| c.contains("file refused"));
+        let comment = profile.comments.iter().find(|c| c.contains("file not fully read"));
         let comment = comment.unwrap_or_else(|| panic!("{what}: no refusal in the comments {:?}", profile.comments));
         assert!(comment.contains(&map.display().to_string()) && comment.contains(why), "{what}: {comment}");
         assert!(
@@ -106,7 +106,7 @@ fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
     // Nearly all its time is in the generated code; half is far below that, far above 0.
     let named = profile.fraction_where("samples", |s| s.leaf_is("jit_spin"));
     assert!(named > 0.5, "nobody's own perf map named {named:.2} of the samples: {:?}", profile.function_names());
-    assert!(!profile.comments.iter().any(|c| c.contains("file refused")), "{:?}", profile.comments);
+    assert!(!profile.comments.iter().any(|c| c.contains("file not fully read")), "{:?}", profile.comments);
 }
 
 /// Puts something at a path.

@@ -1,6 +1,8 @@
 //! The daemon's block, mutex and threadcreate profiles against `lock_contention`
 //! (tests/fixtures/lock_contention.c), which measures with CLOCK_MONOTONIC how long its
-//! threads waited for a mutex, and creates exactly 5 threads from `main`.
+//! threads waited for a mutex, and creates exactly 5 threads from `main`; its off-CPU
+//! profile against `offcpu_sleeper` (tests/fixtures/offcpu_sleeper.c), which measures its
+//! sleeps.
 
 use std::path::PathBuf;
 
@@ -11,6 +13,9 @@ use profiler_tests::{go_pprof, listing, preflight, process_dir, Fixture, Fixture
 use super::SOON;
 
 const LOCK_CONTENTION: &str = "lock_contention";
+const OFFCPU_SLEEPER: &str = "offcpu_sleeper";
+/// Every switch recorded: as in tests/tests/offcpu.rs.
+const OFFCPU_TOLERANCE: f64 = 0.10;
 /// Seconds the fixture waits after `ready`, so its threads start after the daemon attached.
 const DELAY_S: &str = "2";
 const LINGER_S: &str = "60";
@@ -93,6 +98,75 @@ fn block_mutex_and_threadcreate_endpoints_match_the_programs_own_clock() {
         delay as f64 >= lock_truth as f64 * (1.0 - DELAY_TOLERANCE)
     });
     assert!(dumped, "the block dumps do not add up to the fixture's lock waits within {SOON:?}:\n{}", listing(&dir));
+}
+
+/// With offcpu on at every switch, `/debug/pprof/offcpu?pid=&seconds=2` taken while the
+/// fixture's threads run holds their sleeps; the totals since the daemon attached hold
+/// sleep_long's time within 10% of its own clock; `go tool pprof -raw` reads it, `debug=1`
+/// answers its text, and the interval dumps write `offcpu-<stamp>.pb.gz`.
+#[test]
+fn offcpu_endpoint_and_dumps_match_the_programs_own_clock() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&[OFFCPU_SLEEPER]);
+    config.profiles = vec!["offcpu"];
+    config.offcpu_sample_every = Some(1);
+    let daemon = Daemon::start(&config);
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::OffCpuSleeper, &[DELAY_S, LINGER_S]);
+    let pid = fixture.pid();
+    // Once the threads' first sleeps are in (after the fixture's 2 s delay), they run ~4 s
+    // more: a 2 s window falls inside their work.
+    let started = fetch_until(&daemon, "offcpu", pid, |p| p.value_where("off_cpu", |s| s.contains("sleep_short")) > 0);
+    assert!(
+        started.1.value_where("off_cpu", |s| s.contains("sleep_short")) > 0,
+        "the daemon never had sleep_short's off-CPU time, in {}",
+        started.0.display()
+    );
+    let window = daemon.scratch().join("offcpu-window.pb.gz");
+    std::fs::write(&window, daemon.get_ok(&format!("/debug/pprof/offcpu?pid={pid}&seconds=2"))).unwrap();
+    let windowed = Profile::decode(&window);
+    assert!(
+        windowed.value_where("off_cpu", |s| s.contains("sleep_short")) > 0,
+        "the seconds=2 window lacks sleep_short, in {}",
+        window.display()
+    );
+    let truth = fixture.read_value("sleep_long_ns") as i64;
+    for key in ["sleep_short_ns", "pipe_read_ns", "cond_wait_ns", "starved_wall_ns"] {
+        let _ = fixture.read_value(key);
+    }
+    fixture.expect_line("done");
+
+    let under = |s: &Sample| s.contains("sleep_long") && s.label_str("state") == Some("blocked");
+    // The main thread sleeps DELAY_S, then waits in pthread_join at least as long as
+    // sleep_long ran: each one switch-out longer than the 2 s dump interval, its stack stored
+    // before a dump and its time charged after. Both keep their frames.
+    let delay_ns: i64 = DELAY_S.parse::<i64>().unwrap() * 1_000_000_000;
+    let in_main = |s: &Sample| s.contains("main") && s.label_str("state") == Some("blocked");
+    let main_floor = (delay_ns + truth) as f64 * (1.0 - OFFCPU_TOLERANCE);
+    let offcpu = fetch_until(&daemon, "offcpu", pid, |p| {
+        p.value_where("off_cpu", under) as f64 >= truth as f64 * (1.0 - OFFCPU_TOLERANCE)
+            && p.value_where("off_cpu", in_main) as f64 >= main_floor
+    });
+    within(offcpu.1.value_where("off_cpu", under), truth, OFFCPU_TOLERANCE, "off-CPU ns under sleep_long", &offcpu.0);
+    assert!(
+        go_pprof::raw(&offcpu.0).contains("sleep_long"),
+        "`go tool pprof -raw` of {} lacks sleep_long",
+        offcpu.0.display()
+    );
+    let main_ns = offcpu.1.value_where("off_cpu", in_main);
+    assert!(
+        main_ns as f64 >= main_floor,
+        "main's sleep and join off the CPU across dumps: {main_ns} ns under main, expected at least {} ns, in {}",
+        delay_ns + truth,
+        offcpu.0.display()
+    );
+    let text = String::from_utf8_lossy(&daemon.get_ok(&format!("/debug/pprof/offcpu?pid={pid}&debug=1"))).into_owned();
+    assert!(text.contains("sleep_long"), "debug=1 lacks sleep_long:\n{text}");
+
+    let dir = process_dir(daemon.output(), OFFCPU_SLEEPER, pid);
+    let dumped = wait_for(SOON, || !daemon::profile_files(&dir, "offcpu").is_empty());
+    assert!(dumped, "no offcpu interval dump within {SOON:?}:\n{}", listing(&dir));
 }
 
 /// Fetches `/debug/pprof/KIND?pid=PID` until it answers and `done` holds for the profile

@@ -8,9 +8,10 @@
 //! The BPF programs run in the context of the sampled tasks, so their cost is not in the
 //! daemon's own CPU time; it is shown in its own column rather than added silently.
 
-mod fleet;
+pub(super) mod fleet;
 mod report;
-mod sample;
+/// Also the thread-dump bench's socket client and CPU clock.
+pub(super) mod sample;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,7 +38,7 @@ pub struct DaemonArgs {
 }
 
 /// The dump interval of every run.
-const INTERVAL: Duration = Duration::from_secs(10);
+pub(super) const INTERVAL: Duration = Duration::from_secs(10);
 /// Time between two measurements.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Loading and verifying the BPF programs takes seconds on a busy machine.
@@ -48,7 +49,7 @@ pub fn run(args: &DaemonArgs) -> Result<()> {
     if args.frequencies.is_empty() || args.minutes == 0 || args.processes == 0 {
         bail!("need at least one frequency, one minute and one process");
     }
-    workspace::prepare(false)?;
+    workspace::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/daemon");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     workload::catch_interrupt();
@@ -99,7 +100,7 @@ fn set_aside_old_outputs(dir: &Path, frequencies: &[u32]) -> Result<Vec<PathBuf>
 fn measure(dir: &Path, frequency_hz: u32, minutes: u64) -> Result<Run> {
     let out = dir.join(format!("out-{frequency_hz}hz"));
     std::fs::create_dir_all(&out).with_context(|| format!("failed to create {}", out.display()))?;
-    let daemon = Daemon::start(dir, &out, frequency_hz)?;
+    let daemon = Daemon::start(dir, &out, frequency_hz, "")?;
     let started = Instant::now();
     let length = Duration::from_secs(minutes * 60);
     let mut samples = vec![daemon.sample(started)?];
@@ -132,19 +133,20 @@ fn print_progress(s: &Sample) {
 }
 
 /// `profiler run` on a config written for the bench; SIGTERM, then SIGKILL, on drop.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
-    socket: PathBuf,
+    pub(super) socket: PathBuf,
 }
 
 impl Daemon {
-    fn start(dir: &Path, out: &Path, frequency_hz: u32) -> Result<Daemon> {
+    /// `extra` is appended to the config (e.g. `[[export]]` tables).
+    pub(super) fn start(dir: &Path, out: &Path, frequency_hz: u32, extra: &str) -> Result<Daemon> {
         let socket = dir.join("profiler.sock");
         let config = dir.join(format!("profiler-{frequency_hz}hz.toml"));
         // min_free_bytes 0: the bench measures the daemon, not how full the build disk is.
         let text = format!(
             "output_dir = {out:?}\ninterval = \"{}s\"\n\n[socket]\npath = {socket:?}\n\n\
-             [retention]\nmin_free_bytes = \"0B\"\n\n[cpu]\nfrequency_hz = {frequency_hz}\n",
+             [retention]\nmin_free_bytes = \"0B\"\n\n[cpu]\nfrequency_hz = {frequency_hz}\n{extra}",
             INTERVAL.as_secs()
         );
         std::fs::write(&config, text).with_context(|| format!("failed to write {}", config.display()))?;
@@ -182,6 +184,10 @@ impl Daemon {
         Ok(())
     }
 
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn sample(&self, started: Instant) -> Result<Sample> {
         let pid = self.child.id();
         let status = sample::get(&self.socket, "/status")?;
@@ -201,7 +207,7 @@ impl Daemon {
     }
 
     /// SIGTERM and a clean exit (the final dump included), or an error.
-    fn stop(mut self) -> Result<()> {
+    pub(super) fn stop(mut self) -> Result<()> {
         signal_term(self.child.id());
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {

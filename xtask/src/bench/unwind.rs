@@ -1,8 +1,10 @@
 //! `cargo xtask bench unwind`: what the `.eh_frame` unwinder costs per sample across stack
-//! depths. The same spinner is built twice: without frame pointers (every frame needs its
-//! table row) and with them (the frame-pointer build, for the side-by-side baseline), each
-//! run under `profiler snapshot --bpf-stats`. Then the table sizes and build times of libc
-//! and of the profiler binary, from `profiler unwind-table`.
+//! depths from 12 to 504 frames. The same spinner is built twice: without frame pointers
+//! (every frame needs its table row) and with them (the frame-pointer build, for the
+//! side-by-side baseline), each run under `profiler snapshot --bpf-stats`; the slope (ns per
+//! frame, least squares) shows whether the cost is linear in depth, and the machine's floor
+//! (bpftrace: one map update per run) is measured in the same run. Then the table sizes and
+//! build times of libc and of the profiler binary, from `profiler unwind-table`.
 
 use std::process::Command;
 
@@ -15,8 +17,10 @@ use crate::workspace;
 const MAX_NS_UNWIND: f64 = 5000.0;
 const MAX_NS_FRAME_POINTERS: f64 = 2000.0;
 /// Spinner recursion depths: the user stack is this plus main, libc's two start frames and
-/// `_start`. 16–32 covers typical native stacks; 120 is near the 127-frame limit.
-const DEPTHS: [u32; 5] = [8, 16, 32, 64, 120];
+/// `_start`. 16–32 covers typical native stacks; 500 is near the 512-frame limit.
+const DEPTHS: [u32; 7] = [8, 16, 32, 64, 120, 250, 500];
+/// The issue's bar at 12 frames: at most this many times the one-map-update floor.
+const MAX_VS_FLOOR_AT_12: f64 = 2.5;
 const SPINNERS: usize = 2;
 
 #[derive(clap::Args, Debug)]
@@ -33,7 +37,7 @@ pub struct UnwindArgs {
 type Row = (u32, Option<f64>, Option<f64>);
 
 pub fn run(args: &UnwindArgs) -> Result<()> {
-    workspace::prepare(false)?;
+    workspace::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench-unwind");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();
@@ -105,6 +109,34 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     };
     verdict("unwinder, worst typical depth (≤ 36 frames)", worst(|r| r.1), MAX_NS_UNWIND);
     verdict("frame-pointer build, worst typical depth", worst(|r| r.2), MAX_NS_FRAME_POINTERS);
+    let frames = |pick: fn(&Row) -> Option<f64>| {
+        rows.iter().filter_map(|r| pick(r).map(|ns| (f64::from(r.0 + 4), ns))).collect::<Vec<_>>()
+    };
+    for (what, points) in [("no frame ptrs", frames(|r| r.1)), ("frame ptrs", frames(|r| r.2))] {
+        match slope(&points) {
+            Some((per_frame, at_zero, r2)) => {
+                println!("{what}: {per_frame:.1} ns per frame + {at_zero:.0} ns per sample (least squares, r² {r2:.3})")
+            }
+            None => println!("{what}: slope n/a"),
+        }
+    }
+    let floor_secs = args.seconds.min(10);
+    workspace::stage(&format!(
+        "bpftrace: one map update per run at {} Hz, {floor_secs} s (the floor)",
+        args.frequency_hz
+    ));
+    let (_, floor) = super::peer::bpftrace_floor_ns(args.frequency_hz, floor_secs);
+    match (floor, rows.first().and_then(|r| r.1)) {
+        (Some(floor), Some(ns)) => {
+            let ratio = ns / floor;
+            println!(
+                "12 frames: {ns:.0} ns/sample = {ratio:.2}x the one-map-update floor ({floor:.0} ns), target <= \
+                 {MAX_VS_FLOOR_AT_12}x: {}",
+                if ratio <= MAX_VS_FLOOR_AT_12 { "PASS" } else { "MISS" }
+            );
+        }
+        _ => println!("floor: n/a (bpftrace missing or no bpf_stats)"),
+    }
 
     workspace::stage("unwind tables: libc and the profiler binary");
     let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
@@ -122,6 +154,23 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     }
     println!("(profiles kept in {})", out.display());
     Ok(())
+}
+
+/// Least-squares line through `(frames, ns)`: (ns per frame, intercept, r²).
+fn slope(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    let n = points.len() as f64;
+    if n < 2.0 {
+        return None;
+    }
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let syy: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
+    if sxx == 0.0 || syy == 0.0 {
+        return None;
+    }
+    let b = sxy / sxx;
+    Some((b, my - b * mx, sxy * sxy / (sxx * syy)))
 }
 
 fn verdict(what: &str, ns: Option<f64>, target: f64) {

@@ -14,9 +14,10 @@ pub struct Package {
     pub present: fn() -> bool,
 }
 
-/// The packages for the build, plus golang-go, linux-perf, systemd-container, curl and
-/// python3 when the tests will run.
-pub fn packages(go: bool) -> Vec<Package> {
+/// The packages for the build, plus golang-go, linux-perf, systemd-container, elfutils, curl,
+/// python3 (with venv), openssl and chromium when the tests will run, and linux-perf,
+/// bpftrace and elfutils when a bench will.
+pub fn packages(go: bool, bench: bool) -> Vec<Package> {
     let mut packages = vec![
         Package {
             name: "llvm-22-dev",
@@ -47,6 +48,11 @@ pub fn packages(go: bool) -> Vec<Package> {
             present: || probe(Command::new("systemd-nspawn").arg("--version")).is_some(),
         });
         packages.push(Package {
+            name: "elfutils",
+            why: "`eu-stack -p`, the thread-dump tests' reference and the bench's peer",
+            present: || probe(Command::new("eu-stack").arg("--version")).is_some(),
+        });
+        packages.push(Package {
             name: "curl",
             why: "the socket client of the end-to-end tests (`curl --unix-socket`)",
             present: || probe(Command::new("curl").arg("--version")).is_some(),
@@ -55,6 +61,38 @@ pub fn packages(go: bool) -> Vec<Package> {
             name: "python3",
             why: "the socket-flooding client of the hardening tests, run as nobody",
             present: || probe(Command::new("/usr/bin/python3").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "python3-venv",
+            why: "the venv of the export tests' backend (opentelemetry-proto, grpcio-tools)",
+            present: || probe(Command::new("/usr/bin/python3").args(["-c", "import ensurepip, venv"])).is_some(),
+        });
+        packages.push(Package {
+            name: "chromium",
+            why: "headless screenshots of the flame graph SVGs, looked at as a person would",
+            present: || probe(Command::new("chromium").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "openssl",
+            why: "a CA and certificate for the export tests' TLS backend",
+            present: || probe(Command::new("openssl").arg("version")).is_some(),
+        });
+    }
+    if bench {
+        packages.push(Package {
+            name: "linux-perf",
+            why: "`perf record`, the exec bench's peer",
+            present: || probe(Command::new("perf").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "bpftrace",
+            why: "the benches' floor (empty programs on the same hooks) and peer",
+            present: || probe(Command::new("bpftrace").arg("--version")).is_some(),
+        });
+        packages.push(Package {
+            name: "elfutils",
+            why: "`eu-stack -p`, the threads bench's peer",
+            present: || probe(Command::new("eu-stack").arg("--version")).is_some(),
         });
     }
     packages

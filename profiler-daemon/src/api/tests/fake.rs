@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::euid;
 use crate::{
-    control::{Command, Commands, IndexEntry, ProfileBody, ProfileQuery, QueryError, Reloaded, Viewer},
+    control::{
+        Command, Commands, IndexEntry, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Reloaded, Viewer,
+    },
     ids::Pid,
     pprof::{encode_gzip, ProfileBuilder},
     profiles::ProfileKind,
@@ -19,20 +21,28 @@ pub const PID_FORBIDDEN: u32 = 77;
 /// Answers after its window, or after [`SLOW_DEFAULT`] without one.
 pub const PID_SLOW: u32 = 9;
 pub const SLOW_DEFAULT: Duration = Duration::from_secs(10);
-pub const STATUS_JSON: &str = r#"{"version":"test","uptime_s":1}"#;
+/// As the front serves it: pretty, keys sorted.
+pub const STATUS_JSON: &str = "{\n  \"uptime_s\": 1,\n  \"version\": \"test\"\n}";
 
-/// Answers until every handle is gone.
-pub fn collector(commands: Commands) {
+/// Publishes `/status` (as the real collector does before the daemon is ready) and returns a
+/// thread that answers until every handle is gone.
+pub fn collector(commands: Commands) -> std::thread::JoinHandle<()> {
+    let status: serde_json::Value = serde_json::from_str(STATUS_JSON).expect("valid JSON");
+    commands.status.publish(PublishedStatus { full: status.clone(), counters_only: status });
+    std::thread::spawn(move || answer(commands))
+}
+
+fn answer(commands: Commands) {
     while let Ok(command) = commands.recv() {
         match command {
             Command::Index { viewer, pid, reply } => {
                 drop(reply.send(index(viewer).into_iter().filter(|e| pid.is_none_or(|p| p == e.pid)).collect()))
             }
-            Command::Status { reply, .. } => drop(reply.send(STATUS_JSON.into())),
             // Profiles run concurrently, as the real collector's windows do.
             Command::Profile { query, reply } => drop(std::thread::spawn(move || reply.send(profile(query)))),
             Command::Shutdown { reply } => drop(reply.send(())),
             Command::Reload { reply, .. } => drop(reply.send(Ok(Reloaded::default()))),
+            Command::ProcessEvents => {}
         }
     }
 }
@@ -69,7 +79,7 @@ fn profile(query: ProfileQuery) -> Result<ProfileBody, QueryError> {
         (PID_OK, _) => {}
         _ => return Err(QueryError::UnknownPid(query.pid)),
     }
-    if query.text {
+    if query.debug > 0 {
         // Echo the query so tests see what reached the collector.
         let text = format!("viewer={} view={} window={:?}\n", query.viewer.uid, query.view.name(), query.window);
         return Ok(ProfileBody { bytes: text.into_bytes(), text: true });

@@ -55,7 +55,7 @@ impl Server {
         let path = dir.0.join("run/profiler.sock");
         let listener = bind(&SocketConfig { path: path.clone(), group: None }).expect("bind the test socket");
         let (handle, commands) = control::channel();
-        std::thread::spawn(move || fake::collector(commands));
+        fake::collector(commands);
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;

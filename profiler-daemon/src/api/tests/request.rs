@@ -49,10 +49,10 @@ fn named_profiles() {
     ];
     for (name, view) in cases {
         let path = format!("/debug/pprof/{name}");
-        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: false };
+        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0 };
         assert_eq!(get(&path, Some("pid=7")), Ok(plain));
         assert_eq!(get(&path, Some("pid=7&debug=0")), Ok(plain));
-        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: true };
+        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: 1 };
         assert_eq!(get(&path, Some("pid=7&seconds=5&debug=1")), Ok(delta));
     }
 }
@@ -67,7 +67,7 @@ fn values_are_percent_decoded() {
 
 #[test]
 fn unknown_paths_are_404() {
-    for path in ["/", "/debug", "/debug/pprof/goroutine", "/debug/pprof/heap/", "/debug/pprof//heap", "/statusx"] {
+    for path in ["/", "/debug", "/debug/pprof/goroutines", "/debug/pprof/heap/", "/debug/pprof//heap", "/statusx"] {
         let err = get(path, None).unwrap_err();
         assert_eq!(err.status, 404, "{path}");
         assert_eq!(err.reason, format!("no such endpoint {path}; see /debug/pprof/ or /status"));
@@ -181,4 +181,22 @@ proptest! {
             prop_assert!(!err.reason.is_empty());
         }
     }
+}
+
+#[test]
+fn thread_dumps_take_debug_2_and_no_window() {
+    let view = View::of(ProfileKind::Threads);
+    for path in ["/debug/pprof/goroutine", "/debug/pprof/threads"] {
+        assert_eq!(
+            get(path, Some("pid=7&debug=2")),
+            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 2 })
+        );
+        let err = get(path, Some("pid=7&seconds=5")).unwrap_err();
+        assert!(err.reason.contains("allowed: pid, debug"), "{}", err.reason);
+        assert_eq!(get(path, Some("pid=7&debug=3")).unwrap_err().reason, "debug must be 0, 1 or 2, got \"3\"");
+    }
+    let err = get("/debug/pprof/heap", Some("pid=7&debug=2")).unwrap_err();
+    assert_eq!(err.reason, "debug must be 0 or 1, got \"2\"", "only the thread dump has a per-thread form");
+    let err = get("/debug/pprof/flamegraph", Some("pid=7&type=goroutine&seconds=3")).unwrap_err();
+    assert!(err.reason.contains("takes no seconds"), "{}", err.reason);
 }

@@ -46,6 +46,11 @@ impl Tracer {
         Ok(tracer)
     }
 
+    /// The tool's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn wait_for(&mut self, marker: &str, stdout_lines: &Receiver<String>) -> Result<()> {
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         let mut seen = Vec::new();

@@ -1,8 +1,13 @@
 //! What is *known* about the processes and stacks of a capture: each process's identity and
-//! mappings, captured from `/proc` while it lives, and every stack drained so far, by id. The
-//! counts over a window are [`crate::profiles::Counts`]; a snapshot keeps one catalogue and
-//! one `Counts`, the daemon one catalogue and several `Counts` (the interval, since start,
-//! on-demand windows) fed by the same batches.
+//! mappings, from the kernel's events as they happen ([`events`]: forks, `exec`s, executable
+//! mappings, exits) and from `/proc` while it lives, and every stack drained so far, by id.
+//! The counts over a window are [`crate::profiles::Counts`]; a snapshot keeps one catalogue
+//! and one `Counts`, the daemon one catalogue and several `Counts` (the interval, since
+//! start, on-demand windows) fed by the same batches.
+
+mod events;
+
+pub use events::Applied;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
@@ -22,9 +27,18 @@ pub struct KnownProcess {
     pub pid: Pid,
     /// The process name (its `comm`).
     pub name: String,
-    /// Mappings and owner captured from `/proc`; `None` when the process was gone before it
-    /// could be inspected (its user frames stay unsymbolized and are counted as such).
+    /// Mappings and owner, from `/proc` and the kernel's events; `None` when the process was
+    /// gone before either told anything (its user frames stay unsymbolized and are counted
+    /// as such).
     pub info: Option<ProcessInfo>,
+    /// Whether `info` was read from `/proc` (its owner, cgroup and start time are known);
+    /// a process known from events only is read at its first sample if it still lives.
+    pub inspected: bool,
+    /// When its last `exec` happened (`CLOCK_MONOTONIC` ns; 0 when none was seen): a
+    /// mapping event from before it belongs to the old image.
+    pub exec_time: u64,
+    /// Its exit was seen (a later fork of the same pid is another process).
+    pub exited: bool,
     /// When the process was last seen in a batch.
     pub last_seen: Instant,
     /// Bumped each time re-reading `/proc/PID/maps` found new mappings (`dlopen`), so the
@@ -91,10 +105,27 @@ const DEPARTED_KEPT: usize = 4096;
 pub struct Catalog {
     processes: BTreeMap<Pid, KnownProcess>,
     departed: VecDeque<Departed>,
-    stacks: HashMap<StackId, Arc<[u64]>>,
+    stacks: HashMap<StackId, KnownStack>,
     max_stacks: usize,
-    /// Stacks not kept because the table was full (their samples lose their frames).
+    /// Batches learnt so far: the clock of [`KnownStack::last_batch`].
+    batches: u64,
+    /// Stacks last seen in an earlier batch than this one have been in a dump already (set
+    /// at [`Catalog::prune`], which the daemon runs after each dump): only the since-start
+    /// totals and windows still name them, and they may be evicted for new ones.
+    evictable_before: u64,
+    /// Stacks not kept because the table was full of stacks seen since the last dump (their
+    /// samples lose their frames).
     pub dropped_stacks: u64,
+    /// Stacks forgotten to make room for new ones: seen last before the last dump, named
+    /// only by history (since-start totals, windows), whose samples there lose their frames.
+    pub evicted_stacks: u64,
+}
+
+/// A stack's frames and the batch that last named it.
+#[derive(Debug)]
+struct KnownStack {
+    frames: Arc<[u64]>,
+    last_batch: u64,
 }
 
 impl Default for Catalog {
@@ -111,7 +142,10 @@ impl Catalog {
             departed: VecDeque::new(),
             stacks: HashMap::new(),
             max_stacks,
+            batches: 0,
+            evictable_before: 0,
             dropped_stacks: 0,
+            evicted_stacks: 0,
         }
     }
 
@@ -120,21 +154,26 @@ impl Catalog {
     /// their known mappings. Returns the stacks stored for the first time.
     pub fn learn(&mut self, stacks: &HashMap<StackId, Vec<u64>>, sightings: &[Sighting<'_>]) -> HashSet<StackId> {
         let mut new_stacks = HashSet::new();
+        self.batches += 1;
         for (&id, frames) in stacks {
-            if self.stacks.contains_key(&id) {
+            if let Some(known) = self.stacks.get_mut(&id) {
+                known.last_batch = self.batches;
                 continue;
             }
-            if self.stacks.len() >= self.max_stacks {
+            if self.stacks.len() >= self.max_stacks && !self.evict_history() {
                 self.dropped_stacks += 1;
                 continue;
             }
-            self.stacks.insert(id, frames.as_slice().into());
+            self.stacks.insert(id, KnownStack { frames: frames.as_slice().into(), last_batch: self.batches });
             new_stacks.insert(id);
         }
         let now = Instant::now();
         let mut uncovered = Vec::new();
         for seen in sightings {
             let process = self.processes.entry(seen.pid).or_insert_with(|| first_sight(seen.pid, ""));
+            if !process.inspected {
+                inspect(process);
+            }
             process.last_seen = now;
             process.sampled = true;
             if let (None, Some(name)) = (&process.info, seen.main_thread_name) {
@@ -198,14 +237,41 @@ impl Catalog {
         if id == StackId::NONE {
             return Some(&[]);
         }
-        self.stacks.get(&id).map(|frames| &frames[..])
+        self.stacks.get(&id).map(|known| &known.frames[..])
+    }
+
+    /// Makes room in a full table by forgetting the stacks seen least recently, among those
+    /// last seen before the last dump, so a new stack is never refused because of history.
+    /// Evicts a sixteenth of the table at once, so the sort is paid once per many new stacks.
+    /// False when every stack was seen since the last dump.
+    fn evict_history(&mut self) -> bool {
+        let mut old: Vec<(u64, StackId)> = self
+            .stacks
+            .iter()
+            .filter(|(_, known)| known.last_batch < self.evictable_before)
+            .map(|(&id, known)| (known.last_batch, id))
+            .collect();
+        if old.is_empty() {
+            return false;
+        }
+        old.sort_unstable();
+        let count = (self.max_stacks / 16).clamp(1, old.len());
+        for (_, id) in &old[..count] {
+            self.stacks.remove(id);
+        }
+        self.evicted_stacks += count as u64;
+        tracing::debug!(evicted = count, "stack table full: forgot stacks seen before the last dump");
+        true
     }
 
     /// Forgets processes not seen for `grace` that no longer exist, and keeps only the
-    /// stacks in `keep` (those the counts still held reference). Returns the pids forgotten.
+    /// stacks in `keep` (those the counts still held reference). The daemon calls it after
+    /// each dump: from then on the stacks learnt so far may be evicted for new ones (see
+    /// [`Catalog::evict_history`]). Returns the pids forgotten.
     pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> Vec<Pid> {
         let gone = self.forget_exited(grace, |_| true);
         self.stacks.retain(|id, _| keep.contains(id));
+        self.evictable_before = self.batches + 1;
         gone
     }
 
@@ -226,16 +292,23 @@ impl Catalog {
             .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && !procs::exists(p.pid.0))
             .map(|p| p.pid)
             .collect();
-        let wall = SystemTime::now();
         for pid in &gone {
-            let Some(process) = self.processes.remove(pid) else { continue };
-            if self.departed.len() == DEPARTED_KEPT {
-                self.departed.pop_front();
+            if let Some(process) = self.processes.remove(pid) {
+                self.remember_departed(process);
             }
-            let last_seen = wall.checked_sub(now.duration_since(process.last_seen)).unwrap_or(wall);
-            self.departed.push_back(Departed { pid: *pid, name: process.name, last_seen });
         }
         gone
+    }
+
+    /// Keeps a forgotten process's name and when it was last seen, for later queries of its
+    /// pid.
+    fn remember_departed(&mut self, process: KnownProcess) {
+        if self.departed.len() == DEPARTED_KEPT {
+            self.departed.pop_front();
+        }
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let last_seen = wall.checked_sub(now.duration_since(process.last_seen)).unwrap_or(wall);
+        self.departed.push_back(Departed { pid: process.pid, name: process.name, last_seen });
     }
 
     fn refresh_mappings(&mut self, pid: Pid) {
@@ -262,7 +335,38 @@ impl Catalog {
 fn first_sight(pid: Pid, comm: &str) -> KnownProcess {
     let info = procs::read_process(pid.0).ok();
     let name = info.as_ref().map_or_else(|| comm.to_string(), |i| i.name.clone());
-    KnownProcess { pid, name, info, last_seen: Instant::now(), maps_version: 0, sampled: false }
+    let inspected = info.is_some();
+    KnownProcess {
+        pid,
+        name,
+        info,
+        inspected,
+        exec_time: 0,
+        exited: false,
+        last_seen: Instant::now(),
+        maps_version: 0,
+        sampled: false,
+    }
+}
+
+/// Reads `/proc` for a process known from events only, if it still lives: its owner,
+/// cgroup and start time, and mappings the events may have missed (before the profiler
+/// started, or lost), merged with theirs.
+fn inspect(process: &mut KnownProcess) {
+    let Ok(mut read) = procs::read_process(process.pid.0) else { return };
+    if let Some(known) = process.info.take() {
+        let fresh = std::mem::take(&mut read.maps);
+        read.maps = merge_maps(fresh, &known.maps);
+        read.exe = read.exe.or(known.exe);
+        if read.maps != known.maps {
+            process.maps_version += 1;
+        }
+    } else {
+        process.maps_version += 1;
+    }
+    process.name.clone_from(&read.name);
+    process.info = Some(read);
+    process.inspected = true;
 }
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, marked unmapped, sorted
@@ -329,6 +433,24 @@ mod tests {
     }
 
     #[test]
+    fn a_full_table_evicts_history_not_new_stacks() {
+        let mut catalog = Catalog::with_max_stacks(2);
+        let batch = |ids: &[u64]| ids.iter().map(|&id| (StackId(id), vec![id])).collect::<HashMap<_, _>>();
+        catalog.learn(&batch(&[1, 2]), &[]);
+        // Nothing dumped yet: both stacks are current, the new one is refused.
+        assert!(catalog.learn(&batch(&[3]), &[]).is_empty());
+        assert_eq!((catalog.dropped_stacks, catalog.evicted_stacks), (1, 0));
+        // After a dump that still references both (the since-start totals), 1 is seen
+        // again; 2 is only history and makes room for 3.
+        catalog.prune(Duration::from_secs(3600), &[StackId(1), StackId(2)].into());
+        catalog.learn(&batch(&[1]), &[]);
+        assert_eq!(catalog.learn(&batch(&[3]), &[]), [StackId(3)].into());
+        assert_eq!((catalog.dropped_stacks, catalog.evicted_stacks), (1, 1));
+        assert!(catalog.stack(StackId(2)).is_none());
+        assert!(catalog.stack(StackId(1)).is_some() && catalog.stack(StackId(3)).is_some());
+    }
+
+    #[test]
     fn exited_processes_without_data_go_first() {
         let mut catalog = Catalog::default();
         catalog.learn(&stacks(), &[seen(PID, 7, None)]);
@@ -346,7 +468,16 @@ mod tests {
 
     #[test]
     fn merge_keeps_unmapped_old_entries() {
-        let entry = |start, end| MapEntry { start, end, offset: 0, path: "/x".into(), inode: 1, unmapped: false };
+        let entry = |start, end| MapEntry {
+            start,
+            end,
+            offset: 0,
+            path: "/x".into(),
+            inode: 1,
+            device: Default::default(),
+            generation: 0,
+            unmapped: false,
+        };
         let merged = merge_maps(vec![entry(100, 200)], &[entry(150, 250), entry(300, 400)]);
         assert_eq!(merged, vec![entry(100, 200), MapEntry { unmapped: true, ..entry(300, 400) }]);
     }

@@ -1,0 +1,128 @@
+//! The off-CPU profile's map layout: time threads spent switched out, by (thread, state at
+//! the switch, user stack, kernel stack), from sampled switches of `sched_switch`.
+
+/// Why a sampled thread left the CPU, as the switch-out saw it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffCpuState {
+    /// It slept (`prev_state` S, D, or another sleeping state): it waited for an event.
+    Blocked = 0,
+    /// It was preempted while runnable (`prev_state` is `TASK_RUNNING`, or the switch was a
+    /// preemption): it waited for a core.
+    Runnable = 1,
+}
+
+impl OffCpuState {
+    /// The state of a key's `state` field (`Blocked` for any value but `Runnable`'s).
+    pub fn from_raw(raw: u32) -> Self {
+        if raw == Self::Runnable as u32 {
+            Self::Runnable
+        } else {
+            Self::Blocked
+        }
+    }
+
+    /// The `state` label's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Blocked => "blocked",
+            Self::Runnable => "runnable",
+        }
+    }
+}
+
+/// Key of the off-CPU counts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub user_stack: u64,
+    pub kernel_stack: u64,
+    /// An [`OffCpuState`].
+    pub state: u32,
+    pub _pad: u32,
+    /// The thread's name at the switch-out.
+    pub comm: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<OffCpuKey>() == 48);
+
+/// Values of the off-CPU counts: sampled switches and the time they kept threads off a CPU
+/// (unscaled: userspace multiplies both by the sampling period).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuTotals {
+    pub switches: u64,
+    pub off_cpu_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<OffCpuTotals>() == 16);
+
+/// A sampled switch-out, kept per task until it is switched back in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SwitchedOut {
+    /// `bpf_ktime_get_ns` when it left the CPU (taken after its stacks were walked).
+    pub out_ns: u64,
+    /// The key its time is charged to at switch-in.
+    pub key: OffCpuKey,
+}
+
+const _: () = assert!(core::mem::size_of::<SwitchedOut>() == 56);
+
+/// Slot of `OFFCPU_CONFIG`: record 1 in N switches (0 or 1: every switch).
+pub const OFFCPU_CONFIG_SAMPLE_EVERY: u32 = 0;
+
+/// Indices into the `OFFCPU_COUNTERS` per-CPU array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffCpuCounter {
+    /// Sampled switches charged at switch-in.
+    Charged = 0,
+    /// Sampled switch-outs not remembered: the in-flight map was full.
+    PendingMapFull = 1,
+    /// Charges lost because the counts map was full.
+    CountsMapFull = 2,
+    /// Stacks not stored (map full or unreadable); the time is counted with no stack.
+    StackLost = 3,
+    /// Sampled switch-outs of processes whose cgroup is not selected (not walked).
+    CgroupFiltered = 4,
+}
+
+impl OffCpuCounter {
+    /// Number of counters (the length of the `OFFCPU_COUNTERS` array).
+    pub const COUNT: u32 = 5;
+    /// All counters, in index order.
+    pub const ALL: [OffCpuCounter; Self::COUNT as usize] = [
+        OffCpuCounter::Charged,
+        OffCpuCounter::PendingMapFull,
+        OffCpuCounter::CountsMapFull,
+        OffCpuCounter::StackLost,
+        OffCpuCounter::CgroupFiltered,
+    ];
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers, padding explicit (sizes asserted above).
+unsafe impl aya::Pod for OffCpuKey {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for OffCpuTotals {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for SwitchedOut {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_numbered_in_order() {
+        for (i, c) in OffCpuCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        assert_eq!(OffCpuState::from_raw(OffCpuState::Runnable as u32), OffCpuState::Runnable);
+        assert_eq!(OffCpuState::from_raw(7), OffCpuState::Blocked);
+    }
+}

@@ -1,0 +1,254 @@
+//! Go's goroutine profile for any process: every thread at one moment (`goroutine/count`),
+//! one sample per thread, labelled `tid`, `thread` (its name), `state` (`R`, `S`, `D`, …),
+//! `syscall`, `wchan` and `stack` (where its user stack comes from).
+//!
+//! A point-in-time kind, like the heap's `inuse`: batches add nothing to it but, for each
+//! thread, the stacks of its latest CPU samples (a thread on a CPU when it is dumped has
+//! stale saved registers, and is shown with those instead, marked). The dump itself
+//! ([`ThreadDump`], taken by `Capture::thread_dump`) is put in the counts right before they
+//! are rendered ([`ThreadState::dump`]).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::{unwind_comment, Context, Counts, ProcessCounts};
+use crate::{
+    ebpf::{Batch, Counters},
+    ids::{StackId, Tid},
+    pprof::Shape,
+    resolve::{LabelValue, StackSample},
+    threads::{stack_id, DumpedThread, StackSource, ThreadDump},
+};
+
+/// How long a thread's latest CPU sample stands for it when it is found running.
+const CPU_SAMPLE_KEPT: Duration = Duration::from_secs(10);
+
+/// The stacks of a thread's latest CPU samples: the most frequent of the last drained batch
+/// that had any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuSighting {
+    pub user_stack: StackId,
+    pub kernel_stack: StackId,
+    /// Samples of that stack in its batch.
+    pub count: u64,
+    /// When the batch was drained.
+    pub drained: Instant,
+}
+
+/// One process's part: its latest CPU stacks per thread, and the dump to render.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadState {
+    pub on_cpu: HashMap<Tid, CpuSighting>,
+    /// Set right before rendering; never by a batch.
+    pub dump: Option<Arc<ThreadDump>>,
+}
+
+pub(super) fn count(batch: &Batch, counts: &mut Counts) {
+    let now = Instant::now();
+    let mut best: HashMap<(crate::ids::Pid, Tid), CpuSighting> = HashMap::new();
+    for s in &batch.cpu {
+        let seen = CpuSighting { user_stack: s.user_stack, kernel_stack: s.kernel_stack, count: s.count, drained: now };
+        let entry = best.entry((s.pid, s.tid)).or_insert(seen);
+        if s.count > entry.count {
+            *entry = seen;
+        }
+    }
+    for ((pid, tid), seen) in best {
+        counts.process_mut(pid).threads.on_cpu.insert(tid, seen);
+    }
+    for (_, process) in counts.iter_mut() {
+        process.threads.on_cpu.retain(|_, s| now.duration_since(s.drained) < CPU_SAMPLE_KEPT);
+    }
+}
+
+pub(super) fn stacks(state: &ThreadState, out: &mut HashSet<StackId>) {
+    out.extend(state.on_cpu.values().flat_map(|s| [s.user_stack, s.kernel_stack]));
+    if let Some(dump) = &state.dump {
+        out.extend(dump.stacks().map(|(id, _)| id));
+    }
+}
+
+pub(super) const SHAPE: Shape = Shape {
+    sample_types: &[("goroutine", "count")],
+    period_type: ("goroutine", "count"),
+    period: 1,
+    default_sample_type: "goroutine",
+};
+
+/// One sample per thread of the dump, by thread id.
+pub(super) fn samples(state: &ThreadState) -> Vec<StackSample> {
+    let Some(dump) = &state.dump else { return Vec::new() };
+    dump.threads.iter().map(|thread| sample(thread, state.on_cpu.get(&thread.tid))).collect()
+}
+
+fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
+    let (mut user_stack, mut kernel_stack) = (stack_id(&thread.user), stack_id(&thread.kernel));
+    let source = match (thread.source, cpu) {
+        (StackSource::Running, Some(cpu)) => {
+            // The saved kernel stack of a running thread is as stale as its registers.
+            (user_stack, kernel_stack) = (cpu.user_stack, cpu.kernel_stack);
+            format!("cpu sample {:.1}s before", cpu.drained.elapsed().as_secs_f64())
+        }
+        (StackSource::Running, None) => {
+            kernel_stack = StackId::NONE;
+            "running, no cpu sample".into()
+        }
+        (StackSource::Walked, _) => "walked".into(),
+        (StackSource::Moving, _) => "walked while it ran".into(),
+        (StackSource::None, _) => "no user registers".into(),
+    };
+    let text = |s: &str| LabelValue::Str(s.to_string());
+    let mut labels = vec![
+        ("tid", LabelValue::Num(i64::from(thread.tid.0), None)),
+        ("thread", text(&thread.facts.name)),
+        ("state", text(&thread.facts.state.to_string())),
+    ];
+    if let Some(name) = thread.syscall_name() {
+        labels.push(("syscall", LabelValue::Str(name)));
+    }
+    if let Some(wchan) = &thread.facts.wchan {
+        labels.push(("wchan", text(wchan)));
+    }
+    labels.push(("stack", LabelValue::Str(source)));
+    StackSample {
+        user_stack,
+        kernel_stack,
+        // A dumped thread's pc is where it entered the kernel: resolve treats a user leaf
+        // under a kernel stack as a return point already.
+        user_leaf_is_return: false,
+        values: vec![1],
+        unscaled: Vec::new(),
+        labels,
+    }
+}
+
+pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
+    let mut lines = vec![format!(
+        "profiler {} threads profile: every thread of the process at one moment, read without stopping it \
+         (a BPF task iterator for registers and kernel stacks, process_vm_readv for user stacks); {}",
+        env!("CARGO_PKG_VERSION"),
+        context.describe()
+    )];
+    if let Some(dump) = &counts.threads.dump {
+        let running = dump.threads.iter().filter(|t| t.source == StackSource::Running).count();
+        let moving = dump.threads.iter().filter(|t| t.source == StackSource::Moving).count();
+        lines.push(format!(
+            "{} threads in {:.1} ms; {running} on a CPU (saved registers stale: their latest CPU sample's stacks \
+             if any); skipped: {} exited during the dump, {} outside the profiler's pid namespace; walks redone \
+             because the thread ran meanwhile {}, still moving after the last {moving}",
+            dump.threads.len(),
+            dump.duration.as_secs_f64() * 1e3,
+            dump.exited,
+            dump.invisible,
+            dump.rewalked,
+        ));
+        lines.push(walk_comment(dump));
+    }
+    lines.push(unwind_comment(counters));
+    lines
+}
+
+/// How the dump's user stacks were walked (the kernel walker's counters, for this dump).
+fn walk_comment(dump: &ThreadDump) -> String {
+    use profiler_common::UnwindCounter as U;
+    let w = &dump.walk;
+    format!(
+        "this dump's user stacks: frames by unwind table {}, by frame pointer {} (no table because: process not \
+         registered {}, address in no known mapping {}, file has no table loaded {}, no CFI for the address {}); \
+         leaves guessed {}; signal frames {}; walks ended at the outermost frame {}, at an unreadable stack word \
+         {}, at a bad frame {}",
+        w.get(U::CfiFrames),
+        w.get(U::FramePointerFrames),
+        w.get(U::NoProcess),
+        w.get(U::NoMapping),
+        w.get(U::NoTable),
+        w.get(U::NoCfi),
+        w.get(U::LeafGuesses),
+        w.get(U::SignalFrames),
+        w.get(U::EndOfStack),
+        w.get(U::BadRead),
+        w.get(U::BadFrame),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::{
+        ebpf::RawCpuSample,
+        ids::Pid,
+        threads::{procfs::ThreadFacts, WalkCounts},
+    };
+
+    fn thread(tid: u32, source: StackSource, user: Vec<u64>) -> DumpedThread {
+        DumpedThread {
+            tid: Tid(tid),
+            facts: ThreadFacts { name: format!("t{tid}"), state: 'S', wchan: Some("futex_wait_queue".into()) },
+            syscall: Some(202),
+            user,
+            truncated: false,
+            kernel: vec![0xffff_ffff_8100_0000],
+            source,
+        }
+    }
+
+    fn dump(threads: Vec<DumpedThread>) -> Arc<ThreadDump> {
+        Arc::new(ThreadDump {
+            pid: Pid(3),
+            taken: SystemTime::now(),
+            threads,
+            exited: 1,
+            rewalked: 0,
+            invisible: 0,
+            walk: WalkCounts::default(),
+            duration: Duration::from_millis(2),
+        })
+    }
+
+    #[test]
+    fn one_sample_per_thread_with_its_labels() {
+        let state =
+            ThreadState { on_cpu: HashMap::new(), dump: Some(dump(vec![thread(7, StackSource::Walked, vec![1, 2])])) };
+        let samples = samples(&state);
+        assert_eq!(samples.len(), 1);
+        let s = &samples[0];
+        assert_eq!((s.values.clone(), s.user_stack), (vec![1], stack_id(&[1, 2])));
+        let label = |key| s.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
+        assert_eq!(label("tid"), Some(LabelValue::Num(7, None)));
+        assert_eq!(label("syscall"), Some(LabelValue::Str("futex".into())));
+        assert_eq!(label("wchan"), Some(LabelValue::Str("futex_wait_queue".into())));
+        assert_eq!(label("state"), Some(LabelValue::Str("S".into())));
+        assert_eq!(label("stack"), Some(LabelValue::Str("walked".into())));
+    }
+
+    #[test]
+    fn a_running_thread_takes_its_latest_cpu_sample() {
+        let batch = Batch {
+            cpu: [(StackId(10), 2), (StackId(11), 5)]
+                .map(|(user, count)| RawCpuSample {
+                    pid: Pid(3),
+                    tid: Tid(8),
+                    comm: "busy".into(),
+                    user_stack: user,
+                    kernel_stack: StackId::NONE,
+                    count,
+                })
+                .to_vec(),
+            ..Batch::default()
+        };
+        let mut counts = Counts::default();
+        count(&batch, &mut counts);
+        let mut state = counts.process(Pid(3)).unwrap().threads.clone();
+        assert_eq!(state.on_cpu[&Tid(8)].user_stack, StackId(11), "the most frequent of the batch");
+        state.dump = Some(dump(vec![thread(8, StackSource::Running, vec![]), thread(9, StackSource::Running, vec![])]));
+        let samples = samples(&state);
+        assert_eq!(samples[0].user_stack, StackId(11));
+        assert_eq!(samples[1].user_stack, StackId::NONE, "no sample: no stack");
+        assert_eq!(samples[1].kernel_stack, StackId::NONE, "a running thread's saved kernel stack is stale");
+    }
+}

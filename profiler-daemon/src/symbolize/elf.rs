@@ -1,0 +1,184 @@
+//! The symbolizer's ELF side, which runs on its offload worker (see [`crate::offload`]): it
+//! opens the files processes map, so it may block on a file system that does not answer.
+//!
+//! A file is known by its identity as `/proc/PID/maps` gives it (device, inode), checked
+//! against its size and modification time whenever it is opened again, so a binary rebuilt or
+//! upgraded in place gets its own symbols, and one process's file never names another's. It
+//! is opened as the process sees it: the path it mapped, when that path here is the same file
+//! (the common case, and one blazesym parses once for every process); else through
+//! `/proc/PID/map_files`, the mapping itself (another mount namespace, a deleted file); else
+//! through `/proc/PID/root`. A container's library is never read from the host's file that
+//! happens to have its path. Once its process has exited, a file is named from what was
+//! found while it lived.
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolizer as Blaze,
+};
+
+use super::{collect, new_blaze, Frames};
+use crate::{
+    ids::Pid,
+    procs::{self, Device, MapEntry},
+    unwind::{unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
+};
+
+/// What to symbolize in one mapped file.
+#[derive(Clone, Debug)]
+pub struct ElfRequest {
+    pub pid: Pid,
+    pub map: MapEntry,
+    /// File offsets.
+    pub offsets: Vec<u64>,
+}
+
+/// The answer: one result per offset, the file's build id, and what the profile should say
+/// about the file (why it has no source lines, why it was not read).
+#[derive(Clone, Debug, Default)]
+pub struct ElfAnswer {
+    pub frames: Vec<Frames>,
+    pub build_id: Option<String>,
+    pub note: Option<String>,
+}
+
+/// (device, inode) as the maps file names a mapped file.
+type FileKey = (Device, u64);
+
+/// One file's findings.
+#[derive(Default)]
+struct FileSymbols {
+    /// (size, mtime) when last opened: a file rewritten in place is read afresh.
+    version: (u64, i64),
+    frames: HashMap<u64, Frames>,
+    build_id: Option<String>,
+    /// Why its debug info is not read, when it is not.
+    no_debug_info: Option<String>,
+    /// Whether `no_debug_info` was decided.
+    checked: bool,
+}
+
+/// The worker's state: blazesym's open files and everything found so far.
+#[derive(Default)]
+pub struct ElfFiles {
+    blaze: Option<Blaze>,
+    files: HashMap<FileKey, FileSymbols>,
+    /// (device, inode) of the profiler's own executable, named from its symbol table only.
+    own_exe: Option<Option<(u64, u64)>>,
+}
+
+impl ElfFiles {
+    /// Symbolizes `request`: cached offsets from memory, the rest from the file.
+    pub fn symbolize(&mut self, request: &ElfRequest) -> ElfAnswer {
+        let map = &request.map;
+        let key = (map.device, map.inode);
+        let opened = procs::locate(request.pid, map);
+        let own_exe = self.own_exe(opened.as_ref());
+        let file = self.files.entry(key).or_default();
+        let mut note = None;
+        match &opened {
+            Some((_, version)) if *version != file.version || !file.checked => {
+                *file = FileSymbols { version: *version, ..FileSymbols::default() };
+            }
+            Some(_) => {}
+            None => {
+                note = Some(format!(
+                    "{} (pid {}) could not be opened any more: only addresses named while it lived are named",
+                    map.path, request.pid
+                ))
+            }
+        }
+        let todo: Vec<u64> = request.offsets.iter().copied().filter(|off| !file.frames.contains_key(off)).collect();
+        if let Some((path, _)) = &opened {
+            if !file.checked {
+                file.checked = true;
+                file.no_debug_info = if own_exe { None } else { debug_info_refusal(path) };
+                file.build_id = super::build_id(path);
+            }
+            if !todo.is_empty() {
+                let mut elf = Elf::new(path);
+                elf.debug_syms = !own_exe && file.no_debug_info.is_none();
+                let blaze = self.blaze.get_or_insert_with(new_blaze);
+                let results = blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&todo));
+                for (offset, frames) in todo.iter().zip(collect(results, todo.len())) {
+                    file.frames.insert(*offset, frames);
+                }
+            }
+            note = note.or_else(|| file.no_debug_info.clone());
+        }
+        ElfAnswer {
+            frames: request.offsets.iter().map(|off| file.frames.get(off).cloned().unwrap_or_default()).collect(),
+            build_id: file.build_id.clone(),
+            note,
+        }
+    }
+
+    /// Closes blazesym's files (their mapped pages and parsed debug info), keeping every
+    /// symbol found.
+    pub fn close_files(&mut self) {
+        self.blaze = None;
+    }
+
+    fn own_exe(&mut self, opened: Option<&(PathBuf, (u64, i64))>) -> bool {
+        let own =
+            *self.own_exe.get_or_insert_with(|| std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino())));
+        match (own, opened) {
+            (Some(own), Some((path, _))) => std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == own),
+            _ => false,
+        }
+    }
+}
+
+/// Why the debug info of the file at `path` must not be read, if it must not: blazesym
+/// inflates a compressed debug section whole, and a file any user can write may declare (or
+/// hold) gigabytes, or use a compression it cannot read (and then names nothing). Such a
+/// file is named from its symbol table.
+fn debug_info_refusal(path: &Path) -> Option<String> {
+    let file = std::fs::File::open(path).ok()?;
+    let mapped = MappedFile::map(&file).ok()?;
+    let refused = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?;
+    let (name, why) = refused.first()?;
+    Some(format!(
+        "{}: compressed section {name} {why}: named from its symbol table, without source lines",
+        path.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own_mapping_of(addr: u64) -> MapEntry {
+        let maps = crate::procs::read_maps(std::process::id()).unwrap();
+        maps.into_iter().find(|m| m.contains(addr)).unwrap()
+    }
+
+    #[inline(never)]
+    fn marker_for_elf_files_test() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn a_file_is_found_by_its_identity_and_named_once() {
+        let addr = marker_for_elf_files_test as fn() -> u64 as usize as u64;
+        let map = own_mapping_of(addr);
+        let pid = Pid(std::process::id());
+        let (path, _) = procs::locate(pid, &map).unwrap();
+        assert_eq!(path, PathBuf::from(&map.path), "the path it mapped is the same file here");
+        let mut files = ElfFiles::default();
+        let request = ElfRequest { pid, map: map.clone(), offsets: vec![map.file_offset(addr)] };
+        let answer = files.symbolize(&request);
+        assert!(answer.frames[0].iter().any(|f| f.function.ends_with("marker_for_elf_files_test")), "{answer:?}");
+        assert!(answer.build_id.is_some());
+        files.close_files();
+        assert_eq!(files.symbolize(&request).frames, answer.frames, "kept after closing");
+        // Another file at the mapped path (a container's file of the same name): not used.
+        let elsewhere = MapEntry { inode: map.inode + 1, ..map.clone() };
+        assert_eq!(procs::locate(Pid(0x7fff_fff0), &elsewhere), None);
+    }
+}

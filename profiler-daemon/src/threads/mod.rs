@@ -1,0 +1,215 @@
+//! Thread dumps: where every thread of a process is now, without stopping it (no ptrace, no
+//! signal). The kernel's task iterator gives each thread's saved user registers and kernel
+//! stack ([`Session::thread_records`]); the user stack is walked here ([`walk`]) with the
+//! kernel walker's own tables; `/proc` adds the name, state and wait channel ([`procfs`]).
+//!
+//! A blocked thread's registers and stack do not change while it stays blocked. One that
+//! runs between the read of its registers and the read of its stack could yield a mix of
+//! two moments, so the iterator is read again after the walks: a thread whose context
+//! switches, registers or CPU changed is walked again from the new record, a few times at
+//! most, then kept and marked. A thread on a CPU has stale saved registers: it is reported
+//! as running, without a walked stack (the profile kind adds its latest CPU sample's).
+//! What this module does not own: turning a dump into a profile (`profiles::threads`).
+
+pub mod procfs;
+mod syscalls;
+mod walk;
+
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant, SystemTime},
+};
+
+use profiler_common::{stack::stack_hash, walk::Regs, ThreadRecord};
+pub use walk::WalkCounts;
+
+use crate::{
+    ebpf::{self, Session, UnwindView},
+    ids::{Pid, StackId, Tid},
+};
+
+/// Reads of the iterator per dump at most: one, then one check per walk round.
+const ATTEMPTS: usize = 3;
+
+/// Where a thread's user stack comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackSource {
+    /// Walked from the registers it saved, and it did not run meanwhile.
+    Walked,
+    /// Walked, but the thread kept running between reads: frames may mix two moments.
+    Moving,
+    /// On a CPU in every read: its saved registers are stale, so no stack was walked.
+    Running,
+    /// No user registers (the thread had not entered the kernel from user mode).
+    None,
+}
+
+/// One thread of a dump.
+#[derive(Clone, Debug)]
+pub struct DumpedThread {
+    pub tid: Tid,
+    pub facts: procfs::ThreadFacts,
+    /// The system call it is in (number), if any.
+    pub syscall: Option<i64>,
+    /// User frames, leaf first: the saved pc (a syscall's return point), then return
+    /// addresses. Empty unless [`StackSource::Walked`] or [`StackSource::Moving`].
+    pub user: Vec<u64>,
+    /// The walk stopped at the depth limit.
+    pub truncated: bool,
+    /// Kernel frames, leaf first.
+    pub kernel: Vec<u64>,
+    pub source: StackSource,
+}
+
+impl DumpedThread {
+    /// The system call's name (or its number), if the thread is in one.
+    pub fn syscall_name(&self) -> Option<String> {
+        self.syscall.map(|n| syscalls::name(n).map_or_else(|| format!("syscall_{n}"), str::to_string))
+    }
+}
+
+/// Every thread of one process at one moment.
+#[derive(Clone, Debug)]
+pub struct ThreadDump {
+    pub pid: Pid,
+    pub taken: SystemTime,
+    /// By thread id.
+    pub threads: Vec<DumpedThread>,
+    /// Threads that exited while the dump was taken: skipped.
+    pub exited: u64,
+    /// Walks redone because the thread ran while it was read.
+    pub rewalked: u64,
+    /// Threads the iterator saw without an id in the profiler's pid namespace: skipped.
+    pub invisible: u64,
+    /// How the user stacks were walked.
+    pub walk: WalkCounts,
+    /// How long the dump took.
+    pub duration: Duration,
+}
+
+impl ThreadDump {
+    /// The thread's user and kernel stacks as (id, frames), keyed as the kernel keys stacks.
+    pub fn stacks(&self) -> impl Iterator<Item = (StackId, &[u64])> {
+        self.threads.iter().flat_map(|t| [(stack_id(&t.user), &t.user[..]), (stack_id(&t.kernel), &t.kernel[..])])
+    }
+}
+
+/// The key of a stack: the kernel's hash of its frames (see `profiler_common::stack`), so a
+/// stack walked here and the same one sampled in the kernel are one stack.
+pub fn stack_id(frames: &[u64]) -> StackId {
+    if frames.is_empty() {
+        return StackId::NONE;
+    }
+    StackId(stack_hash(STACK_HASH_KEY.load(Ordering::Relaxed), frames))
+}
+
+/// The key the loaded programs hash stacks with (set by `ebpf::Session::load`, once per
+/// process in practice), so stacks walked here get the kernel's ids.
+static STACK_HASH_KEY: AtomicU64 = AtomicU64::new(0);
+
+/// Records the key the programs were loaded with.
+pub fn set_stack_hash_key(key: u64) {
+    STACK_HASH_KEY.store(key, Ordering::Relaxed);
+}
+
+/// A thread walked in one round, and the record it was walked from.
+struct Walked {
+    record: ThreadRecord,
+    user: Vec<u64>,
+    truncated: bool,
+    source: StackSource,
+}
+
+/// Dumps every thread of `pid`. The process must be registered with the unwinder for its
+/// frames to be stepped with tables (otherwise with frame pointers, as the kernel would).
+pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
+    let started = Instant::now();
+    let taken = SystemTime::now();
+    let view = session.unwind_view(pid)?;
+    let mut dump = ThreadDump {
+        pid,
+        taken,
+        threads: Vec::new(),
+        exited: 0,
+        rewalked: 0,
+        invisible: 0,
+        walk: WalkCounts::default(),
+        duration: Duration::ZERO,
+    };
+    let mut records = session.thread_records(pid)?;
+    dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
+    records.retain(|r| r.tid != 0);
+    let mut settled: BTreeMap<u32, Walked> = BTreeMap::new();
+    for attempt in 1..=ATTEMPTS {
+        let walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
+        let now: BTreeMap<u32, ThreadRecord> = session.thread_records(pid)?.into_iter().map(|r| (r.tid, r)).collect();
+        records = Vec::new();
+        for mut thread in walked {
+            match now.get(&thread.record.tid) {
+                None => dump.exited += 1,
+                Some(check) if still(&thread.record, check) => {
+                    settled.insert(thread.record.tid, thread);
+                }
+                Some(check) if attempt < ATTEMPTS => {
+                    dump.rewalked += 1;
+                    records.push(*check);
+                }
+                Some(_) => {
+                    if thread.source == StackSource::Walked {
+                        thread.source = StackSource::Moving;
+                    }
+                    settled.insert(thread.record.tid, thread);
+                }
+            }
+        }
+        if records.is_empty() {
+            break;
+        }
+    }
+    for (_, thread) in settled {
+        match finish(pid, thread) {
+            Some(thread) => dump.threads.push(thread),
+            None => dump.exited += 1,
+        }
+    }
+    dump.duration = started.elapsed();
+    Ok(dump)
+}
+
+/// Whether a thread stayed where it was between two records: off the CPU, without a context
+/// switch, with the same saved registers.
+fn still(before: &ThreadRecord, after: &ThreadRecord) -> bool {
+    before.on_cpu == 0
+        && after.on_cpu == 0
+        && before.switches == after.switches
+        && (before.ip, before.sp, before.bp) == (after.ip, after.sp, after.bp)
+}
+
+fn walk_one(pid: Pid, view: &UnwindView, record: &ThreadRecord, counts: &mut WalkCounts) -> Walked {
+    let (user, truncated, source) = if record.on_cpu != 0 {
+        (Vec::new(), false, StackSource::Running)
+    } else if record.regs_valid == 0 || record.ip == 0 || record.ip >= profiler_common::walk::USER_ADDR_LIMIT {
+        (Vec::new(), false, StackSource::None)
+    } else {
+        let (frames, truncated) = walk::walk(pid, view, Regs::interrupted(record.ip, record.sp, record.bp), counts);
+        (frames, truncated, StackSource::Walked)
+    };
+    Walked { record: *record, user, truncated, source }
+}
+
+/// Adds what `/proc` says; `None` when the thread is gone.
+fn finish(pid: Pid, thread: Walked) -> Option<DumpedThread> {
+    let tid = Tid(thread.record.tid);
+    let facts = procfs::read(pid, tid).ok()?;
+    let syscall = (thread.record.syscall >= 0 && thread.record.on_cpu == 0).then_some(thread.record.syscall);
+    Some(DumpedThread {
+        tid,
+        facts,
+        syscall,
+        user: thread.user,
+        truncated: thread.truncated,
+        kernel: thread.record.kernel_frames().to_vec(),
+        source: thread.source,
+    })
+}

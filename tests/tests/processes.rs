@@ -1,0 +1,170 @@
+//! Processes nobody chose in advance, profiled right by a system-wide snapshot: short-lived
+//! ones (a shell loop of 60 ms and of 20 ms programs), fork-only children of a pre-forking
+//! parent, a library loaded long after its program started, and a binary bind-mounted over
+//! another path in a private mount namespace. The fixtures are built without frame pointers:
+//! a sample reaches `main` only if the profiler learnt of the process (or library) in time
+//! to load its unwind table while it ran.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use profiler_tests::run::Running;
+use profiler_tests::{
+    assert_success, expect, listing, preflight, run_profiler, Fixture, FixtureKind, Profile, TempDir,
+};
+
+/// Of the samples in a short process's own code, the share that must be unwound to main
+/// and named (the figure); the rest is the time before the profiler knows of it.
+const MIN_CHAINED_SHARE: f64 = 0.95;
+
+/// Ground truth: `short_lived` spends its CPU time in spin ← work ← main, and is started
+/// `count` times in a row by a shell, each running `ms` of CPU time. A system-wide snapshot
+/// at 999 Hz covering the loop writes a profile for every one of them, and at least 95% of
+/// their samples in their own code (over 1,000 of them) have that chain, symbolized.
+#[test]
+fn short_lived_processes_are_named_and_unwound_from_their_first_sample() {
+    if !preflight() {
+        return;
+    }
+    for (count, ms) in [(40usize, 60usize), (100, 20)] {
+        let out = TempDir::new(&format!("short-{ms}ms"));
+        let program = FixtureKind::ShortLived.build();
+        let seconds = (count * ms).div_ceil(1000) + 5;
+        let duration = format!("{seconds}s");
+        let mut profiler =
+            Running::start(&["snapshot", "--duration", &duration, "--frequency", "999", "--output", &out.path_arg()]);
+        // The loop starts once the profiler has attached.
+        profiler.wait_capturing();
+        let script = format!("for i in $(seq {count}); do \"$0\" {ms}; done");
+        let looped = Command::new("sh").args(["-c", &script]).arg(&program).status().expect("sh");
+        assert!(looped.success());
+        let output = profiler.finish();
+        assert_success(&output, "system-wide snapshot of short-lived processes");
+        let profiles = profiles_named(out.path(), "short_lived");
+        assert_eq!(profiles.len(), count, "one profile per process:\n{}", listing(out.path()));
+        let (total, chained) = profiler_tests::pprof::tally_chain(&profiles, &["spin", "work", "main"]);
+        let expected = (count * ms) as f64 * 0.999;
+        assert!(total as f64 >= expected * 0.5, "{count}×{ms} ms: only {total} samples of ~{expected:.0}");
+        let share = chained as f64 / total as f64;
+        assert!(
+            share >= MIN_CHAINED_SHARE,
+            "{count}×{ms} ms: {chained} of {total} samples ({share:.3}) have spin ← work ← main"
+        );
+    }
+}
+
+/// Ground truth: `fork_workers` forks 10 children one after another, each running
+/// child_main → child_work → hot_loop for 300 ms of CPU without exec (a pre-forking server's
+/// workers). Every child's profile has at least 95% of its samples on that chain to main:
+/// each was unwound from the file's CFI from its first sample, with the parent's mappings.
+#[test]
+fn fork_only_children_are_unwound_from_their_first_sample() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("forks");
+    let mut profiler =
+        Running::start(&["snapshot", "--duration", "20s", "--frequency", "499", "--output", &out.path_arg()]);
+    profiler.wait_capturing();
+    let mut parent = Fixture::spawn_with_args(FixtureKind::ForkWorkers, &["10", "300"]);
+    parent.expect_line("done");
+    let output = profiler.finish();
+    assert_success(&output, "system-wide snapshot of fork-only children");
+    let children: Vec<PathBuf> = profiles_named(out.path(), "fork_workers");
+    assert!(children.len() >= 10, "a profile per child (and the parent's, if sampled):\n{}", listing(out.path()));
+    let (total, chained) =
+        profiler_tests::pprof::tally_chain(&children, &["hot_loop", "child_work", "child_main", "main"]);
+    assert!(total >= 1000, "only {total} samples of the children");
+    let share = chained as f64 / total as f64;
+    assert!(share >= MIN_CHAINED_SHARE, "{chained} of {total} child samples ({share:.3}) reach main");
+}
+
+/// Ground truth: `dlopen_host` loads `libdl_spin.so` (no frame pointers) 1.5 s after it
+/// started, then spends 2 s of CPU in lib_inner ← lib_spin ← run_plugin ← main. The library
+/// is named and unwound from its first sample: at least 95% of the samples in it have that
+/// chain.
+#[test]
+fn a_library_loaded_after_start_is_unwound_from_its_first_sample() {
+    if !preflight() {
+        return;
+    }
+    let library = FixtureKind::DlSpinLibrary.build();
+    let mut host = Fixture::spawn_with_args(FixtureKind::DlopenHost, &[library.to_str().unwrap(), "1.5", "2"]);
+    let out = TempDir::new("dlopen");
+    let pid = host.pid().to_string();
+    let output = run_profiler(&[
+        "snapshot",
+        "--pid",
+        &pid,
+        "--duration",
+        "4s",
+        "--frequency",
+        "499",
+        "--output",
+        &out.path_arg(),
+    ]);
+    assert_success(&output, "snapshot of a process that loads a library");
+    host.expect_line("loaded");
+    let path = expect::profile_written(out.path(), host.comm(), host.pid());
+    let (total, chained) =
+        profiler_tests::pprof::tally_chain(&[path], &["lib_inner", "lib_spin", "run_plugin", "main"]);
+    let profile_samples = total;
+    assert!(profile_samples >= 400, "only {profile_samples} samples");
+    let in_library = Profile::decode(&expect::profile_written(out.path(), host.comm(), host.pid()))
+        .samples
+        .iter()
+        .filter(|s| s.stack.iter().any(|f| f.function == "lib_inner" || f.function == "lib_spin"))
+        .map(|s| s.values[0])
+        .sum::<i64>();
+    assert!(in_library >= 400, "only {in_library} samples name the library's functions");
+    let share = chained as f64 / in_library as f64;
+    assert!(share >= MIN_CHAINED_SHARE, "{chained} of {in_library} samples in the library ({share:.3}) reach main");
+}
+
+/// Ground truth: in a private mount namespace (`unshare -m`), the Rust build of cpu_split is
+/// bind-mounted over a copy of the C build and run from that path. The host's file at the
+/// path is the C build; the process's is the Rust one. Its profile names the Rust functions
+/// (`cpu_split_rs::hot_a`) with the Rust file's build id: the host's file was not read.
+#[test]
+fn a_binary_bind_mounted_over_a_host_path_is_named_from_its_own_file() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("bind");
+    let host_file = scratch.path().join("cpu_split");
+    std::fs::copy(FixtureKind::CpuSplitC.build(), &host_file).unwrap();
+    let own_file = FixtureKind::CpuSplitRust.build();
+    let script = "mount --bind \"$0\" \"$1\" && exec \"$1\" 30";
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", script]).arg(&own_file).arg(&host_file);
+    cmd.stderr(Stdio::inherit());
+    let fixture = Fixture::from_command(FixtureKind::CpuSplitRust, cmd);
+    let out = TempDir::new("bind-out");
+    let pid = fixture.pid().to_string();
+    let output = run_profiler(&["snapshot", "--pid", &pid, "--duration", "2s", "--output", &out.path_arg()]);
+    assert_success(&output, "snapshot of a bind-mounted binary");
+    // Its comm is the file name it was run as.
+    let path = expect::profile_written(out.path(), "cpu_split", fixture.pid());
+    let profile = Profile::decode(&path);
+    let names = profile.function_names();
+    assert!(names.iter().any(|n| n.ends_with("cpu_split_rs::hot_a")), "the Rust functions: {names:?}");
+    assert!(!names.contains(&"hot_a"), "the host's C file named its frames: {names:?}");
+    let raw = profiler_daemon::pprof::decode_file(&path).unwrap();
+    let build_ids: Vec<&str> = raw.mapping.iter().map(|m| raw.string_table[m.build_id as usize].as_str()).collect();
+    let own_id = profiler_daemon::symbolize::build_id(&own_file).expect("the Rust build has a build id");
+    assert!(build_ids.contains(&own_id.as_str()), "mappings' build ids {build_ids:?}, the process's file is {own_id}");
+}
+
+/// The CPU profiles of the processes named `comm` in a snapshot's output.
+fn profiles_named(out: &Path, comm: &str) -> Vec<PathBuf> {
+    let prefix = format!("{comm}-");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out)
+        .expect("the output directory")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path().join("cpu.pb.gz"))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
