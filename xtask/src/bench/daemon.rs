@@ -1,12 +1,14 @@
 //! `cargo xtask bench daemon`: what `profiler run` costs over minutes on a machine with a few
-//! hundred processes. Starts a fleet (a tenth busy spinners with a 16-frame stack, the rest
-//! idle processes that wake once a second for a millisecond), then runs the daemon at each
-//! frequency in turn with a 10 s interval, sampling every 5 s its CPU time
+//! hundred, or thousands of, processes. For each process count, starts a fleet (20 busy
+//! spinners with a 16-frame stack, the rest idle processes with `--threads-per-process`
+//! threads that wake for a millisecond, together ~200 times a second whatever their number),
+//! then runs the daemon at each frequency in turn with a 10 s interval, sampling every 5 s its CPU time
 //! (`/proc/PID/stat`), its RSS (`/proc/PID/status`), the run time of its BPF programs
 //! (`/proc/PID/fdinfo`, with `kernel.bpf_stats_enabled`) and its last dump time (`/status`).
 //!
 //! The BPF programs run in the context of the sampled tasks, so their cost is not in the
-//! daemon's own CPU time; it is shown in its own column rather than added silently.
+//! daemon's own CPU time; it is shown in its own column rather than added silently. With two
+//! process counts, the table ends with the slope: what each 1,000 more processes cost.
 
 pub(super) mod fleet;
 mod report;
@@ -26,9 +28,16 @@ use crate::workspace;
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
-    /// Processes running while the daemon is measured; a tenth of them spin.
-    #[arg(long, default_value_t = 200)]
-    processes: usize,
+    /// Processes running while the daemon is measured, one fleet (and one table) per count,
+    /// e.g. `200,2000`.
+    #[arg(long, value_delimiter = ',', default_value = "200")]
+    processes: Vec<usize>,
+    /// Threads of each idle process (the spinners have one).
+    #[arg(long, default_value_t = 1)]
+    threads_per_process: usize,
+    /// Of the processes, how many spin (at most all of them).
+    #[arg(long, default_value_t = 20)]
+    spinners: usize,
     /// Minutes the daemon runs at each frequency.
     #[arg(long, default_value_t = 10)]
     minutes: u64,
@@ -45,35 +54,51 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Idle processes wake, together, about this often a second, whatever their number.
+const FLEET_WAKES_PER_SECOND: usize = 200;
+
 pub fn run(args: &DaemonArgs) -> Result<()> {
-    if args.frequencies.is_empty() || args.minutes == 0 || args.processes == 0 {
+    if args.frequencies.is_empty() || args.minutes == 0 || args.processes.contains(&0) || args.processes.is_empty() {
         bail!("need at least one frequency, one minute and one process");
+    }
+    if args.threads_per_process == 0 {
+        bail!("--threads-per-process must be at least 1");
     }
     workspace::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/daemon");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
-    let spinners = (args.processes / 10).max(1);
-    let idlers = args.processes - spinners.min(args.processes);
-    workspace::stage(&format!("starting {spinners} spinners and {idlers} idle processes"));
-    let _fleet = Fleet::start(&dir, spinners, idlers)?;
-    let stale = set_aside_old_outputs(&dir, &args.frequencies)?;
-    let mut runs = Vec::new();
-    for &frequency_hz in &args.frequencies {
+    let mut tables = Vec::new();
+    for &processes in &args.processes {
+        let spinners = args.spinners.min(processes);
+        let idlers = processes - spinners;
+        let wake_every = (idlers / FLEET_WAKES_PER_SECOND).max(1) as u64;
         workspace::stage(&format!(
-            "profiler run at {frequency_hz} Hz for {} min, interval {} s",
-            args.minutes,
-            INTERVAL.as_secs()
+            "starting {spinners} spinners and {idlers} idle processes of {} threads, waking every {wake_every} s",
+            args.threads_per_process
         ));
-        runs.push(measure(&dir, frequency_hz, args.minutes)?);
-        bail_if_interrupted()?;
+        let fleet = Fleet::start(&dir, spinners, idlers, args.threads_per_process, wake_every)?;
+        let stale = set_aside_old_outputs(&dir, &args.frequencies)?;
+        let mut runs = Vec::new();
+        for &frequency_hz in &args.frequencies {
+            workspace::stage(&format!(
+                "profiler run at {frequency_hz} Hz for {} min, interval {} s, {processes} processes",
+                args.minutes,
+                INTERVAL.as_secs()
+            ));
+            runs.push(measure(&dir, frequency_hz, args.minutes)?);
+            bail_if_interrupted()?;
+        }
+        drop(fleet);
+        for old in stale {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        report::print(&runs, processes, args.threads_per_process);
+        tables.push((processes, runs));
     }
-    report::print(&runs, args.processes);
+    report::print_slope(&tables);
     println!("(profiles and logs kept in {})", dir.display());
-    for old in stale {
-        let _ = std::fs::remove_dir_all(old);
-    }
     Ok(())
 }
 

@@ -73,7 +73,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     let spinners = (args.processes / 10).max(1);
     let idlers = args.processes - spinners.min(args.processes);
     workspace::stage(&format!("starting {spinners} spinners and {idlers} idle processes"));
-    let _fleet = Fleet::start(&dir, spinners, idlers)?;
+    let _fleet = Fleet::start(&dir, spinners, idlers, 1, 1)?;
     let mut backend = backend::Backend::start()?;
     let length = Duration::from_secs(args.minutes * 60);
 

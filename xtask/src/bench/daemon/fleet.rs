@@ -1,6 +1,7 @@
 //! The processes the daemon watches during the bench: busy spinners (the CPU bench's, with a
-//! 16-frame stack) and idle processes that wake once a second and work for about a
-//! millisecond, like the daemons of a real machine. All are killed and reaped on drop.
+//! 16-frame stack) and idle processes that wake now and then and work for about a
+//! millisecond, like the daemons of a real machine, each with as many threads as asked (the
+//! others wake as often and work a tenth as long). All are killed and reaped on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,24 +10,46 @@ use anyhow::{Context, Result};
 
 use crate::bench::workload::Spinners;
 
-/// Sleeps a second, then spins ~1 ms under two frames of its own, forever: rarely on a CPU,
-/// but sampled now and then, so the daemon keeps track of every one of them.
+/// Sleeps `argv[2]` seconds, then spins ~1 ms under two frames of its own, forever: rarely
+/// on a CPU, but sampled now and then, so the daemon keeps track of every one of them. Its
+/// `argv[1] - 1` other threads do the same with a tenth of the work (the daemon keeps state per
+/// thread, so they are what makes a process with threads cost more).
 const IDLER_C: &str = r#"
+#include <pthread.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 static volatile unsigned long sink;
-__attribute__((noinline)) static void chore(void) {
-    for (unsigned long i = 0; i < 1000000; i++)
+static unsigned period;
+__attribute__((noinline)) static void chore(unsigned long n) {
+    for (unsigned long i = 0; i < n; i++)
         sink += i;
 }
-__attribute__((noinline)) static void wake(void) {
-    chore();
+__attribute__((noinline)) static void wake(unsigned long n) {
+    chore(n);
     sink++;
 }
-int main(void) {
+static void *helper(void *arg) {
     for (;;) {
-        sleep(1);
-        wake();
+        sleep(period);
+        wake(100000);
+    }
+    return arg;
+}
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    period = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
+    for (int i = 1; i < threads; i++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        if (pthread_create(&t, &attr, helper, NULL) != 0)
+            return 1;
+    }
+    for (;;) {
+        sleep(period);
+        wake(1000000);
     }
 }
 "#;
@@ -38,13 +61,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Compiles the programs into `dir` and starts `spinners` + `idlers` processes.
-    pub fn start(dir: &Path, spinners: usize, idlers: usize) -> Result<Fleet> {
+    /// Compiles the programs into `dir` and starts `spinners` + `idlers` processes, each idler
+    /// with `threads` threads waking every `wake_every` seconds.
+    pub fn start(dir: &Path, spinners: usize, idlers: usize, threads: usize, wake_every: u64) -> Result<Fleet> {
         let spinners = Spinners::start(dir, spinners)?;
         let bin = compile(dir)?;
         let mut fleet = Fleet { _spinners: spinners, idlers: Vec::with_capacity(idlers) };
         for _ in 0..idlers {
             let child = Command::new(&bin)
+                .arg(threads.to_string())
+                .arg(wake_every.to_string())
                 .stdin(Stdio::null())
                 .spawn()
                 .with_context(|| format!("failed to start {}", bin.display()))?;
@@ -66,5 +92,5 @@ impl Drop for Fleet {
 }
 
 fn compile(dir: &Path) -> Result<PathBuf> {
-    crate::bench::workload::compile_c(dir, "idler", IDLER_C, &["-O1", "-fno-omit-frame-pointer"])
+    crate::bench::workload::compile_c(dir, "idler", IDLER_C, &["-O1", "-fno-omit-frame-pointer", "-pthread"])
 }
