@@ -28,7 +28,10 @@ pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOu
 pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CHUNKS};
 pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
-pub use unwind::{Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use unwind::{
+    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindProcessOf, UnwindRow,
+    UnwindTableInfo,
+};
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
 pub mod globals {
@@ -106,9 +109,12 @@ pub mod maps {
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     /// Array of [`crate::UnwindTableInfo`]: table slot → where its rows are.
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
-    /// Hash of tgid (`u32`) → [`crate::UnwindProcess`]: each process's executable mappings
-    /// and their tables.
+    /// Hash of tgid (`u32`) → [`crate::SmallUnwindProcess`]: each process's executable
+    /// mappings and their tables, when they fit a small entry; the walker looks here first.
     pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
+    /// Hash of tgid (`u32`) → [`crate::UnwindProcess`]: the processes with more mappings.
+    /// A process is in at most one of the two maps.
+    pub const UNWIND_PROCESSES_LARGE: &str = "UNWIND_PROCESSES_LARGE";
     /// Per-CPU array of `u64`, indexed by [`crate::UnwindCounter`].
     pub const UNWIND_COUNTERS: &str = "UNWIND_COUNTERS";
     /// Per-CPU scratch: the registers of the frame being unwound.
@@ -121,15 +127,38 @@ pub mod maps {
     pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
     /// Tables loaded at once.
     pub const UNWIND_TABLES_MAX_ENTRIES: u32 = 2_048;
-    /// Processes the walker knows at once.
+    /// Processes the walker knows at once with small mapping lists (1 KiB each)...
     pub const UNWIND_PROCESSES_MAX_ENTRIES: u32 = 8_192;
+    /// ...and with large ones (8 KiB each).
+    pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 1_024;
     /// Execs remembered between two looks.
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
 
     /// Distinct (process, allocating stack) keys per map set.
     pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;
-    /// Sampled live blocks tracked at once (all processes).
+    /// Sampled live blocks tracked at once (all processes), at most: what the object
+    /// declares. Userspace sizes the map at load with [`heap_live_entries`].
     pub const HEAP_LIVE_MAX_ENTRIES: u32 = 262_144;
+    /// ...and at least, when the sampling rate is coarse.
+    pub const HEAP_LIVE_MIN_ENTRIES: u32 = 65_536;
+    /// Live heap, in bytes over every profiled process, that the live-block map is sized to
+    /// follow at the sampling rate: one entry per `sample_bytes` of it.
+    pub const HEAP_LIVE_TRACKED_BYTES: u64 = 32 << 30;
+
+    /// Capacity of the live-block map at `sample_bytes` per sample: [`HEAP_LIVE_TRACKED_BYTES`]
+    /// of live heap, within [`HEAP_LIVE_MIN_ENTRIES`]..=[`HEAP_LIVE_MAX_ENTRIES`]. At the
+    /// default 512 KiB that is the minimum, 64 Ki entries (~6.5 MiB of kernel memory when
+    /// full) instead of the 26 MiB a fixed maximum would take.
+    pub const fn heap_live_entries(sample_bytes: u64) -> u32 {
+        let wanted = HEAP_LIVE_TRACKED_BYTES / if sample_bytes == 0 { 1 } else { sample_bytes };
+        if wanted < HEAP_LIVE_MIN_ENTRIES as u64 {
+            HEAP_LIVE_MIN_ENTRIES
+        } else if wanted > HEAP_LIVE_MAX_ENTRIES as u64 {
+            HEAP_LIVE_MAX_ENTRIES
+        } else {
+            wanted as u32
+        }
+    }
     /// Threads inside an allocator call at once.
     pub const HEAP_PENDING_MAX_ENTRIES: u32 = 16_384;
 
@@ -196,7 +225,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 43] = [
+    pub const ALL: [&str; 44] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
@@ -221,6 +250,7 @@ pub mod maps {
         UNWIND_ROWS,
         UNWIND_TABLES,
         UNWIND_PROCESSES,
+        UNWIND_PROCESSES_LARGE,
         UNWIND_COUNTERS,
         UNWIND_STATE,
         UNWIND_EXECS,
@@ -345,5 +375,28 @@ mod tests {
             assert_eq!(Unsupported::from_index(i as u16), Some(*reason));
         }
         assert_eq!(Unsupported::from_index(Unsupported::COUNT as u16), None);
+    }
+
+    #[test]
+    fn live_block_capacity_follows_the_sampling_rate() {
+        assert_eq!(maps::heap_live_entries(512 * 1024), maps::HEAP_LIVE_MIN_ENTRIES);
+        assert_eq!(maps::heap_live_entries(256 * 1024), 131_072);
+        assert_eq!(maps::heap_live_entries(1), maps::HEAP_LIVE_MAX_ENTRIES);
+        assert_eq!(maps::heap_live_entries(0), maps::HEAP_LIVE_MAX_ENTRIES);
+    }
+
+    #[test]
+    fn small_process_entries_round_trip() {
+        let mut large = UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
+        for (i, m) in large.mappings.iter_mut().take(unwind::SMALL_PROCESS_MAPPINGS).enumerate() {
+            *m = UnwindMapping { start: i as u64 * 4096, end: i as u64 * 4096 + 100, bias: 7, table: i as u32, _pad: 0 };
+        }
+        large.len = unwind::SMALL_PROCESS_MAPPINGS as u32;
+        let small = large.small().expect("32 mappings fit a small entry");
+        let back = small.large();
+        assert_eq!(back.len, large.len);
+        assert_eq!(back.mappings[..], large.mappings[..]);
+        large.len += 1;
+        assert!(large.small().is_none(), "33 mappings do not fit");
     }
 }

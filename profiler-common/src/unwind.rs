@@ -101,6 +101,12 @@ pub const TABLE_SEARCH_STEPS: usize = 22;
 pub const MAX_PROCESS_MAPPINGS: usize = 256;
 /// Binary-search steps that cover `MAX_PROCESS_MAPPINGS` mappings.
 pub const MAPPING_SEARCH_STEPS: usize = 9;
+/// Executable mappings of a process kept in the small entries of `UNWIND_PROCESSES` (1 KiB
+/// instead of 8): an executable, the C library, the loader, the vdso and a few dozen
+/// libraries, which is most processes. Larger lists go to `UNWIND_PROCESSES_LARGE`.
+pub const SMALL_PROCESS_MAPPINGS: usize = 32;
+/// Binary-search steps that cover `SMALL_PROCESS_MAPPINGS` mappings.
+pub const SMALL_MAPPING_SEARCH_STEPS: usize = 6;
 /// `UnwindMapping::table` of a mapping whose table is not loaded (yet, or at all).
 pub const NO_TABLE: u32 = u32::MAX;
 
@@ -140,17 +146,51 @@ pub struct UnwindMapping {
 
 const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 
-/// The executable mappings of one process, sorted by start. Value of `UNWIND_PROCESSES`.
+/// The executable mappings of one process, sorted by start, in an entry of room `N`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct UnwindProcess {
+pub struct UnwindProcessOf<const N: usize> {
     /// Valid entries in `mappings`.
     pub len: u32,
     pub _pad: u32,
-    pub mappings: [UnwindMapping; MAX_PROCESS_MAPPINGS],
+    pub mappings: [UnwindMapping; N],
 }
 
+/// A process with any number of mappings (up to the walker's limit). Value of
+/// `UNWIND_PROCESSES_LARGE`, and how userspace builds every process's list.
+pub type UnwindProcess = UnwindProcessOf<MAX_PROCESS_MAPPINGS>;
+/// A process with at most [`SMALL_PROCESS_MAPPINGS`] mappings. Value of `UNWIND_PROCESSES`.
+pub type SmallUnwindProcess = UnwindProcessOf<SMALL_PROCESS_MAPPINGS>;
+
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * MAX_PROCESS_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<SmallUnwindProcess>() == 8 + 32 * SMALL_PROCESS_MAPPINGS);
+// The walker masks indices with `N - 1`, and the search steps cover `N` mappings.
+const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two() && SMALL_PROCESS_MAPPINGS.is_power_of_two());
+const _: () = assert!(1 << (MAPPING_SEARCH_STEPS - 1) >= MAX_PROCESS_MAPPINGS);
+const _: () = assert!(1 << (SMALL_MAPPING_SEARCH_STEPS - 1) >= SMALL_PROCESS_MAPPINGS);
+
+impl UnwindProcess {
+    /// The same list in a small entry, if it fits one.
+    pub fn small(&self) -> Option<SmallUnwindProcess> {
+        let len = self.len as usize;
+        if len > SMALL_PROCESS_MAPPINGS {
+            return None;
+        }
+        let mut small = SmallUnwindProcess { len: self.len, _pad: 0, mappings: [UnwindMapping::default(); SMALL_PROCESS_MAPPINGS] };
+        small.mappings[..len].copy_from_slice(&self.mappings[..len]);
+        Some(small)
+    }
+}
+
+impl SmallUnwindProcess {
+    /// The same list in a large entry.
+    pub fn large(&self) -> UnwindProcess {
+        let len = (self.len as usize).min(SMALL_PROCESS_MAPPINGS);
+        let mut large = UnwindProcess { len: len as u32, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] };
+        large.mappings[..len].copy_from_slice(&self.mappings[..len]);
+        large
+    }
+}
 
 /// Indices into the `UNWIND_COUNTERS` per-CPU array: what happened to each user frame the
 /// walker stepped from, and how walks ended.
@@ -259,4 +299,4 @@ unsafe impl aya::Pod for UnwindTableInfo {}
 unsafe impl aya::Pod for UnwindMapping {}
 #[cfg(feature = "user")]
 // SAFETY: as above.
-unsafe impl aya::Pod for UnwindProcess {}
+unsafe impl<const N: usize> aya::Pod for UnwindProcessOf<N> {}

@@ -140,10 +140,10 @@ pub struct SnapshotArgs {
           value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub heap_sample_bytes: u64,
     /// Heap: how many sampled live blocks can be tracked; past it new samples are dropped
-    /// from the in-use view and counted.
-    #[arg(long = "heap-max-live", default_value_t = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES,
-          value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
-    pub heap_max_live: u32,
+    /// from the in-use view and counted. Default: 32 GiB of live heap at the sampling rate,
+    /// between 65536 and 262144.
+    #[arg(long = "heap-max-live", value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
+    pub heap_max_live: Option<u32>,
     /// Off-CPU: record 1 in N context switches, values scaled by N (1 records every one).
     #[arg(long = "offcpu-every", value_name = "N", default_value_t = 50,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

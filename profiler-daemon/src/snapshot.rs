@@ -85,7 +85,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         pids: pids.clone(),
         kinds: args.profiles.clone(),
         settings,
-        heap_max_live: args.heap_max_live,
+        heap_max_live: args.heap_max_live.unwrap_or(profiler_common::maps::heap_live_entries(args.heap_sample_bytes)),
         max_stacks: usize::MAX,
         enable_stats: args.bpf_stats,
         heartbeat: None,

@@ -12,7 +12,10 @@ use aya_ebpf::{
 };
 use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 
-use crate::{maps::current_task, user_stack::UNWIND_PROCESSES};
+use crate::{
+    maps::current_task,
+    user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
+};
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
@@ -25,6 +28,8 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     // SAFETY: only checks for presence.
     if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES.remove(&tgid);
+    } else if unsafe { UNWIND_PROCESSES_LARGE.get(&tgid) }.is_some() {
+        let _ = UNWIND_PROCESSES_LARGE.remove(&tgid);
     }
     // A failure (the map full until the next drain) only delays the registration until the
     // process's first sample, as without this program.

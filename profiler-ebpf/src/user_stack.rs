@@ -27,13 +27,17 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::{
-    maps::{UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES},
+    maps::{
+        UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
+        UNWIND_TABLES_MAX_ENTRIES,
+    },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
-        sigframe, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
-        TABLE_SEARCH_STEPS,
+        sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
+        SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
-    Stack, Unsupported, UnwindCounter, UnwindKind, UnwindProcess, UnwindRow, UnwindTableInfo, MAX_STACK_DEPTH,
+    SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow,
+    UnwindTableInfo, MAX_STACK_DEPTH,
     MAX_USER_STACK_DEPTH, STACK_CHUNKS,
 };
 
@@ -47,10 +51,15 @@ pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_D
 #[map]
 pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
 
-// 8 KiB per process: allocate as processes are registered.
+// 1 KiB per process, for most processes; allocated as processes are registered.
 #[map]
-pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
+pub static UNWIND_PROCESSES: HashMap<u32, SmallUnwindProcess> =
     HashMap::with_max_entries(UNWIND_PROCESSES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+// 8 KiB per process, for the few with many libraries.
+#[map]
+pub static UNWIND_PROCESSES_LARGE: HashMap<u32, UnwindProcess> =
+    HashMap::with_max_entries(UNWIND_PROCESSES_LARGE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
@@ -381,20 +390,36 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
 /// Finds the mapping holding `pc` in the process's list and caches it in `state`.
 #[inline(always)]
 fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
-    // SAFETY: the value is plain data that only userspace writes, by whole-value updates.
-    let Some(process) = (unsafe { UNWIND_PROCESSES.get(&state.tgid) }) else {
-        return Err(UnwindCounter::NoProcess);
-    };
-    // The last mapping starting at or before pc.
-    let count = (process.len as usize).min(MAX_PROCESS_MAPPINGS) as u32;
+    // SAFETY (both lookups): the value is plain data that only userspace writes, by
+    // whole-value updates.
+    if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.tgid) } {
+        return search_mappings(state, pc, &process.mappings, process.len, SMALL_MAPPING_SEARCH_STEPS);
+    }
+    match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
+        Some(process) => search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS),
+        None => Err(UnwindCounter::NoProcess),
+    }
+}
+
+/// The last of the first `len` of `mappings` starting at or before `pc`, if it holds `pc`,
+/// cached in `state`. `N` is a power of two and `steps` covers it (asserted in the ABI crate).
+#[inline(always)]
+fn search_mappings<const N: usize>(
+    state: &mut WalkState,
+    pc: u64,
+    mappings: &[UnwindMapping; N],
+    len: u32,
+    steps: usize,
+) -> Result<(), UnwindCounter> {
+    let count = (len as usize).min(N) as u32;
     set_bounds(state, 0, count);
-    for _ in 0..MAPPING_SEARCH_STEPS {
+    for _ in 0..steps {
         let (lo, hi) = bounds(state);
         if lo >= hi {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        if process.mappings[mid as usize & (MAX_PROCESS_MAPPINGS - 1)].start <= pc {
+        if mappings[mid as usize & (N - 1)].start <= pc {
             set_bounds(state, mid + 1, hi);
         } else {
             set_bounds(state, lo, mid);
@@ -404,7 +429,7 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
     if lo == 0 {
         return Err(UnwindCounter::NoMapping);
     }
-    let mapping = &process.mappings[(lo - 1) as usize & (MAX_PROCESS_MAPPINGS - 1)];
+    let mapping = &mappings[(lo - 1) as usize & (N - 1)];
     if pc >= mapping.end {
         return Err(UnwindCounter::NoMapping);
     }

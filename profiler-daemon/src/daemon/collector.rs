@@ -48,8 +48,6 @@ const MAX_WINDOWS: usize = 16;
 const MAX_WINDOWS_PER_UID: usize = 4;
 /// Of those, the ones only root may open, so that other users cannot lock root out.
 const ROOT_WINDOWS: usize = 4;
-/// Capacity of the live heap block map.
-const HEAP_MAX_LIVE: u32 = profiler_common::maps::HEAP_LIVE_MAX_ENTRIES;
 /// Resident memory above which the symbolizer's open files are closed after a dump (their
 /// symbols found are kept).
 /// How often the collector follows process events while a dump's files are made durable.
@@ -151,7 +149,7 @@ impl Collector {
             // whenever heap is on.
             kinds: config.profiles.clone(),
             settings: settings(&config),
-            heap_max_live: HEAP_MAX_LIVE,
+            heap_max_live: profiler_common::maps::heap_live_entries(config.heap.sample_bytes),
             max_stacks: max_stacks(),
             enable_stats: false,
             heartbeat: Some(heartbeat.clone()),

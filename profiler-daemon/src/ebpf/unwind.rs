@@ -13,7 +13,7 @@ use aya::{
 use profiler_common::{
     maps, programs,
     unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT},
-    Unsupported, UnwindCounter, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo,
+    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo,
 };
 
 use super::{map_error, map_mut, missing, program_error, sum_counters, Error, Result};
@@ -77,19 +77,40 @@ pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> R
     tables.set(slot, info, 0).map_err(map_error("write", maps::UNWIND_TABLES))
 }
 
+/// Writes `process`'s list into the small map when it fits one of its entries (or the large
+/// map has room for nothing else), else into the large map, and then removes the process
+/// from the other map: the walker looks in the small map first, so until then it sees the
+/// previous list, never none.
 pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<()> {
-    let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
-    processes.insert(pid, process, 0).map_err(map_error("write", maps::UNWIND_PROCESSES))
+    if let Some(small) = process.small() {
+        let mut processes: HashMap<&mut MapData, u32, SmallUnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
+        match processes.insert(pid, small, 0) {
+            Ok(()) => return remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid),
+            // Full: the large map takes it while it has room.
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {}
+            Err(e) => return Err(map_error("write", maps::UNWIND_PROCESSES)(e)),
+        }
+    }
+    let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES_LARGE)?;
+    processes.insert(pid, process, 0).map_err(map_error("write", maps::UNWIND_PROCESSES_LARGE))?;
+    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)
 }
 
 pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-    let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
+    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)?;
+    remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid)
+}
+
+/// Removes `pid` from the process map `name`, of values `V`.
+fn remove_from<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str, pid: u32) -> Result<()> {
+    let mut processes: HashMap<&mut MapData, u32, V> = map_mut(ebpf, name)?;
     match processes.remove(&pid) {
         Ok(()) => Ok(()),
-        // Already gone: the exec tracepoint deleted it, or it was never written.
+        // Already gone: the exec tracepoint deleted it, it was never written, or it is in
+        // the other map.
         Err(aya::maps::MapError::ElementNotFound) => Ok(()),
         Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        Err(e) => Err(map_error("delete from", maps::UNWIND_PROCESSES)(e)),
+        Err(e) => Err(map_error("delete from", name)(e)),
     }
 }
 
@@ -176,10 +197,18 @@ impl Drop for RowMemory {
 
 /// Reads what the kernel walker knows of process `pid` (`rows`: the row array's length).
 pub(super) fn view(ebpf: &Ebpf, pid: u32, rows: u32) -> Result<UnwindView> {
-    let processes: HashMap<&MapData, u32, UnwindProcess> = super::map_ref(ebpf, maps::UNWIND_PROCESSES)?;
-    let process = match processes.get(&pid, 0) {
-        Ok(process) => Some(Box::new(process)),
-        Err(aya::maps::MapError::KeyNotFound) => None,
+    // The small map first, as the walker looks.
+    let small: HashMap<&MapData, u32, SmallUnwindProcess> = super::map_ref(ebpf, maps::UNWIND_PROCESSES)?;
+    let process = match small.get(&pid, 0) {
+        Ok(process) => Some(Box::new(process.large())),
+        Err(aya::maps::MapError::KeyNotFound) => {
+            let large: HashMap<&MapData, u32, UnwindProcess> = super::map_ref(ebpf, maps::UNWIND_PROCESSES_LARGE)?;
+            match large.get(&pid, 0) {
+                Ok(process) => Some(Box::new(process)),
+                Err(aya::maps::MapError::KeyNotFound) => None,
+                Err(e) => return Err(map_error("read", maps::UNWIND_PROCESSES_LARGE)(e)),
+            }
+        }
         Err(e) => return Err(map_error("read", maps::UNWIND_PROCESSES)(e)),
     };
     let mut view = UnwindView { process, tables: Default::default(), rows: None };
