@@ -29,8 +29,8 @@ pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CH
 pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
-    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindProcessOf, UnwindRow,
-    UnwindTableInfo,
+    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindProcessOf,
+    UnwindRow, UnwindTableInfo,
 };
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
@@ -387,9 +387,11 @@ mod tests {
 
     #[test]
     fn small_process_entries_round_trip() {
-        let mut large = UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
+        let mut large =
+            UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
         for (i, m) in large.mappings.iter_mut().take(unwind::SMALL_PROCESS_MAPPINGS).enumerate() {
-            *m = UnwindMapping { start: i as u64 * 4096, end: i as u64 * 4096 + 100, bias: 7, table: i as u32, _pad: 0 };
+            *m =
+                UnwindMapping { start: i as u64 * 4096, end: i as u64 * 4096 + 100, bias: 7, table: i as u32, _pad: 0 };
         }
         large.len = unwind::SMALL_PROCESS_MAPPINGS as u32;
         let small = large.small().expect("32 mappings fit a small entry");

@@ -176,7 +176,8 @@ impl UnwindProcess {
         if len > SMALL_PROCESS_MAPPINGS {
             return None;
         }
-        let mut small = SmallUnwindProcess { len: self.len, _pad: 0, mappings: [UnwindMapping::default(); SMALL_PROCESS_MAPPINGS] };
+        let mut small =
+            SmallUnwindProcess { len: self.len, _pad: 0, mappings: [UnwindMapping::default(); SMALL_PROCESS_MAPPINGS] };
         small.mappings[..len].copy_from_slice(&self.mappings[..len]);
         Some(small)
     }
@@ -186,7 +187,8 @@ impl SmallUnwindProcess {
     /// The same list in a large entry.
     pub fn large(&self) -> UnwindProcess {
         let len = (self.len as usize).min(SMALL_PROCESS_MAPPINGS);
-        let mut large = UnwindProcess { len: len as u32, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] };
+        let mut large =
+            UnwindProcess { len: len as u32, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] };
         large.mappings[..len].copy_from_slice(&self.mappings[..len]);
         large
     }

@@ -37,8 +37,7 @@ use profiler_common::{
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
     SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow,
-    UnwindTableInfo, MAX_STACK_DEPTH,
-    MAX_USER_STACK_DEPTH, STACK_CHUNKS,
+    UnwindTableInfo, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, STACK_CHUNKS,
 };
 
 use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
