@@ -88,8 +88,47 @@ fn a_library_loaded_after_start_is_unwound_from_its_first_sample() {
     if !preflight() {
         return;
     }
+    check_library_loaded_after_start(&[]);
+}
+
+/// Executable mappings past which a process's list no longer fits a small entry of the
+/// walker's process map (`profiler_common::unwind::SMALL_PROCESS_MAPPINGS`).
+const SMALL_ENTRY_MAPPINGS: usize = 32;
+
+/// Ground truth: as above, with 40 copies of the library loaded at start (distinct files), so
+/// that the process has more executable mappings than a small entry of the walker's process
+/// map holds: its list lives in the large map, and the spinning library is still unwound
+/// from its first sample.
+#[test]
+fn a_process_with_many_libraries_is_unwound_through_the_large_map() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("fillers");
     let library = FixtureKind::DlSpinLibrary.build();
-    let mut host = Fixture::spawn_with_args(FixtureKind::DlopenHost, &[library.to_str().unwrap(), "1.5", "2"]);
+    let fillers: Vec<String> = (0..40)
+        .map(|i| {
+            let path = scratch.path().join(format!("libfiller{i}.so"));
+            std::fs::copy(&library, &path).unwrap_or_else(|e| panic!("failed to copy {}: {e}", library.display()));
+            path.to_str().unwrap().to_string()
+        })
+        .collect();
+    check_library_loaded_after_start(&fillers);
+}
+
+fn check_library_loaded_after_start(fillers: &[String]) {
+    let library = FixtureKind::DlSpinLibrary.build();
+    let mut args = vec![library.to_str().unwrap(), "1.5", "2"];
+    args.extend(fillers.iter().map(String::as_str));
+    let mut host = Fixture::spawn_with_args(FixtureKind::DlopenHost, &args);
+    let executable = executable_mappings(host.pid());
+    if !fillers.is_empty() {
+        assert!(
+            executable > SMALL_ENTRY_MAPPINGS,
+            "dlopen_host has only {executable} executable mappings with {} fillers",
+            fillers.len()
+        );
+    }
     let out = TempDir::new("dlopen");
     let pid = host.pid().to_string();
     let output = run_profiler(&[
@@ -118,7 +157,16 @@ fn a_library_loaded_after_start_is_unwound_from_its_first_sample() {
         .sum::<i64>();
     assert!(in_library >= 400, "only {in_library} samples name the library's functions");
     let share = chained as f64 / in_library as f64;
-    assert!(share >= MIN_CHAINED_SHARE, "{chained} of {in_library} samples in the library ({share:.3}) reach main");
+    assert!(
+        share >= MIN_CHAINED_SHARE,
+        "{chained} of {in_library} samples in the library ({share:.3}) reach main ({executable} executable mappings at start)"
+    );
+}
+
+/// File-backed executable mappings of `pid` now.
+fn executable_mappings(pid: u32) -> usize {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_else(|e| panic!("/proc/{pid}/maps: {e}"));
+    maps.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')) && l.contains('/')).count()
 }
 
 /// Ground truth: in a private mount namespace (`unshare -m`), the Rust build of cpu_split is
