@@ -58,7 +58,7 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
 fn profiler_cmd(bin: &Path, out: &Path, pid: u32) -> Command {
     let mut cmd = Command::new(bin);
     cmd.env("RUST_LOG", "info")
-        .args(["snapshot", "--duration", "10m", "--profiles", "cpu,heap,block,mutex,threadcreate,threads"])
+        .args(["snapshot", "--duration", "10m", "--profiles", "cpu,heap,block,mutex,threadcreate,threads,offcpu"])
         .args(["--pid", &pid.to_string(), "--output"])
         .arg(out);
     cmd
