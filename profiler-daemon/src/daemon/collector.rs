@@ -412,6 +412,7 @@ impl Collector {
                 let Sink::Files(sink) = &mut self.sink;
                 let capture = &mut self.capture;
                 let mut reused = Vec::new();
+                dump.leave_thread();
                 let finished = std::thread::scope(|scope| {
                     let finishing = scope.spawn(move || sink.finish(dump));
                     while !finishing.is_finished() {

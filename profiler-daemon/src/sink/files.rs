@@ -177,7 +177,7 @@ impl IntervalFiles {
             stamp: output::utc_timestamp(end),
             end,
             started: Instant::now(),
-            cpu_start,
+            cpu_start: Some(cpu_start),
             dir: self.dir.clone(),
             written: DumpStats::default(),
             batch: output::Batch::default(),
@@ -192,6 +192,7 @@ impl IntervalFiles {
     /// Makes the staged files of `dump` durable and in place, counts them, then applies
     /// retention.
     pub fn finish(&mut self, mut dump: IntervalDump) -> Result<(), DumpError> {
+        let own_cpu_start = thread_cpu_time();
         let started = Instant::now();
         dump.commit();
         dump.phases.write += started.elapsed();
@@ -199,7 +200,9 @@ impl IntervalFiles {
         let started = Instant::now();
         self.retain(dump.end);
         dump.phases.retention = started.elapsed();
-        dump.phases.cpu = thread_cpu_time().saturating_sub(dump.cpu_start);
+        // On the thread that began the dump its clock still runs; on another, this call's own
+        // time adds to what the first thread counted when it let go.
+        dump.phases.cpu += thread_cpu_time().saturating_sub(dump.cpu_start.unwrap_or(own_cpu_start));
         let stats = &mut self.stats;
         stats.files_written += dump.written.files_written;
         stats.bytes_written += dump.written.bytes_written;
@@ -239,7 +242,8 @@ pub struct IntervalDump {
     stamp: String,
     end: SystemTime,
     started: Instant,
-    cpu_start: Duration,
+    /// The CPU clock of the thread that began the dump, while that thread works on it.
+    cpu_start: Option<Duration>,
     batch: output::Batch,
     phases: DumpPhases,
     last_error: Option<crate::Error>,
@@ -252,6 +256,14 @@ pub struct IntervalDump {
 }
 
 impl IntervalDump {
+    /// Stops counting the CPU time of the thread that began the dump: call it before
+    /// `finish` runs on another thread (a thread's CPU clock means nothing on another).
+    pub fn leave_thread(&mut self) {
+        if let Some(start) = self.cpu_start.take() {
+            self.phases.cpu += thread_cpu_time().saturating_sub(start);
+        }
+    }
+
     /// Counts time spent rendering (the caller renders).
     pub fn rendered_in(&mut self, took: Duration) {
         self.phases.render += took;
