@@ -7,6 +7,12 @@
 //! stale saved registers, and is shown with those instead, marked). The dump itself
 //! ([`ThreadDump`], taken by `Capture::thread_dump`) is put in the counts right before they
 //! are rendered ([`ThreadState::dump`]).
+//!
+//! In a CPython process, each walked thread's Python frames ([`crate::python`]) take the
+//! place of the interpreter loop's native frames (`_PyEval_EvalFrameDefault`) once the
+//! stack is symbolized ([`merge_python`]): one activation of the loop runs the frames up to
+//! and including the next entry frame, so the loop's frames and the runs pair up in order,
+//! leaf first. Python frames get a mapping of their own, [`PYTHON_MAPPING`].
 
 use std::{
     collections::{HashMap, HashSet},
@@ -19,9 +25,22 @@ use crate::{
     ebpf::{Batch, Counters},
     ids::{StackId, Tid},
     pprof::Shape,
-    resolve::{LabelValue, StackSample},
+    python::PythonFrame,
+    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, StackSample},
+    symbolize::Frame,
     threads::{stack_id, DumpedThread, StackSource, ThreadDump},
 };
+
+/// The pseudo file of Python frames' locations.
+pub const PYTHON_MAPPING: &str = "[python]";
+
+/// Where Python frames' locations are numbered from: not a canonical address, above every
+/// user one and below where hidden kernel addresses start
+/// ([`crate::resolve::HIDDEN_KERNEL_BASE`]), so none is mistaken for code.
+const PYTHON_BASE: u64 = 0x4000_0000_0000_0000;
+
+/// The interpreter loop's function: one native activation runs a run of Python frames.
+const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
 /// How long a thread's latest CPU sample stands for it when it is found running.
 const CPU_SAMPLE_KEPT: Duration = Duration::from_secs(10);
@@ -125,6 +144,74 @@ fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
     }
 }
 
+/// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
+/// locations: the n-th activation of the loop (leaf first) by the n-th run of Python frames
+/// (up to and including an entry frame). Runs left over (a native walk cut short) are not
+/// placed; loop frames left over keep their native name.
+pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
+    let Some(dump) = &state.dump else { return };
+    let threads: HashMap<i64, &DumpedThread> =
+        dump.threads.iter().filter(|t| !t.python.is_empty()).map(|t| (i64::from(t.tid.0), t)).collect();
+    if threads.is_empty() {
+        return;
+    }
+    let mapping = resolved.mappings.len();
+    let mut interned: HashMap<&PythonFrame, usize> = HashMap::new();
+    let mut samples = std::mem::take(&mut resolved.samples);
+    for sample in &mut samples {
+        let tid = sample.labels.iter().find_map(|(k, v)| match v {
+            LabelValue::Num(n, _) if *k == "tid" => Some(*n),
+            _ => None,
+        });
+        let Some(thread) = tid.and_then(|tid| threads.get(&tid)) else { continue };
+        let mut runs = thread.python.split_inclusive(|f| f.entry).peekable();
+        let mut merged = Vec::with_capacity(sample.locations.len() + thread.python.len());
+        for &location in &sample.locations {
+            let is_eval = resolved.locations[location].frames.iter().any(|f| f.function == EVAL_FUNCTION);
+            let Some(run) = runs.next_if(|_| is_eval) else {
+                merged.push(location);
+                continue;
+            };
+            for frame in run {
+                let next = interned.len() as u64;
+                let index = *interned.entry(frame).or_insert_with(|| {
+                    python_location(&mut resolved.locations, mapping, PYTHON_BASE + next, frame)
+                });
+                merged.push(index);
+            }
+        }
+        sample.locations = merged;
+    }
+    resolved.samples = samples;
+    if !interned.is_empty() {
+        resolved.mappings.push(MappingInfo {
+            start: PYTHON_BASE,
+            limit: PYTHON_BASE + interned.len() as u64,
+            offset: 0,
+            path: PYTHON_MAPPING.into(),
+            build_id: None,
+            has_functions: true,
+            has_lines: true,
+            has_inline_frames: false,
+        });
+    }
+}
+
+/// A new location for `frame` at `address` of the Python mapping.
+fn python_location(locations: &mut Vec<LocationInfo>, mapping: usize, address: u64, frame: &PythonFrame) -> usize {
+    locations.push(LocationInfo {
+        address,
+        mapping: Some(mapping),
+        frames: vec![Frame {
+            function: frame.qualname.clone(),
+            file: Some(frame.filename.clone()),
+            line: frame.line,
+            offset: 0,
+        }],
+    });
+    locations.len() - 1
+}
+
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
     let mut lines = vec![format!(
         "profiler {} threads profile: every thread of the process at one moment, read without stopping it \
@@ -146,6 +233,7 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
             dump.rewalked,
         ));
         lines.push(walk_comment(dump));
+        lines.extend(dump.python.as_ref().map(|p| p.describe()));
     }
     lines.push(unwind_comment(counters));
     lines

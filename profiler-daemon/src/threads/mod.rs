@@ -60,6 +60,10 @@ pub struct DumpedThread {
     /// Kernel frames, leaf first.
     pub kernel: Vec<u64>,
     pub source: StackSource,
+    /// The Python frames it is in, leaf first, when the process runs CPython and the thread
+    /// was walked (see [`crate::python`]); they take the place of the interpreter loop's
+    /// native frames when the dump is rendered.
+    pub python: Vec<crate::python::PythonFrame>,
 }
 
 impl DumpedThread {
@@ -86,6 +90,8 @@ pub struct ThreadDump {
     pub walk: WalkCounts,
     /// How long the dump took.
     pub duration: Duration,
+    /// What reading the process's Python frames gave; `None` when it does not run CPython.
+    pub python: Option<crate::python::PythonSummary>,
 }
 
 impl ThreadDump {
@@ -136,6 +142,7 @@ pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
         invisible: 0,
         walk: WalkCounts::default(),
         duration: Duration::ZERO,
+        python: None,
     };
     let mut records = session.thread_records(pid)?;
     dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
@@ -211,5 +218,6 @@ fn finish(pid: Pid, thread: Walked) -> Option<DumpedThread> {
         truncated: thread.truncated,
         kernel: thread.record.kernel_frames().to_vec(),
         source: thread.source,
+        python: Vec::new(),
     })
 }

@@ -1,0 +1,229 @@
+//! CPython frames for thread dumps: which Python functions each thread of a CPython process
+//! is in, read from the interpreter's own structures in the process's memory
+//! (`process_vm_readv`: no stop, no signal), named from their code objects.
+//!
+//! [`detect`] finds the interpreter (3.11, 3.12, 3.13; static or shared builds) and its
+//! structure offsets ([`offsets`]); [`frames`] walks each thread state's frame chain into
+//! [`InterpretedFrame`](profiler_common::InterpretedFrame)s, the record the kernel walker
+//! will emit too; [`code`] names them, cached per (process, code object) with an identity
+//! check. [`PythonReader::annotate`] puts the named frames on a [`ThreadDump`]'s threads;
+//! `profiles::threads` puts them in place of the interpreter loop's native frames.
+//!
+//! It reads threads the dump walked (blocked in the kernel, so their chains hold still);
+//! a thread on a CPU keeps its native frames only. What it does not own: CPU, heap and
+//! wait profiles (their stacks are walked in the kernel, which does not walk Python yet).
+
+pub mod code;
+pub mod detect;
+pub mod frames;
+pub mod linetable;
+pub mod memory;
+pub mod offsets;
+
+use std::collections::HashMap;
+
+use code::{CodeCache, CodeStats, ProcessKey};
+use detect::Detection;
+use memory::{ReadError, Remote};
+
+use crate::{
+    catalog::KnownProcess,
+    ids::Pid,
+    threads::{StackSource, ThreadDump},
+};
+
+/// Why reading a process's Python state stopped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadFailure {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// What was read is not what the version's layout says it should be.
+    #[error("{0}")]
+    Layout(String),
+}
+
+/// One Python frame of a thread, named.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PythonFrame {
+    /// `co_qualname`; `?` when the code object could not be read.
+    pub qualname: String,
+    pub filename: String,
+    /// The line of the current instruction.
+    pub line: u32,
+    /// The outermost frame of one interpreter-loop activation (see
+    /// [`profiler_common::InterpretedFrame::ENTRY`]).
+    pub entry: bool,
+}
+
+/// What reading a process's Python state gave, for the profile's comment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PythonStatus {
+    /// Frames were read: the interpreter's version and file.
+    Read { version: (u8, u8), path: String },
+    /// CPython, not readable by this reader: why.
+    Unsupported(String),
+    /// Reading failed part way: why (the threads keep their native frames).
+    Failed(String),
+    /// The process exited while it was read: no Python frames rather than half of them.
+    Exited,
+}
+
+/// The Python side of one dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonSummary {
+    pub status: PythonStatus,
+    /// Thread states whose frames were put on a dumped thread.
+    pub threads: u64,
+    /// Python frames put on threads.
+    pub frames: u64,
+    /// Frames whose code object could not be read (named `?`).
+    pub unnamed: u64,
+    /// Thread states of threads not walked now (on a CPU, or moving): native frames only.
+    pub not_walked: u64,
+    /// Thread states without a thread in the dump (exited meanwhile, or not started yet).
+    pub unmatched: u64,
+    pub codes: CodeStats,
+}
+
+/// The reader's state across dumps: what each process is, and its code objects.
+#[derive(Default)]
+pub struct PythonReader {
+    detections: HashMap<(ProcessKey, u32), Detection>,
+    codes: CodeCache,
+}
+
+impl PythonReader {
+    /// Adds the Python frames of `process`'s interpreter to the walked threads of `dump`
+    /// and its summary to the dump; nothing when the process does not run CPython.
+    pub fn annotate(&mut self, dump: &mut ThreadDump, process: &KnownProcess) {
+        let Some(info) = process.info.as_ref() else { return };
+        let key: ProcessKey = (process.pid, info.start_time);
+        self.forget_exited();
+        let remote = Remote { pid: process.pid };
+        let detection = match self.detections.get(&(key, process.maps_version)) {
+            Some(known) => known.clone(),
+            None => match detect::detect(process.pid, process.maps(), info.exe.as_deref()) {
+                Ok(found) => {
+                    self.detections.insert((key, process.maps_version), found.clone());
+                    found
+                }
+                Err(err) => {
+                    dump.python = Some(summary(failure_status(&err)));
+                    return;
+                }
+            },
+        };
+        let interp = match detection {
+            Detection::NotPython => return,
+            Detection::Unsupported(why) => {
+                dump.python = Some(summary(PythonStatus::Unsupported(why)));
+                return;
+            }
+            Detection::Python(interp) => interp,
+        };
+        let mut result = summary(PythonStatus::Read { version: interp.version, path: interp.path.clone() });
+        let threads = match frames::threads(&remote, &interp) {
+            Ok(threads) => threads,
+            Err(err) => {
+                dump.python = Some(summary(failure_status(&err)));
+                return;
+            }
+        };
+        let mut named: HashMap<u32, Vec<PythonFrame>> = HashMap::new();
+        for thread in &threads {
+            let walked = dump.threads.iter().find(|t| t.tid.0 == thread.tid).map(|t| t.source);
+            match walked {
+                None => result.unmatched += 1,
+                Some(StackSource::Walked) => {
+                    let mut out = Vec::with_capacity(thread.frames.len());
+                    for frame in &thread.frames {
+                        match self.codes.get(&remote, &interp, key, frame.code_object, &mut result.codes) {
+                            Ok(code) => out.push(PythonFrame {
+                                qualname: code.qualname.clone(),
+                                filename: code.filename.clone(),
+                                line: code.line(frame.instr_offset),
+                                entry: frame.is_entry(),
+                            }),
+                            Err(ReadFailure::Read(ReadError::Exited)) => {
+                                dump.python = Some(summary(PythonStatus::Exited));
+                                return;
+                            }
+                            Err(_) => {
+                                result.unnamed += 1;
+                                out.push(PythonFrame {
+                                    qualname: "?".into(),
+                                    filename: String::new(),
+                                    line: 0,
+                                    entry: frame.is_entry(),
+                                });
+                            }
+                        }
+                    }
+                    result.threads += 1;
+                    result.frames += out.len() as u64;
+                    named.insert(thread.tid, out);
+                }
+                Some(_) => result.not_walked += 1,
+            }
+        }
+        for thread in &mut dump.threads {
+            if let Some(frames) = named.remove(&thread.tid.0) {
+                thread.python = frames;
+            }
+        }
+        dump.python = Some(result);
+    }
+
+    /// Drops what is known of processes that exited (by pid; a reused pid has another start
+    /// time, so its entries would not be found anyway).
+    fn forget_exited(&mut self) {
+        let live = |pid: Pid| crate::procs::exists(pid.0);
+        self.detections.retain(|((pid, _), _), _| live(*pid));
+        self.codes.retain(|(pid, _)| live(pid));
+    }
+}
+
+fn summary(status: PythonStatus) -> PythonSummary {
+    PythonSummary {
+        status,
+        threads: 0,
+        frames: 0,
+        unnamed: 0,
+        not_walked: 0,
+        unmatched: 0,
+        codes: CodeStats::default(),
+    }
+}
+
+fn failure_status(err: &ReadFailure) -> PythonStatus {
+    match err {
+        ReadFailure::Read(ReadError::Exited) => PythonStatus::Exited,
+        other => PythonStatus::Failed(other.to_string()),
+    }
+}
+
+impl PythonSummary {
+    /// One line for the profile's comment.
+    pub fn describe(&self) -> String {
+        match &self.status {
+            PythonStatus::Read { version: (major, minor), path } => format!(
+                "python: CPython {major}.{minor} ({path}): {} threads with {} Python frames in place of \
+                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads not walked now \
+                 (native frames only); {} thread states without a dumped thread; code objects read {}, cached {}, \
+                 replaced at a reused address {}",
+                self.threads,
+                self.frames,
+                self.unnamed,
+                self.not_walked,
+                self.unmatched,
+                self.codes.read,
+                self.codes.cached,
+                self.codes.replaced,
+            ),
+            PythonStatus::Unsupported(why) => format!("python: native frames only: {why}"),
+            PythonStatus::Failed(why) => format!("python: native frames only: reading the interpreter failed: {why}"),
+            PythonStatus::Exited => "python: the process exited while its Python frames were read: native frames only"
+                .to_string(),
+        }
+    }
+}
