@@ -1,0 +1,198 @@
+//! Thread dumps of CPython processes: every Python thread's functions, files and lines in
+//! place of the interpreter loop's native frames, with the native frames of the blocking
+//! call above them and the interpreter's start-up below, under each supported version
+//! (Debian's static 3.11, pyenv's shared 3.11, 3.12, 3.13). Running per version is also the
+//! check of the 3.11 and 3.12 structure offsets (constants) and of the reading of 3.13's
+//! `_Py_DebugOffsets`: a wrong offset gives no frames, wrong names or wrong lines.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use profiler_tests::{
+    assert_success, go_pprof,
+    pprof::Sample,
+    preflight,
+    python::{fixture_path, interpreters, marked_lines, Interpreter, PythonFixture},
+    run_profiler, Frame, Profile, TempDir,
+};
+
+/// Long enough for every dump of a test; the guard kills the fixture after.
+const FIXTURE_S: &str = "120";
+
+/// Where each Python thread of `py_threads.py` blocks: its chain of Python functions, leaf
+/// first (with the marker naming each one's current line, when it is in the fixture), and a
+/// pattern of a native function of the blocking call above it.
+struct PyThread {
+    chain: &'static [(&'static str, Option<&'static str>)],
+    blocking: &'static str,
+    /// Whether native frames lie between the first two Python frames (a C function that
+    /// called back into Python).
+    native_between: bool,
+}
+
+const PY_THREADS: &[PyThread] = &[
+    PyThread {
+        chain: &[("main_wait", Some("main_wait")), ("main", Some("main")), ("<module>", Some("module"))],
+        blocking: "nanosleep",
+        native_between: false,
+    },
+    PyThread {
+        chain: &[("locked", Some("locked")), ("worker_lock", Some("worker_lock")), ("Thread.run", None)],
+        blocking: "PyThread_acquire_lock",
+        native_between: false,
+    },
+    PyThread {
+        chain: &[("reader", Some("reader")), ("worker_read", Some("worker_read")), ("Thread.run", None)],
+        blocking: "read",
+        native_between: false,
+    },
+    PyThread {
+        chain: &[("nested_key", Some("nested_key")), ("nested_outer", Some("nested_outer")), ("Thread.run", None)],
+        blocking: "read",
+        native_between: true,
+    },
+];
+
+const PYTHON_MAPPING: &str = "[python]";
+const EVAL: &str = "_PyEval_EvalFrameDefault";
+
+/// `profiler threads PID --debug 0 -o OUT/NAME.pb.gz`, decoded, and the file.
+fn dump(pid: u32, out: &TempDir, name: &str) -> (Profile, PathBuf) {
+    let file = out.path().join(format!("{name}.pb.gz"));
+    let args = ["threads", &pid.to_string(), "--debug", "0", "--output", file.to_str().unwrap()];
+    assert_success(&run_profiler(&args), "profiler threads");
+    (Profile::decode(&file), file)
+}
+
+fn is_python(frame: &Frame) -> bool {
+    frame.mapping == PYTHON_MAPPING
+}
+
+/// The sample whose Python leaf is `function`.
+fn thread_in<'a>(profile: &'a Profile, function: &str) -> Option<&'a Sample> {
+    profile.samples.iter().find(|s| s.user_frames().iter().find(|f| is_python(f)).is_some_and(|f| f.function == function))
+}
+
+/// A dump in which every Python thread is where the fixture blocks it (they reach their
+/// blocking calls just before `ready`; a few tries cover a slow start).
+fn settled_dump(pid: u32, out: &TempDir, what: &str) -> (Profile, PathBuf) {
+    for attempt in 1..=5 {
+        let (profile, file) = dump(pid, out, &format!("{pid}-{attempt}"));
+        if PY_THREADS.iter().all(|t| thread_in(&profile, t.chain[0].0).is_some()) {
+            return (profile, file);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (profile, _) = dump(pid, out, &format!("{pid}-last"));
+    let stacks: Vec<Vec<&str>> = profile.samples.iter().map(|s| s.names()).collect();
+    panic!("{what}: not every Python thread found blocked; comments {:?}; stacks {stacks:#?}", profile.comments);
+}
+
+fn check_thread(sample: &Sample, expected: &PyThread, lines: &HashMap<String, i64>, script: &Path, what: &str) {
+    let user = sample.user_frames();
+    let what = format!("{what}, thread in {}: {:?}", expected.chain[0].0, sample.names());
+    let first_python = user.iter().position(is_python).expect("a Python frame");
+    assert!(
+        user[..first_python].iter().any(|f| f.function.contains(expected.blocking)),
+        "the blocking call's native frames ({}) above the Python frames: {what}",
+        expected.blocking
+    );
+    // The chain, in order, as a subsequence of the Python frames.
+    let python: Vec<&Frame> = user.iter().filter(|f| is_python(f)).collect();
+    let mut at = 0;
+    for (function, marker) in expected.chain {
+        let found = python[at..].iter().position(|f| f.function == *function);
+        let index = at + found.unwrap_or_else(|| panic!("{function} missing after frame {at}: {what}"));
+        let frame = python[index];
+        if let Some(marker) = marker {
+            assert_eq!(frame.file, script.to_str().unwrap(), "{function}'s file: {what}");
+            assert_eq!(frame.line, lines[*marker], "{function}'s line (marker {marker}): {what}");
+        }
+        at = index + 1;
+    }
+    for frame in &python {
+        assert!(!frame.file.is_empty() && frame.line > 0, "every Python frame has a file and a line: {frame:?}: {what}");
+    }
+    let between = |a: &str, b: &str| {
+        let i = user.iter().position(|f| is_python(f) && f.function == a).unwrap();
+        let j = user.iter().position(|f| is_python(f) && f.function == b).unwrap();
+        user[i + 1..j].iter().filter(|f| !is_python(f)).count()
+    };
+    let native = between(expected.chain[0].0, expected.chain[1].0);
+    if expected.native_between {
+        assert!(native > 0, "the C function's native frames between the two Python activations: {what}");
+    } else {
+        assert_eq!(native, 0, "one activation, no native frame inside it: {what}");
+    }
+    assert!(!user.iter().any(|f| f.function == EVAL), "no {EVAL} left where Python frames replaced it: {what}");
+}
+
+fn check_interpreter(python: &Interpreter, out: &TempDir) {
+    let script = fixture_path("py_threads.py");
+    let lines = marked_lines(&script);
+    let fixture = PythonFixture::spawn(&python.path, &script, &[FIXTURE_S]);
+    let what = format!("CPython {}", python.label);
+    let (profile, file) = settled_dump(fixture.pid(), out, &what);
+    let (major, minor) = python.version;
+    assert!(
+        profile.comments.iter().any(|c| c.starts_with(&format!("python: CPython {major}.{minor} "))),
+        "{what}: the comment names the interpreter: {:?}",
+        profile.comments
+    );
+    for expected in PY_THREADS {
+        let sample = thread_in(&profile, expected.chain[0].0).unwrap();
+        check_thread(sample, expected, &lines, &script, &what);
+    }
+    let main = thread_in(&profile, "main_wait").unwrap();
+    let module = main.user_frames().iter().position(|f| f.function == "<module>").unwrap();
+    assert!(
+        main.user_frames()[module..].iter().any(|f| f.function == "Py_RunMain"),
+        "{what}: the interpreter's start-up below <module>: {:?}",
+        main.names()
+    );
+    assert_eq!(profile.samples.len(), PY_THREADS.len(), "{what}: one sample per thread");
+    // Go's reader takes the Python mapping and functions as they are.
+    let traces = go_pprof::traces(&file);
+    assert!(traces.contains("main_wait\n") && traces.contains("nested_outer\n"), "{what}: {traces}");
+    // The text form (debug=2) names the Python frames with file:line.
+    let text = run_profiler(&["threads", &fixture.pid().to_string(), "--debug", "2"]);
+    assert_success(&text, "profiler threads --debug 2");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("main_wait+0x0"), "{what}: {text}");
+    assert!(text.contains(&format!("{}:{}\n", script.display(), lines["main_wait"])), "{what}: {text}");
+}
+
+#[test]
+fn python_threads_show_their_functions_files_and_lines_under_each_version() {
+    if !preflight() {
+        return;
+    }
+    let found = interpreters(&[(3, 11), (3, 12), (3, 13)]);
+    assert!(!found.is_empty(), "no CPython 3.11-3.13 on the machine: nothing would be tested");
+    let out = TempDir::new("python-threads");
+    for python in &found {
+        eprintln!("checking {} ({})", python.label, python.path.display());
+        check_interpreter(python, &out);
+    }
+}
+
+#[test]
+fn an_unsupported_python_keeps_its_native_frames_and_says_why() {
+    if !preflight() {
+        return;
+    }
+    let Some(python) = interpreters(&[(3, 10)]).into_iter().next() else { return };
+    let out = TempDir::new("python-unsupported");
+    let fixture = PythonFixture::spawn(&python.path, &fixture_path("py_threads.py"), &[FIXTURE_S]);
+    let (profile, _) = dump(fixture.pid(), &out, "threads");
+    assert!(
+        profile.comments.iter().any(|c| c.starts_with("python: native frames only: ") && c.contains("3.10")),
+        "{:?}",
+        profile.comments
+    );
+    assert!(profile.samples.iter().all(|s| !s.stack.iter().any(is_python)), "no Python frame");
+    assert!(profile.samples.iter().any(|s| s.stack.iter().any(|f| f.function == EVAL)), "the loop's frames stay");
+}
