@@ -11,7 +11,6 @@ use std::{
 };
 
 use crate::{
-    python::PythonReader,
     catalog::{Catalog, Sighting},
     cgroups::{self, CgroupFilter},
     config::ProcessSelection,
@@ -20,6 +19,7 @@ use crate::{
     offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
+    python::PythonReader,
     sideband::{Sideband, SidebandStats},
     threads::{self, ThreadDump},
     unwind::{self, Unwinder, UnwinderStats},
@@ -446,8 +446,7 @@ impl Capture {
             let registration = [(pid, process.maps_version, process.maps())];
             self.unwinder.sync(&mut self.session, registration, None).map_err(CaptureError::UnwindTables)?;
         }
-        let mut dump =
-            threads::take(&self.session, pid).map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        let mut dump = threads::take(&self.session, pid).map_err(|source| CaptureError::ThreadDump { pid, source })?;
         if let Some(process) = self.catalog.process(pid) {
             self.python.annotate(&mut dump, process);
         }

@@ -32,7 +32,11 @@ pub fn interpreters(versions: &[(u8, u8)]) -> Vec<Interpreter> {
         let before = found.len();
         let debian = PathBuf::from(format!("/usr/bin/python{major}.{minor}"));
         if debian.exists() && std::fs::symlink_metadata(&debian).is_ok_and(|m| m.file_type().is_file()) {
-            found.push(Interpreter { version: (major, minor), label: format!("{major}.{minor} (Debian)"), path: debian });
+            found.push(Interpreter {
+                version: (major, minor),
+                label: format!("{major}.{minor} (Debian)"),
+                path: debian,
+            });
         }
         let prefix = format!("{major}.{minor}.");
         let mut pyenv: Vec<PathBuf> = std::fs::read_dir(home.join("versions"))
@@ -47,11 +51,18 @@ pub fn interpreters(versions: &[(u8, u8)]) -> Vec<Interpreter> {
             let path = dir.join(format!("bin/python{major}.{minor}"));
             if path.exists() {
                 let name = dir.file_name().unwrap().to_string_lossy().to_string();
-                found.push(Interpreter { version: (major, minor), label: format!("{major}.{minor} (pyenv {name})"), path });
+                found.push(Interpreter {
+                    version: (major, minor),
+                    label: format!("{major}.{minor} (pyenv {name})"),
+                    path,
+                });
             }
         }
         if found.len() == before {
-            eprintln!("skipping CPython {major}.{minor}: no /usr/bin/python{major}.{minor} nor {}/versions/{prefix}*", home.display());
+            eprintln!(
+                "skipping CPython {major}.{minor}: no /usr/bin/python{major}.{minor} nor {}/versions/{prefix}*",
+                home.display()
+            );
         }
     }
     found

@@ -73,7 +73,10 @@ fn is_python(frame: &Frame) -> bool {
 
 /// The sample whose Python leaf is `function`.
 fn thread_in<'a>(profile: &'a Profile, function: &str) -> Option<&'a Sample> {
-    profile.samples.iter().find(|s| s.user_frames().iter().find(|f| is_python(f)).is_some_and(|f| f.function == function))
+    profile
+        .samples
+        .iter()
+        .find(|s| s.user_frames().iter().find(|f| is_python(f)).is_some_and(|f| f.function == function))
 }
 
 /// A dump in which every Python thread is where the fixture blocks it (they reach their
@@ -114,7 +117,10 @@ fn check_thread(sample: &Sample, expected: &PyThread, lines: &HashMap<String, i6
         at = index + 1;
     }
     for frame in &python {
-        assert!(!frame.file.is_empty() && frame.line > 0, "every Python frame has a file and a line: {frame:?}: {what}");
+        assert!(
+            !frame.file.is_empty() && frame.line > 0,
+            "every Python frame has a file and a line: {frame:?}: {what}"
+        );
     }
     let between = |a: &str, b: &str| {
         let i = user.iter().position(|f| is_python(f) && f.function == a).unwrap();

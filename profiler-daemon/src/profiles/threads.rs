@@ -156,7 +156,8 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
         return;
     }
     let mapping = resolved.mappings.len();
-    let mut interned: HashMap<&PythonFrame, usize> = HashMap::new();
+    // A location per (function, file, line), whichever thread and activation it is in.
+    let mut interned: HashMap<(&str, &str, u32), usize> = HashMap::new();
     let mut samples = std::mem::take(&mut resolved.samples);
     for sample in &mut samples {
         let tid = sample.labels.iter().find_map(|(k, v)| match v {
@@ -174,9 +175,10 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
             };
             for frame in run {
                 let next = interned.len() as u64;
-                let index = *interned.entry(frame).or_insert_with(|| {
-                    python_location(&mut resolved.locations, mapping, PYTHON_BASE + next, frame)
-                });
+                let key = (frame.qualname.as_str(), frame.filename.as_str(), frame.line);
+                let index = *interned
+                    .entry(key)
+                    .or_insert_with(|| python_location(&mut resolved.locations, mapping, PYTHON_BASE + next, frame));
                 merged.push(index);
             }
         }
@@ -282,6 +284,7 @@ mod tests {
             truncated: false,
             kernel: vec![0xffff_ffff_8100_0000],
             source,
+            python: Vec::new(),
         }
     }
 
@@ -295,6 +298,7 @@ mod tests {
             invisible: 0,
             walk: WalkCounts::default(),
             duration: Duration::from_millis(2),
+            python: None,
         })
     }
 
@@ -338,5 +342,46 @@ mod tests {
         assert_eq!(samples[0].user_stack, StackId(11));
         assert_eq!(samples[1].user_stack, StackId::NONE, "no sample: no stack");
         assert_eq!(samples[1].kernel_stack, StackId::NONE, "a running thread's saved kernel stack is stale");
+    }
+
+    #[test]
+    fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
+        use crate::resolve::ResolvedSample;
+        let py = |name: &str, line, entry| PythonFrame { qualname: name.into(), filename: "a.py".into(), line, entry };
+        let mut walked = thread(7, StackSource::Walked, vec![]);
+        // Leaf first: two activations, [inner] and [outer, <module>].
+        walked.python = vec![py("inner", 3, true), py("outer", 9, false), py("<module>", 12, true)];
+        let mut other = thread(8, StackSource::Walked, vec![]);
+        other.python = vec![py("outer", 9, true)];
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump(vec![walked, other])) };
+        let native = |function: &str| LocationInfo {
+            address: 0x1000,
+            mapping: None,
+            frames: vec![Frame { function: function.into(), file: None, line: 0, offset: 0 }],
+        };
+        let sample = |tid, locations| ResolvedSample {
+            locations,
+            values: vec![1],
+            unscaled: vec![],
+            labels: vec![("tid", LabelValue::Num(tid, None))],
+        };
+        let mut resolved = ResolvedProfile {
+            locations: vec![native("read"), native(EVAL_FUNCTION), native("sorted"), native("main")],
+            samples: vec![sample(7, vec![0, 1, 2, 1, 3]), sample(8, vec![0, 1, 1]), sample(9, vec![1])],
+            ..ResolvedProfile::default()
+        };
+        merge_python(&mut resolved, &state);
+        let names = |s: usize| -> Vec<String> {
+            resolved.samples[s].locations.iter().map(|&l| resolved.locations[l].frames[0].function.clone()).collect()
+        };
+        assert_eq!(names(0), ["read", "inner", "sorted", "outer", "<module>", "main"]);
+        assert_eq!(names(1), ["read", "outer", EVAL_FUNCTION], "a loop frame without a run stays native");
+        assert_eq!(names(2), [EVAL_FUNCTION], "a thread without Python frames is untouched");
+        assert_eq!(resolved.samples[0].locations[3], resolved.samples[1].locations[1], "same frame, same location");
+        let python = resolved.mappings.iter().position(|m| m.path == PYTHON_MAPPING).expect("the Python mapping");
+        let location = &resolved.locations[resolved.samples[0].locations[1]];
+        assert_eq!(location.mapping, Some(python));
+        assert_eq!((location.frames[0].file.as_deref(), location.frames[0].line), (Some("a.py"), 3));
+        assert_eq!(resolved.mappings[python].limit - resolved.mappings[python].start, 3, "three distinct frames");
     }
 }

@@ -42,7 +42,7 @@ pub enum Detection {
     NotPython,
     /// CPython of a version (or build) the reader does not know: native frames only, and why.
     Unsupported(String),
-    Python(Interpreter),
+    Python(Box<Interpreter>),
 }
 
 const SYMBOLS: [&str; 4] = ["_PyRuntime", "_PyEval_EvalFrameDefault", "Py_Version", "PyCode_Type"];
@@ -60,7 +60,7 @@ pub fn detect(pid: Pid, maps: &[MapEntry], exe: Option<&Path>) -> Result<Detecti
         let found = symbolize::symbol_addresses(&path, &SYMBOLS);
         let (Some(runtime), Some(eval)) = (found[0], found[1]) else { continue };
         return interpreter(&remote, maps, map, runtime, eval, found[2], found[3]).map(|found| match found {
-            Ok(interpreter) => Detection::Python(interpreter),
+            Ok(interpreter) => Detection::Python(Box::new(interpreter)),
             Err(why) => Detection::Unsupported(why),
         });
     }
@@ -71,7 +71,9 @@ pub fn detect(pid: Pid, maps: &[MapEntry], exe: Option<&Path>) -> Result<Detecti
 /// mapped library's symbols would read every file of every process dumped).
 fn candidate(map: &MapEntry, exe: Option<&Path>) -> bool {
     let name = map.path.rsplit('/').next().unwrap_or("");
-    exe.is_some_and(|e| e.as_os_str() == map.path.as_str()) || name.starts_with("libpython") || name.starts_with("python")
+    exe.is_some_and(|e| e.as_os_str() == map.path.as_str())
+        || name.starts_with("libpython")
+        || name.starts_with("python")
 }
 
 fn interpreter(
@@ -107,10 +109,7 @@ fn interpreter(
             Err(err) => return Err(err),
         },
         (major, minor) => {
-            return Ok(Err(format!(
-                "{}: CPython {major}.{minor} (the reader knows 3.11, 3.12 and 3.13)",
-                map.path
-            )))
+            return Ok(Err(format!("{}: CPython {major}.{minor} (the reader knows 3.11, 3.12 and 3.13)", map.path)))
         }
     };
     Ok(Ok(Interpreter { version, path: map.path.clone(), runtime, code_type: code_type.map(at), offsets }))

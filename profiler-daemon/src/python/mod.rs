@@ -222,8 +222,9 @@ impl PythonSummary {
             ),
             PythonStatus::Unsupported(why) => format!("python: native frames only: {why}"),
             PythonStatus::Failed(why) => format!("python: native frames only: reading the interpreter failed: {why}"),
-            PythonStatus::Exited => "python: the process exited while its Python frames were read: native frames only"
-                .to_string(),
+            PythonStatus::Exited => {
+                "python: the process exited while its Python frames were read: native frames only".to_string()
+            }
         }
     }
 }
