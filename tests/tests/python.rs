@@ -12,7 +12,9 @@ use std::{
 };
 
 use profiler_tests::{
-    assert_success, go_pprof,
+    assert_success,
+    daemon::{Daemon, DaemonConfig},
+    go_pprof,
     pprof::Sample,
     preflight,
     python::{fixture_path, interpreters, marked_lines, Interpreter, PythonFixture},
@@ -201,4 +203,36 @@ fn an_unsupported_python_keeps_its_native_frames_and_says_why() {
     );
     assert!(profile.samples.iter().all(|s| !s.stack.iter().any(is_python)), "no Python frame");
     assert!(profile.samples.iter().any(|s| s.stack.iter().any(|f| f.function == EVAL)), "the loop's frames stay");
+}
+
+/// The daemon's `/debug/pprof/goroutine` shows the same Python frames, and a second query
+/// names the code objects from its cache (each checked against the process, none re-read).
+#[test]
+fn the_daemon_answers_python_frames_and_keeps_code_objects() {
+    if !preflight() {
+        return;
+    }
+    let python = interpreters(&[(3, 12), (3, 13), (3, 11)]).into_iter().next().expect("a CPython 3.11-3.13");
+    let name: &'static str =
+        Box::leak(python.path.file_name().unwrap().to_string_lossy().into_owned().into_boxed_str());
+    let mut config = DaemonConfig::new(&[name]);
+    config.profiles = vec!["threads"];
+    let daemon = Daemon::start(&config);
+    let script = fixture_path("py_threads.py");
+    let lines = marked_lines(&script);
+    let fixture = PythonFixture::spawn(&python.path, &script, &[FIXTURE_S]);
+    let query = format!("/debug/pprof/goroutine?pid={}&debug=0", fixture.pid());
+    let decode = |body: Vec<u8>, name: &str| {
+        let file = Path::new(daemon.scratch()).join(name);
+        std::fs::write(&file, body).unwrap();
+        Profile::decode(&file)
+    };
+    let first = decode(daemon.get_ok(&query), "first.pb.gz");
+    let second = decode(daemon.get_ok(&query), "second.pb.gz");
+    for profile in [&first, &second] {
+        let sample = thread_in(profile, "main_wait").unwrap_or_else(|| panic!("{:?}", profile.comments));
+        check_thread(sample, &PY_THREADS[0], &lines, &script, &format!("daemon, {}", python.label));
+    }
+    let comment = |p: &Profile| p.comments.iter().find(|c| c.starts_with("python: ")).cloned().unwrap_or_default();
+    assert!(comment(&second).contains("code objects read 0, cached "), "{}", comment(&second));
 }

@@ -97,7 +97,10 @@ impl PythonReader {
     /// and its summary to the dump; nothing when the process does not run CPython.
     pub fn annotate(&mut self, dump: &mut ThreadDump, process: &KnownProcess) {
         let Some(info) = process.info.as_ref() else { return };
-        let key: ProcessKey = (process.pid, info.start_time);
+        // The start time as `/proc` says now: the catalogue's may not be read yet (a process
+        // known from events only), and a key that changes would throw the cache away.
+        let Ok(start_time) = crate::procs::read_start_time(process.pid.0) else { return };
+        let key: ProcessKey = (process.pid, start_time);
         self.forget_exited();
         let remote = Remote { pid: process.pid };
         let detection = match self.detections.get(&(key, process.maps_version)) {
