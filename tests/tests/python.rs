@@ -236,3 +236,92 @@ fn the_daemon_answers_python_frames_and_keeps_code_objects() {
     let comment = |p: &Profile| p.comments.iter().find(|c| c.starts_with("python: ")).cloned().unwrap_or_default();
     assert!(comment(&second).contains("code objects read 0, cached "), "{}", comment(&second));
 }
+
+/// The 3.11 and 3.12 constants field by field against what `gdb` reads from the
+/// interpreters' own debug info (pyenv's `libpython3.X.so` carries it; Debian's stripped
+/// binary does not, and is covered by the end-to-end test above, as every version is). A
+/// wrong constant is named here rather than seen as a missing frame there.
+#[test]
+fn offsets_3_11_and_3_12_match_the_interpreters_debug_info() {
+    use profiler_daemon::python::offsets::{CurrentFrame, EntryMark, Offsets, V3_11, V3_12};
+    if which("gdb").is_none() {
+        eprintln!("skipping: no gdb to read the interpreters' debug info (the end-to-end test checks the offsets)");
+        return;
+    }
+    for python in interpreters(&[(3, 11), (3, 12)]) {
+        let Some(lib) = libpython(&python) else {
+            eprintln!("{}: no libpython with debug info next to it; checked end to end only", python.label);
+            continue;
+        };
+        let o: Offsets = if python.version == (3, 11) { V3_11 } else { V3_12 };
+        let (cframe, current_frame) = match o.current_frame {
+            CurrentFrame::ViaCFrame { cframe, current_frame } => (cframe, current_frame),
+            CurrentFrame::Direct(_) => panic!("3.11 and 3.12 go through cframe"),
+        };
+        let member = |ty: &str, field: &str| format!("(unsigned long)&(({ty}*)0)->{field}");
+        let mut checks = vec![
+            (member("struct pyruntimestate", "interpreters.head"), o.runtime_interpreters_head),
+            (member("PyInterpreterState", "threads.head"), o.interp_threads_head),
+            (member("PyThreadState", "next"), o.thread_next),
+            (member("PyThreadState", "native_thread_id"), o.thread_native_id),
+            (member("PyThreadState", "cframe"), cframe),
+            (member("_PyCFrame", "current_frame"), current_frame),
+            (member("_PyInterpreterFrame", "previous"), o.frame_previous),
+            (member("_PyInterpreterFrame", "f_code"), o.frame_code),
+            (member("_PyInterpreterFrame", "prev_instr"), o.frame_instr),
+            (member("_PyInterpreterFrame", "owner"), o.frame_owner),
+            (member("PyCodeObject", "co_filename"), o.code_filename),
+            (member("PyCodeObject", "co_qualname"), o.code_qualname),
+            (member("PyCodeObject", "co_linetable"), o.code_linetable),
+            (member("PyCodeObject", "co_firstlineno"), o.code_firstlineno),
+            (member("PyCodeObject", "co_code_adaptive"), o.code_adaptive),
+            (member("PyVarObject", "ob_size"), o.bytes_size),
+            (member("PyBytesObject", "ob_sval"), o.bytes_data),
+            (member("PyASCIIObject", "length"), o.unicode_length),
+            (member("PyASCIIObject", "state"), o.unicode_state),
+            ("sizeof(PyASCIIObject)".to_string(), o.unicode_ascii_size),
+            ("sizeof(PyCompactUnicodeObject)".to_string(), o.unicode_compact_size),
+        ];
+        if let EntryMark::IsEntry(offset) = o.entry {
+            checks.push((member("_PyInterpreterFrame", "is_entry"), offset));
+        }
+        let values = gdb_values(&lib, checks.iter().map(|(e, _)| e.as_str()));
+        for ((expr, ours), theirs) in checks.iter().zip(values) {
+            assert_eq!(Some(*ours), theirs, "{}: {expr} in {}", python.label, lib.display());
+        }
+        eprintln!("{}: {} offsets match {}", python.label, checks.len(), lib.display());
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.exists())
+}
+
+/// The `libpython3.X.so.1.0` a pyenv interpreter links, when it has debug info.
+fn libpython(python: &Interpreter) -> Option<PathBuf> {
+    let (major, minor) = python.version;
+    let lib = python.path.parent()?.parent()?.join(format!("lib/libpython{major}.{minor}.so.1.0"));
+    let sections = std::process::Command::new("readelf").arg("-S").arg(&lib).output().ok()?;
+    String::from_utf8_lossy(&sections.stdout).contains(".debug_info").then_some(lib)
+}
+
+/// Each expression's value as `gdb -batch` prints it (`$N = VALUE`), `None` if it could not.
+fn gdb_values<'a>(file: &Path, exprs: impl Iterator<Item = &'a str>) -> Vec<Option<u64>> {
+    let mut cmd = std::process::Command::new("gdb");
+    cmd.args(["-batch", "-nx"]).arg(file);
+    let mut count = 0;
+    for expr in exprs {
+        cmd.arg("-ex").arg(format!("print {expr}"));
+        count += 1;
+    }
+    let out = cmd.output().expect("gdb runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let mut values = vec![None; count];
+    for line in text.lines() {
+        let Some((var, value)) = line.strip_prefix('$').and_then(|l| l.split_once(" = ")) else { continue };
+        if let (Ok(n), Ok(v)) = (var.parse::<usize>(), value.trim().parse::<u64>()) {
+            values[n - 1] = Some(v);
+        }
+    }
+    values
+}
