@@ -22,6 +22,10 @@ const MAX_THREADS: usize = 4096;
 /// Frames read per thread at most.
 pub const MAX_FRAMES: usize = 1024;
 
+/// Frames read per dump at most, over all threads: a process that controls its own thread
+/// count and recursion depth must not make one dump read millions of objects.
+pub const MAX_FRAMES_PER_DUMP: usize = 65_536;
+
 /// `FRAME_OWNED_BY_GENERATOR`: a generator's frame is complete even before its first
 /// instruction.
 const FRAME_OWNED_BY_GENERATOR: u8 = 1;
@@ -33,7 +37,8 @@ pub struct PyThread {
     pub tid: u32,
     /// Leaf first.
     pub frames: Vec<InterpretedFrame>,
-    /// The chain was longer than [`MAX_FRAMES`].
+    /// The chain was longer than [`MAX_FRAMES`], or the dump's [`MAX_FRAMES_PER_DUMP`] ran
+    /// out: its outermost frames are missing.
     pub truncated: bool,
 }
 
@@ -46,6 +51,7 @@ pub fn threads(remote: &Remote, interp: &Interpreter) -> Result<Vec<PyThread>, R
     }
     let mut tstate = remote.u64(head + o.interp_threads_head)?;
     let mut threads = Vec::new();
+    let mut budget = MAX_FRAMES_PER_DUMP;
     while tstate != 0 && threads.len() < MAX_THREADS {
         let tid = remote.u64(tstate + o.thread_native_id)? as u32;
         let frame = match o.current_frame {
@@ -55,7 +61,7 @@ pub fn threads(remote: &Remote, interp: &Interpreter) -> Result<Vec<PyThread>, R
             },
             CurrentFrame::Direct(offset) => remote.u64(tstate + offset)?,
         };
-        let (frames, truncated) = chain(remote, interp, frame)?;
+        let (frames, truncated) = chain(remote, interp, frame, &mut budget)?;
         threads.push(PyThread { tid, frames, truncated });
         tstate = remote.u64(tstate + o.thread_next)?;
     }
@@ -65,14 +71,20 @@ pub fn threads(remote: &Remote, interp: &Interpreter) -> Result<Vec<PyThread>, R
 /// The frames from `frame` outwards. A frame the interpreter's own tracebacks skip is
 /// skipped too: shims owned by the C stack (3.12+: they mark where an activation of the
 /// interpreter loop began) and incomplete frames (their first instruction not reached).
-fn chain(remote: &Remote, interp: &Interpreter, mut frame: u64) -> Result<(Vec<InterpretedFrame>, bool), ReadFailure> {
+fn chain(
+    remote: &Remote,
+    interp: &Interpreter,
+    mut frame: u64,
+    budget: &mut usize,
+) -> Result<(Vec<InterpretedFrame>, bool), ReadFailure> {
     let o = &interp.offsets;
     let mut frames: Vec<InterpretedFrame> = Vec::new();
     let mut buf = [0u8; FRAME_READ_BYTES];
     while frame != 0 {
-        if frames.len() == MAX_FRAMES {
+        if frames.len() == MAX_FRAMES || *budget == 0 {
             return Ok((frames, true));
         }
+        *budget -= 1;
         remote.read(frame, &mut buf)?;
         let owner = field_u8(&buf, o.frame_owner);
         let code = field_u64(&buf, o.frame_code);

@@ -82,6 +82,8 @@ pub struct PythonSummary {
     pub not_walked: u64,
     /// Thread states without a thread in the dump (exited meanwhile, or not started yet).
     pub unmatched: u64,
+    /// Threads whose chain was cut (see [`frames::MAX_FRAMES`]): outermost frames missing.
+    pub truncated: u64,
     pub codes: CodeStats,
 }
 
@@ -163,6 +165,7 @@ impl PythonReader {
                         }
                     }
                     result.threads += 1;
+                    result.truncated += u64::from(thread.truncated);
                     result.frames += out.len() as u64;
                     named.insert(thread.tid, out);
                 }
@@ -194,6 +197,7 @@ fn summary(status: PythonStatus) -> PythonSummary {
         unnamed: 0,
         not_walked: 0,
         unmatched: 0,
+        truncated: 0,
         codes: CodeStats::default(),
     }
 }
@@ -212,13 +216,16 @@ impl PythonSummary {
             PythonStatus::Read { version: (major, minor), path } => format!(
                 "python: CPython {major}.{minor} ({path}): {} threads with {} Python frames in place of \
                  _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads not walked now \
-                 (native frames only); {} thread states without a dumped thread; code objects read {}, cached {}, \
-                 replaced at a reused address {}",
+                 (native frames only); {} thread states without a dumped thread; {} chains cut at {} frames a thread \
+                 or {} a dump; code objects read {}, cached {}, replaced at a reused address {}",
                 self.threads,
                 self.frames,
                 self.unnamed,
                 self.not_walked,
                 self.unmatched,
+                self.truncated,
+                frames::MAX_FRAMES,
+                frames::MAX_FRAMES_PER_DUMP,
                 self.codes.read,
                 self.codes.cached,
                 self.codes.replaced,
