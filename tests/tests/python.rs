@@ -162,6 +162,9 @@ fn check_interpreter(python: &Interpreter, out: &TempDir) {
         main.names()
     );
     assert_eq!(profile.samples.len(), PY_THREADS.len(), "{what}: one sample per thread");
+    for sample in &profile.samples {
+        assert_eq!(sample.label_str("python"), None, "{what}: every Python frame placed: {:?}", sample.names());
+    }
     // Go's reader takes the Python mapping and functions as they are.
     let traces = go_pprof::traces(&file);
     assert!(traces.contains("main_wait\n") && traces.contains("nested_outer\n"), "{what}: {traces}");

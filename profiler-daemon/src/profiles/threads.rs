@@ -147,7 +147,8 @@ fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
 /// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
 /// locations: the n-th activation of the loop (leaf first) by the n-th run of Python frames
 /// (up to and including an entry frame). Runs left over (a native walk cut short) are not
-/// placed; loop frames left over keep their native name.
+/// placed, and the sample's `python` label says how many frames; loop frames left over keep
+/// their native name.
 pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
     let threads: HashMap<i64, &DumpedThread> =
@@ -183,6 +184,12 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
             }
         }
         sample.locations = merged;
+        let left: usize = runs.map(<[PythonFrame]>::len).sum();
+        if left > 0 {
+            // Said on the sample, not dropped silently: the native walk ended before the
+            // loop frames that ran these (a cut or failed walk).
+            sample.labels.push(("python", LabelValue::Str(format!("{left} outer Python frames not placed"))));
+        }
     }
     resolved.samples = samples;
     if !interned.is_empty() {
@@ -367,7 +374,12 @@ mod tests {
         };
         let mut resolved = ResolvedProfile {
             locations: vec![native("read"), native(EVAL_FUNCTION), native("sorted"), native("main")],
-            samples: vec![sample(7, vec![0, 1, 2, 1, 3]), sample(8, vec![0, 1, 1]), sample(9, vec![1])],
+            samples: vec![
+                sample(7, vec![0, 1, 2, 1, 3]),
+                sample(8, vec![0, 1, 1]),
+                sample(9, vec![1]),
+                sample(7, vec![0, 1, 2]),
+            ],
             ..ResolvedProfile::default()
         };
         merge_python(&mut resolved, &state);
@@ -376,7 +388,11 @@ mod tests {
         };
         assert_eq!(names(0), ["read", "inner", "sorted", "outer", "<module>", "main"]);
         assert_eq!(names(1), ["read", "outer", EVAL_FUNCTION], "a loop frame without a run stays native");
+        let label = |s: usize| resolved.samples[s].labels.iter().find(|(k, _)| *k == "python").map(|(_, v)| v.clone());
+        assert_eq!(label(1), None);
         assert_eq!(names(2), [EVAL_FUNCTION], "a thread without Python frames is untouched");
+        assert_eq!(names(3), ["read", "inner", "sorted"], "a native walk cut short");
+        assert_eq!(label(3), Some(LabelValue::Str("2 outer Python frames not placed".into())));
         assert_eq!(resolved.samples[0].locations[3], resolved.samples[1].locations[1], "same frame, same location");
         let python = resolved.mappings.iter().position(|m| m.path == PYTHON_MAPPING).expect("the Python mapping");
         let location = &resolved.locations[resolved.samples[0].locations[1]];
