@@ -245,7 +245,7 @@ fn the_daemon_answers_python_frames_and_keeps_code_objects() {
 /// binary does not, and is covered by the end-to-end test above, as every version is). A
 /// wrong constant is named here rather than seen as a missing frame there.
 #[test]
-fn offsets_3_11_and_3_12_match_the_interpreters_debug_info() {
+fn python_offsets_3_11_and_3_12_match_the_interpreters_debug_info() {
     use profiler_daemon::python::offsets::{CurrentFrame, EntryMark, Offsets, V3_11, V3_12};
     if which("gdb").is_none() {
         eprintln!("skipping: no gdb to read the interpreters' debug info (the end-to-end test checks the offsets)");
