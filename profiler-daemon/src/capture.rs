@@ -446,9 +446,11 @@ impl Capture {
             let registration = [(pid, process.maps_version, process.maps())];
             self.unwinder.sync(&mut self.session, registration, None).map_err(CaptureError::UnwindTables)?;
         }
-        let mut dump = threads::take(&self.session, pid).map_err(|source| CaptureError::ThreadDump { pid, source })?;
-        if let Some(process) = self.catalog.process(pid) {
-            self.python.annotate(&mut dump, process);
+        let mut python = self.catalog.process(pid).and_then(|process| self.python.begin(process));
+        let mut dump = threads::take(&self.session, pid, python.as_mut())
+            .map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        if let Some(python) = python {
+            python.finish(&mut dump);
         }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();

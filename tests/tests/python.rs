@@ -230,7 +230,16 @@ fn the_daemon_answers_python_frames_and_keeps_code_objects() {
         std::fs::write(&file, body).unwrap();
         Profile::decode(&file)
     };
-    let first = decode(daemon.get_ok(&query), "first.pb.gz");
+    // Settled as `settled_dump` does: the main thread may still be returning from `print`.
+    let settled = |p: &Profile| PY_THREADS.iter().all(|t| thread_in(p, t.chain[0].0).is_some());
+    let mut first = decode(daemon.get_ok(&query), "first.pb.gz");
+    for _ in 0..5 {
+        if settled(&first) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        first = decode(daemon.get_ok(&query), "first.pb.gz");
+    }
     let second = decode(daemon.get_ok(&query), "second.pb.gz");
     for profile in [&first, &second] {
         let sample = thread_in(profile, "main_wait").unwrap_or_else(|| panic!("{:?}", profile.comments));

@@ -6,8 +6,9 @@
 //! structure offsets ([`offsets`]); [`frames`] walks each thread state's frame chain into
 //! [`InterpretedFrame`](profiler_common::InterpretedFrame)s, the record the kernel walker
 //! will emit too; [`code`] names them, cached per (process, code object) with an identity
-//! check. [`PythonReader::annotate`] puts the named frames on a [`ThreadDump`]'s threads;
-//! `profiles::threads` puts them in place of the interpreter loop's native frames.
+//! check. [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in
+//! each round of its walks ([`PythonDump::read`]), and [`PythonDump::finish`] sums up;
+//! `profiles::threads` puts the frames in place of the interpreter loop's native frames.
 //!
 //! It reads threads the dump walked (blocked in the kernel, so their chains hold still);
 //! a thread on a CPU keeps its native frames only. What it does not own: CPU, heap and
@@ -78,7 +79,8 @@ pub struct PythonSummary {
     pub frames: u64,
     /// Frames whose code object could not be read (named `?`).
     pub unnamed: u64,
-    /// Thread states of threads not walked now (on a CPU, or moving): native frames only.
+    /// Thread states of threads not walked now (on a CPU, moving, or no frames): native
+    /// frames only.
     pub not_walked: u64,
     /// Thread states without a thread in the dump (exited meanwhile, or not started yet).
     pub unmatched: u64,
@@ -95,89 +97,38 @@ pub struct PythonReader {
 }
 
 impl PythonReader {
-    /// Adds the Python frames of `process`'s interpreter to the walked threads of `dump`
-    /// and its summary to the dump; nothing when the process does not run CPython.
-    pub fn annotate(&mut self, dump: &mut ThreadDump, process: &KnownProcess) {
-        let Some(info) = process.info.as_ref() else { return };
+    /// Begins reading `process`'s Python frames for one dump; `None` when it does not run
+    /// CPython (or is gone). Detection is cached per process and mappings version.
+    pub fn begin(&mut self, process: &KnownProcess) -> Option<PythonDump<'_>> {
+        let info = process.info.as_ref()?;
         // The start time as `/proc` says now: the catalogue's may not be read yet (a process
         // known from events only), and a key that changes would throw the cache away.
-        let Ok(start_time) = crate::procs::read_start_time(process.pid.0) else { return };
+        let start_time = crate::procs::read_start_time(process.pid.0).ok()?;
         let key: ProcessKey = (process.pid, start_time);
         self.forget_exited();
-        let remote = Remote { pid: process.pid };
         let detection = match self.detections.get(&(key, process.maps_version)) {
-            Some(known) => known.clone(),
-            None => match detect::detect(process.pid, process.maps(), info.exe.as_deref()) {
-                Ok(found) => {
-                    self.detections.insert((key, process.maps_version), found.clone());
-                    found
-                }
-                Err(err) => {
-                    dump.python = Some(summary(failure_status(&err)));
-                    return;
-                }
-            },
+            Some(known) => Ok(known.clone()),
+            None => detect::detect(process.pid, process.maps(), info.exe.as_deref()).inspect(|found| {
+                self.detections.insert((key, process.maps_version), found.clone());
+            }),
         };
-        let interp = match detection {
-            Detection::NotPython => return,
-            Detection::Unsupported(why) => {
-                dump.python = Some(summary(PythonStatus::Unsupported(why)));
-                return;
+        let (interp, status) = match detection {
+            Ok(Detection::NotPython) => return None,
+            Ok(Detection::Unsupported(why)) => (None, PythonStatus::Unsupported(why)),
+            Ok(Detection::Python(interp)) => {
+                let status = PythonStatus::Read { version: interp.version, path: interp.path.clone() };
+                (Some(interp), status)
             }
-            Detection::Python(interp) => interp,
+            Err(err) => (None, failure_status(&err)),
         };
-        let mut result = summary(PythonStatus::Read { version: interp.version, path: interp.path.clone() });
-        let threads = match frames::threads(&remote, &interp) {
-            Ok(threads) => threads,
-            Err(err) => {
-                dump.python = Some(summary(failure_status(&err)));
-                return;
-            }
-        };
-        let mut named: HashMap<u32, Vec<PythonFrame>> = HashMap::new();
-        for thread in &threads {
-            let walked = dump.threads.iter().find(|t| t.tid.0 == thread.tid).map(|t| t.source);
-            match walked {
-                None => result.unmatched += 1,
-                Some(StackSource::Walked) => {
-                    let mut out = Vec::with_capacity(thread.frames.len());
-                    for frame in &thread.frames {
-                        match self.codes.get(&remote, &interp, key, frame.code_object, &mut result.codes) {
-                            Ok(code) => out.push(PythonFrame {
-                                qualname: code.qualname.clone(),
-                                filename: code.filename.clone(),
-                                line: code.line(frame.instr_offset),
-                                entry: frame.is_entry(),
-                            }),
-                            Err(ReadFailure::Read(ReadError::Exited)) => {
-                                dump.python = Some(summary(PythonStatus::Exited));
-                                return;
-                            }
-                            Err(_) => {
-                                result.unnamed += 1;
-                                out.push(PythonFrame {
-                                    qualname: "?".into(),
-                                    filename: String::new(),
-                                    line: 0,
-                                    entry: frame.is_entry(),
-                                });
-                            }
-                        }
-                    }
-                    result.threads += 1;
-                    result.truncated += u64::from(thread.truncated);
-                    result.frames += out.len() as u64;
-                    named.insert(thread.tid, out);
-                }
-                Some(_) => result.not_walked += 1,
-            }
-        }
-        for thread in &mut dump.threads {
-            if let Some(frames) = named.remove(&thread.tid.0) {
-                thread.python = frames;
-            }
-        }
-        dump.python = Some(result);
+        Some(PythonDump {
+            codes: &mut self.codes,
+            remote: Remote { pid: process.pid },
+            key,
+            interp,
+            summary: summary(status),
+            states: HashMap::new(),
+        })
     }
 
     /// Drops what is known of processes that exited (by pid; a reused pid has another start
@@ -186,6 +137,84 @@ impl PythonReader {
         let live = |pid: Pid| crate::procs::exists(pid.0);
         self.detections.retain(|((pid, _), _), _| live(*pid));
         self.codes.retain(|(pid, _)| live(pid));
+    }
+}
+
+/// One dump's reading of a CPython process: [`PythonDump::read`] once per round of the
+/// dump's walks (before the round's consistency check, so that a thread that ran meanwhile
+/// is read again, Python frames included), then [`PythonDump::finish`].
+pub struct PythonDump<'a> {
+    codes: &'a mut CodeCache,
+    remote: Remote,
+    key: ProcessKey,
+    /// `None` when the interpreter cannot be read (the status says why).
+    interp: Option<Box<detect::Interpreter>>,
+    summary: PythonSummary,
+    /// The latest read's thread states: tid → whether its chain was cut.
+    states: HashMap<u32, bool>,
+}
+
+impl PythonDump<'_> {
+    /// The named Python frames of the threads `tids` (leaf first), read now; empty once the
+    /// reading failed or the process exited (the summary says which).
+    pub fn read(&mut self, tids: &[u32]) -> HashMap<u32, Vec<PythonFrame>> {
+        let Some(interp) = self.interp.as_deref() else { return HashMap::new() };
+        let threads = match frames::threads(&self.remote, interp) {
+            Ok(threads) => threads,
+            Err(err) => return self.fail(&err),
+        };
+        self.states = threads.iter().map(|t| (t.tid, t.truncated)).collect();
+        let mut named = HashMap::new();
+        for thread in threads.iter().filter(|t| tids.contains(&t.tid)) {
+            let mut out = Vec::with_capacity(thread.frames.len());
+            for frame in &thread.frames {
+                let code = self.codes.get(&self.remote, interp, self.key, frame.code_object, &mut self.summary.codes);
+                out.push(match code {
+                    Ok(code) => PythonFrame {
+                        qualname: code.qualname.clone(),
+                        filename: code.filename.clone(),
+                        line: code.line(frame.instr_offset),
+                        entry: frame.is_entry(),
+                    },
+                    Err(ReadFailure::Read(ReadError::Exited)) => return self.fail(&ReadError::Exited.into()),
+                    Err(_) => {
+                        self.summary.unnamed += 1;
+                        PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+                    }
+                });
+            }
+            named.insert(thread.tid, out);
+        }
+        named
+    }
+
+    fn fail(&mut self, err: &ReadFailure) -> HashMap<u32, Vec<PythonFrame>> {
+        self.summary.status = failure_status(err);
+        self.interp = None;
+        HashMap::new()
+    }
+
+    /// The summary of the dump whose threads are `dump`'s: a failed or cut-short reading
+    /// takes every thread's Python frames away (none rather than some of them).
+    pub fn finish(mut self, dump: &mut ThreadDump) {
+        let read = matches!(self.summary.status, PythonStatus::Read { .. });
+        let s = &mut self.summary;
+        for thread in &mut dump.threads {
+            if !read || thread.source != StackSource::Walked {
+                thread.python.clear();
+            }
+            match self.states.get(&thread.tid.0) {
+                Some(_) if thread.python.is_empty() => s.not_walked += 1,
+                Some(&truncated) => {
+                    s.threads += 1;
+                    s.frames += thread.python.len() as u64;
+                    s.truncated += u64::from(truncated);
+                }
+                None => {}
+            }
+        }
+        s.unmatched = self.states.keys().filter(|tid| !dump.threads.iter().any(|t| t.tid.0 == **tid)).count() as u64;
+        dump.python = Some(self.summary);
     }
 }
 
@@ -215,8 +244,8 @@ impl PythonSummary {
         match &self.status {
             PythonStatus::Read { version: (major, minor), path } => format!(
                 "python: CPython {major}.{minor} ({path}): {} threads with {} Python frames in place of \
-                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads not walked now \
-                 (native frames only); {} thread states without a dumped thread; {} chains cut at {} frames a thread \
+                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads without Python \
+                 frames now (on a CPU, moving, or in no Python code); {} thread states without a dumped thread; {} chains cut at {} frames a thread \
                  or {} a dump; code objects read {}, cached {}, replaced at a reused address {}",
                 self.threads,
                 self.frames,

@@ -27,6 +27,7 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, UnwindView},
     ids::{Pid, StackId, Tid},
+    python::{PythonDump, PythonFrame},
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -125,11 +126,15 @@ struct Walked {
     user: Vec<u64>,
     truncated: bool,
     source: StackSource,
+    /// Its Python frames, read in the same round (before the round's check).
+    python: Vec<PythonFrame>,
 }
 
 /// Dumps every thread of `pid`. The process must be registered with the unwinder for its
 /// frames to be stepped with tables (otherwise with frame pointers, as the kernel would).
-pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
+/// With `python` (a CPython process), each round reads the walked threads' Python frames
+/// after their native stacks and before the check, so both are of the same moment.
+pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>) -> ebpf::Result<ThreadDump> {
     let started = Instant::now();
     let taken = SystemTime::now();
     let view = session.unwind_view(pid)?;
@@ -149,7 +154,15 @@ pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
     records.retain(|r| r.tid != 0);
     let mut settled: BTreeMap<u32, Walked> = BTreeMap::new();
     for attempt in 1..=ATTEMPTS {
-        let walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
+        let mut walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
+        if let Some(python) = python.as_deref_mut() {
+            let tids: Vec<u32> =
+                walked.iter().filter(|w| w.source == StackSource::Walked).map(|w| w.record.tid).collect();
+            let mut frames = if tids.is_empty() { Default::default() } else { python.read(&tids) };
+            for thread in &mut walked {
+                thread.python = frames.remove(&thread.record.tid).unwrap_or_default();
+            }
+        }
         let now: BTreeMap<u32, ThreadRecord> = session.thread_records(pid)?.into_iter().map(|r| (r.tid, r)).collect();
         records = Vec::new();
         for mut thread in walked {
@@ -202,7 +215,7 @@ fn walk_one(pid: Pid, view: &UnwindView, record: &ThreadRecord, counts: &mut Wal
         let (frames, truncated) = walk::walk(pid, view, Regs::interrupted(record.ip, record.sp, record.bp), counts);
         (frames, truncated, StackSource::Walked)
     };
-    Walked { record: *record, user, truncated, source }
+    Walked { record: *record, user, truncated, source, python: Vec::new() }
 }
 
 /// Adds what `/proc` says; `None` when the thread is gone.
@@ -218,6 +231,6 @@ fn finish(pid: Pid, thread: Walked) -> Option<DumpedThread> {
         truncated: thread.truncated,
         kernel: thread.record.kernel_frames().to_vec(),
         source: thread.source,
-        python: Vec::new(),
+        python: thread.python,
     })
 }
