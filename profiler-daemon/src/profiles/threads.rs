@@ -192,6 +192,7 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
         }
     }
     resolved.samples = samples;
+    resolved.frames.locations += interned.len() as u64;
     if !interned.is_empty() {
         resolved.mappings.push(MappingInfo {
             start: PYTHON_BASE,
