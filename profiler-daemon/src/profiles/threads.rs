@@ -26,13 +26,10 @@ use crate::{
     ids::{StackId, Tid},
     pprof::Shape,
     python::PythonFrame,
-    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, StackSample},
+    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, StackSample, PYTHON_MAPPING},
     symbolize::Frame,
     threads::{stack_id, DumpedThread, StackSource, ThreadDump},
 };
-
-/// The pseudo file of Python frames' locations.
-pub const PYTHON_MAPPING: &str = "[python]";
 
 /// Where Python frames' locations are numbered from: not a canonical address, above every
 /// user one and below where hidden kernel addresses start
