@@ -267,3 +267,63 @@ impl PythonSummary {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::{
+        ids::Tid,
+        threads::{procfs::ThreadFacts, DumpedThread, WalkCounts},
+    };
+
+    #[test]
+    fn a_process_that_exits_mid_read_gets_no_python_frames_and_says_so() {
+        let gone = Pid(0x7fff_fff0);
+        let mut codes = CodeCache::default();
+        let interp = detect::Interpreter {
+            version: (3, 12),
+            path: "libpython3.12.so".into(),
+            runtime: 0x1000,
+            code_type: None,
+            offsets: offsets::V3_12,
+        };
+        let mut reading = PythonDump {
+            codes: &mut codes,
+            remote: Remote { pid: gone },
+            key: (gone, 1),
+            interp: Some(Box::new(interp)),
+            summary: summary(PythonStatus::Read { version: (3, 12), path: "libpython3.12.so".into() }),
+            states: HashMap::new(),
+        };
+        assert!(reading.read(&[7]).is_empty());
+        let frame = PythonFrame { qualname: "f".into(), filename: "a.py".into(), line: 1, entry: true };
+        let mut dump = ThreadDump {
+            pid: gone,
+            taken: SystemTime::now(),
+            threads: vec![DumpedThread {
+                tid: Tid(7),
+                facts: ThreadFacts { name: "t".into(), state: 'S', wchan: None },
+                syscall: None,
+                user: vec![],
+                truncated: false,
+                kernel: vec![],
+                source: StackSource::Walked,
+                // Read in an earlier round, before the process exited.
+                python: vec![frame],
+            }],
+            exited: 0,
+            rewalked: 0,
+            invisible: 0,
+            walk: WalkCounts::default(),
+            duration: Duration::ZERO,
+            python: None,
+        };
+        reading.finish(&mut dump);
+        assert!(dump.threads[0].python.is_empty(), "none rather than some");
+        let summary = dump.python.unwrap();
+        assert_eq!(summary.status, PythonStatus::Exited);
+        assert!(summary.describe().contains("exited"), "{}", summary.describe());
+    }
+}
