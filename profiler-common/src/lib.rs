@@ -12,6 +12,7 @@
 #![no_std]
 
 pub mod cpu;
+pub mod frame;
 pub mod futex;
 pub mod heap;
 pub mod offcpu;
@@ -22,6 +23,7 @@ pub mod unwind;
 pub mod walk;
 
 pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
+pub use frame::{FrameKind, InterpretedFrame};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};

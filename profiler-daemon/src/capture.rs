@@ -19,6 +19,7 @@ use crate::{
     offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
+    python::PythonReader,
     sideband::{Sideband, SidebandStats},
     threads::{self, ThreadDump},
     unwind::{self, Unwinder, UnwinderStats},
@@ -158,6 +159,8 @@ pub struct Capture {
     /// Pids reused while a drain followed events after taking its batch: reported with the
     /// next drain.
     reused_since_drain: Vec<Pid>,
+    /// Thread dumps' reader of CPython frames (what each process runs, its code objects).
+    python: PythonReader,
 }
 
 impl Capture {
@@ -216,6 +219,7 @@ impl Capture {
             sideband_error,
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
+            python: PythonReader::default(),
         };
         capture.filter_cgroups();
         // Processes running now are read from `/proc` and registered with the unwinder before
@@ -442,7 +446,12 @@ impl Capture {
             let registration = [(pid, process.maps_version, process.maps())];
             self.unwinder.sync(&mut self.session, registration, None).map_err(CaptureError::UnwindTables)?;
         }
-        let dump = threads::take(&self.session, pid).map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        let mut python = self.catalog.process(pid).and_then(|process| self.python.begin(process));
+        let mut dump = threads::take(&self.session, pid, python.as_mut())
+            .map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        if let Some(python) = python {
+            python.finish(&mut dump);
+        }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();
         let seen: Vec<Sighting<'_>> = dump

@@ -33,6 +33,7 @@ pub mod procs;
 pub mod profiles;
 #[cfg(test)]
 mod properties;
+pub mod python;
 pub mod render;
 pub mod resolve;
 pub mod sideband;

@@ -66,7 +66,7 @@ impl Renderer<'_> {
         if !self.kernel_addresses {
             resolved.hide_kernel_addresses();
         }
-        kind.label(&mut resolved);
+        kind.label(&mut resolved, counts);
         pprof::go_text(&resolved, kind.text_format(&self.settings, debug))
     }
 
@@ -87,7 +87,7 @@ impl Renderer<'_> {
         }
         let samples = kind.samples(counts, &self.settings);
         let mut resolved = resolve::resolve(process, self.catalog, samples, sym);
-        kind.label(&mut resolved);
+        kind.label(&mut resolved, counts);
         let mut comments = kind.comments(self.context, self.counters, &self.settings, counts);
         if !self.kernel_addresses && resolved.hide_kernel_addresses() {
             comments.push(format!(

@@ -18,6 +18,9 @@ use crate::{
 /// The pseudo file name of kernel frames (the name perf and pprof tools use).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
+/// The pseudo file name of Python frames' locations (see `profiles::threads`).
+pub const PYTHON_MAPPING: &str = "[python]";
+
 /// Where kernel addresses start in a profile for a viewer who may not know them: above
 /// every user address, below every kernel one, and not canonical, so nothing mistakes it
 /// for a real address.

@@ -9,7 +9,7 @@
 //! the assertions several tests share (`expect`), a FUSE file system that stops answering
 //! (`fuse`); running the
 //! daemon (`daemon`), talking to its socket (`http`) and giving it a tmpfs to fill
-//! (`tmpfs`); the export tests' stand-in for Pyroscope and an OTLP collector (`backend`); booting a container with a real systemd as its PID 1 to run the shipped unit
+//! (`tmpfs`); CPython interpreters and the Python fixtures (`python`); the export tests' stand-in for Pyroscope and an OTLP collector (`backend`); booting a container with a real systemd as its PID 1 to run the shipped unit
 //! under (`nspawn`).
 //! Does not own: any profiler logic. When the machine is not fit (not root, no compiler, no
 //! Go) it panics with a message saying what to do.
@@ -28,6 +28,7 @@ pub mod nspawn;
 pub mod perf;
 pub mod pprof;
 pub mod preflight;
+pub mod python;
 pub mod run;
 pub mod summary;
 pub mod tmpfs;

@@ -22,6 +22,12 @@ pub struct Frame {
     pub address: u64,
     /// Whether the location is in the `[kernel.kallsyms]` mapping.
     pub kernel: bool,
+    /// The function's file name and the line (empty and 0 when the location has none).
+    pub file: String,
+    pub line: i64,
+    /// The file name of the location's mapping (`[python]` for Python frames); empty when
+    /// it has none.
+    pub mapping: String,
 }
 
 /// A sample label, string or numeric.
@@ -214,6 +220,7 @@ struct Resolver<'a> {
     raw: &'a proto::Profile,
     locations: HashMap<u64, &'a proto::Location>,
     functions: HashMap<u64, &'a proto::Function>,
+    mappings: HashMap<u64, &'a proto::Mapping>,
     kernel_mappings: Vec<u64>,
 }
 
@@ -224,6 +231,7 @@ impl<'a> Resolver<'a> {
             raw,
             locations: raw.location.iter().map(|l| (l.id, l)).collect(),
             functions: raw.function.iter().map(|f| (f.id, f)).collect(),
+            mappings: raw.mapping.iter().map(|m| (m.id, m)).collect(),
             kernel_mappings: raw
                 .mapping
                 .iter()
@@ -256,19 +264,33 @@ impl<'a> Resolver<'a> {
             .get(&location_id)
             .unwrap_or_else(|| panic!("sample references missing location {location_id}"));
         let kernel = self.kernel_mappings.contains(&location.mapping_id);
-        let frame = |function: String| Frame { function, address: location.address, kernel };
+        let mapping = self.mappings.get(&location.mapping_id).map(|m| self.str(m.filename)).unwrap_or_default();
+        let frame = |function: String, file: String, line: i64| Frame {
+            function,
+            address: location.address,
+            kernel,
+            file,
+            line,
+            mapping: mapping.clone(),
+        };
         if location.line.is_empty() {
-            return vec![frame(String::new())];
+            return vec![frame(String::new(), String::new(), 0)];
         }
-        location.line.iter().map(|line| frame(self.function_name(line.function_id))).collect()
+        location
+            .line
+            .iter()
+            .map(|line| {
+                let function = self.function(line.function_id);
+                frame(self.str(function.name), self.str(function.filename), line.line)
+            })
+            .collect()
     }
 
-    fn function_name(&self, function_id: u64) -> String {
-        let function = self
-            .functions
+    fn function(&self, function_id: u64) -> &'a proto::Function {
+        self.functions
             .get(&function_id)
-            .unwrap_or_else(|| panic!("line references missing function {function_id}"));
-        self.str(function.name)
+            .copied()
+            .unwrap_or_else(|| panic!("line references missing function {function_id}"))
     }
 
     fn label(&self, label: &proto::Label) -> Label {

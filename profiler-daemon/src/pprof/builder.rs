@@ -24,6 +24,10 @@ pub struct MappingSpec<'a> {
 pub struct FunctionKey {
     pub name: String,
     pub file: String,
+    /// `name` is final: written with an empty system name, which pprof tools read as
+    /// "already demangled", so that they do not strip it as a C++ name (Python's
+    /// `<module>` would become an empty name).
+    pub verbatim: bool,
 }
 
 #[derive(Default)]
@@ -104,7 +108,8 @@ impl ProfileBuilder {
         let id = self.profile.function.len() as u64 + 1;
         let name = self.string(&key.name);
         let filename = self.string(&key.file);
-        self.profile.function.push(Function { id, name, system_name: name, filename, start_line: 0 });
+        let system_name = if key.verbatim { 0 } else { name };
+        self.profile.function.push(Function { id, name, system_name, filename, start_line: 0 });
         self.functions.insert(key, id);
         id
     }
@@ -145,7 +150,7 @@ mod tests {
     use super::*;
 
     fn key(name: &str) -> FunctionKey {
-        FunctionKey { name: name.into(), file: "a.c".into() }
+        FunctionKey { name: name.into(), file: "a.c".into(), verbatim: false }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::{
     proto::{Label, Profile},
     FunctionKey, MappingSpec, ProfileBuilder,
 };
-use crate::resolve::{LabelValue, LocationInfo, ResolvedProfile};
+use crate::resolve::{LabelValue, LocationInfo, ResolvedProfile, PYTHON_MAPPING};
 
 /// The pprof header of a profile type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +73,9 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
             })
         })
         .collect();
-    let location_ids: Vec<u64> = resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids)).collect();
+    let python = resolved.mappings.iter().position(|m| m.path == PYTHON_MAPPING);
+    let location_ids: Vec<u64> =
+        resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids, python)).collect();
     for sample in &resolved.samples {
         let ids = sample.locations.iter().map(|&i| location_ids[i]).collect();
         let labels = sample.labels.iter().map(|(key, value)| label(&mut b, key, value)).collect();
@@ -106,13 +108,15 @@ fn label(b: &mut ProfileBuilder, key: &str, value: &LabelValue) -> Label {
     }
 }
 
-fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64]) -> u64 {
+/// `python`: the index of the Python frames' mapping, whose function names are final.
+fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64], python: Option<usize>) -> u64 {
     let mapping_id = loc.mapping.map_or(0, |m| mapping_ids[m]);
+    let verbatim = loc.mapping.is_some() && loc.mapping == python;
     let lines: Vec<(FunctionKey, i64)> = loc
         .frames
         .iter()
         .map(|f| {
-            let key = FunctionKey { name: f.function.clone(), file: f.file.clone().unwrap_or_default() };
+            let key = FunctionKey { name: f.function.clone(), file: f.file.clone().unwrap_or_default(), verbatim };
             (key, i64::from(f.line))
         })
         .collect();

@@ -334,7 +334,7 @@ mod tests {
             has_line_numbers: false,
             has_inline_frames: false,
         });
-        let key = |name: &str| crate::pprof::FunctionKey { name: name.into(), file: String::new() };
+        let key = |name: &str| crate::pprof::FunctionKey { name: name.into(), file: String::new(), verbatim: false };
         let main = b.add_location(mapping, 0x1100, &[(key("main"), 3)]);
         let hot = b.add_location(mapping, 0x1200, &[(key("hot"), 7)]);
         let label = b.str_label("primitive", "pthread_mutex_lock");

@@ -199,12 +199,14 @@ impl ProfileKind {
         }
     }
 
-    /// Labels that need the symbolized frames (block and mutex: `primitive`).
-    pub fn label(self, resolved: &mut ResolvedProfile) {
+    /// What needs the symbolized frames: labels (block and mutex: `primitive`), and the
+    /// thread dump's Python frames in place of the interpreter loop's native ones.
+    pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) {
         match self {
             Self::Block => waits::label(resolved),
             Self::Mutex => waits::label_locks_only(resolved),
-            Self::Cpu | Self::Heap | Self::ThreadCreate | Self::Threads | Self::OffCpu => {}
+            Self::Threads => threads::merge_python(resolved, &counts.threads),
+            Self::Cpu | Self::Heap | Self::ThreadCreate | Self::OffCpu => {}
         }
     }
 

@@ -7,6 +7,12 @@
 //! stale saved registers, and is shown with those instead, marked). The dump itself
 //! ([`ThreadDump`], taken by `Capture::thread_dump`) is put in the counts right before they
 //! are rendered ([`ThreadState::dump`]).
+//!
+//! In a CPython process, each walked thread's Python frames ([`crate::python`]) take the
+//! place of the interpreter loop's native frames (`_PyEval_EvalFrameDefault`) once the
+//! stack is symbolized ([`merge_python`]): one activation of the loop runs the frames up to
+//! and including the next entry frame, so the loop's frames and the runs pair up in order,
+//! leaf first. Python frames get a mapping of their own, [`PYTHON_MAPPING`].
 
 use std::{
     collections::{HashMap, HashSet},
@@ -19,9 +25,19 @@ use crate::{
     ebpf::{Batch, Counters},
     ids::{StackId, Tid},
     pprof::Shape,
-    resolve::{LabelValue, StackSample},
+    python::PythonFrame,
+    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, StackSample, PYTHON_MAPPING},
+    symbolize::Frame,
     threads::{stack_id, DumpedThread, StackSource, ThreadDump},
 };
+
+/// Where Python frames' locations are numbered from: not a canonical address, above every
+/// user one and below where hidden kernel addresses start
+/// ([`crate::resolve::HIDDEN_KERNEL_BASE`]), so none is mistaken for code.
+const PYTHON_BASE: u64 = 0x4000_0000_0000_0000;
+
+/// The interpreter loop's function: one native activation runs a run of Python frames.
+const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
 /// How long a thread's latest CPU sample stands for it when it is found running.
 const CPU_SAMPLE_KEPT: Duration = Duration::from_secs(10);
@@ -125,6 +141,84 @@ fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
     }
 }
 
+/// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
+/// locations: the n-th activation of the loop (leaf first) by the n-th run of Python frames
+/// (up to and including an entry frame). Runs left over (a native walk cut short) are not
+/// placed, and the sample's `python` label says how many frames; loop frames left over keep
+/// their native name.
+pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
+    let Some(dump) = &state.dump else { return };
+    let threads: HashMap<i64, &DumpedThread> =
+        dump.threads.iter().filter(|t| !t.python.is_empty()).map(|t| (i64::from(t.tid.0), t)).collect();
+    if threads.is_empty() {
+        return;
+    }
+    let mapping = resolved.mappings.len();
+    // A location per (function, file, line), whichever thread and activation it is in.
+    let mut interned: HashMap<(&str, &str, u32), usize> = HashMap::new();
+    let mut samples = std::mem::take(&mut resolved.samples);
+    for sample in &mut samples {
+        let tid = sample.labels.iter().find_map(|(k, v)| match v {
+            LabelValue::Num(n, _) if *k == "tid" => Some(*n),
+            _ => None,
+        });
+        let Some(thread) = tid.and_then(|tid| threads.get(&tid)) else { continue };
+        let mut runs = thread.python.split_inclusive(|f| f.entry).peekable();
+        let mut merged = Vec::with_capacity(sample.locations.len() + thread.python.len());
+        for &location in &sample.locations {
+            let is_eval = resolved.locations[location].frames.iter().any(|f| f.function == EVAL_FUNCTION);
+            let Some(run) = runs.next_if(|_| is_eval) else {
+                merged.push(location);
+                continue;
+            };
+            for frame in run {
+                let next = interned.len() as u64;
+                let key = (frame.qualname.as_str(), frame.filename.as_str(), frame.line);
+                let index = *interned
+                    .entry(key)
+                    .or_insert_with(|| python_location(&mut resolved.locations, mapping, PYTHON_BASE + next, frame));
+                merged.push(index);
+            }
+        }
+        sample.locations = merged;
+        let left: usize = runs.map(<[PythonFrame]>::len).sum();
+        if left > 0 {
+            // Said on the sample, not dropped silently: the native walk ended before the
+            // loop frames that ran these (a cut or failed walk).
+            sample.labels.push(("python", LabelValue::Str(format!("{left} outer Python frames not placed"))));
+        }
+    }
+    resolved.samples = samples;
+    resolved.frames.locations += interned.len() as u64;
+    if !interned.is_empty() {
+        resolved.mappings.push(MappingInfo {
+            start: PYTHON_BASE,
+            limit: PYTHON_BASE + interned.len() as u64,
+            offset: 0,
+            path: PYTHON_MAPPING.into(),
+            build_id: None,
+            has_functions: true,
+            has_lines: true,
+            has_inline_frames: false,
+        });
+    }
+}
+
+/// A new location for `frame` at `address` of the Python mapping.
+fn python_location(locations: &mut Vec<LocationInfo>, mapping: usize, address: u64, frame: &PythonFrame) -> usize {
+    locations.push(LocationInfo {
+        address,
+        mapping: Some(mapping),
+        frames: vec![Frame {
+            function: frame.qualname.clone(),
+            file: Some(frame.filename.clone()),
+            line: frame.line,
+            offset: 0,
+        }],
+    });
+    locations.len() - 1
+}
+
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
     let mut lines = vec![format!(
         "profiler {} threads profile: every thread of the process at one moment, read without stopping it \
@@ -146,6 +240,7 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
             dump.rewalked,
         ));
         lines.push(walk_comment(dump));
+        lines.extend(dump.python.as_ref().map(|p| p.describe()));
     }
     lines.push(unwind_comment(counters));
     lines
@@ -194,6 +289,7 @@ mod tests {
             truncated: false,
             kernel: vec![0xffff_ffff_8100_0000],
             source,
+            python: Vec::new(),
         }
     }
 
@@ -207,6 +303,7 @@ mod tests {
             invisible: 0,
             walk: WalkCounts::default(),
             duration: Duration::from_millis(2),
+            python: None,
         })
     }
 
@@ -250,5 +347,55 @@ mod tests {
         assert_eq!(samples[0].user_stack, StackId(11));
         assert_eq!(samples[1].user_stack, StackId::NONE, "no sample: no stack");
         assert_eq!(samples[1].kernel_stack, StackId::NONE, "a running thread's saved kernel stack is stale");
+    }
+
+    #[test]
+    fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
+        use crate::resolve::ResolvedSample;
+        let py = |name: &str, line, entry| PythonFrame { qualname: name.into(), filename: "a.py".into(), line, entry };
+        let mut walked = thread(7, StackSource::Walked, vec![]);
+        // Leaf first: two activations, [inner] and [outer, <module>].
+        walked.python = vec![py("inner", 3, true), py("outer", 9, false), py("<module>", 12, true)];
+        let mut other = thread(8, StackSource::Walked, vec![]);
+        other.python = vec![py("outer", 9, true)];
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump(vec![walked, other])) };
+        let native = |function: &str| LocationInfo {
+            address: 0x1000,
+            mapping: None,
+            frames: vec![Frame { function: function.into(), file: None, line: 0, offset: 0 }],
+        };
+        let sample = |tid, locations| ResolvedSample {
+            locations,
+            values: vec![1],
+            unscaled: vec![],
+            labels: vec![("tid", LabelValue::Num(tid, None))],
+        };
+        let mut resolved = ResolvedProfile {
+            locations: vec![native("read"), native(EVAL_FUNCTION), native("sorted"), native("main")],
+            samples: vec![
+                sample(7, vec![0, 1, 2, 1, 3]),
+                sample(8, vec![0, 1, 1]),
+                sample(9, vec![1]),
+                sample(7, vec![0, 1, 2]),
+            ],
+            ..ResolvedProfile::default()
+        };
+        merge_python(&mut resolved, &state);
+        let names = |s: usize| -> Vec<String> {
+            resolved.samples[s].locations.iter().map(|&l| resolved.locations[l].frames[0].function.clone()).collect()
+        };
+        assert_eq!(names(0), ["read", "inner", "sorted", "outer", "<module>", "main"]);
+        assert_eq!(names(1), ["read", "outer", EVAL_FUNCTION], "a loop frame without a run stays native");
+        let label = |s: usize| resolved.samples[s].labels.iter().find(|(k, _)| *k == "python").map(|(_, v)| v.clone());
+        assert_eq!(label(1), None);
+        assert_eq!(names(2), [EVAL_FUNCTION], "a thread without Python frames is untouched");
+        assert_eq!(names(3), ["read", "inner", "sorted"], "a native walk cut short");
+        assert_eq!(label(3), Some(LabelValue::Str("2 outer Python frames not placed".into())));
+        assert_eq!(resolved.samples[0].locations[3], resolved.samples[1].locations[1], "same frame, same location");
+        let python = resolved.mappings.iter().position(|m| m.path == PYTHON_MAPPING).expect("the Python mapping");
+        let location = &resolved.locations[resolved.samples[0].locations[1]];
+        assert_eq!(location.mapping, Some(python));
+        assert_eq!((location.frames[0].file.as_deref(), location.frames[0].line), (Some("a.py"), 3));
+        assert_eq!(resolved.mappings[python].limit - resolved.mappings[python].start, 3, "three distinct frames");
     }
 }

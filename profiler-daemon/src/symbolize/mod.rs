@@ -241,6 +241,42 @@ pub fn symbol_offsets(path: &Path, names: &[&str]) -> Vec<Option<u64>> {
     }
 }
 
+/// Where a symbol of an ELF file lies: its virtual address in the file's own layout, its
+/// size when the table gives one, and its file offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymbolAddress {
+    pub vaddr: u64,
+    pub size: Option<u64>,
+    pub file_offset: Option<u64>,
+}
+
+/// The named symbols (functions or variables) of the ELF file at `path`, in order; `None`
+/// for a name the file does not define. From the symbol tables only (no DWARF).
+pub fn symbol_addresses(path: &Path, names: &[&str]) -> Vec<Option<SymbolAddress>> {
+    use blazesym::inspect::{
+        source::{Elf as InspectElf, Source as InspectSource},
+        Inspector,
+    };
+    let mut elf = InspectElf::new(path);
+    elf.debug_syms = false;
+    match Inspector::new().lookup(&InspectSource::Elf(elf), names) {
+        Ok(found) => found
+            .iter()
+            .map(|syms| {
+                syms.first().map(|s| SymbolAddress {
+                    vaddr: s.addr,
+                    size: s.size.map(|n| n as u64),
+                    file_offset: s.file_offset,
+                })
+            })
+            .collect(),
+        Err(err) => {
+            tracing::debug!(path = %path.display(), error = %err, "symbol lookup failed");
+            vec![None; names.len()]
+        }
+    }
+}
+
 /// The GNU build id of an ELF file, as lowercase hex.
 pub fn build_id(path: &Path) -> Option<String> {
     let id = blazesym::helper::read_elf_build_id(path).ok()??;

@@ -27,6 +27,7 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, UnwindView},
     ids::{Pid, StackId, Tid},
+    python::{PythonDump, PythonFrame},
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -60,6 +61,10 @@ pub struct DumpedThread {
     /// Kernel frames, leaf first.
     pub kernel: Vec<u64>,
     pub source: StackSource,
+    /// The Python frames it is in, leaf first, when the process runs CPython and the thread
+    /// was walked (see [`crate::python`]); they take the place of the interpreter loop's
+    /// native frames when the dump is rendered.
+    pub python: Vec<crate::python::PythonFrame>,
 }
 
 impl DumpedThread {
@@ -86,6 +91,8 @@ pub struct ThreadDump {
     pub walk: WalkCounts,
     /// How long the dump took.
     pub duration: Duration,
+    /// What reading the process's Python frames gave; `None` when it does not run CPython.
+    pub python: Option<crate::python::PythonSummary>,
 }
 
 impl ThreadDump {
@@ -119,11 +126,15 @@ struct Walked {
     user: Vec<u64>,
     truncated: bool,
     source: StackSource,
+    /// Its Python frames, read in the same round (before the round's check).
+    python: Vec<PythonFrame>,
 }
 
 /// Dumps every thread of `pid`. The process must be registered with the unwinder for its
 /// frames to be stepped with tables (otherwise with frame pointers, as the kernel would).
-pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
+/// With `python` (a CPython process), each round reads the walked threads' Python frames
+/// after their native stacks and before the check, so both are of the same moment.
+pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>) -> ebpf::Result<ThreadDump> {
     let started = Instant::now();
     let taken = SystemTime::now();
     let view = session.unwind_view(pid)?;
@@ -136,13 +147,22 @@ pub fn take(session: &Session, pid: Pid) -> ebpf::Result<ThreadDump> {
         invisible: 0,
         walk: WalkCounts::default(),
         duration: Duration::ZERO,
+        python: None,
     };
     let mut records = session.thread_records(pid)?;
     dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
     records.retain(|r| r.tid != 0);
     let mut settled: BTreeMap<u32, Walked> = BTreeMap::new();
     for attempt in 1..=ATTEMPTS {
-        let walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
+        let mut walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
+        if let Some(python) = python.as_deref_mut() {
+            let tids: Vec<u32> =
+                walked.iter().filter(|w| w.source == StackSource::Walked).map(|w| w.record.tid).collect();
+            let mut frames = if tids.is_empty() { Default::default() } else { python.read(&tids) };
+            for thread in &mut walked {
+                thread.python = frames.remove(&thread.record.tid).unwrap_or_default();
+            }
+        }
         let now: BTreeMap<u32, ThreadRecord> = session.thread_records(pid)?.into_iter().map(|r| (r.tid, r)).collect();
         records = Vec::new();
         for mut thread in walked {
@@ -195,7 +215,7 @@ fn walk_one(pid: Pid, view: &UnwindView, record: &ThreadRecord, counts: &mut Wal
         let (frames, truncated) = walk::walk(pid, view, Regs::interrupted(record.ip, record.sp, record.bp), counts);
         (frames, truncated, StackSource::Walked)
     };
-    Walked { record: *record, user, truncated, source }
+    Walked { record: *record, user, truncated, source, python: Vec::new() }
 }
 
 /// Adds what `/proc` says; `None` when the thread is gone.
@@ -211,5 +231,6 @@ fn finish(pid: Pid, thread: Walked) -> Option<DumpedThread> {
         truncated: thread.truncated,
         kernel: thread.record.kernel_frames().to_vec(),
         source: thread.source,
+        python: thread.python,
     })
 }

@@ -1,0 +1,329 @@
+//! CPython frames for thread dumps: which Python functions each thread of a CPython process
+//! is in, read from the interpreter's own structures in the process's memory
+//! (`process_vm_readv`: no stop, no signal), named from their code objects.
+//!
+//! [`detect`] finds the interpreter (3.11, 3.12, 3.13; static or shared builds) and its
+//! structure offsets ([`offsets`]); [`frames`] walks each thread state's frame chain into
+//! [`InterpretedFrame`](profiler_common::InterpretedFrame)s, the record the kernel walker
+//! will emit too; [`code`] names them, cached per (process, code object) with an identity
+//! check. [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in
+//! each round of its walks ([`PythonDump::read`]), and [`PythonDump::finish`] sums up;
+//! `profiles::threads` puts the frames in place of the interpreter loop's native frames.
+//!
+//! It reads threads the dump walked (blocked in the kernel, so their chains hold still);
+//! a thread on a CPU keeps its native frames only. What it does not own: CPU, heap and
+//! wait profiles (their stacks are walked in the kernel, which does not walk Python yet).
+
+pub mod code;
+pub mod detect;
+pub mod frames;
+pub mod linetable;
+pub mod memory;
+pub mod offsets;
+
+use std::collections::HashMap;
+
+use code::{CodeCache, CodeStats, ProcessKey};
+use detect::Detection;
+use memory::{ReadError, Remote};
+
+use crate::{
+    catalog::KnownProcess,
+    ids::Pid,
+    threads::{StackSource, ThreadDump},
+};
+
+/// Why reading a process's Python state stopped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadFailure {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// What was read is not what the version's layout says it should be.
+    #[error("{0}")]
+    Layout(String),
+}
+
+/// One Python frame of a thread, named.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PythonFrame {
+    /// `co_qualname`; `?` when the code object could not be read.
+    pub qualname: String,
+    pub filename: String,
+    /// The line of the current instruction.
+    pub line: u32,
+    /// The outermost frame of one interpreter-loop activation (see
+    /// [`profiler_common::InterpretedFrame::ENTRY`]).
+    pub entry: bool,
+}
+
+/// What reading a process's Python state gave, for the profile's comment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PythonStatus {
+    /// Frames were read: the interpreter's version and file.
+    Read { version: (u8, u8), path: String },
+    /// CPython, not readable by this reader: why.
+    Unsupported(String),
+    /// Reading failed part way: why (the threads keep their native frames).
+    Failed(String),
+    /// The process exited while it was read: no Python frames rather than half of them.
+    Exited,
+}
+
+/// The Python side of one dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonSummary {
+    pub status: PythonStatus,
+    /// Thread states whose frames were put on a dumped thread.
+    pub threads: u64,
+    /// Python frames put on threads.
+    pub frames: u64,
+    /// Frames whose code object could not be read (named `?`).
+    pub unnamed: u64,
+    /// Thread states of threads not walked now (on a CPU, moving, or no frames): native
+    /// frames only.
+    pub not_walked: u64,
+    /// Thread states without a thread in the dump (exited meanwhile, or not started yet).
+    pub unmatched: u64,
+    /// Threads whose chain was cut (see [`frames::MAX_FRAMES`]): outermost frames missing.
+    pub truncated: u64,
+    pub codes: CodeStats,
+}
+
+/// The reader's state across dumps: what each process is, and its code objects.
+#[derive(Default)]
+pub struct PythonReader {
+    detections: HashMap<(ProcessKey, u32), Detection>,
+    codes: CodeCache,
+}
+
+impl PythonReader {
+    /// Begins reading `process`'s Python frames for one dump; `None` when it does not run
+    /// CPython (or is gone). Detection is cached per process and mappings version.
+    pub fn begin(&mut self, process: &KnownProcess) -> Option<PythonDump<'_>> {
+        let info = process.info.as_ref()?;
+        // The start time as `/proc` says now: the catalogue's may not be read yet (a process
+        // known from events only), and a key that changes would throw the cache away.
+        let start_time = crate::procs::read_start_time(process.pid.0).ok()?;
+        let key: ProcessKey = (process.pid, start_time);
+        self.forget_exited();
+        let detection = match self.detections.get(&(key, process.maps_version)) {
+            Some(known) => Ok(known.clone()),
+            None => detect::detect(process.pid, process.maps(), info.exe.as_deref()).inspect(|found| {
+                self.detections.insert((key, process.maps_version), found.clone());
+            }),
+        };
+        let (interp, status) = match detection {
+            Ok(Detection::NotPython) => return None,
+            Ok(Detection::Unsupported(why)) => (None, PythonStatus::Unsupported(why)),
+            Ok(Detection::Python(interp)) => {
+                let status = PythonStatus::Read { version: interp.version, path: interp.path.clone() };
+                (Some(interp), status)
+            }
+            Err(err) => (None, failure_status(&err)),
+        };
+        Some(PythonDump {
+            codes: &mut self.codes,
+            remote: Remote { pid: process.pid },
+            key,
+            interp,
+            summary: summary(status),
+            states: HashMap::new(),
+        })
+    }
+
+    /// Drops what is known of processes that exited (by pid; a reused pid has another start
+    /// time, so its entries would not be found anyway).
+    fn forget_exited(&mut self) {
+        let live = |pid: Pid| crate::procs::exists(pid.0);
+        self.detections.retain(|((pid, _), _), _| live(*pid));
+        self.codes.retain(|(pid, _)| live(pid));
+    }
+}
+
+/// One dump's reading of a CPython process: [`PythonDump::read`] once per round of the
+/// dump's walks (before the round's consistency check, so that a thread that ran meanwhile
+/// is read again, Python frames included), then [`PythonDump::finish`].
+pub struct PythonDump<'a> {
+    codes: &'a mut CodeCache,
+    remote: Remote,
+    key: ProcessKey,
+    /// `None` when the interpreter cannot be read (the status says why).
+    interp: Option<Box<detect::Interpreter>>,
+    summary: PythonSummary,
+    /// The latest read's thread states: tid → whether its chain was cut.
+    states: HashMap<u32, bool>,
+}
+
+impl PythonDump<'_> {
+    /// The named Python frames of the threads `tids` (leaf first), read now; empty once the
+    /// reading failed or the process exited (the summary says which).
+    pub fn read(&mut self, tids: &[u32]) -> HashMap<u32, Vec<PythonFrame>> {
+        let Some(interp) = self.interp.as_deref() else { return HashMap::new() };
+        let threads = match frames::threads(&self.remote, interp) {
+            Ok(threads) => threads,
+            Err(err) => return self.fail(&err),
+        };
+        self.states = threads.iter().map(|t| (t.tid, t.truncated)).collect();
+        let mut named = HashMap::new();
+        for thread in threads.iter().filter(|t| tids.contains(&t.tid)) {
+            let mut out = Vec::with_capacity(thread.frames.len());
+            for frame in &thread.frames {
+                let code = self.codes.get(&self.remote, interp, self.key, frame.code_object, &mut self.summary.codes);
+                out.push(match code {
+                    Ok(code) => PythonFrame {
+                        qualname: code.qualname.clone(),
+                        filename: code.filename.clone(),
+                        line: code.line(frame.instr_offset),
+                        entry: frame.is_entry(),
+                    },
+                    Err(ReadFailure::Read(ReadError::Exited)) => return self.fail(&ReadError::Exited.into()),
+                    Err(_) => {
+                        self.summary.unnamed += 1;
+                        PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+                    }
+                });
+            }
+            named.insert(thread.tid, out);
+        }
+        named
+    }
+
+    fn fail(&mut self, err: &ReadFailure) -> HashMap<u32, Vec<PythonFrame>> {
+        self.summary.status = failure_status(err);
+        self.interp = None;
+        HashMap::new()
+    }
+
+    /// The summary of the dump whose threads are `dump`'s: a failed or cut-short reading
+    /// takes every thread's Python frames away (none rather than some of them).
+    pub fn finish(mut self, dump: &mut ThreadDump) {
+        let read = matches!(self.summary.status, PythonStatus::Read { .. });
+        let s = &mut self.summary;
+        for thread in &mut dump.threads {
+            if !read || thread.source != StackSource::Walked {
+                thread.python.clear();
+            }
+            match self.states.get(&thread.tid.0) {
+                Some(_) if thread.python.is_empty() => s.not_walked += 1,
+                Some(&truncated) => {
+                    s.threads += 1;
+                    s.frames += thread.python.len() as u64;
+                    s.truncated += u64::from(truncated);
+                }
+                None => {}
+            }
+        }
+        s.unmatched = self.states.keys().filter(|tid| !dump.threads.iter().any(|t| t.tid.0 == **tid)).count() as u64;
+        dump.python = Some(self.summary);
+    }
+}
+
+fn summary(status: PythonStatus) -> PythonSummary {
+    PythonSummary {
+        status,
+        threads: 0,
+        frames: 0,
+        unnamed: 0,
+        not_walked: 0,
+        unmatched: 0,
+        truncated: 0,
+        codes: CodeStats::default(),
+    }
+}
+
+fn failure_status(err: &ReadFailure) -> PythonStatus {
+    match err {
+        ReadFailure::Read(ReadError::Exited) => PythonStatus::Exited,
+        other => PythonStatus::Failed(other.to_string()),
+    }
+}
+
+impl PythonSummary {
+    /// One line for the profile's comment.
+    pub fn describe(&self) -> String {
+        match &self.status {
+            PythonStatus::Read { version: (major, minor), path } => format!(
+                "python: CPython {major}.{minor} ({path}): {} threads with {} Python frames in place of \
+                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads without Python \
+                 frames now (on a CPU, moving, or in no Python code); {} thread states without a dumped thread; {} chains cut at {} frames a thread \
+                 or {} a dump; code objects read {}, cached {}, replaced at a reused address {}",
+                self.threads,
+                self.frames,
+                self.unnamed,
+                self.not_walked,
+                self.unmatched,
+                self.truncated,
+                frames::MAX_FRAMES,
+                frames::MAX_FRAMES_PER_DUMP,
+                self.codes.read,
+                self.codes.cached,
+                self.codes.replaced,
+            ),
+            PythonStatus::Unsupported(why) => format!("python: native frames only: {why}"),
+            PythonStatus::Failed(why) => format!("python: native frames only: reading the interpreter failed: {why}"),
+            PythonStatus::Exited => {
+                "python: the process exited while its Python frames were read: native frames only".to_string()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::{
+        ids::Tid,
+        threads::{procfs::ThreadFacts, DumpedThread, WalkCounts},
+    };
+
+    #[test]
+    fn a_process_that_exits_mid_read_gets_no_python_frames_and_says_so() {
+        let gone = Pid(0x7fff_fff0);
+        let mut codes = CodeCache::default();
+        let interp = detect::Interpreter {
+            version: (3, 12),
+            path: "libpython3.12.so".into(),
+            runtime: 0x1000,
+            code_type: None,
+            offsets: offsets::V3_12,
+        };
+        let mut reading = PythonDump {
+            codes: &mut codes,
+            remote: Remote { pid: gone },
+            key: (gone, 1),
+            interp: Some(Box::new(interp)),
+            summary: summary(PythonStatus::Read { version: (3, 12), path: "libpython3.12.so".into() }),
+            states: HashMap::new(),
+        };
+        assert!(reading.read(&[7]).is_empty());
+        let frame = PythonFrame { qualname: "f".into(), filename: "a.py".into(), line: 1, entry: true };
+        let mut dump = ThreadDump {
+            pid: gone,
+            taken: SystemTime::now(),
+            threads: vec![DumpedThread {
+                tid: Tid(7),
+                facts: ThreadFacts { name: "t".into(), state: 'S', wchan: None },
+                syscall: None,
+                user: vec![],
+                truncated: false,
+                kernel: vec![],
+                source: StackSource::Walked,
+                // Read in an earlier round, before the process exited.
+                python: vec![frame],
+            }],
+            exited: 0,
+            rewalked: 0,
+            invisible: 0,
+            walk: WalkCounts::default(),
+            duration: Duration::ZERO,
+            python: None,
+        };
+        reading.finish(&mut dump);
+        assert!(dump.threads[0].python.is_empty(), "none rather than some");
+        let summary = dump.python.unwrap();
+        assert_eq!(summary.status, PythonStatus::Exited);
+        assert!(summary.describe().contains("exited"), "{}", summary.describe());
+    }
+}
