@@ -260,10 +260,10 @@ fn the_daemon_answers_python_frames_and_keeps_code_objects() {
 #[test]
 fn python_offsets_3_11_and_3_12_match_the_interpreters_debug_info() {
     use profiler_daemon::python::offsets::{CurrentFrame, EntryMark, Offsets, V3_11, V3_12};
-    if which("gdb").is_none() {
-        eprintln!("skipping: no gdb to read the interpreters' debug info (the end-to-end test checks the offsets)");
-        return;
-    }
+    assert!(
+        which("gdb").is_some(),
+        "no gdb to read the interpreters' debug info: `cargo xtask setup --for-test` installs it"
+    );
     for python in interpreters(&[(3, 11), (3, 12)]) {
         let Some(lib) = libpython(&python) else {
             eprintln!("{}: no libpython with debug info next to it; checked end to end only", python.label);

@@ -53,6 +53,11 @@ pub fn packages(go: bool, bench: bool) -> Vec<Package> {
             present: || probe(Command::new("eu-stack").arg("--version")).is_some(),
         });
         packages.push(Package {
+            name: "gdb",
+            why: "reads CPython's structure offsets from the interpreters' debug info (the Python tests' reference)",
+            present: || probe(Command::new("gdb").arg("--version")).is_some(),
+        });
+        packages.push(Package {
             name: "curl",
             why: "the socket client of the end-to-end tests (`curl --unix-socket`)",
             present: || probe(Command::new("curl").arg("--version")).is_some(),
