@@ -53,6 +53,11 @@ impl InsideFixture {
         self.kind.comm()
     }
 
+    /// Sends `sig` to the fixture (by its host pid).
+    pub fn signal(&self, sig: libc::c_int) {
+        signal(self.host_pid(), sig);
+    }
+
     /// Reads the fixture's next stdout line and panics unless it is `wanted` (waits for it).
     pub fn expect_line(&mut self, wanted: &str) {
         let mut line = String::new();

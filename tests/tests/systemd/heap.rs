@@ -45,7 +45,8 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
     let refusals = container.journal(UNIT).matches("CAP_SYS_ADMIN").count();
     // The daemon looks for new heap targets every 5 s; the probes must be on before
     // heap_sites allocates, and a loaded VM may take a scan or two longer.
-    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &[HEAP_DELAY_S, FIXTURE_S]);
+    // heap_sites allocates when told (SIGUSR1), once its probes are seen on.
+    let mut heap = container.spawn_fixture(FixtureKind::HeapSites, &["usr1", FIXTURE_S]);
     let pids = [u64::from(heap.ns_pid()), u64::from(heap.host_pid())];
     let attached = wait_for(Duration::from_secs(13), || heap_processes(&container).iter().any(|p| pids.contains(p)));
     assert!(
@@ -57,6 +58,7 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
         container.journal_verbose(UNIT)
     );
     container.wait_for_journal(UNIT, "heap probes attached", 1, SOON);
+    heap.signal(libc::SIGUSR1);
     heap.expect_line("allocated");
     let counted = wait_for(SOON, || status(&container)["samples"]["heap"].as_u64().unwrap_or(0) > 0);
     assert!(counted, "no heap samples after heap_sites allocated: {:#}", status(&container));
