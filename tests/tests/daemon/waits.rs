@@ -132,7 +132,7 @@ fn offcpu_endpoint_and_dumps_match_the_programs_own_clock() {
         window.display()
     );
     let truth = fixture.read_value("sleep_long_ns") as i64;
-    for key in ["sleep_short_ns", "pipe_read_ns", "cond_wait_ns", "starved_wall_ns"] {
+    for key in ["sleep_short_ns", "pipe_read_ns", "cond_wait_ns", "starved_wall_ns", "sleep_short_sq_us2"] {
         let _ = fixture.read_value(key);
     }
     fixture.expect_line("done");
