@@ -48,10 +48,10 @@ const MAX_WINDOWS: usize = 16;
 const MAX_WINDOWS_PER_UID: usize = 4;
 /// Of those, the ones only root may open, so that other users cannot lock root out.
 const ROOT_WINDOWS: usize = 4;
-/// Resident memory above which the symbolizer's open files are closed after a dump (their
-/// symbols found are kept).
 /// How often the collector follows process events while a dump's files are made durable.
 const FOLLOW_WHILE_FINISHING: Duration = Duration::from_millis(2);
+/// Resident memory above which the symbolizer's open files are closed after a dump (their
+/// symbols found are kept).
 const SYMBOLIZER_FILES_BUDGET: u64 = 40 << 20;
 /// Resident memory above which the symbol caches are dropped after a dump.
 const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
