@@ -76,13 +76,19 @@ pub struct Waker {
     /// 1 when the wake was sampled (its stack walked); a wait an unsampled wake ends is not
     /// charged.
     pub sampled: u32,
+    /// For a requeue (`FUTEX_REQUEUE`, `CMP_REQUEUE`, `CMP_REQUEUE_PI`, futex2
+    /// `futex_requeue`): the word its waiters were moved to, else 0. A waiter of this word
+    /// woken after the requeue was woken by the next wake of that word (the unlock of the
+    /// mutex a condition variable's broadcast requeues its waiters onto), and is charged to
+    /// it, not to the broadcaster.
+    pub requeued_to: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
 const _: () = assert!(core::mem::size_of::<WaitTotals>() == 16);
 const _: () = assert!(core::mem::size_of::<PendingWait>() == 24);
 const _: () = assert!(core::mem::size_of::<WakerKey>() == 16);
-const _: () = assert!(core::mem::size_of::<Waker>() == 24);
+const _: () = assert!(core::mem::size_of::<Waker>() == 32);
 
 /// The futex command bits of `futex(2)`'s `op` (the kernel's `FUTEX_CMD_MASK`: without
 /// `FUTEX_PRIVATE_FLAG` (128) and `FUTEX_CLOCK_REALTIME` (256)).
@@ -177,6 +183,11 @@ pub fn is_wake_cmd(cmd: u32) -> bool {
     )
 }
 
+/// Whether `cmd` moves waiters to a second word (`futex(2)`'s `uaddr2`) besides waking some.
+pub fn is_requeue_cmd(cmd: u32) -> bool {
+    matches!(cmd, cmd::REQUEUE | cmd::CMP_REQUEUE | cmd::CMP_REQUEUE_PI)
+}
+
 /// How a wait ended, from the syscall's return value.
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -259,10 +270,13 @@ pub enum FutexCounter {
     BlockUnsampled = 9,
     /// Woken waits not charged because the wake that ended them was not sampled.
     MutexUnsampled = 10,
+    /// Woken waits of a requeued word charged to the next wake of the word they were moved
+    /// to (the unlock that woke them), not to the requeue.
+    Requeued = 11,
 }
 
 impl FutexCounter {
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 12;
     pub const ALL: [FutexCounter; Self::COUNT as usize] = [
         FutexCounter::Waits,
         FutexCounter::MutexCharged,
@@ -275,6 +289,7 @@ impl FutexCounter {
         FutexCounter::WakerMapFull,
         FutexCounter::BlockUnsampled,
         FutexCounter::MutexUnsampled,
+        FutexCounter::Requeued,
     ];
 }
 

@@ -66,7 +66,8 @@ impl Renderer<'_> {
         if !self.kernel_addresses {
             resolved.hide_kernel_addresses();
         }
-        kind.label(&mut resolved, counts);
+        // The text form has no comments to say what the rule left out.
+        let _ = kind.label(&mut resolved, counts);
         pprof::go_text(&resolved, kind.text_format(&self.settings, debug))
     }
 
@@ -87,8 +88,9 @@ impl Renderer<'_> {
         }
         let samples = kind.samples(counts, &self.settings);
         let mut resolved = resolve::resolve(process, self.catalog, samples, sym);
-        kind.label(&mut resolved, counts);
+        let left_out = kind.label(&mut resolved, counts);
         let mut comments = kind.comments(self.context, self.counters, &self.settings, counts);
+        comments.extend(left_out);
         if !self.kernel_addresses && resolved.hide_kernel_addresses() {
             comments.push(format!(
                 "kernel addresses are shown from {:#x} on, relative to the lowest: only root sees where the kernel is",

@@ -11,6 +11,8 @@
 //! `futex_wake`/`futex_requeue`) records its stack as the futex word's last waker at entry,
 //! before any waiter can run. A waiter that returns woken, on a word whose last wake came
 //! after it started waiting, has its delay added under the waker's stack in the mutex maps.
+//! A requeue also notes the word it moved waiters to; a waiter whose word's last wake was a
+//! requeue is charged to the next wake of that second word (the unlock that woke it).
 //!
 //! Both are sampled as Go samples them, decided before any stack is walked (`FUTEX_CONFIG`):
 //! a wait at least as long as the block rate is always counted, a shorter one of length d
@@ -31,8 +33,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     futex::{
-        is_wake_cmd, FUTEX_CMD_MASK, FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION, FUTEX_CONFIG_SLOTS,
-        WAIT_COUNT_ONE,
+        is_requeue_cmd, is_wake_cmd, FUTEX_CMD_MASK, FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION,
+        FUTEX_CONFIG_SLOTS, WAIT_COUNT_ONE,
     },
     maps::{FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
     FutexCounter, PendingWait, Stack, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
@@ -72,6 +74,7 @@ pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Fute
 /// 8 bytes wide from offset 16; `sys_exit_*` has `ret` at 16.
 const ARG0: usize = 16;
 const ARG1: usize = 24;
+const ARG4: usize = 48;
 const RET: usize = 16;
 
 /// `futex(2)`: one program for every command, which tells waits from wakes.
@@ -90,7 +93,9 @@ fn try_futex_enter(ctx: &TracePointContext) -> Result<(), ()> {
     if let Some(op) = WaitOp::of_cmd(cmd) {
         begin_wait(task, uaddr, op);
     } else if is_wake_cmd(cmd) {
-        record_waker(task, uaddr);
+        // `uaddr2`, where a requeue moves the waiters it does not wake.
+        let requeued_to = if is_requeue_cmd(cmd) { read_field(ctx, ARG4) } else { 0 };
+        record_waker(task, uaddr, requeued_to);
     }
     Ok(())
 }
@@ -118,13 +123,14 @@ pub fn futex_waitv_enter(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
     if let Some(task) = wanted_task() {
-        record_waker(task, read_field(&ctx, ARG0));
+        record_waker(task, read_field(&ctx, ARG0), 0);
     }
     0
 }
 
 /// futex2 `futex_requeue(waiters[2], flags, nr_wake, nr_requeue)`: wakes waiters of
-/// `waiters[0].uaddr` (a `struct futex_waitv` is `{ u64 val; u64 uaddr; u32 flags; u32 _; }`).
+/// `waiters[0].uaddr` and moves others to `waiters[1].uaddr` (a `struct futex_waitv` is
+/// `{ u64 val; u64 uaddr; u32 flags; u32 _; }`, 24 bytes).
 #[tracepoint]
 pub fn futex_requeue_enter(ctx: TracePointContext) -> u32 {
     match try_futex_requeue_enter(&ctx) {
@@ -138,7 +144,9 @@ fn try_futex_requeue_enter(ctx: &TracePointContext) -> Result<(), ()> {
     let waiters = read_field(ctx, ARG0);
     // SAFETY: a fault-safe read of the caller's argument array.
     let uaddr = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) }.map_err(|_| ())?;
-    record_waker(task, uaddr);
+    // SAFETY: as above, the second element's word.
+    let requeued_to = unsafe { bpf_probe_read_user((waiters + 24 + 8) as *const u64) }.unwrap_or(0);
+    record_waker(task, uaddr, requeued_to);
     Ok(())
 }
 
@@ -212,19 +220,26 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
         return;
     }
-    let waker_key = WakerKey { tgid, _pad: 0, uaddr: wait.uaddr };
-    // The time before the stack: `record_waker` may be rewriting the entry in place, and
-    // writes the stack before the time.
-    let (waker_stack, sampled) = match FUTEX_WAKERS.get_ptr(&waker_key) {
-        // SAFETY: plain field reads of a live map value.
-        Some(entry) if unsafe { ptr::read_volatile(&(*entry).wake_ns) } >= wait.start_ns => unsafe {
-            (ptr::read_volatile(&(*entry).stack), ptr::read_volatile(&(*entry).sampled))
-        },
-        _ => {
-            count(FutexCounter::NoWaker);
-            return;
-        }
+    let Some((mut waker_stack, mut sampled, requeued_to, wake_ns)) = last_wake(tgid, wait.uaddr, wait.start_ns) else {
+        count(FutexCounter::NoWaker);
+        return;
     };
+    if requeued_to != 0 {
+        // The word's last wake moved waiters to `requeued_to`: a waiter among them was woken by
+        // that word's next wake (an unlock), which is what it waited for at the end; one the
+        // requeue woke directly finds no later wake there and is charged to no one (a
+        // condition's broadcast is not a lock release).
+        match last_wake(tgid, requeued_to, wake_ns) {
+            Some((stack, unlock_sampled, _, _)) => {
+                (waker_stack, sampled) = (stack, unlock_sampled);
+                count(FutexCounter::Requeued);
+            }
+            None => {
+                count(FutexCounter::NoWaker);
+                return;
+            }
+        }
+    }
     if sampled == 0 {
         count(FutexCounter::MutexUnsampled);
         return;
@@ -234,6 +249,27 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         count(FutexCounter::MutexCharged);
     } else {
         count(FutexCounter::MutexMapFull);
+    }
+}
+
+/// The last wake of `uaddr` issued at or after `since_ns`: (stack, sampled, requeued_to,
+/// wake_ns). The time is read first: `record_waker` may be rewriting the entry in place, and
+/// writes the time last.
+#[inline(always)]
+fn last_wake(tgid: u32, uaddr: u64, since_ns: u64) -> Option<(u64, u32, u64, u64)> {
+    let entry = FUTEX_WAKERS.get_ptr(&WakerKey { tgid, _pad: 0, uaddr })?;
+    // SAFETY: plain field reads of a live map value.
+    unsafe {
+        let wake_ns = ptr::read_volatile(&(*entry).wake_ns);
+        if wake_ns < since_ns {
+            return None;
+        }
+        Some((
+            ptr::read_volatile(&(*entry).stack),
+            ptr::read_volatile(&(*entry).sampled),
+            ptr::read_volatile(&(*entry).requeued_to),
+            wake_ns,
+        ))
     }
 }
 
@@ -285,15 +321,16 @@ fn user_stack(stacks: &HashMap<u64, Stack>, tgid: u32) -> u64 {
     }
 }
 
-/// Remembers the calling thread's stack as the last waker of `uaddr`.
+/// Remembers the calling thread's stack as the last waker of `uaddr` (and, for a requeue,
+/// the word its other waiters moved to).
 #[inline(always)]
-fn record_waker(task: Task, uaddr: u64) {
+fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
     let sampled = wake_sampled();
     let stack = if sampled { user_stack(stacks_of(active_set()), task.tgid) } else { NO_STACK };
     let tgid = task.tgid;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };
-    let waker = Waker { stack, wake_ns, tid: task.tid, sampled: sampled as u32 };
+    let waker = Waker { stack, wake_ns, tid: task.tid, sampled: sampled as u32, requeued_to };
     let key = WakerKey { tgid, _pad: 0, uaddr };
     // A word is usually woken again and again (the same lock or condition): overwriting its
     // entry in place skips the LRU's allocation and list locking. `wake_ns` is written last,
@@ -304,6 +341,7 @@ fn record_waker(task: Task, uaddr: u64) {
             ptr::write_volatile(&mut (*entry).stack, stack);
             ptr::write_volatile(&mut (*entry).tid, waker.tid);
             ptr::write_volatile(&mut (*entry).sampled, waker.sampled);
+            ptr::write_volatile(&mut (*entry).requeued_to, requeued_to);
             ptr::write_volatile(&mut (*entry).wake_ns, wake_ns);
         }
         count(FutexCounter::Wakes);

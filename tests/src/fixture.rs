@@ -53,6 +53,10 @@ pub enum FixtureKind {
     /// after a delay (argv[1]) prints `lock_wait_ns N`, `cond_wait_ns N`, `done`, lingers
     /// argv[2] seconds.
     LockContention,
+    /// `futex_requeue.c`: a waiter in wait_for_signal moved by FUTEX_CMP_REQUEUE (broadcast)
+    /// onto a second word, then woken by a FUTEX_WAKE of it (unlock); after a delay (argv[1])
+    /// prints `requeue_wait_ns N`, `done`, lingers argv[2] seconds.
+    FutexRequeue,
     /// `thread_spawner.c`: spawn_workers creates 7 threads, spawn_one 1, fork_children forks 3
     /// processes; after a delay (argv[1]) prints `done`, lingers argv[2] seconds.
     ThreadSpawner,
@@ -117,6 +121,7 @@ impl FixtureKind {
             Self::SyscallHeavy => "syscall_heavy",
             Self::HeapSites => "heap_sites",
             Self::LockContention => "lock_contention",
+            Self::FutexRequeue => "futex_requeue",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
             Self::CpuSplitNoFp => "cpu_split_nofp",
@@ -144,6 +149,7 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split.rs",
             Self::SyscallHeavy => "syscall_heavy.c",
             Self::LockContention => "lock_contention.c",
+            Self::FutexRequeue => "futex_requeue.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
             Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
@@ -224,6 +230,7 @@ impl FixtureKind {
             if matches!(
                 self,
                 Self::LockContention
+                    | Self::FutexRequeue
                     | Self::ThreadSpawner
                     | Self::ThreadDumpC
                     | Self::ThreadDumpCNoFp

@@ -65,6 +65,8 @@ pub struct FutexCounters {
     pub block_unsampled: u64,
     /// Woken waits not charged: their wake was not sampled.
     pub mutex_unsampled: u64,
+    /// Woken waits of a requeued word charged to the next wake of the word they moved to.
+    pub requeued: u64,
 }
 
 /// Futex waits of one (process, op, outcome, stack) in the drained interval.
@@ -143,6 +145,7 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<FutexCounters> {
         waker_map_full: get(FutexCounter::WakerMapFull),
         block_unsampled: get(FutexCounter::BlockUnsampled),
         mutex_unsampled: get(FutexCounter::MutexUnsampled),
+        requeued: get(FutexCounter::Requeued),
     })
 }
 

@@ -199,15 +199,17 @@ impl ProfileKind {
         }
     }
 
-    /// What needs the symbolized frames: labels (block and mutex: `primitive`), and the
-    /// thread dump's Python frames in place of the interpreter loop's native ones.
-    pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) {
+    /// What needs the symbolized frames: labels (block and mutex: `primitive`), the mutex
+    /// profile's locks-only rule, and the thread dump's Python frames in place of the
+    /// interpreter loop's native ones. Returns comment lines on what it left out.
+    pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) -> Vec<String> {
         match self {
             Self::Block => waits::label(resolved),
-            Self::Mutex => waits::label_locks_only(resolved),
+            Self::Mutex => return vec![waits::label_locks_only(resolved)],
             Self::Threads => threads::merge_python(resolved, &counts.threads),
             Self::Cpu | Self::Heap | Self::ThreadCreate | Self::OffCpu => {}
         }
+        Vec::new()
     }
 
     /// The profile comment: what a sample is and what was dropped.

@@ -29,16 +29,18 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
     let [drops, unwind] = drop_comments(counters);
     vec![
         format!(
-            "profiler {} mutex profile: delay of woken futex waits charged to the stack of the thread whose wake, \
-             unlock or requeue on the same futex word ended them (as Go charges the unlocker); locks only: waits \
+            "profiler {} mutex profile: delay of woken futex waits charged to the stack of the thread whose wake or \
+             unlock on the same futex word ended them (as Go charges the unlocker; a waiter a requeue moved to \
+             another word: to that word's next wake, the unlock that woke it); locks only: waits \
              ended by a condvar signal or broadcast, a semaphore post, a barrier or a once are in the block \
              profile, not here; {}",
             env!("CARGO_PKG_VERSION"),
             context.describe()
         ),
         format!(
-            "woken waits without a recorded waker (whole machine; not in this profile): {}",
-            counters.futex.no_waker
+            "woken waits without a recorded waker (whole machine; not in this profile): {}; charged through a \
+             requeue to the unlock that woke them (whole machine): {}",
+            counters.futex.no_waker, counters.futex.requeued
         ),
         format!(
             "sampling: mutex fraction {}: 1 in {} wakes records its stack, and the waits it ends are charged \

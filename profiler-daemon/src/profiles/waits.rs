@@ -139,15 +139,31 @@ const NOT_LOCK_RELEASES: &[&str] = &[
 
 /// The mutex profile's labels, then only lock releases kept: a sample whose waking stack
 /// signals a condition variable or posts a semaphore is dropped (those waits stay in the
-/// block profile, under the waiter).
-pub(super) fn label_locks_only(resolved: &mut ResolvedProfile) {
+/// block profile, under the waiter). Returns the comment line that counts what was dropped,
+/// so the kernel's count of charged waits still adds up.
+pub(super) fn label_locks_only(resolved: &mut ResolvedProfile) -> String {
     primitive::label(resolved);
+    let (mut samples, mut values) = (0usize, Vec::<i64>::new());
     resolved.samples.retain(|sample| {
-        !sample.labels.iter().any(|(key, value)| {
+        let released_no_lock = sample.labels.iter().any(|(key, value)| {
             *key == primitive::LABEL
                 && matches!(value, LabelValue::Str(name) if NOT_LOCK_RELEASES.contains(&name.as_str()))
-        })
+        });
+        if released_no_lock {
+            samples += 1;
+            values.resize(values.len().max(sample.values.len()), 0);
+            for (total, value) in values.iter_mut().zip(&sample.values) {
+                *total = total.saturating_add(*value);
+            }
+        }
+        !released_no_lock
     });
+    let (contentions, delay_ns) = (values.first().copied().unwrap_or(0), values.get(1).copied().unwrap_or(0));
+    format!(
+        "locks only: left out {samples} stacks that woke waiters without releasing a lock (condvar signal or \
+         broadcast, semaphore post, barrier, once, unpark), {contentions} contentions and {delay_ns} ns in all \
+         (scaled as the samples are); those waits are in the block profile under the waiter"
+    )
 }
 
 /// The comment lines both profiles end with: drops and the unwinder's counts.
