@@ -254,7 +254,8 @@ pub enum FutexCounter {
     /// Woken waits with no recorded wake on their word during the wait (woken by another
     /// process, by the kernel at thread exit, or the waker's entry was evicted).
     NoWaker = 2,
-    /// Waits not followed because the in-flight map was full.
+    /// Waits not followed because the in-flight map (an entry per thread that waits, from its
+    /// first wait to its exit) was full.
     PendingMapFull = 3,
     /// Waits lost because the block totals map was full.
     BlockMapFull = 4,

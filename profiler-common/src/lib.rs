@@ -178,7 +178,8 @@ pub mod maps {
     pub const THREAD_COUNTS_0: &str = "THREAD_COUNTS_0";
     /// The same for map set 1.
     pub const THREAD_COUNTS_1: &str = "THREAD_COUNTS_1";
-    /// Hash of pid_tgid (`u64`) → [`crate::PendingWait`]: futex waits in flight.
+    /// Hash of pid_tgid (`u64`) → [`crate::PendingWait`]: per thread that has waited, from
+    /// its first futex wait to its exit, its wait in flight (`start_ns` 0: none).
     pub const FUTEX_PENDING: &str = "FUTEX_PENDING";
     /// LRU hash of [`crate::WakerKey`] → [`crate::Waker`]: the last wake on each futex word.
     /// Not flipped: it is state.
@@ -298,6 +299,8 @@ pub mod programs {
     pub const FUTEX_WAITV_ENTER: &str = "futex_waitv_enter";
     pub const FUTEX_WAKE_ENTER: &str = "futex_wake_enter";
     pub const FUTEX_REQUEUE_ENTER: &str = "futex_requeue_enter";
+    /// `sched:sched_process_exit` (every thread's exit): drops the thread's wait entry.
+    pub const FUTEX_THREAD_EXIT: &str = "futex_thread_exit";
     /// `task:task_newtask`.
     pub const THREAD_CREATE: &str = "thread_create";
     /// `sched:sched_process_exec`.
@@ -320,11 +323,18 @@ pub mod programs {
         ALLOC_EXIT,
     ];
     /// The block and mutex profiles' programs.
-    pub const FUTEX: [&str; 6] =
-        [FUTEX_ENTER, FUTEX_EXIT, FUTEX_WAIT_ENTER, FUTEX_WAITV_ENTER, FUTEX_WAKE_ENTER, FUTEX_REQUEUE_ENTER];
+    pub const FUTEX: [&str; 7] = [
+        FUTEX_ENTER,
+        FUTEX_EXIT,
+        FUTEX_WAIT_ENTER,
+        FUTEX_WAITV_ENTER,
+        FUTEX_WAKE_ENTER,
+        FUTEX_REQUEUE_ENTER,
+        FUTEX_THREAD_EXIT,
+    ];
 
     /// Every program of the object.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         CPU_SAMPLE,
         MALLOC_ENTER,
         CALLOC_ENTER,
@@ -341,6 +351,7 @@ pub mod programs {
         FUTEX_WAITV_ENTER,
         FUTEX_WAKE_ENTER,
         FUTEX_REQUEUE_ENTER,
+        FUTEX_THREAD_EXIT,
         THREAD_CREATE,
         UNWIND_EXEC,
         THREAD_DUMP,

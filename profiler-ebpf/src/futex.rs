@@ -2,7 +2,8 @@
 //! and the futex2 tracepoints (`futex_wait`, `futex_waitv`, `futex_wake`, `futex_requeue`).
 //!
 //! A wait (`FUTEX_WAIT`, `WAIT_BITSET`, `LOCK_PI`, `LOCK_PI2`, `WAIT_REQUEUE_PI`, futex2
-//! `futex_wait`/`futex_waitv`) is remembered per thread at entry; at exit its delay is added
+//! `futex_wait`/`futex_waitv`) is remembered per thread at entry (in the thread's entry of
+//! `FUTEX_PENDING`, which lives from its first wait to its exit); at exit its delay is added
 //! under (process, op, outcome, waiting stack) in the block maps. The stack is taken at exit:
 //! the thread's saved user registers are those of the syscall either way, and taking it in
 //! the set that receives the count keeps count and stack in one batch.
@@ -164,11 +165,28 @@ fn try_futex_exit(ctx: &TracePointContext) -> Result<(), ()> {
     // The entry first: every futex exit on the machine comes here, and only this thread's
     // own wait needs its ids as the profiler sees them.
     let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: a plain value read of this thread's entry, copied out before the remove.
-    let wait = (unsafe { FUTEX_PENDING.get(&pid_tgid) }).copied().ok_or(())?;
-    let _ = FUTEX_PENDING.remove(&pid_tgid);
+    let entry = FUTEX_PENDING.get_ptr_mut(&pid_tgid).ok_or(())?;
+    // SAFETY: this thread's own entry (only it and its exit write it); plain field accesses.
+    let wait = unsafe {
+        if (*entry).start_ns == 0 {
+            return Err(());
+        }
+        let wait = *entry;
+        // Done with, but kept for the thread's next wait: rewriting an entry in place costs a
+        // lookup, where a delete and an insert take the bucket's lock and the free list twice.
+        (*entry).start_ns = 0;
+        wait
+    };
     end_wait(ctx, current_task().ok_or(())?, &wait);
     Ok(())
+}
+
+/// `sched:sched_process_exit`, for every thread that exits while futex waits are profiled:
+/// its entry in `FUTEX_PENDING`, kept between its waits, goes with it.
+#[tracepoint]
+pub fn futex_thread_exit(_ctx: TracePointContext) -> u32 {
+    let _ = FUTEX_PENDING.remove(&bpf_get_current_pid_tgid());
+    0
 }
 
 #[inline(always)]
@@ -180,6 +198,17 @@ fn count(counter: FutexCounter) {
 fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
     // SAFETY: a helper without arguments.
     let start_ns = unsafe { bpf_ktime_get_ns() };
+    // The thread's entry from its last wait is rewritten in place (see `try_futex_exit`);
+    // the start last, which marks the entry in flight.
+    if let Some(entry) = FUTEX_PENDING.get_ptr_mut(&task.pid_tgid) {
+        // SAFETY: this thread's own entry; plain field writes.
+        unsafe {
+            (*entry).uaddr = uaddr;
+            (*entry).op = op as u16;
+            (*entry).start_ns = start_ns;
+        }
+        return;
+    }
     let wait = PendingWait { uaddr, start_ns, op: op as u16, _pad: [0; 3] };
     // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
     if FUTEX_PENDING.insert(&task.pid_tgid, &wait, BPF_ANY as u64).is_err() {

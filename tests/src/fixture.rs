@@ -57,6 +57,10 @@ pub enum FixtureKind {
     /// onto a second word, then woken by a FUTEX_WAKE of it (unlock); after a delay (argv[1])
     /// prints `requeue_wait_ns N`, `done`, lingers argv[2] seconds.
     FutexRequeue,
+    /// `thread_churn.c`: two child processes in turn, each 20,032 threads, 64 at a time, each
+    /// one FUTEX_WAIT (timing out) in churn_wait; after a delay (argv[1]) prints `waits N` (all
+    /// children's), `done`, lingers argv[2] seconds.
+    ThreadChurn,
     /// `thread_spawner.c`: spawn_workers creates 7 threads, spawn_one 1, fork_children forks 3
     /// processes; after a delay (argv[1]) prints `done`, lingers argv[2] seconds.
     ThreadSpawner,
@@ -122,6 +126,7 @@ impl FixtureKind {
             Self::HeapSites => "heap_sites",
             Self::LockContention => "lock_contention",
             Self::FutexRequeue => "futex_requeue",
+            Self::ThreadChurn => "thread_churn",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
             Self::CpuSplitNoFp => "cpu_split_nofp",
@@ -150,6 +155,7 @@ impl FixtureKind {
             Self::SyscallHeavy => "syscall_heavy.c",
             Self::LockContention => "lock_contention.c",
             Self::FutexRequeue => "futex_requeue.c",
+            Self::ThreadChurn => "thread_churn.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
             Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
@@ -231,6 +237,7 @@ impl FixtureKind {
                 self,
                 Self::LockContention
                     | Self::FutexRequeue
+                    | Self::ThreadChurn
                     | Self::ThreadSpawner
                     | Self::ThreadDumpC
                     | Self::ThreadDumpCNoFp

@@ -192,6 +192,47 @@ fn a_requeued_waiter_is_charged_to_the_unlock_that_woke_it() {
     assert!(raw.contains("unlock"), "`go tool pprof -raw` of the mutex profile lacks unlock:\n{raw}");
 }
 
+/// Two processes in turn, each with 20,032 threads, 64 at a time, each thread waiting once
+/// (a FUTEX_WAIT that times out) and exiting: more threads than the in-flight map holds
+/// (32,768), whose entries live from a thread's first wait to its exit. Captured system-wide
+/// (the children are new processes): every wait is in the block profiles, exactly, and none
+/// was dropped for a full map: the entries went with their threads.
+#[test]
+fn waits_of_many_short_lived_threads_are_all_counted() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-churn");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &[DELAY_S, LINGER_S]);
+    // ~3 s of thread churn here, more under load.
+    let dir = out.path_arg();
+    let args = ["snapshot", "--duration", "20s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
+    assert_success(&run_profiler(&args), "snapshot --profiles block (thread churn, system-wide)");
+    let truth = fixture.read_value("waits") as i64;
+    fixture.expect_line("done");
+    let children: Vec<PathBuf> = std::fs::read_dir(out.path())
+        .expect("output dir")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("thread_churn-") && name != format!("thread_churn-{}", fixture.pid())
+        })
+        .map(|path| path.join("block.pb.gz"))
+        .filter(|path| path.is_file())
+        .collect();
+    assert_eq!(children.len(), 2, "block profiles of the two children; output holds:\n{}", listing(out.path()));
+    let mut counted = 0;
+    for path in &children {
+        let block = Profile::decode(path);
+        let dropped = block.comments.iter().find(|c| c.starts_with("dropped waits")).expect("a drops comment");
+        assert!(dropped.contains("in-flight map full 0,"), "waits dropped for a full in-flight map: {dropped}");
+        counted += block.value_where("contentions", |s| {
+            s.has_chain(&["churn_wait", "worker"]) && s.label_str("outcome") == Some("timed_out")
+        });
+    }
+    assert_eq!(counted, truth, "timed-out waits under churn_wait ← worker in {children:?}");
+}
+
 /// A Rust program contending for a `std::sync::Mutex` (futex FUTEX_WAIT_BITSET): its waits
 /// are seen under `contend`, labelled std::sync::Mutex::lock, within 15% of its own clock.
 #[test]
@@ -258,8 +299,13 @@ fn snapshot(fixture: &Fixture, out: &TempDir, kinds: &str) -> Output {
 
 /// The same, with `extra` flags (sampling settings).
 fn snapshot_with(fixture: &Fixture, out: &TempDir, kinds: &str, extra: &[&str]) -> Output {
+    snapshot_for(fixture, out, kinds, CAPTURE, extra)
+}
+
+/// The same, for `duration`.
+fn snapshot_for(fixture: &Fixture, out: &TempDir, kinds: &str, duration: &str, extra: &[&str]) -> Output {
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let mut args = vec!["snapshot", "--pid", &pid, "--duration", CAPTURE, "--profiles", kinds, "--output", &dir];
+    let mut args = vec!["snapshot", "--pid", &pid, "--duration", duration, "--profiles", kinds, "--output", &dir];
     args.extend_from_slice(extra);
     run_profiler(&args)
 }

@@ -31,7 +31,7 @@ const MUTEX_COUNTS: [&str; 2] = [maps::MUTEX_COUNTS_0, maps::MUTEX_COUNTS_1];
 
 /// (program, tracepoint category, tracepoint name, required). The futex2 syscalls came in
 /// Linux 5.16 (`futex_waitv`) and 6.7 (`futex_wait`, `futex_wake`, `futex_requeue`).
-const TRACEPOINTS: [(&str, &str, &str, bool); 8] = [
+const TRACEPOINTS: [(&str, &str, &str, bool); 9] = [
     (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true),
     (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex", true),
     (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false),
@@ -40,6 +40,7 @@ const TRACEPOINTS: [(&str, &str, &str, bool); 8] = [
     (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_waitv", false),
     (programs::FUTEX_WAKE_ENTER, "syscalls", "sys_enter_futex_wake", false),
     (programs::FUTEX_REQUEUE_ENTER, "syscalls", "sys_enter_futex_requeue", false),
+    (programs::FUTEX_THREAD_EXIT, "sched", "sched_process_exit", true),
 ];
 
 /// Tracepoints attached, `category:name`, and the optional ones this kernel lacks.
@@ -118,8 +119,9 @@ fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Trac
     ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))
 }
 
-/// Deletes the waits in flight of processes that are gone (a thread killed inside a wait
-/// leaves its entry). Returns the number removed.
+/// Deletes the wait entries of processes that are gone (each thread's goes at its exit;
+/// this catches any an exit did not remove, e.g. a thread that exited before the programs
+/// were attached but after its entry was written). Returns the number removed.
 pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
     if pids.is_empty() {
         return Ok(0);

@@ -149,7 +149,7 @@ const CONFIGS: [(&str, Probe); 4] = [
 
 /// The tracepoints the profiler attaches for block, mutex and threadcreate (futex2 ones only
 /// where the kernel has them, as the profiler does).
-const TRACEPOINTS: [&str; 9] = [
+const TRACEPOINTS: [&str; 10] = [
     "syscalls:sys_enter_futex",
     "syscalls:sys_exit_futex",
     "syscalls:sys_enter_futex_wait",
@@ -158,6 +158,7 @@ const TRACEPOINTS: [&str; 9] = [
     "syscalls:sys_exit_futex_waitv",
     "syscalls:sys_enter_futex_wake",
     "syscalls:sys_enter_futex_requeue",
+    "sched:sched_process_exit",
     "task:task_newtask",
 ];
 
