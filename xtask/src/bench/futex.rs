@@ -57,20 +57,11 @@ const MAX_OURS_VS_FLOOR: f64 = 1.10;
 /// sleeps in FUTEX_WAIT and is woken by FUTEX_WAKE whatever the machine's load (plain
 /// lock+unlock loops hardly contend: a thread keeps the lock for its whole time slice), and
 /// the mutex is contended whenever both threads run. The BPF stats line shows the futex
-/// calls per handoff.
-const FUTEX_BENCH_C: &str = r#"
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
+/// calls per handoff (see `workload::two_player_rounds_c`).
+const FUTEX_PLAYERS_C: &str = r#"
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t turn_changed = PTHREAD_COND_INITIALIZER;
-static pthread_barrier_t start, end;
 static int turn;
-static long per_thread, rounds;
 
 static void *player(void *arg) {
     int me = (int)(long)arg;
@@ -97,39 +88,6 @@ static void *player(void *arg) {
     return NULL;
 }
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-int main(int argc, char **argv) {
-    if (argc != 3)
-        return 2;
-    long total = atol(argv[1]);
-    rounds = atol(argv[2]);
-    per_thread = total / rounds / 2;
-    pthread_barrier_init(&start, NULL, 3);
-    pthread_barrier_init(&end, NULL, 3);
-    pthread_t threads[2];
-    for (long i = 0; i < 2; i++)
-        pthread_create(&threads[i], NULL, player, (void *)i);
-    char line[16];
-    printf("ready\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return 1;
-    for (long r = 0; r < rounds; r++) {
-        double t0 = now_ns();
-        pthread_barrier_wait(&start);
-        pthread_barrier_wait(&end);
-        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
-        fflush(stdout);
-    }
-    printf("done %d\n", turn);
-    fflush(stdout);
-    return 0;
-}
 "#;
 
 #[derive(Clone, Copy)]
@@ -172,7 +130,12 @@ pub fn run(args: &FutexArgs) -> Result<()> {
     }
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(&dir, "futex_bench", FUTEX_BENCH_C, &["-O1", "-pthread"])?;
+    let bin = workload::compile_c(
+        &dir,
+        "futex_bench",
+        &workload::two_player_rounds_c(FUTEX_PLAYERS_C, "1", r#""done %d\n", turn"#),
+        &["-O1", "-pthread"],
+    )?;
     let out = fresh_dir(&dir.join("futex-out"))?;
     let pairs = (args.iterations / PASSES).max(u64::from(ROUNDS) * 4);
     workload::catch_interrupt();

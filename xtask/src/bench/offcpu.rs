@@ -47,19 +47,9 @@ const PROFILER_ATTACHED: &str = "attached; capturing";
 const MAX_OURS_VS_FLOOR: f64 = 1.10;
 
 /// Two threads pass a byte over two pipes PAIRS / ROUNDS times per round; main times each
-/// round and prints the wall time per handoff.
-const OFFCPU_BENCH_C: &str = r#"
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-
+/// round and prints the wall time per handoff (see `workload::two_player_rounds_c`).
+const OFFCPU_PLAYERS_C: &str = r#"
 static int ping[2], pong[2];
-static pthread_barrier_t start, end;
-static long per_thread, rounds;
 
 static void pin(void) {
     const char *cpu = getenv("OFFCPU_BENCH_CPU");
@@ -92,39 +82,6 @@ static void *player(void *arg) {
     return NULL;
 }
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-int main(int argc, char **argv) {
-    if (argc != 3 || pipe(ping) != 0 || pipe(pong) != 0)
-        return 2;
-    long total = atol(argv[1]);
-    rounds = atol(argv[2]);
-    per_thread = total / rounds / 2;
-    pthread_barrier_init(&start, NULL, 3);
-    pthread_barrier_init(&end, NULL, 3);
-    pthread_t threads[2];
-    for (long i = 0; i < 2; i++)
-        pthread_create(&threads[i], NULL, player, (void *)i);
-    char line[16];
-    printf("ready\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return 1;
-    for (long r = 0; r < rounds; r++) {
-        double t0 = now_ns();
-        pthread_barrier_wait(&start);
-        pthread_barrier_wait(&end);
-        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
-        fflush(stdout);
-    }
-    printf("done\n");
-    fflush(stdout);
-    return 0;
-}
 "#;
 
 #[derive(Clone, Copy)]
@@ -149,7 +106,12 @@ pub fn run(args: &OffCpuArgs) -> Result<()> {
     std::env::set_var("OFFCPU_BENCH_CPU", args.pin_cpu.to_string());
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(&dir, "offcpu_bench", OFFCPU_BENCH_C, &["-O1", "-pthread"])?;
+    let bin = workload::compile_c(
+        &dir,
+        "offcpu_bench",
+        &workload::two_player_rounds_c(OFFCPU_PLAYERS_C, "pipe(ping) == 0 && pipe(pong) == 0", r#""done\n""#),
+        &["-O1", "-pthread"],
+    )?;
     let out = fresh_dir(&dir.join("offcpu-out"))?;
     let passes = args.rounds.max(1);
     let pairs = (args.iterations / passes).max(u64::from(ROUNDS) * 4);

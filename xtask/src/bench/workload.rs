@@ -57,6 +57,64 @@ fn compile(dir: &Path) -> Result<std::path::PathBuf> {
     compile_c(dir, "spin", SPINNER_C, &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"])
 }
 
+/// The C program of a two-thread round bench (`bench futex`, `bench offcpu`): `players`
+/// defines `static void *player(void *arg)` (called with 0 and 1), which runs `rounds`
+/// rounds of `per_thread` handoffs, each between `pthread_barrier_wait(&start)` and
+/// `pthread_barrier_wait(&end)`. Main starts both players, prints `ready`, waits for a line
+/// on stdin (the tool attached), then times each round and prints `round NS` (wall time per
+/// handoff); `setup` is a C condition checked first (exit 2 when false), `done` the
+/// arguments of the final `printf` (a use of the players' result keeps their work).
+/// Usage: PROGRAM HANDOFFS ROUNDS.
+pub fn two_player_rounds_c(players: &str, setup: &str, done: &str) -> String {
+    format!(
+        r#"#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_barrier_t start, end;
+static long per_thread, rounds;
+{players}
+static double now_ns(void) {{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}}
+
+int main(int argc, char **argv) {{
+    if (argc != 3 || !({setup}))
+        return 2;
+    long total = atol(argv[1]);
+    rounds = atol(argv[2]);
+    per_thread = total / rounds / 2;
+    pthread_barrier_init(&start, NULL, 3);
+    pthread_barrier_init(&end, NULL, 3);
+    pthread_t threads[2];
+    for (long i = 0; i < 2; i++)
+        pthread_create(&threads[i], NULL, player, (void *)i);
+    char line[16];
+    printf("ready\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        return 1;
+    for (long r = 0; r < rounds; r++) {{
+        double t0 = now_ns();
+        pthread_barrier_wait(&start);
+        pthread_barrier_wait(&end);
+        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
+        fflush(stdout);
+    }}
+    printf({done});
+    fflush(stdout);
+    return 0;
+}}
+"#
+    )
+}
+
 /// Writes `source` to `dir/<name>.c` and compiles it with gcc and `flags` into `dir/<name>`.
 pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Result<std::path::PathBuf> {
     let (src, bin) = (dir.join(format!("{name}.c")), dir.join(name));
