@@ -17,7 +17,7 @@ use super::{
     status::{self, Status},
 };
 use crate::{
-    capture::{Capture, CaptureConfig, CaptureError, Drained},
+    capture::{log_slow, Capture, CaptureConfig, CaptureError, Drained},
     config::{Config, ProcessFacts},
     control::{
         Command, Commands, IndexEntry, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Refusals, ReloadError,
@@ -192,18 +192,24 @@ impl Collector {
                 .chain(self.windows.iter().map(|w| w.deadline))
                 .min();
             let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
-            match commands.recv_timeout(wait) {
+            let command = commands.recv_timeout(wait);
+            let started = Instant::now();
+            match command {
                 Ok(Command::Shutdown { reply }) => {
                     self.final_dump();
                     let _ = reply.send(());
                     return;
                 }
                 // Process events come often: they show at the end of the loop.
-                Ok(Command::ProcessEvents) => self.handle(Command::ProcessEvents),
+                Ok(Command::ProcessEvents) => {
+                    self.handle(Command::ProcessEvents);
+                    log_slow("follow", started);
+                }
                 Ok(command) => {
                     self.handle(command);
                     // What the command changed (a refused capture, a reload) shows at once.
                     self.publish_status(&commands.status);
+                    log_slow("command", started);
                 }
                 // Every handle is gone: the front has stopped. Leave a final dump.
                 Err(RecvTimeoutError::Disconnected) => return self.final_dump(),
@@ -213,18 +219,27 @@ impl Collector {
             if now >= next_scan {
                 self.scan_heap_targets();
                 next_scan = now + HEAP_SCAN_INTERVAL;
+                log_slow("heap target scan", now);
             }
             if now >= self.next_drain {
+                let started = Instant::now();
                 self.drain();
+                log_slow("drain and presymbolize", started);
             }
             if now >= next_dump {
+                let started = Instant::now();
                 self.dump();
                 next_dump = now + self.config.interval;
+                log_slow("dump", started);
             }
+            let started = Instant::now();
             self.finish_windows();
+            log_slow("finish windows", started);
             // At most a few times a second: process events wake the loop often.
             if self.published.elapsed() >= PUBLISH_EVERY {
+                let started = Instant::now();
                 self.publish_status(&commands.status);
+                log_slow("publish status", started);
             }
         }
     }
@@ -280,7 +295,9 @@ impl Collector {
         if let Some(problem) = problems.last() {
             self.record_error(problem);
         }
+        let started = Instant::now();
         self.presymbolize(&batch, &new_stacks);
+        log_slow("presymbolize", started);
     }
 
     /// Drops what was counted under pids a new process now has (the old process exited):
@@ -351,6 +368,7 @@ impl Collector {
 
     /// Writes the interval's profiles, applies retention, forgets exited processes.
     fn dump(&mut self) {
+        let started = Instant::now();
         self.refresh_live();
         let end = SystemTime::now();
         let window = Window {
@@ -370,7 +388,9 @@ impl Collector {
         let counters = self.capture.counters().unwrap_or_default();
         let files = targets.iter().map(|(_, kinds)| kinds.len()).sum();
         let Sink::Files(sink) = &mut self.sink;
-        let result = match sink.begin(end, files) {
+        let begun = sink.begin(end, files);
+        log_slow("dump: live heap, thread dumps", started);
+        let result = match begun {
             Ok(mut dump) => {
                 for (pid, kinds) in &targets {
                     for &kind in kinds {
@@ -403,6 +423,7 @@ impl Collector {
                         let rendered = renderer.render(process, counts, View::of(kind), notes, &mut self.sym);
                         dump.rendered_in(started.elapsed());
                         dump.put(&rendered, &process.facts());
+                        log_slow("dump: one profile", started);
                     }
                 }
                 // Finishing makes the files durable (a syncfs that waits for the disk, often
@@ -413,6 +434,7 @@ impl Collector {
                 let capture = &mut self.capture;
                 let mut reused = Vec::new();
                 dump.leave_thread();
+                let started = Instant::now();
                 let finished = std::thread::scope(|scope| {
                     let finishing = scope.spawn(move || sink.finish(dump));
                     while !finishing.is_finished() {
@@ -421,6 +443,7 @@ impl Collector {
                     }
                     finishing.join()
                 });
+                log_slow("dump: make the files durable (following meanwhile)", started);
                 self.forget_reused(&reused);
                 match finished {
                     Ok(result) => result,
@@ -768,6 +791,7 @@ impl Collector {
             offload: self.capture.offload_stats(),
             process_events: self.capture.sideband_stats().0,
             process_events_error: self.capture.sideband_stats().1.map(str::to_string),
+            follow_latency: self.capture.follow_latency(),
             last_error: self.last_error.clone(),
         }
     }
