@@ -156,7 +156,11 @@ impl Collector {
             selection: config.processes.clone(),
         })?;
         capture.select(&config.processes);
-        let sym = capture.symbolizer();
+        let mut sym = capture.symbolizer();
+        // Otherwise the first drain with a kernel stack parses it, and processes that start
+        // meanwhile wait that long to be registered with the unwinder (their samples lose
+        // their chains).
+        sym.load_kernel_symbols();
         let now = SystemTime::now();
         Ok(Self {
             sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention, &config.exports)),
@@ -269,18 +273,24 @@ impl Collector {
         }
     }
 
-    /// Drains one map set into every open window and symbolizes what is new.
-    fn drain(&mut self) {
+    /// Drains one map set into every open window and symbolizes what is new. Returns the
+    /// pids reused meanwhile, already forgotten in the collector's counts (a dump forgets
+    /// them in the interval it is writing too).
+    fn drain(&mut self) -> Vec<Pid> {
         self.next_drain = Instant::now() + DRAIN_INTERVAL;
         match self.capture.drain() {
             Ok(drained) => self.take(drained),
-            Err(err) => self.record_error(&err),
+            Err(err) => {
+                self.record_error(&err);
+                Vec::new()
+            }
         }
     }
 
-    /// Counts a drained batch in every window, and forgets what the capture forgot.
-    fn take(&mut self, drained: Drained) {
-        let Drained { batch, new_stacks, gone, reused, problems } = drained;
+    /// Counts a drained batch in every window, and forgets what the capture forgot. Returns
+    /// the pids reused (see [`Collector::drain`]).
+    fn take(&mut self, drained: Drained) -> Vec<Pid> {
+        let Drained { batch, new_stacks, gone, mut reused, problems } = drained;
         self.forget_reused(&reused);
         self.interval.add(&batch);
         self.total.add(&batch);
@@ -296,8 +306,9 @@ impl Collector {
             self.record_error(problem);
         }
         let started = Instant::now();
-        self.presymbolize(&batch, &new_stacks);
+        reused.extend(self.presymbolize(&batch, &new_stacks));
         log_slow("presymbolize", started);
+        reused
     }
 
     /// Drops what was counted under pids a new process now has (the old process exited):
@@ -319,10 +330,11 @@ impl Collector {
     /// Symbolizes the addresses of stacks first seen in this drain, so that the dump finds
     /// them in the symbol cache: the cost of reading a file's symbols is paid a little per
     /// drain as stacks appear, and a dump (or a query) only encodes. Only processes the
-    /// output selects are symbolized.
-    fn presymbolize(&mut self, batch: &crate::ebpf::Batch, new_stacks: &HashSet<StackId>) {
+    /// output selects are symbolized. Returns the pids reused meanwhile (forgotten).
+    fn presymbolize(&mut self, batch: &crate::ebpf::Batch, new_stacks: &HashSet<StackId>) -> Vec<Pid> {
+        let mut reused = Vec::new();
         if new_stacks.is_empty() {
-            return;
+            return reused;
         }
         let mut by_pid: BTreeMap<Pid, Vec<StackSample>> = BTreeMap::new();
         for seen in crate::profiles::sightings(batch) {
@@ -337,14 +349,23 @@ impl Collector {
                 });
             }
         }
-        let catalog = self.capture.catalog();
         for (pid, samples) in by_pid {
+            // A process's first files take tens of ms to read (libc's symbols: ~60 ms): new
+            // processes are registered with the unwinder between processes, not after all.
+            let more = self.capture.follow();
+            self.forget_reused(&more);
+            reused.extend(more);
+            if reused.contains(&pid) {
+                continue;
+            }
+            let catalog = self.capture.catalog();
             let Some(process) = catalog.process(pid) else { continue };
             if self.config.processes.matches(&process.facts()) {
                 // The result is dropped: what is kept is the symbolizer's cache.
                 let _ = resolve::resolve(process, catalog, samples, &mut self.sym);
             }
         }
+        reused
     }
 
     /// Reads the live heap blocks into every window (then drains, so the stacks they name
@@ -399,7 +420,8 @@ impl Collector {
                         // they do not fill up, and the watchdog sees the collector work.
                         self.heartbeat.beat();
                         if Instant::now() >= self.next_drain {
-                            self.drain();
+                            let reused = self.drain();
+                            interval.forget(&reused);
                         }
                         // Processes started meanwhile are registered while they run.
                         let reused = self.capture.follow();

@@ -14,12 +14,6 @@ use super::{assert_split, wait_for_files, FIXTURE_S, SOON};
 /// `tests/processes.rs`).
 const MIN_CHAINED_SHARE: f64 = 0.95;
 
-/// The same for 60 ms processes started under the daemon, which is short of the 95% issue #20
-/// asks: while the collector renders a dump it follows new processes only between profiles,
-/// and one that starts and ends in such a gap is walked without its tables (0.94-0.95 in 1 run
-/// of 3 here; the snapshot reaches 0.95). Held at what it reaches until that is fixed.
-const MIN_CHAINED_SHARE_UNDER_DUMPS: f64 = 0.90;
-
 /// Ground truth: `short_lived` (no frame pointers) runs spin ← work ← main for 60 ms of CPU,
 /// 40 times in a row from a shell. The daemon writes every one's interval profiles, and at
 /// least 95% of their samples (over 1,000) have that chain, symbolized.
@@ -55,7 +49,7 @@ fn short_lived_processes_are_named_and_unwound() {
         .map(|(dir, total, chained)| format!("{dir}: {} of {total}", total - chained))
         .collect();
     assert!(
-        share >= MIN_CHAINED_SHARE_UNDER_DUMPS,
+        share >= MIN_CHAINED_SHARE,
         "{chained} of {total} samples ({share:.3}) have spin ← work ← main; without it, by process: {short:?}"
     );
 }
