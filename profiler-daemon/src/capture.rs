@@ -20,7 +20,7 @@ use crate::{
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
     python::PythonReader,
-    sideband::{Sideband, SidebandStats},
+    sideband::{self, FollowLatency, ProcessEvent, Sideband, SidebandStats},
     threads::{self, ThreadDump},
     unwind::{self, Unwinder, UnwinderStats},
 };
@@ -38,6 +38,22 @@ const START_SYNC_BUDGET: Duration = Duration::from_secs(3);
 
 /// Time per batch of process events spent registering what they changed.
 const FOLLOW_BUDGET: Duration = Duration::from_millis(100);
+
+/// A batch of process events read this long after its oldest event is logged (debug), with
+/// how long it waited: the collector was busy with something else meanwhile.
+const LATE_EVENTS: Duration = Duration::from_millis(10);
+
+/// A step of a driver's loop that takes longer than this is logged (debug, [`log_slow`]):
+/// process events wait meanwhile unless the step follows them itself.
+const SLOW_STEP: Duration = Duration::from_millis(10);
+
+/// Logs (debug) a step that started at `started` if it took longer than [`SLOW_STEP`].
+pub fn log_slow(step: &str, started: Instant) {
+    let took = started.elapsed();
+    if took >= SLOW_STEP {
+        tracing::debug!(step, took_ms = took.as_millis() as u64, "slow step");
+    }
+}
 
 /// How long a process that exited without any data is kept (see `KnownProcess::sampled`): a
 /// few drains, so a sample taken just before its exit still finds it.
@@ -161,6 +177,11 @@ pub struct Capture {
     reused_since_drain: Vec<Pid>,
     /// Thread dumps' reader of CPython frames (what each process runs, its code objects).
     python: PythonReader,
+    /// Processes followed since their `exec` (its time, `CLOCK_MONOTONIC` ns) whose new
+    /// image is not registered with the unwinder yet.
+    unregistered_execs: HashMap<Pid, u64>,
+    /// How long each exec'd process waited for its registration.
+    follow_latency: FollowLatency,
 }
 
 impl Capture {
@@ -220,6 +241,8 @@ impl Capture {
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
             python: PythonReader::default(),
+            unregistered_execs: HashMap::new(),
+            follow_latency: FollowLatency::default(),
         };
         capture.filter_cgroups();
         // Processes running now are read from `/proc` and registered with the unwinder before
@@ -333,7 +356,18 @@ impl Capture {
         if events.is_empty() {
             return Vec::new();
         }
+        let read_at = sideband::now_ns();
+        let oldest = events.iter().map(ProcessEvent::time).filter(|&t| t != 0).min().unwrap_or(read_at);
+        if read_at.saturating_sub(oldest) >= LATE_EVENTS.as_nanos() as u64 {
+            let waited_ms = read_at.saturating_sub(oldest) / 1_000_000;
+            tracing::debug!(waited_ms, events = events.len(), "process events read late");
+        }
         let applied = self.catalog.apply(&events);
+        for event in &events {
+            if let ProcessEvent::Exec { pid, time, .. } = event {
+                self.unregistered_execs.insert(*pid, *time);
+            }
+        }
         self.filter_new_cgroups(&applied.cgroups);
         if !applied.reused.is_empty() {
             tracing::debug!(pids = ?applied.reused, "pids reused by new processes");
@@ -364,7 +398,41 @@ impl Capture {
                 tracing::warn!("{}", crate::error::chain(&CaptureError::UnwindTables(err)));
             }
         }
+        self.count_registered_execs();
         applied.reused
+    }
+
+    /// Counts how long after its exec each process just registered waited; forgets those
+    /// that exited, or that the selection leaves out, unregistered.
+    fn count_registered_execs(&mut self) {
+        if self.unregistered_execs.is_empty() {
+            return;
+        }
+        let now = sideband::now_ns();
+        let (catalog, unwinder, selection) = (&self.catalog, &self.unwinder, &self.selection);
+        let latency = &mut self.follow_latency;
+        self.unregistered_execs.retain(|&pid, &mut exec_time| {
+            let Some(process) = catalog.process(pid).filter(|p| selection.matches(&p.facts())) else {
+                return false;
+            };
+            if process.exited {
+                latency.exited_unregistered += 1;
+                tracing::trace!(pid = pid.0, "exec'd process exited before it was registered with the unwinder");
+                return false;
+            }
+            if unwinder.registered_version(pid) != Some(process.maps_version) {
+                return true;
+            }
+            let latency_us = now.saturating_sub(exec_time) / 1_000;
+            tracing::trace!(pid = pid.0, latency_us, "exec'd process registered with the unwinder");
+            latency.record(latency_us);
+            false
+        });
+    }
+
+    /// How long exec'd processes waited for their registration with the unwinder.
+    pub fn follow_latency(&self) -> FollowLatency {
+        self.follow_latency
     }
 
     /// What the side band delivered, and why it is closed if it is.
@@ -379,7 +447,9 @@ impl Capture {
         // Before the samples: the processes they name are known with their mappings.
         let mut reused = std::mem::take(&mut self.reused_since_drain);
         reused.extend(self.follow());
+        let started = Instant::now();
         let batch = self.session.drain().map_err(CaptureError::Drain)?;
+        log_slow("drain: read the maps", started);
         let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
         let mut problems = Vec::new();
         match self.unwinder.take_execs(&mut self.session) {
@@ -411,6 +481,7 @@ impl Capture {
         // The backlog (processes seen in /proc, not yet registered) goes in slices, the side
         // band's new processes between them: a program started now must not wait the whole
         // budget behind processes that have run for hours.
+        let started = Instant::now();
         let deadline = Instant::now() + UNWIND_SYNC_BUDGET;
         loop {
             match self.sync_unwinder(Some(UNWIND_SYNC_SLICE)) {
@@ -428,6 +499,8 @@ impl Capture {
                 }
             }
         }
+        log_slow("drain: sync the unwinder", started);
+        self.count_registered_execs();
         for problem in &problems {
             tracing::warn!("{}", crate::error::chain(problem));
         }

@@ -17,7 +17,7 @@ use super::{
     status::{self, Status},
 };
 use crate::{
-    capture::{Capture, CaptureConfig, CaptureError, Drained},
+    capture::{log_slow, Capture, CaptureConfig, CaptureError, Drained},
     config::{Config, ProcessFacts},
     control::{
         Command, Commands, IndexEntry, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Refusals, ReloadError,
@@ -156,7 +156,11 @@ impl Collector {
             selection: config.processes.clone(),
         })?;
         capture.select(&config.processes);
-        let sym = capture.symbolizer();
+        let mut sym = capture.symbolizer();
+        // Otherwise the first drain with a kernel stack parses it, and processes that start
+        // meanwhile wait that long to be registered with the unwinder (their samples lose
+        // their chains).
+        sym.load_kernel_symbols();
         let now = SystemTime::now();
         Ok(Self {
             sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention, &config.exports)),
@@ -192,18 +196,24 @@ impl Collector {
                 .chain(self.windows.iter().map(|w| w.deadline))
                 .min();
             let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
-            match commands.recv_timeout(wait) {
+            let command = commands.recv_timeout(wait);
+            let started = Instant::now();
+            match command {
                 Ok(Command::Shutdown { reply }) => {
                     self.final_dump();
                     let _ = reply.send(());
                     return;
                 }
                 // Process events come often: they show at the end of the loop.
-                Ok(Command::ProcessEvents) => self.handle(Command::ProcessEvents),
+                Ok(Command::ProcessEvents) => {
+                    self.handle(Command::ProcessEvents);
+                    log_slow("follow", started);
+                }
                 Ok(command) => {
                     self.handle(command);
                     // What the command changed (a refused capture, a reload) shows at once.
                     self.publish_status(&commands.status);
+                    log_slow("command", started);
                 }
                 // Every handle is gone: the front has stopped. Leave a final dump.
                 Err(RecvTimeoutError::Disconnected) => return self.final_dump(),
@@ -213,18 +223,27 @@ impl Collector {
             if now >= next_scan {
                 self.scan_heap_targets();
                 next_scan = now + HEAP_SCAN_INTERVAL;
+                log_slow("heap target scan", now);
             }
             if now >= self.next_drain {
+                let started = Instant::now();
                 self.drain();
+                log_slow("drain and presymbolize", started);
             }
             if now >= next_dump {
+                let started = Instant::now();
                 self.dump();
                 next_dump = now + self.config.interval;
+                log_slow("dump", started);
             }
+            let started = Instant::now();
             self.finish_windows();
+            log_slow("finish windows", started);
             // At most a few times a second: process events wake the loop often.
             if self.published.elapsed() >= PUBLISH_EVERY {
+                let started = Instant::now();
                 self.publish_status(&commands.status);
+                log_slow("publish status", started);
             }
         }
     }
@@ -254,18 +273,24 @@ impl Collector {
         }
     }
 
-    /// Drains one map set into every open window and symbolizes what is new.
-    fn drain(&mut self) {
+    /// Drains one map set into every open window and symbolizes what is new. Returns the
+    /// pids reused meanwhile, already forgotten in the collector's counts (a dump forgets
+    /// them in the interval it is writing too).
+    fn drain(&mut self) -> Vec<Pid> {
         self.next_drain = Instant::now() + DRAIN_INTERVAL;
         match self.capture.drain() {
             Ok(drained) => self.take(drained),
-            Err(err) => self.record_error(&err),
+            Err(err) => {
+                self.record_error(&err);
+                Vec::new()
+            }
         }
     }
 
-    /// Counts a drained batch in every window, and forgets what the capture forgot.
-    fn take(&mut self, drained: Drained) {
-        let Drained { batch, new_stacks, gone, reused, problems } = drained;
+    /// Counts a drained batch in every window, and forgets what the capture forgot. Returns
+    /// the pids reused (see [`Collector::drain`]).
+    fn take(&mut self, drained: Drained) -> Vec<Pid> {
+        let Drained { batch, new_stacks, gone, mut reused, problems } = drained;
         self.forget_reused(&reused);
         self.interval.add(&batch);
         self.total.add(&batch);
@@ -280,7 +305,10 @@ impl Collector {
         if let Some(problem) = problems.last() {
             self.record_error(problem);
         }
-        self.presymbolize(&batch, &new_stacks);
+        let started = Instant::now();
+        reused.extend(self.presymbolize(&batch, &new_stacks));
+        log_slow("presymbolize", started);
+        reused
     }
 
     /// Drops what was counted under pids a new process now has (the old process exited):
@@ -302,10 +330,11 @@ impl Collector {
     /// Symbolizes the addresses of stacks first seen in this drain, so that the dump finds
     /// them in the symbol cache: the cost of reading a file's symbols is paid a little per
     /// drain as stacks appear, and a dump (or a query) only encodes. Only processes the
-    /// output selects are symbolized.
-    fn presymbolize(&mut self, batch: &crate::ebpf::Batch, new_stacks: &HashSet<StackId>) {
+    /// output selects are symbolized. Returns the pids reused meanwhile (forgotten).
+    fn presymbolize(&mut self, batch: &crate::ebpf::Batch, new_stacks: &HashSet<StackId>) -> Vec<Pid> {
+        let mut reused = Vec::new();
         if new_stacks.is_empty() {
-            return;
+            return reused;
         }
         let mut by_pid: BTreeMap<Pid, Vec<StackSample>> = BTreeMap::new();
         for seen in crate::profiles::sightings(batch) {
@@ -320,14 +349,23 @@ impl Collector {
                 });
             }
         }
-        let catalog = self.capture.catalog();
         for (pid, samples) in by_pid {
+            // A process's first files take tens of ms to read (libc's symbols: ~60 ms): new
+            // processes are registered with the unwinder between processes, not after all.
+            let more = self.capture.follow();
+            self.forget_reused(&more);
+            reused.extend(more);
+            if reused.contains(&pid) {
+                continue;
+            }
+            let catalog = self.capture.catalog();
             let Some(process) = catalog.process(pid) else { continue };
             if self.config.processes.matches(&process.facts()) {
                 // The result is dropped: what is kept is the symbolizer's cache.
                 let _ = resolve::resolve(process, catalog, samples, &mut self.sym);
             }
         }
+        reused
     }
 
     /// Reads the live heap blocks into every window (then drains, so the stacks they name
@@ -351,6 +389,7 @@ impl Collector {
 
     /// Writes the interval's profiles, applies retention, forgets exited processes.
     fn dump(&mut self) {
+        let started = Instant::now();
         self.refresh_live();
         let end = SystemTime::now();
         let window = Window {
@@ -370,7 +409,9 @@ impl Collector {
         let counters = self.capture.counters().unwrap_or_default();
         let files = targets.iter().map(|(_, kinds)| kinds.len()).sum();
         let Sink::Files(sink) = &mut self.sink;
-        let result = match sink.begin(end, files) {
+        let begun = sink.begin(end, files);
+        log_slow("dump: live heap, thread dumps", started);
+        let result = match begun {
             Ok(mut dump) => {
                 for (pid, kinds) in &targets {
                     for &kind in kinds {
@@ -379,7 +420,8 @@ impl Collector {
                         // they do not fill up, and the watchdog sees the collector work.
                         self.heartbeat.beat();
                         if Instant::now() >= self.next_drain {
-                            self.drain();
+                            let reused = self.drain();
+                            interval.forget(&reused);
                         }
                         // Processes started meanwhile are registered while they run.
                         let reused = self.capture.follow();
@@ -403,6 +445,7 @@ impl Collector {
                         let rendered = renderer.render(process, counts, View::of(kind), notes, &mut self.sym);
                         dump.rendered_in(started.elapsed());
                         dump.put(&rendered, &process.facts());
+                        log_slow("dump: one profile", started);
                     }
                 }
                 // Finishing makes the files durable (a syncfs that waits for the disk, often
@@ -413,6 +456,7 @@ impl Collector {
                 let capture = &mut self.capture;
                 let mut reused = Vec::new();
                 dump.leave_thread();
+                let started = Instant::now();
                 let finished = std::thread::scope(|scope| {
                     let finishing = scope.spawn(move || sink.finish(dump));
                     while !finishing.is_finished() {
@@ -421,6 +465,7 @@ impl Collector {
                     }
                     finishing.join()
                 });
+                log_slow("dump: make the files durable (following meanwhile)", started);
                 self.forget_reused(&reused);
                 match finished {
                     Ok(result) => result,
@@ -768,6 +813,7 @@ impl Collector {
             offload: self.capture.offload_stats(),
             process_events: self.capture.sideband_stats().0,
             process_events_error: self.capture.sideband_stats().1.map(str::to_string),
+            follow_latency: self.capture.follow_latency(),
             last_error: self.last_error.clone(),
         }
     }

@@ -16,7 +16,7 @@ use crate::{
     offload::OffloadStats,
     procs::PidNamespace,
     profiles::ProfileKind,
-    sideband::SidebandStats,
+    sideband::{latency::BOUNDS_US, FollowLatency, SidebandStats},
     sink::{export::SinkStatus, DumpStats},
     unwind::UnwinderStats,
 };
@@ -63,6 +63,8 @@ pub struct Status {
     /// The kernel's process events read and lost; why they are not read, if they are not.
     pub process_events: Option<SidebandStats>,
     pub process_events_error: Option<String>,
+    /// How long after their exec processes were registered with the unwinder.
+    pub follow_latency: FollowLatency,
     pub last_error: Option<String>,
 }
 
@@ -136,6 +138,8 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "read": s.process_events.map(|e| e.events),
             "lost": s.process_events.map(|e| e.lost),
             "error": s.process_events_error,
+            // Until registered, a new program is walked with frame pointers only.
+            "registered_after_exec": follow_latency(&s.follow_latency),
         },
         // A daemon in a pid namespace of its own profiles that namespace's processes only.
         "pid_namespace": match s.pid_namespace {
@@ -231,6 +235,18 @@ fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
 
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel
 /// walker's frame counts per method and per fallback and stop reason.
+/// The exec-to-registration histogram: `counts[i]` processes took at most `bounds_ms[i]`
+/// (and more than the bound before); the last count is those above every bound.
+fn follow_latency(l: &FollowLatency) -> serde_json::Value {
+    json!({
+        "processes": l.count(),
+        "bounds_ms": BOUNDS_US.iter().map(|&us| us as f64 / 1e3).collect::<Vec<_>>(),
+        "counts": l.buckets,
+        "max_ms": l.max_us as f64 / 1e3,
+        "exited_unregistered": l.exited_unregistered,
+    })
+}
+
 fn unwind_status(s: &Status) -> serde_json::Value {
     let (t, u) = (&s.unwinder, s.counters.unwind);
     let unsupported: serde_json::Map<String, serde_json::Value> =

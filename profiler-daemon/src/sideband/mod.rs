@@ -8,6 +8,7 @@
 //! the owner's waker when records arrive and the owner has read the previous ones, so the
 //! owner (the capture's thread) is woken at most once per batch it reads.
 
+pub mod latency;
 mod record;
 mod ring;
 
@@ -20,6 +21,7 @@ use std::{
     time::Duration,
 };
 
+pub use latency::FollowLatency;
 pub use record::ProcessEvent;
 use ring::Ring;
 
@@ -158,6 +160,14 @@ fn watch(fds: &[i32], pending: &[ring::PendingProbe], stop: &AtomicBool, armed: 
             std::thread::sleep(REARM_POLL);
         }
     }
+}
+
+/// Now on the clock the records carry (`CLOCK_MONOTONIC`, ns): how long an event waited.
+pub fn now_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// The online CPUs, from `/sys/devices/system/cpu/online` (`0-3,5`).

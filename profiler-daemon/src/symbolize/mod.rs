@@ -195,25 +195,37 @@ impl Symbolizer {
         self.files.stats()
     }
 
+    /// Parses `/proc/kallsyms` now rather than at the first kernel address (60-160 ms on a
+    /// 2-CPU VM): a driver that must not stall later, while it follows new processes, pays
+    /// it before it starts.
+    pub fn load_kernel_symbols(&mut self) {
+        // Address 0 is in no kernel symbol: nothing is cached for it, the file is parsed.
+        let _ = self.kernel_blaze.symbolize(&Source::Kernel(kernel_source()), Input::AbsAddr(&[0]));
+    }
+
     /// Symbolizes kernel addresses with `/proc/kallsyms`; one result per address.
     pub fn kernel(&mut self, addrs: &[u64]) -> Vec<Frames> {
         let todo: Vec<u64> = addrs.iter().copied().filter(|a| !self.kernel.contains_key(a)).collect();
         if !todo.is_empty() {
-            // kallsyms only: vmlinux discovery probes many paths and DWARF-parses a huge file.
-            let kernel = Kernel {
-                kallsyms: MaybeDefault::Default,
-                vmlinux: MaybeDefault::None,
-                kaslr_offset: Some(0),
-                debug_syms: false,
-                ..Kernel::default()
-            };
-            let results = self.kernel_blaze.symbolize(&Source::Kernel(kernel), Input::AbsAddr(&todo));
+            let results = self.kernel_blaze.symbolize(&Source::Kernel(kernel_source()), Input::AbsAddr(&todo));
             let frames = collect(results, todo.len());
             for (addr, frames) in todo.into_iter().zip(frames) {
                 self.kernel.insert(addr, frames);
             }
         }
         addrs.iter().map(|a| self.kernel[a].clone()).collect()
+    }
+}
+
+/// The kernel as blazesym reads it: kallsyms only (vmlinux discovery probes many paths and
+/// DWARF-parses a huge file).
+fn kernel_source() -> Kernel {
+    Kernel {
+        kallsyms: MaybeDefault::Default,
+        vmlinux: MaybeDefault::None,
+        kaslr_offset: Some(0),
+        debug_syms: false,
+        ..Kernel::default()
     }
 }
 

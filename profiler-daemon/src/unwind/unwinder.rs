@@ -188,6 +188,11 @@ impl Unwinder {
         Ok(finished)
     }
 
+    /// The mapping version `pid` is registered with, if it is registered with any mapping.
+    pub fn registered_version(&self, pid: Pid) -> Option<u32> {
+        self.processes.get(&pid).filter(|r| !r.written.is_empty()).map(|r| r.version)
+    }
+
     /// Forgets processes that are gone.
     pub fn forget(&mut self, session: &mut Session, pids: &[Pid]) -> Result<()> {
         for pid in pids {
