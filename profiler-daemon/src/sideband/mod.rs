@@ -29,12 +29,6 @@ use ring::Ring;
 const WATCH_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often the watcher looks again while the owner is still reading the previous batch.
 const REARM_POLL: Duration = Duration::from_millis(1);
-/// How long the watcher lets a burst of records gather before it wakes the owner: an exec's
-/// records (the exec, then the loader's mappings) come within a few hundred microseconds,
-/// and one batch registers the program once instead of once per record or two (500 execs
-/// a second woke the owner 3.6 times per exec). Short against the 1-2 ms a program's loader
-/// takes to reach `main`.
-const GATHER: Duration = Duration::from_micros(250);
 
 /// Why the side-band events could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -154,13 +148,12 @@ fn watch(fds: &[i32], pending: &[ring::PendingProbe], stop: &AtomicBool, armed: 
     while !stop.load(Ordering::Acquire) {
         // SAFETY: `polls` is a valid array of pollfds for the duration of the call.
         unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, WATCH_TIMEOUT.as_millis() as i32) };
-        // The owner is woken after a short gather (see `GATHER`), not a long one: a program's
-        // mappings must reach the unwinder before its `main` runs (a 2 ms gather cost the
-        // first 10% of a 20 ms process's samples their chain). Records that arrive while it
-        // reads wait for the next wake, so a burst still costs one pass.
+        // The owner is woken at once, without letting records gather: a program's mappings
+        // must reach the unwinder before its `main` runs (a 2 ms gather cost the first 10% of
+        // a 20 ms process's samples their chain). Records that arrive while it reads wait
+        // for the next wake, so a burst still costs one pass.
         while pending.iter().any(ring::PendingProbe::has_records) && !stop.load(Ordering::Acquire) {
             if armed.swap(false, Ordering::AcqRel) {
-                std::thread::sleep(GATHER);
                 wake();
                 break;
             }
