@@ -252,7 +252,8 @@ pub enum FutexCounter {
     /// Waits charged to a waker in the mutex maps.
     MutexCharged = 1,
     /// Woken waits with no recorded wake on their word during the wait (woken by another
-    /// process, by the kernel at thread exit, or the waker's entry was evicted).
+    /// process, by the kernel at thread exit, or the waker's entry was evicted), or woken
+    /// directly by a requeue with no later wake of the word it moved waiters to.
     NoWaker = 2,
     /// Waits not followed because the in-flight map (an entry per thread that waits, from its
     /// first wait to its exit) was full.
@@ -271,8 +272,8 @@ pub enum FutexCounter {
     BlockUnsampled = 9,
     /// Woken waits not charged because the wake that ended them was not sampled.
     MutexUnsampled = 10,
-    /// Woken waits of a requeued word charged to the next wake of the word they were moved
-    /// to (the unlock that woke them), not to the requeue.
+    /// Woken waits of a requeued word charged (among `MutexCharged`) to the next wake of the
+    /// word they were moved to (the unlock that woke them), not to the requeue.
     Requeued = 11,
 }
 

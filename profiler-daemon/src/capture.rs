@@ -582,11 +582,6 @@ impl Capture {
         if let Err(err) = self.session.forget_heap(&heap_gone) {
             problems.push(CaptureError::Forget(err));
         }
-        if self.has(Source::FutexWaits) {
-            if let Err(err) = self.session.forget_waits(gone) {
-                problems.push(CaptureError::Forget(err));
-            }
-        }
         for pid in gone {
             self.heap.remove(pid);
         }

@@ -1,18 +1,23 @@
 //! `sched:sched_process_exec`: a process that calls `execve` replaces every mapping, so the
 //! walker forgets the old ones at once (they would unwind the new image with the old
 //! tables), and every exec is told to userspace, which registers the new image at its next
-//! drain instead of after the process's first sample.
+//! drain instead of after the process's first sample. A thread other than the leader that
+//! execs takes the leader's id: its futex entry under its old id goes here, as no exit of
+//! that id will remove it.
 
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
+    EbpfContext,
 };
 use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 
 use crate::{
+    futex::FUTEX_PENDING,
     maps::current_task,
     user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
@@ -20,8 +25,26 @@ use crate::{
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
+/// Offsets of `pid` and `old_pid` (machine-wide thread ids, before and after the exec) in
+/// the record (`/sys/kernel/tracing/events/sched/sched_process_exec/format`).
+const PID: usize = 12;
+const OLD_PID: usize = 16;
+
+/// A 4-byte field of the record, read directly: the verifier checks the offset against the
+/// record's fixed part (20 bytes; an 8-byte read at 16 would be refused at attach).
+#[inline(always)]
+fn read_u32(ctx: &TracePointContext, offset: usize) -> u32 {
+    // SAFETY: an aligned 4-byte field inside the tracepoint record.
+    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<u32>()) }
+}
+
 #[tracepoint]
-pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
+pub fn unwind_exec(ctx: TracePointContext) -> u32 {
+    let (pid, old_pid) = (read_u32(&ctx, PID), read_u32(&ctx, OLD_PID));
+    if pid != old_pid {
+        let tgid = bpf_get_current_pid_tgid() & 0xffff_ffff_0000_0000;
+        let _ = FUTEX_PENDING.remove(&(tgid | u64::from(old_pid)));
+    }
     // A process outside the profiler's pid namespace is not profiled.
     let Some(task) = current_task() else { return 0 };
     let tgid = task.tgid;

@@ -75,6 +75,7 @@ pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Fute
 /// 8 bytes wide from offset 16; `sys_exit_*` has `ret` at 16.
 const ARG0: usize = 16;
 const ARG1: usize = 24;
+const ARG3: usize = 40;
 const ARG4: usize = 48;
 const RET: usize = 16;
 
@@ -94,8 +95,9 @@ fn try_futex_enter(ctx: &TracePointContext) -> Result<(), ()> {
     if let Some(op) = WaitOp::of_cmd(cmd) {
         begin_wait(task, uaddr, op);
     } else if is_wake_cmd(cmd) {
-        // `uaddr2`, where a requeue moves the waiters it does not wake.
-        let requeued_to = if is_requeue_cmd(cmd) { read_field(ctx, ARG4) } else { 0 };
+        // `uaddr2`, where a requeue moves the waiters it does not wake (`val2`, in the
+        // timeout's place, says how many at most: none makes it a plain wake).
+        let requeued_to = if is_requeue_cmd(cmd) && read_field(ctx, ARG3) != 0 { read_field(ctx, ARG4) } else { 0 };
         record_waker(task, uaddr, requeued_to);
     }
     Ok(())
@@ -145,8 +147,13 @@ fn try_futex_requeue_enter(ctx: &TracePointContext) -> Result<(), ()> {
     let waiters = read_field(ctx, ARG0);
     // SAFETY: a fault-safe read of the caller's argument array.
     let uaddr = unsafe { bpf_probe_read_user((waiters + 8) as *const u64) }.map_err(|_| ())?;
-    // SAFETY: as above, the second element's word.
-    let requeued_to = unsafe { bpf_probe_read_user((waiters + 24 + 8) as *const u64) }.unwrap_or(0);
+    // The second element's word; none is moved when `nr_requeue` is 0.
+    let requeued_to = if read_field(ctx, ARG3) == 0 {
+        0
+    } else {
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_user((waiters + 24 + 8) as *const u64) }.unwrap_or(0)
+    };
     record_waker(task, uaddr, requeued_to);
     Ok(())
 }
@@ -255,14 +262,12 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     };
     if requeued_to != 0 {
         // The word's last wake moved waiters to `requeued_to`: a waiter among them was woken by
-        // that word's next wake (an unlock), which is what it waited for at the end; one the
-        // requeue woke directly finds no later wake there and is charged to no one (a
-        // condition's broadcast is not a lock release).
+        // that word's next wake (an unlock), which is what it waited for at the end. One the
+        // requeue woke directly is charged to a wake of that word that came before it
+        // returned, if any (it goes on to take that lock), else to no one (counted without a
+        // waker): a condition's broadcast is no lock release.
         match last_wake(tgid, requeued_to, wake_ns) {
-            Some((stack, unlock_sampled, _, _)) => {
-                (waker_stack, sampled) = (stack, unlock_sampled);
-                count(FutexCounter::Requeued);
-            }
+            Some((stack, unlock_sampled, _, _)) => (waker_stack, sampled) = (stack, unlock_sampled),
             None => {
                 count(FutexCounter::NoWaker);
                 return;
@@ -275,6 +280,9 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     }
     let key = WaitKey { stack: waker_stack, ..key };
     if add_wait(mutex, &key, WAIT_COUNT_ONE, delay_ns) {
+        if requeued_to != 0 {
+            count(FutexCounter::Requeued);
+        }
         count(FutexCounter::MutexCharged);
     } else {
         count(FutexCounter::MutexMapFull);

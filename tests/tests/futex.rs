@@ -203,10 +203,12 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
         return;
     }
     let out = TempDir::new("futex-churn");
-    let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &[DELAY_S, LINGER_S]);
-    // ~3 s of thread churn here, more under load.
+    // A system-wide snapshot registers the running processes with the unwinder (up to 3 s)
+    // before it attaches the futex programs: the churn starts well after that, and takes
+    // ~3 s here, more under load. Every wait must be seen, so no wait may come before.
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &["10", LINGER_S]);
     let dir = out.path_arg();
-    let args = ["snapshot", "--duration", "20s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
+    let args = ["snapshot", "--duration", "30s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
     assert_success(&run_profiler(&args), "snapshot --profiles block (thread churn, system-wide)");
     let truth = fixture.read_value("waits") as i64;
     fixture.expect_line("done");
@@ -221,16 +223,22 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
         .filter(|path| path.is_file())
         .collect();
     assert_eq!(children.len(), 2, "block profiles of the two children; output holds:\n{}", listing(out.path()));
-    let mut counted = 0;
+    // The children's only timed-out FUTEX_WAITs are churn_wait's (their main threads' joins
+    // are woken FUTEX_WAIT_BITSETs). Counted whatever their stack: a child's first waits,
+    // microseconds after its fork, may be walked before its registration is inherited
+    // (issue #20), which is not what this test is about; nearly all have the chain.
+    let (mut counted, mut chained) = (0, 0);
     for path in &children {
         let block = Profile::decode(path);
         let dropped = block.comments.iter().find(|c| c.starts_with("dropped waits")).expect("a drops comment");
         assert!(dropped.contains("in-flight map full 0,"), "waits dropped for a full in-flight map: {dropped}");
-        counted += block.value_where("contentions", |s| {
-            s.has_chain(&["churn_wait", "worker"]) && s.label_str("outcome") == Some("timed_out")
-        });
+        let churned =
+            |s: &Sample| s.label_str("futex_op") == Some("FUTEX_WAIT") && s.label_str("outcome") == Some("timed_out");
+        counted += block.value_where("contentions", churned);
+        chained += block.value_where("contentions", |s| churned(s) && s.has_chain(&["churn_wait", "worker"]));
     }
-    assert_eq!(counted, truth, "timed-out waits under churn_wait ← worker in {children:?}");
+    assert_eq!(counted, truth, "timed-out FUTEX_WAITs in {children:?}");
+    assert!(chained * 100 >= truth * 99, "only {chained} of {truth} waits under churn_wait ← worker");
 }
 
 /// A Rust program contending for a `std::sync::Mutex` (futex FUTEX_WAIT_BITSET): its waits

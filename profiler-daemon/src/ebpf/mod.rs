@@ -312,11 +312,6 @@ impl Session {
         heap::forget_processes(&mut self.ebpf, pids)
     }
 
-    /// Forgets the futex waits in flight of processes that are gone.
-    pub fn forget_waits(&mut self, pids: &[Pid]) -> Result<usize> {
-        waits::forget_processes(&mut self.ebpf, pids)
-    }
-
     /// The sampled heap blocks that are live now, read in place.
     pub fn live_blocks(&self) -> Result<Vec<LiveBlock>> {
         heap::live_blocks(&self.ebpf)

@@ -1,17 +1,19 @@
 //! The futex programs' side of the session (block and mutex profiles): attach them to their
-//! tracepoints (the futex2 ones only where the kernel has them), read their counters, drain
-//! their wait totals, and forget the waits in flight of processes that are gone.
+//! tracepoints (the futex2 ones only where the kernel has them), read their counters and
+//! drain their wait totals. Each thread's in-flight entry is the kernel's to remove (at the
+//! thread's exit, or its exec as another thread's id): userspace deleting entries that live
+//! programs write through pointers could hand one thread's element to another.
 
 use std::path::Path;
 
 use aya::{
-    maps::{Array, HashMap, MapData},
+    maps::{Array, MapData},
     programs::TracePoint,
     Ebpf,
 };
 use profiler_common::{
     futex::{FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION},
-    maps, programs, FutexCounter, PendingWait, WaitKey, WaitTotals,
+    maps, programs, FutexCounter, WaitKey, WaitTotals,
 };
 
 use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Result};
@@ -117,19 +119,6 @@ fn tracepoint_exists(category: &str, name: &str) -> bool {
 
 fn tracepoint<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut TracePoint> {
     ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))
-}
-
-/// Deletes the wait entries of processes that are gone (each thread's goes at its exit;
-/// this catches any an exit did not remove, e.g. a thread that exited before the programs
-/// were attached but after its entry was written). Returns the number removed.
-pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
-    if pids.is_empty() {
-        return Ok(0);
-    }
-    let mut pending: HashMap<&mut MapData, u64, PendingWait> = map_mut(ebpf, maps::FUTEX_PENDING)?;
-    let dead: Vec<u64> =
-        pending.keys().filter_map(|k| k.ok()).filter(|k| pids.contains(&Pid((k >> 32) as u32))).collect();
-    Ok(dead.iter().filter(|key| pending.remove(key).is_ok()).count())
 }
 
 pub(super) fn counters(ebpf: &Ebpf) -> Result<FutexCounters> {
