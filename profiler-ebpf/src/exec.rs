@@ -12,13 +12,13 @@ use aya_ebpf::{
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
-    EbpfContext,
 };
 use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 
 use crate::{
     futex::FUTEX_PENDING,
     maps::current_task,
+    tracepoint::read_field_u32,
     user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
 
@@ -30,17 +30,9 @@ pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXE
 const PID: usize = 12;
 const OLD_PID: usize = 16;
 
-/// A 4-byte field of the record, read directly: the verifier checks the offset against the
-/// record's fixed part (20 bytes; an 8-byte read at 16 would be refused at attach).
-#[inline(always)]
-fn read_u32(ctx: &TracePointContext, offset: usize) -> u32 {
-    // SAFETY: an aligned 4-byte field inside the tracepoint record.
-    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<u32>()) }
-}
-
 #[tracepoint]
 pub fn unwind_exec(ctx: TracePointContext) -> u32 {
-    let (pid, old_pid) = (read_u32(&ctx, PID), read_u32(&ctx, OLD_PID));
+    let (pid, old_pid) = (read_field_u32(&ctx, PID), read_field_u32(&ctx, OLD_PID));
     if pid != old_pid {
         let tgid = bpf_get_current_pid_tgid() & 0xffff_ffff_0000_0000;
         let _ = FUTEX_PENDING.remove(&(tgid | u64::from(old_pid)));

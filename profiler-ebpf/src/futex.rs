@@ -256,18 +256,19 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
         return;
     }
-    let Some((mut waker_stack, mut sampled, requeued_to, wake_ns)) = last_wake(tgid, wait.uaddr, wait.start_ns) else {
+    let Some(last) = last_wake(tgid, wait.uaddr, wait.start_ns) else {
         count(FutexCounter::NoWaker);
         return;
     };
-    if requeued_to != 0 {
+    let (mut waker_stack, mut sampled) = (last.stack, last.sampled);
+    if last.requeued_to != 0 {
         // The word's last wake moved waiters to `requeued_to`: a waiter among them was woken by
         // that word's next wake (an unlock), which is what it waited for at the end. One the
         // requeue woke directly is charged to a wake of that word that came before it
         // returned, if any (it goes on to take that lock), else to no one (counted without a
         // waker): a condition's broadcast is no lock release.
-        match last_wake(tgid, requeued_to, wake_ns) {
-            Some((stack, unlock_sampled, _, _)) => (waker_stack, sampled) = (stack, unlock_sampled),
+        match last_wake(tgid, last.requeued_to, last.wake_ns) {
+            Some(unlock) => (waker_stack, sampled) = (unlock.stack, unlock.sampled),
             None => {
                 count(FutexCounter::NoWaker);
                 return;
@@ -280,7 +281,7 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     }
     let key = WaitKey { stack: waker_stack, ..key };
     if add_wait(mutex, &key, WAIT_COUNT_ONE, delay_ns) {
-        if requeued_to != 0 {
+        if last.requeued_to != 0 {
             count(FutexCounter::Requeued);
         }
         count(FutexCounter::MutexCharged);
@@ -289,11 +290,10 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     }
 }
 
-/// The last wake of `uaddr` issued at or after `since_ns`: (stack, sampled, requeued_to,
-/// wake_ns). The time is read first: `record_waker` may be rewriting the entry in place, and
-/// writes the time last.
+/// A copy of the last wake of `uaddr`, if it was issued at or after `since_ns`. The time is
+/// read first: `record_waker` may be rewriting the entry in place, and writes the time last.
 #[inline(always)]
-fn last_wake(tgid: u32, uaddr: u64, since_ns: u64) -> Option<(u64, u32, u64, u64)> {
+fn last_wake(tgid: u32, uaddr: u64, since_ns: u64) -> Option<Waker> {
     let entry = FUTEX_WAKERS.get_ptr(&WakerKey { tgid, _pad: 0, uaddr })?;
     // SAFETY: plain field reads of a live map value.
     unsafe {
@@ -301,12 +301,13 @@ fn last_wake(tgid: u32, uaddr: u64, since_ns: u64) -> Option<(u64, u32, u64, u64
         if wake_ns < since_ns {
             return None;
         }
-        Some((
-            ptr::read_volatile(&(*entry).stack),
-            ptr::read_volatile(&(*entry).sampled),
-            ptr::read_volatile(&(*entry).requeued_to),
+        Some(Waker {
+            stack: ptr::read_volatile(&(*entry).stack),
             wake_ns,
-        ))
+            tid: ptr::read_volatile(&(*entry).tid),
+            sampled: ptr::read_volatile(&(*entry).sampled),
+            requeued_to: ptr::read_volatile(&(*entry).requeued_to),
+        })
     }
 }
 

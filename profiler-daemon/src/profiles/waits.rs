@@ -143,7 +143,8 @@ const NOT_LOCK_RELEASES: &[&str] = &[
 /// so the kernel's count of charged waits still adds up.
 pub(super) fn label_locks_only(resolved: &mut ResolvedProfile) -> String {
     primitive::label(resolved);
-    let (mut samples, mut values) = (0usize, Vec::<i64>::new());
+    // The values are SHAPE's: contentions, delay.
+    let (mut samples, mut contentions, mut delay_ns) = (0usize, 0i64, 0i64);
     resolved.samples.retain(|sample| {
         let released_no_lock = sample.labels.iter().any(|(key, value)| {
             *key == primitive::LABEL
@@ -151,14 +152,11 @@ pub(super) fn label_locks_only(resolved: &mut ResolvedProfile) -> String {
         });
         if released_no_lock {
             samples += 1;
-            values.resize(values.len().max(sample.values.len()), 0);
-            for (total, value) in values.iter_mut().zip(&sample.values) {
-                *total = total.saturating_add(*value);
-            }
+            contentions = contentions.saturating_add(sample.values[0]);
+            delay_ns = delay_ns.saturating_add(sample.values[1]);
         }
         !released_no_lock
     });
-    let (contentions, delay_ns) = (values.first().copied().unwrap_or(0), values.get(1).copied().unwrap_or(0));
     format!(
         "locks only: left out {samples} stacks that woke waiters without releasing a lock (condvar signal or \
          broadcast, semaphore post, barrier, once, unpark), {contentions} contentions and {delay_ns} ns in all \
