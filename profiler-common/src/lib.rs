@@ -16,6 +16,7 @@ pub mod frame;
 pub mod futex;
 pub mod heap;
 pub mod offcpu;
+pub mod share;
 pub mod stack;
 pub mod thread;
 pub mod threads;
@@ -27,7 +28,8 @@ pub use frame::{FrameKind, InterpretedFrame};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
-pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CHUNKS};
+pub use share::{ShareCaps, ShareUse};
+pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS};
 pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
@@ -52,6 +54,9 @@ pub mod globals {
     /// `u64`: a random key drawn at each load that every stack hash starts from
     /// ([`crate::stack::hash_start`]), so no process can craft stacks whose ids collide.
     pub const STACK_HASH_KEY: &str = "STACK_HASH_KEY";
+    /// [`crate::ShareCaps`]: each process's and each uid's cap on new stack-table entries
+    /// per map set (see [`crate::share`]).
+    pub const STACK_SHARE_CAPS: &str = "STACK_SHARE_CAPS";
 }
 
 /// Map names, shared by both sides, and their sizes.
@@ -66,6 +71,11 @@ pub mod maps {
     pub const STACKS_0: &str = "STACKS_0";
     /// The same for map set 1.
     pub const STACKS_1: &str = "STACKS_1";
+    /// Hash of [`crate::share::ShareKey`] → [`crate::ShareUse`]: what each process and uid
+    /// put in (and was refused from) `STACKS_0` since it was drained.
+    pub const STACK_SHARES_0: &str = "STACK_SHARES_0";
+    /// The same for `STACKS_1`.
+    pub const STACK_SHARES_1: &str = "STACK_SHARES_1";
     /// Array of one `u32`: the generation, the number of flips so far, whose low bit is the
     /// map set (0 or 1) the kernel programs write to now. Userspace flips it, lets in-flight
     /// programs finish, then drains and clears the other set, so draining never races with
@@ -228,13 +238,15 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 44] = [
+    pub const ALL: [&str; 46] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
         STACKS_0,
         STACKS_1,
+        STACK_SHARES_0,
+        STACK_SHARES_1,
         CONTROL,
         CPU_COUNTERS,
         TARGET_PIDS,

@@ -24,6 +24,11 @@ pub const STACK_CONTINUED: u32 = 2;
 /// sample in user mode with no kernel stack, or a failed walk, which is counted).
 pub const NO_STACK: u64 = 0;
 
+/// The stack hash recorded for a new stack the kernel did not keep because its process (or
+/// its uid) already holds its share of this map set's stack table (see [`crate::share`]):
+/// the sample still counts, without frames.
+pub const OVER_SHARE_STACK: u64 = 1;
+
 /// One stack, leaf first. Only `ips[..len]` is meaningful.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -68,7 +73,7 @@ pub fn hash_start(key: u64) -> u64 {
 }
 
 /// Ends a stack's hash: folds in its number of frames and maps the result away from
-/// [`NO_STACK`].
+/// [`NO_STACK`] and [`OVER_SHARE_STACK`].
 #[inline(always)]
 pub fn finish_hash(state: u64, len: u32) -> u64 {
     nonzero(hash_frame(state, (1 << 63) | len as u64))
@@ -87,8 +92,8 @@ pub fn chunk_key(hash: u64, chunk: u32) -> u64 {
 
 #[inline(always)]
 fn nonzero(h: u64) -> u64 {
-    if h == NO_STACK {
-        1
+    if h == NO_STACK || h == OVER_SHARE_STACK {
+        h + 2
     } else {
         h
     }
@@ -116,7 +121,8 @@ mod tests {
         assert_ne!(hash(&[1, 2]), hash(&[2, 1]));
         assert_ne!(hash(&[0]), hash(&[0, 0]));
         assert_ne!(hash(&[]), NO_STACK);
-        assert_eq!(nonzero(NO_STACK), 1);
+        assert_eq!(nonzero(NO_STACK), 2);
+        assert_eq!(nonzero(OVER_SHARE_STACK), 3);
         assert_eq!(hash(&[0x401000, 0x401234]), hash(&[0x401000, 0x401234]));
     }
 

@@ -10,11 +10,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+use profiler_common::maps::STACKS_MAX_ENTRIES;
+
 use crate::{
     catalog::{Catalog, Sighting},
     cgroups::{self, CgroupFilter},
-    config::ProcessSelection,
-    ebpf::{self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig},
+    config::{ProcessSelection, StackShares},
+    ebpf::{
+        self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig,
+        ShareCaps,
+    },
     ids::{Pid, StackId},
     offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
@@ -78,6 +83,9 @@ pub struct CaptureConfig {
     pub heartbeat: Option<Heartbeat>,
     /// The processes whose unwind tables are built (the configuration's `[processes]`).
     pub selection: ProcessSelection,
+    /// Each process's and uid's share of the kernel's stack table. Not applied when one
+    /// process is chosen: it has the table to itself.
+    pub shares: StackShares,
 }
 
 /// Why capturing failed, or what went wrong in a drain without stopping it.
@@ -212,6 +220,10 @@ impl Capture {
             enable_stats: config.enable_stats,
             unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
             pid_namespace,
+            share_caps: {
+                let shares = if config.pids.len() == 1 { StackShares::NONE } else { config.shares };
+                ShareCaps::of_table(STACKS_MAX_ENTRIES, shares.process_percent, shares.uid_percent)
+            },
         })
         .map_err(CaptureError::Load)?;
         let files = Offload::new("offload-unwind", config.heartbeat.clone());
@@ -451,6 +463,7 @@ impl Capture {
         let batch = self.session.drain().map_err(CaptureError::Drain)?;
         log_slow("drain: read the maps", started);
         let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
+        self.catalog.note_over_share(&batch.over_share);
         let mut problems = Vec::new();
         match self.unwinder.take_execs(&mut self.session) {
             // A new image is registered now, not after its first sample: until then its

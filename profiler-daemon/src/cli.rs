@@ -5,7 +5,13 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{config::ProfileKind, units::parse_duration};
+use crate::{
+    config::{
+        raw::{DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT},
+        ProfileKind,
+    },
+    units::parse_duration,
+};
 
 /// A system-wide continuous profiler: Go-style pprof profiles for every native process.
 #[derive(Debug, Parser)]
@@ -156,6 +162,15 @@ pub struct SnapshotArgs {
     #[arg(long = "mutex-fraction", value_name = "N", default_value_t = DEFAULT_MUTEX_FRACTION,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub mutex_fraction: u32,
+    /// Once the kernel's stack table is half full, a process may add new stacks only while it
+    /// holds less than this percent of it (100: no cap; not applied with a single --pid).
+    #[arg(long = "process-share", value_name = "PERCENT", default_value_t = DEFAULT_PROCESS_SHARE_PERCENT,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub process_share: u32,
+    /// The same for all processes of one uid together.
+    #[arg(long = "uid-share", value_name = "PERCENT", default_value_t = DEFAULT_UID_SHARE_PERCENT,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub uid_share: u32,
     /// Also write `<type>.svg`, a flame graph, next to each `<type>.pb.gz`.
     #[arg(long)]
     pub flamegraph: bool,

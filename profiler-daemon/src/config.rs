@@ -30,7 +30,7 @@ pub use raw::RawConfig;
 pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
 pub use validate::{
     BLOCK_RATE_RANGE, FREQUENCY_HZ_RANGE, INTERVAL_RANGE, MUTEX_FRACTION_RANGE, OFFCPU_SAMPLE_EVERY_RANGE,
-    SAMPLE_BYTES_RANGE, SOCKET_PATH_MAX_BYTES,
+    SAMPLE_BYTES_RANGE, SHARE_PERCENT_RANGE, SOCKET_PATH_MAX_BYTES,
 };
 
 use crate::units::{format_bytes, format_duration};
@@ -62,6 +62,8 @@ pub struct Config {
     pub offcpu: OffCpuConfig,
     /// `[block] rate` and `[mutex] fraction`: how block and mutex events are sampled.
     pub waits: WaitSampling,
+    /// `[limits]`: each process's and uid's share of the kernel's stack table.
+    pub limits: StackShares,
     /// `[[export]]`: backends the interval profiles are pushed to; empty (the default)
     /// means none.
     pub exports: Vec<ExportConfig>,
@@ -115,6 +117,27 @@ pub struct WaitSampling {
     /// 1 in this many contention events recorded, scaled by it; within
     /// [`MUTEX_FRACTION_RANGE`].
     pub mutex_fraction: u32,
+}
+
+/// `[limits]`: the share of a map set's stack table one process, or one uid, may hold once
+/// the table is half full (see `profiler_common::share`); 100 is no cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackShares {
+    /// Within [`SHARE_PERCENT_RANGE`]. Default 25.
+    pub process_percent: u32,
+    /// Within [`SHARE_PERCENT_RANGE`]. Default 100 (no cap).
+    pub uid_percent: u32,
+}
+
+impl Default for StackShares {
+    fn default() -> Self {
+        Self { process_percent: raw::DEFAULT_PROCESS_SHARE_PERCENT, uid_percent: raw::DEFAULT_UID_SHARE_PERCENT }
+    }
+}
+
+impl StackShares {
+    /// No caps: one chosen process has the whole table.
+    pub const NONE: Self = Self { process_percent: 100, uid_percent: 100 };
 }
 
 /// `[offcpu]`: the off-CPU profile's sampling.

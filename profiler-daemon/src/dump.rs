@@ -12,6 +12,7 @@ use std::{
 use crate::{
     capture::{Capture, CaptureConfig},
     cli::ThreadsArgs,
+    config::StackShares,
     error::Error,
     ids::Pid,
     output, preflight,
@@ -53,6 +54,7 @@ pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
         enable_stats: false,
         heartbeat: None,
         selection: Default::default(),
+        shares: StackShares::NONE,
     })?;
     let dump = Arc::new(capture.thread_dump(pid)?);
     let counters = capture.counters()?;

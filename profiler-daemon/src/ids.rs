@@ -25,6 +25,10 @@ impl StackId {
     /// a failed walk, which is counted).
     pub const NONE: StackId = StackId(NO_STACK);
 
+    /// A new stack the kernel did not keep: its process (or uid) held its share of the
+    /// stack table (see `profiler_common::share`). Resolves to no frames.
+    pub const OVER_SHARE: StackId = StackId(profiler_common::OVER_SHARE_STACK);
+
     /// Whether this names a stack.
     pub fn is_some(self) -> bool {
         self != Self::NONE

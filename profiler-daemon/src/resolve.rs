@@ -100,6 +100,9 @@ pub struct FrameStats {
     pub unmapped: u64,
     /// Samples whose stack was never drained from the kernel (kept without that stack).
     pub missing_stacks: u64,
+    /// Samples whose stack the kernel refused because the process (or its uid) held its
+    /// share of the stack table (kept without that stack).
+    pub over_share: u64,
 }
 
 /// Why a file the process controls (an executable, a library, its JIT perf map) was not
@@ -158,8 +161,11 @@ pub fn resolve(
 ) -> ResolvedProfile {
     let mut table = LocationTable::default();
     let mut resolved = Vec::with_capacity(samples.len());
-    let mut missing_stacks = 0;
+    let (mut missing_stacks, mut over_share) = (0, 0);
     for sample in samples {
+        if sample.user_stack == StackId::OVER_SHARE || sample.kernel_stack == StackId::OVER_SHARE {
+            over_share += 1;
+        }
         let (kernel, user) = match (catalog.stack(sample.kernel_stack), catalog.stack(sample.user_stack)) {
             (Some(k), Some(u)) => (k, u),
             (k, u) => {
@@ -191,6 +197,7 @@ pub fn resolve(
     let owner = Owner { pid: process.pid, ns_pid, info: process.info.as_ref() };
     let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, sym);
     frames.missing_stacks = missing_stacks;
+    frames.over_share = over_share;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
     ResolvedProfile {
@@ -289,6 +296,7 @@ impl LocationTable {
             unsymbolized: locations.iter().filter(|l| l.mapping.is_some() && l.frames.is_empty()).count() as u64,
             unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
             missing_stacks: 0,
+            over_share: 0,
         };
         refused.dedup();
         (mappings, locations, stats, refused)
@@ -384,14 +392,14 @@ mod tests {
     use crate::catalog::Sighting;
 
     /// A catalogue holding one uninspected process (pid far above pid_max: nothing is read
-    /// from /proc) and the stacks 1 (user: leaf, caller) and 2 (kernel: leaf, caller).
+    /// from /proc) and the stacks 11 (user: leaf, caller) and 12 (kernel: leaf, caller).
     fn catalog() -> (Catalog, Pid) {
         let pid = Pid(0x7fff_fff3);
-        let stacks = [(StackId(1), vec![0x1000, 0x2000]), (StackId(2), vec![0xffff_0000, 0xffff_1000])].into();
+        let stacks = [(StackId(11), vec![0x1000, 0x2000]), (StackId(12), vec![0xffff_0000, 0xffff_1000])].into();
         let seen = Sighting {
             pid,
-            user_stack: StackId(1),
-            kernel_stack: StackId(2),
+            user_stack: StackId(11),
+            kernel_stack: StackId(12),
             user_leaf_is_return: false,
             main_thread_name: None,
         };
@@ -420,12 +428,21 @@ mod tests {
     #[test]
     fn callers_are_symbolized_at_the_call_and_leaves_where_they_are() {
         // A sampled pc is exact; every caller is a return address, looked up one byte back.
-        assert_eq!(addresses(vec![sample(1, 0, false)]), [vec![0x1000, 0x1fff]]);
+        assert_eq!(addresses(vec![sample(11, 0, false)]), [vec![0x1000, 0x1fff]]);
         // A stack taken on return from a call: its leaf is a return address too.
-        assert_eq!(addresses(vec![sample(1, 0, true)]), [vec![0x0fff, 0x1fff]]);
+        assert_eq!(addresses(vec![sample(11, 0, true)]), [vec![0x0fff, 0x1fff]]);
         // Under a kernel stack (a syscall), the user leaf is the syscall's return point;
         // kernel frames first, their callers adjusted too.
-        assert_eq!(addresses(vec![sample(1, 2, false)]), [vec![0xffff_0000, 0xffff_0fff, 0x0fff, 0x1fff]]);
+        assert_eq!(addresses(vec![sample(11, 12, false)]), [vec![0xffff_0000, 0xffff_0fff, 0x0fff, 0x1fff]]);
+    }
+
+    #[test]
+    fn a_stack_refused_over_share_is_counted_apart_from_lost_ones() {
+        let (catalog, pid) = catalog();
+        let refused = sample(StackId::OVER_SHARE.0, 12, false);
+        let resolved = resolve(catalog.process(pid).unwrap(), &catalog, vec![refused], &mut Symbolizer::new());
+        assert_eq!((resolved.frames.over_share, resolved.frames.missing_stacks), (1, 0));
+        assert_eq!(resolved.samples[0].locations.len(), 2, "its kernel stack is kept");
     }
 
     #[test]

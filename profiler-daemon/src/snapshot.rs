@@ -12,6 +12,7 @@ use std::{
 use crate::{
     capture::{Capture, CaptureConfig, CaptureError},
     cli::SnapshotArgs,
+    config::StackShares,
     ebpf::Counters,
     error::Error,
     ids::Pid,
@@ -90,6 +91,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         enable_stats: args.bpf_stats,
         heartbeat: None,
         selection: Default::default(),
+        shares: StackShares { process_percent: args.process_share, uid_percent: args.uid_share },
     })?;
     if capture.has(Source::HeapProbes) {
         for &pid in &pids {

@@ -57,7 +57,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     let kernel_stack = if interrupted_user_mode(ctx) {
         NO_STACK
     } else {
-        stack_or_count(capture_kernel(ctx.as_ptr(), stacks, Scratch::Interrupt), CpuCounter::KernelStackFailed)
+        stack_or_count(capture_kernel(ctx.as_ptr(), stacks, Scratch::Interrupt, tgid), CpuCounter::KernelStackFailed)
     };
 
     let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };

@@ -17,7 +17,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{CGROUP_FILTER_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
-    CgroupFilterMode, Stack, STACK_CHUNKS,
+    share::{ShareKey, STACK_SHARES_MAX_ENTRIES},
+    CgroupFilterMode, ShareCaps, ShareUse, Stack, STACK_CHUNKS,
 };
 
 /// The load's random stack-hash key (`profiler_common::globals::STACK_HASH_KEY`).
@@ -102,6 +103,20 @@ pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 pub static STACKS_0: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 pub static STACKS_1: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Each process's and uid's cap on new entries in one set's stack map (see
+/// `profiler_common::share`), set at load.
+#[unsafe(no_mangle)]
+pub static STACK_SHARE_CAPS: Global<ShareCaps> = Global::new(ShareCaps { per_process: 0, per_uid: 0, binding_from: 0 });
+
+// What each owner put in each set's stack map; allocated on insert, as an owner's first new
+// stack of the second is rare next to the samples that reuse stacks.
+#[map]
+pub static STACK_SHARES_0: HashMap<ShareKey, ShareUse> =
+    HashMap::with_max_entries(STACK_SHARES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+pub static STACK_SHARES_1: HashMap<ShareKey, ShareUse> =
+    HashMap::with_max_entries(STACK_SHARES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Which slot of the per-CPU scratch maps (`STACK_SCRATCH`, `STACK_WINDOW`, `UNWIND_STATE`,
 /// `STORED_STACKS`, `ROW_CACHE`) a program uses. The CPU program runs in the timer interrupt

@@ -114,8 +114,8 @@ fn switch_out(ctx: &BtfTracePointContext, prev: u64, preempt: bool, prev_state: 
             NO_STACK
         }
     };
-    let kernel_stack =
-        capture_kernel_skipping(ctx.as_ptr(), stacks, Scratch::Switch, OWN_FRAMES).unwrap_or_else(|_| {
+    let kernel_stack = capture_kernel_skipping(ctx.as_ptr(), stacks, Scratch::Switch, OWN_FRAMES, task.tgid)
+        .unwrap_or_else(|_| {
             count(OffCpuCounter::StackLost);
             NO_STACK
         });

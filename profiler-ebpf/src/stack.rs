@@ -9,17 +9,21 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::generated::bpf_get_stack,
+    helpers::{bpf_get_current_uid_gid, generated::bpf_get_stack},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
+    share::{ShareKey, SHARE_ALL, SHARE_UID},
     stack::{chunk_key, finish_hash, hash_frame, hash_start, STACK_CONTINUED, STACK_TRUNCATED},
-    Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, STACK_CHUNKS,
+    ShareUse, Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
 };
 
 use crate::{
-    maps::{active_generation, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_HASH_KEY, STACK_SCRATCH},
+    maps::{
+        active_generation, add_or_insert, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_HASH_KEY, STACK_SCRATCH,
+        STACK_SHARES_0, STACK_SHARES_1, STACK_SHARE_CAPS,
+    },
     user_stack,
 };
 
@@ -54,10 +58,16 @@ pub enum StackError {
 const EEXIST: i32 = 17;
 
 /// Walks the kernel stack of the sample (empty when it hit user mode) and stores it in
-/// `stacks`. Returns its hash, or [`NO_STACK`] when there is none.
+/// `stacks`, charged to process `tgid`'s share. Returns its hash, or [`NO_STACK`] when there
+/// is none.
 #[inline(always)]
-pub fn capture_kernel(ctx: *mut c_void, stacks: &HashMap<u64, Stack>, slot: Scratch) -> Result<u64, StackError> {
-    capture_kernel_skipping(ctx, stacks, slot, 0)
+pub fn capture_kernel(
+    ctx: *mut c_void,
+    stacks: &HashMap<u64, Stack>,
+    slot: Scratch,
+    tgid: u32,
+) -> Result<u64, StackError> {
+    capture_kernel_skipping(ctx, stacks, slot, 0, tgid)
 }
 
 /// [`capture_kernel`] for a program whose own frames (and its trampoline's) are on the
@@ -69,6 +79,7 @@ pub fn capture_kernel_skipping(
     stacks: &HashMap<u64, Stack>,
     slot: Scratch,
     skip: u64,
+    tgid: u32,
 ) -> Result<u64, StackError> {
     let scratch = scratch(slot)?;
     let size = (MAX_STACK_DEPTH * 8) as u32;
@@ -81,7 +92,7 @@ pub fn capture_kernel_skipping(
     scratch.len = len as u32;
     scratch.truncated = if len == MAX_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
     let hash = hash_kernel(scratch, len);
-    store(stacks, slot, hash)
+    store(stacks, slot, hash, tgid)
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
@@ -97,7 +108,7 @@ pub fn capture_user(
 ) -> Result<u64, StackError> {
     let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
     *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
-    store(stacks, slot, hash)
+    store(stacks, slot, hash, tgid)
 }
 
 #[inline(always)]
@@ -161,9 +172,10 @@ fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usi
 }
 
 /// Inserts the caller's scratch stack, whose hash is `hash`, into `stacks` unless already
-/// there.
+/// there, or returns [`OVER_SHARE_STACK`] when the stack is new and process `tgid` (or its
+/// uid) holds its share of the map.
 #[inline(always)]
-fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64) -> Result<u64, StackError> {
+fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32) -> Result<u64, StackError> {
     let len = (scratch(slot)?.len as usize).min(MAX_USER_STACK_DEPTH);
     if len == 0 {
         return Ok(NO_STACK);
@@ -188,6 +200,10 @@ fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64) -> Result<u64, 
     // map allocates) before it finds the key.
     // SAFETY: only checks for presence.
     if unsafe { stacks.get(&hash) }.is_none() {
+        let shares = if core::ptr::eq(stacks, &STACKS_1) { &STACK_SHARES_1 } else { &STACK_SHARES_0 };
+        if !take_share(shares, tgid, len.div_ceil(MAX_STACK_DEPTH) as u64) {
+            return Ok(OVER_SHARE_STACK);
+        }
         insert_chain(stacks, hash, slot, len)?;
     }
     if noted {
@@ -197,4 +213,37 @@ fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64) -> Result<u64, 
         }
     }
     Ok(hash)
+}
+
+/// Charges `entries` new stack-map entries to process `tgid` and the current uid in `shares`
+/// (the stack map's set), or, when either already holds its cap (`STACK_SHARE_CAPS`) and the
+/// set's table is past the point where caps bind, counts a refusal against the process and
+/// returns false. Paid only for a stack new to the set:
+/// samples repeat stacks, so this is rare once a process is warm. The check and the charge
+/// are not one atomic step, so concurrent inserts of one owner may pass its cap by a few.
+#[inline(always)]
+fn take_share(shares: &HashMap<ShareKey, ShareUse>, tgid: u32, entries: u64) -> bool {
+    let caps = STACK_SHARE_CAPS.load();
+    if caps.per_process == 0 && caps.per_uid == 0 {
+        return true;
+    }
+    let process = tgid as ShareKey;
+    let uid = SHARE_UID | (bpf_get_current_uid_gid() as u32) as ShareKey;
+    let holds = |key: &ShareKey, cap: u32| {
+        // SAFETY: a plain read of a live map value's counter.
+        cap != 0 && unsafe { shares.get(key) }.is_some_and(|used| used.entries >= cap as u64)
+    };
+    if (holds(&process, caps.per_process) || holds(&uid, caps.per_uid)) && holds(&SHARE_ALL, caps.binding_from) {
+        add_or_insert(shares, &process, &ShareUse { entries: 0, refused: 1 });
+        return false;
+    }
+    // A full shares map (more owners than it holds) leaves the insert uncapped: refusing
+    // would punish a process for the number of others.
+    let charged = ShareUse { entries, refused: 0 };
+    add_or_insert(shares, &process, &charged);
+    if caps.per_uid != 0 {
+        add_or_insert(shares, &uid, &charged);
+    }
+    add_or_insert(shares, &SHARE_ALL, &charged);
+    true
 }

@@ -61,6 +61,10 @@ pub enum FixtureKind {
     /// one FUTEX_WAIT (timing out) in churn_wait; after a delay (argv[1]) prints `waits N` (all
     /// children's), `done`, lingers argv[2] seconds.
     ThreadChurn,
+    /// `stack_flood.c`: 8 threads making FUTEX_WAITs of 150 us from 65,536 distinct stacks
+    /// (flood_step → go_left/go_right … → flood_wait) for argv[1] seconds; then prints
+    /// `waits N`, `done`.
+    StackFlood,
     /// `thread_spawner.c`: spawn_workers creates 7 threads, spawn_one 1, fork_children forks 3
     /// processes; after a delay (argv[1]) prints `done`, lingers argv[2] seconds.
     ThreadSpawner,
@@ -127,6 +131,7 @@ impl FixtureKind {
             Self::LockContention => "lock_contention",
             Self::FutexRequeue => "futex_requeue",
             Self::ThreadChurn => "thread_churn",
+            Self::StackFlood => "stack_flood",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
             Self::CpuSplitNoFp => "cpu_split_nofp",
@@ -156,6 +161,7 @@ impl FixtureKind {
             Self::LockContention => "lock_contention.c",
             Self::FutexRequeue => "futex_requeue.c",
             Self::ThreadChurn => "thread_churn.c",
+            Self::StackFlood => "stack_flood.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
             Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
@@ -238,6 +244,7 @@ impl FixtureKind {
                 Self::LockContention
                     | Self::FutexRequeue
                     | Self::ThreadChurn
+                    | Self::StackFlood
                     | Self::ThreadSpawner
                     | Self::ThreadDumpC
                     | Self::ThreadDumpCNoFp

@@ -119,6 +119,9 @@ pub struct Catalog {
     /// Stacks forgotten to make room for new ones: seen last before the last dump, named
     /// only by history (since-start totals, windows), whose samples there lose their frames.
     pub evicted_stacks: u64,
+    /// New stacks the kernel refused, by process, because the process or its uid held its
+    /// share of the stack table (see `profiler_common::share`); since start.
+    pub over_share: HashMap<Pid, u64>,
 }
 
 /// A stack's frames and the batch that last named it.
@@ -146,6 +149,7 @@ impl Catalog {
             evictable_before: 0,
             dropped_stacks: 0,
             evicted_stacks: 0,
+            over_share: HashMap::new(),
         }
     }
 
@@ -196,6 +200,13 @@ impl Catalog {
         new_stacks
     }
 
+    /// Adds a drain's refusals over a share (see [`Catalog::over_share`]).
+    pub fn note_over_share(&mut self, refused: &[(Pid, u64)]) {
+        for &(pid, count) in refused {
+            *self.over_share.entry(pid).or_default() += count;
+        }
+    }
+
     /// Registers a process before it has data (heap targets, chosen processes), so its
     /// mappings are captured while it is surely alive.
     pub fn track(&mut self, pid: Pid) {
@@ -234,7 +245,7 @@ impl Catalog {
 
     /// The frames of a stack (leaf first); `None` for a stack not (yet) drained.
     pub fn stack(&self, id: StackId) -> Option<&[u64]> {
-        if id == StackId::NONE {
+        if id == StackId::NONE || id == StackId::OVER_SHARE {
             return Some(&[]);
         }
         self.stacks.get(&id).map(|known| &known.frames[..])

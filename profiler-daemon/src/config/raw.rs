@@ -26,6 +26,7 @@ pub struct RawConfig {
     pub offcpu: RawOffCpu,
     pub block: RawBlock,
     pub mutex: RawMutex,
+    pub limits: RawLimits,
     /// `[[export]]` tables, in the order written.
     #[serde(rename = "export")]
     pub exports: Vec<RawExport>,
@@ -92,6 +93,34 @@ pub struct RawOffCpu {
 pub struct RawBlock {
     pub rate: Quantity,
 }
+
+/// `[limits]`: fair shares of the kernel's stack table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a [limits] table")]
+pub struct RawLimits {
+    pub process_share_percent: i64,
+    pub uid_share_percent: i64,
+}
+
+impl Default for RawLimits {
+    /// Once the table is half full, a process may hold a quarter of it: a flood from one
+    /// process takes at most the first half (first come, first served) and leaves the other
+    /// for everyone else, and on a table less than half full the cap does not bind at all
+    /// (see `profiler_common::share`). No uid cap by default: the flood's own entries count
+    /// against its uid, so on a host where most processes share one uid (root), a uid cap
+    /// refuses them all along with the flood; set one where users are not trusted.
+    fn default() -> Self {
+        Self {
+            process_share_percent: DEFAULT_PROCESS_SHARE_PERCENT.into(),
+            uid_share_percent: DEFAULT_UID_SHARE_PERCENT.into(),
+        }
+    }
+}
+
+/// `[limits] process_share_percent` by default.
+pub const DEFAULT_PROCESS_SHARE_PERCENT: u32 = 25;
+/// `[limits] uid_share_percent` by default.
+pub const DEFAULT_UID_SHARE_PERCENT: u32 = 100;
 
 /// `[mutex]`: the mutex profile's sampling fraction.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -215,6 +244,7 @@ impl Default for RawConfig {
             offcpu: RawOffCpu::default(),
             block: RawBlock::default(),
             mutex: RawMutex::default(),
+            limits: RawLimits::default(),
             exports: Vec::new(),
         }
     }

@@ -8,7 +8,7 @@ use super::{
     raw::{Quantity, RawConfig, RawRetention},
     select::matchers_from_raw,
     Config, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind, Retention, SocketConfig,
-    ThreadsConfig, WaitSampling,
+    StackShares, ThreadsConfig, WaitSampling,
 };
 use crate::units::{format_bytes, format_duration, parse_bytes, parse_duration};
 
@@ -30,6 +30,9 @@ pub const BLOCK_RATE_RANGE: RangeInclusive<Duration> = Duration::from_nanos(1)..
 
 /// `mutex.fraction`: 1 records every contention event.
 pub const MUTEX_FRACTION_RANGE: RangeInclusive<u32> = 1..=1_000_000;
+
+/// `limits.*_share_percent`: 1 lets an owner hold 1% of the table; 100 is no cap.
+pub const SHARE_PERCENT_RANGE: RangeInclusive<u32> = 1..=100;
 
 /// Longest unix socket path: `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX_BYTES: usize = 107;
@@ -64,6 +67,14 @@ impl TryFrom<RawConfig> for Config {
             },
             offcpu: OffCpuConfig {
                 sample_every: integer_in(raw.offcpu.sample_every, "offcpu.sample_every", OFFCPU_SAMPLE_EVERY_RANGE)?,
+            },
+            limits: StackShares {
+                process_percent: integer_in(
+                    raw.limits.process_share_percent,
+                    "limits.process_share_percent",
+                    SHARE_PERCENT_RANGE,
+                )?,
+                uid_percent: integer_in(raw.limits.uid_share_percent, "limits.uid_share_percent", SHARE_PERCENT_RANGE)?,
             },
             exports: exports_from_raw(&raw.exports)?,
         })

@@ -154,6 +154,7 @@ impl Collector {
             enable_stats: false,
             heartbeat: Some(heartbeat.clone()),
             selection: config.processes.clone(),
+            shares: config.limits,
         })?;
         capture.select(&config.processes);
         let mut sym = capture.symbolizer();
@@ -796,6 +797,12 @@ impl Collector {
             max_stacks: max_stacks(),
             stacks_dropped: catalog.dropped_stacks,
             stacks_evicted: catalog.evicted_stacks,
+            stacks_over_share: catalog.over_share.values().sum(),
+            stacks_over_share_most: catalog
+                .over_share
+                .iter()
+                .max_by_key(|(_, &count)| count)
+                .map(|(&pid, &count)| (pid, count)),
             processes: catalog.processes().count(),
             unwinder: self.capture.unwinder_stats(),
             exec_tracking_error: self.capture.exec_tracking_error().map(str::to_string),

@@ -191,6 +191,12 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     if new.waits.mutex_fraction != old.waits.mutex_fraction {
         keys.push("mutex.fraction");
     }
+    if new.limits.process_percent != old.limits.process_percent {
+        keys.push("limits.process_share_percent");
+    }
+    if new.limits.uid_percent != old.limits.uid_percent {
+        keys.push("limits.uid_share_percent");
+    }
     for kind in ProfileKind::ALL {
         let source = kind.source();
         let wanted = ProfileKind::ALL.into_iter().any(|k| k.source() == source && new.is_enabled(k));

@@ -38,6 +38,10 @@ pub struct Status {
     pub stacks_dropped: u64,
     /// Stacks forgotten for new ones, named only by history (seen last before a dump).
     pub stacks_evicted: u64,
+    /// New stacks the kernel refused because their process (or its uid) held its share of
+    /// the stack table: in total, and the process refused most (pid, count).
+    pub stacks_over_share: u64,
+    pub stacks_over_share_most: Option<(Pid, u64)>,
     pub processes: usize,
     pub unwinder: UnwinderStats,
     pub exec_tracking_error: Option<String>,
@@ -123,6 +127,8 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "offcpu_cgroup_not_selected": s.counters.offcpu.cgroup_filtered,
             "userspace_stack_table_full": s.stacks_dropped,
             "userspace_stacks_evicted": s.stacks_evicted,
+            "stacks_refused_over_share": s.stacks_over_share,
+            "stacks_refused_over_share_most": s.stacks_over_share_most.map(|(pid, count)| json!({ "pid": pid.0, "count": count })),
             "profiles_skipped_low_disk_space": d.skipped_low_space,
             "profile_write_errors": d.write_errors,
         },

@@ -14,8 +14,9 @@ use aya::{
 };
 use profiler_common::{
     maps,
+    share::{ShareKey, SHARE_UID},
     stack::{chunk_key, STACK_CONTINUED},
-    Stack, STACK_CHUNKS,
+    ShareUse, Stack, STACK_CHUNKS,
 };
 
 use super::{
@@ -27,7 +28,7 @@ use super::{
     waits::{self, RawWaitTotals},
     Result,
 };
-use crate::ids::StackId;
+use crate::ids::{Pid, StackId};
 
 /// One drained set: each kind's raw counts, and the stacks they name.
 #[derive(Debug, Default)]
@@ -44,9 +45,13 @@ pub struct Batch {
     pub offcpu: Vec<RawOffCpu>,
     /// Stack → frames (leaf first).
     pub stacks: StdHashMap<StackId, Vec<u64>>,
+    /// New stacks the kernel refused, by process, because the process or its uid held its
+    /// share of the set's stack table (see `profiler_common::share`).
+    pub over_share: Vec<(Pid, u64)>,
 }
 
 const STACKS: [&str; 2] = [maps::STACKS_0, maps::STACKS_1];
+const SHARES: [&str; 2] = [maps::STACK_SHARES_0, maps::STACK_SHARES_1];
 
 /// Reads and empties map set `set`.
 pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
@@ -58,7 +63,13 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, STACKS[set])?;
-    Ok(Batch { cpu, heap, block, mutex, threads, offcpu, stacks })
+    // Emptied with its stack map: each set's shares start again at its next second.
+    let over_share = drain_counts::<ShareKey, ShareUse>(ebpf, SHARES[set])?
+        .into_iter()
+        .filter(|(key, used)| key & SHARE_UID == 0 && used.refused > 0)
+        .map(|(key, used)| (Pid(key as u32), used.refused))
+        .collect();
+    Ok(Batch { cpu, heap, block, mutex, threads, offcpu, stacks, over_share })
 }
 
 /// Reads every entry of a counts map (a hash every CPU adds to) and deletes it.

@@ -30,8 +30,8 @@ use error::{map_error, missing, program_error};
 pub use error::{Error, Result};
 pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
 pub use offcpu::{OffCpuCounters, RawOffCpu};
-pub use profiler_common::CgroupFilterMode;
 use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
+pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::{UnwindCounters, UnwindView};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
@@ -75,6 +75,8 @@ pub struct SessionConfig {
     /// The pid namespace to profile, when not the initial one: only its tasks are counted,
     /// under their ids there.
     pub pid_namespace: Option<PidNamespace>,
+    /// Each process's and uid's cap on new stacks per map set (see `profiler_common::share`).
+    pub share_caps: ShareCaps,
 }
 
 /// Cost of a program as the kernel measures it (needs BPF run-time stats enabled).
@@ -127,6 +129,7 @@ impl Session {
             .override_global(globals::PIDNS_INO, &pidns_ino, true)
             .override_global(globals::TASK_OFFSETS, &task_offsets, true)
             .override_global(globals::STACK_HASH_KEY, &stack_key, true)
+            .override_global(globals::STACK_SHARE_CAPS, &config.share_caps, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
             .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
         let unused: [(bool, &[&str]); 4] = [

@@ -89,6 +89,14 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
         "frames: {} distinct addresses, {} without symbol, {} outside known mappings; {} samples whose stack was lost",
         f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
+    if f.over_share > 0 {
+        b.add_comment(&format!(
+            "{} samples without their stacks: the process (or its uid) held its share of the kernel's stack \
+             table, filled by many new stacks at once; [limits] process_share_percent and uid_share_percent \
+             set the shares",
+            f.over_share
+        ));
+    }
     for refusal in &resolved.refused {
         b.add_comment(&format!("file not fully read: {refusal}"));
     }
@@ -167,7 +175,7 @@ mod tests {
                     ("bytes", LabelValue::Num(64, Some("bytes"))),
                 ],
             }],
-            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0 },
+            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0, over_share: 0 },
             refused: Vec::new(),
         }
     }
