@@ -628,6 +628,11 @@ impl Capture {
         self.unwinder.sync(&mut self.session, processes, Some(budget)).map(|_| ())
     }
 
+    /// Caps each process's share of the catalogue's stacks (see [`Catalog::set_process_share`]).
+    pub fn set_process_share(&mut self, percent: u32) {
+        self.catalog.set_process_share(percent);
+    }
+
     /// Builds unwind tables only for the processes `selection` matches from now on (a
     /// process already registered keeps its tables until it exits).
     pub fn select(&mut self, selection: &ProcessSelection) {

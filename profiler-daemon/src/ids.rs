@@ -15,6 +15,12 @@ pub struct Pid(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tid(pub u32);
 
+impl Tid {
+    /// Threads that exited, folded together in long-lived totals (see
+    /// `profiles::exited`); 0 is no user thread's id.
+    pub const EXITED: Tid = Tid(0);
+}
+
 /// A stack's key: the hash of its frames, as the kernel computes it (the same stack has the
 /// same id in both map sets and across drains). [`StackId::NONE`] stands for no stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -190,6 +190,11 @@ pub fn exists(pid: u32) -> bool {
     pid != 0 && fs::metadata(format!("/proc/{pid}")).is_ok()
 }
 
+/// Whether thread `tid` of process `pid` exists.
+pub fn thread_exists(pid: u32, tid: u32) -> bool {
+    tid != 0 && fs::metadata(format!("/proc/{pid}/task/{tid}")).is_ok()
+}
+
 /// Reads name, executable and mappings of `pid`.
 pub fn read_process(pid: u32) -> io::Result<ProcessInfo> {
     let name = read_comm(pid)?;

@@ -101,6 +101,14 @@ impl Renderer<'_> {
             comments.push("the process exited before its mappings could be read: user frames unsymbolized".into());
         }
         comments.push(attribution(process));
+        if process.stacks_over_share > 0 {
+            comments.push(format!(
+                "{} new stacks of this process refused since it was first seen: it held its share of the \
+                 kernel's stack table or the daemon's ([limits] process_share_percent, uid_share_percent); \
+                 their samples count without frames",
+                process.stacks_over_share
+            ));
+        }
         comments.extend(notes);
         let meta = pprof::ProfileMeta { start: self.window.start, duration: self.window.duration, comments };
         let encoded = pprof::encode(&resolved, &shape, &meta);

@@ -109,6 +109,7 @@ impl Catalog {
             last_seen: Instant::now(),
             maps_version: 0,
             sampled: false,
+            stacks_over_share: 0,
         });
         process.last_seen = Instant::now();
         process
@@ -137,6 +138,7 @@ impl Catalog {
             last_seen: Instant::now(),
             maps_version: 0,
             sampled: false,
+            stacks_over_share: 0,
         }
     }
 

@@ -50,6 +50,9 @@ pub struct KnownProcess {
     /// machine running thousands of short commands a second would hold a grace period's
     /// worth of them.
     pub sampled: bool,
+    /// New stacks refused since it was first seen because it held its share of the kernel's
+    /// stack table or of this catalogue (see [`Catalog::set_process_share`]).
+    pub stacks_over_share: u64,
 }
 
 impl KnownProcess {
@@ -119,9 +122,15 @@ pub struct Catalog {
     /// Stacks forgotten to make room for new ones: seen last before the last dump, named
     /// only by history (since-start totals, windows), whose samples there lose their frames.
     pub evicted_stacks: u64,
-    /// New stacks the kernel refused, by process, because the process or its uid held its
-    /// share of the stack table (see `profiler_common::share`); since start.
-    pub over_share: HashMap<Pid, u64>,
+    /// New stacks refused since start because their process held its share: of the
+    /// kernel's stack table (or its uid did; see `profiler_common::share`) or of this table.
+    pub stacks_over_share: u64,
+    /// Stacks one process may hold among those learnt since the last dump, once the table
+    /// is half full; `None`: no cap.
+    process_share: Option<usize>,
+    /// Stacks each process brought in (the first to name them) since the last dump: the
+    /// ones eviction cannot take, which a share bounds.
+    held: HashMap<Pid, usize>,
 }
 
 /// A stack's frames and the batch that last named it.
@@ -149,7 +158,9 @@ impl Catalog {
             evictable_before: 0,
             dropped_stacks: 0,
             evicted_stacks: 0,
-            over_share: HashMap::new(),
+            stacks_over_share: 0,
+            process_share: None,
+            held: HashMap::new(),
         }
     }
 
@@ -159,9 +170,23 @@ impl Catalog {
     pub fn learn(&mut self, stacks: &HashMap<StackId, Vec<u64>>, sightings: &[Sighting<'_>]) -> HashSet<StackId> {
         let mut new_stacks = HashSet::new();
         self.batches += 1;
+        // Each stack's owner, for the shares: the first sample to name it.
+        let mut owners = HashMap::new();
+        if self.process_share.is_some() {
+            for seen in sightings {
+                owners.entry(seen.user_stack).or_insert(seen.pid);
+                owners.entry(seen.kernel_stack).or_insert(seen.pid);
+            }
+        }
+        let mut refused = Vec::new();
         for (&id, frames) in stacks {
             if let Some(known) = self.stacks.get_mut(&id) {
                 known.last_batch = self.batches;
+                continue;
+            }
+            let owner = owners.get(&id).copied();
+            if let Some(pid) = owner.filter(|&pid| self.over_share(pid)) {
+                refused.push((pid, 1));
                 continue;
             }
             if self.stacks.len() >= self.max_stacks && !self.evict_history() {
@@ -170,6 +195,9 @@ impl Catalog {
             }
             self.stacks.insert(id, KnownStack { frames: frames.as_slice().into(), last_batch: self.batches });
             new_stacks.insert(id);
+            if let Some(pid) = owner {
+                *self.held.entry(pid).or_default() += 1;
+            }
         }
         let now = Instant::now();
         let mut uncovered = Vec::new();
@@ -197,14 +225,35 @@ impl Catalog {
         for pid in uncovered {
             self.refresh_mappings(pid);
         }
+        self.note_over_share(&refused);
         new_stacks
     }
 
-    /// Adds a drain's refusals over a share (see [`Catalog::over_share`]).
+    /// Caps each process at `percent` of the table among the stacks learnt since the last
+    /// dump, once the table is half full, as the kernel caps its own table: without it, one
+    /// process making new stacks every second (each second's within the kernel's share)
+    /// would fill the table before the next dump and every other process's new stacks
+    /// would be dropped until then. 100: no cap.
+    pub fn set_process_share(&mut self, percent: u32) {
+        self.process_share = (percent < 100 && self.max_stacks != usize::MAX)
+            .then(|| (self.max_stacks.saturating_mul(percent as usize) / 100).max(1));
+    }
+
+    /// Adds a drain's refusals by the kernel over a share (see [`Catalog::stacks_over_share`]).
     pub fn note_over_share(&mut self, refused: &[(Pid, u64)]) {
         for &(pid, count) in refused {
-            *self.over_share.entry(pid).or_default() += count;
+            self.stacks_over_share += count;
+            if let Some(process) = self.processes.get_mut(&pid) {
+                process.stacks_over_share += count;
+            }
         }
+    }
+
+    /// Whether `pid` may not add a stack now: it holds its share and the table is half full.
+    fn over_share(&self, pid: Pid) -> bool {
+        self.process_share.is_some_and(|share| {
+            self.stacks.len() >= self.max_stacks / 2 && self.held.get(&pid).is_some_and(|&held| held >= share)
+        })
     }
 
     /// Registers a process before it has data (heap targets, chosen processes), so its
@@ -283,6 +332,8 @@ impl Catalog {
         let gone = self.forget_exited(grace, |_| true);
         self.stacks.retain(|id, _| keep.contains(id));
         self.evictable_before = self.batches + 1;
+        // Every stack held so far may be evicted from now on.
+        self.held.clear();
         gone
     }
 
@@ -357,6 +408,7 @@ fn first_sight(pid: Pid, comm: &str) -> KnownProcess {
         last_seen: Instant::now(),
         maps_version: 0,
         sampled: false,
+        stacks_over_share: 0,
     }
 }
 
@@ -459,6 +511,26 @@ mod tests {
         assert_eq!((catalog.dropped_stacks, catalog.evicted_stacks), (1, 1));
         assert!(catalog.stack(StackId(2)).is_none());
         assert!(catalog.stack(StackId(1)).is_some() && catalog.stack(StackId(3)).is_some());
+    }
+
+    #[test]
+    fn a_process_past_its_share_of_a_half_full_table_is_refused_and_others_are_not() {
+        let mut catalog = Catalog::with_max_stacks(8);
+        catalog.set_process_share(25); // 2 stacks, binding from 4 in the table
+        let (flood, other) = (PID, Pid(PID.0 + 1));
+        let ids: Vec<u64> = (10..16).collect();
+        let stacks = ids.iter().map(|&id| (StackId(id), vec![id])).collect::<HashMap<_, _>>();
+        let sightings: Vec<Sighting> = ids.iter().map(|&id| seen(flood, id, None)).collect();
+        // First come, first served up to half the table; then the flood is at its share.
+        assert_eq!(catalog.learn(&stacks, &sightings).len(), 4);
+        assert_eq!(catalog.stacks_over_share, 2);
+        assert_eq!(catalog.process(flood).unwrap().stacks_over_share, 2);
+        // Another process's new stack still goes in.
+        let new = catalog.learn(&[(StackId(20), vec![20])].into(), &[seen(other, 20, None)]);
+        assert_eq!(new, [StackId(20)].into());
+        // After a dump every stack is history: the flood may add again.
+        catalog.prune(Duration::from_secs(3600), &HashSet::new());
+        assert_eq!(catalog.learn(&stacks, &sightings).len(), 4);
     }
 
     #[test]

@@ -95,6 +95,9 @@ struct Collector {
     symbol_cache_resets: u64,
     /// Times the symbolizer's files were closed for being over the files budget.
     symbol_file_closes: u64,
+    /// Exited threads whose since-start counts were folded together (see
+    /// `profiles::Counts::fold_exited_threads`).
+    threads_folded: u64,
     /// What the socket server refused (it counts; `/status` shows).
     front: Arc<Refusals>,
     /// Windows refused because their uid had [`MAX_WINDOWS_PER_UID`] open.
@@ -157,6 +160,7 @@ impl Collector {
             shares: config.limits,
         })?;
         capture.select(&config.processes);
+        capture.set_process_share(config.limits.process_percent);
         let mut sym = capture.symbolizer();
         // Otherwise the first drain with a kernel stack parses it, and processes that start
         // meanwhile wait that long to be registered with the unwinder (their samples lose
@@ -179,6 +183,7 @@ impl Collector {
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
+            threads_folded: 0,
             front,
             windows_over_uid_share: 0,
             heartbeat,
@@ -492,6 +497,7 @@ impl Collector {
         }
         let (gone, problems) = self.capture.prune(grace, &keep);
         self.total.forget(&gone);
+        self.threads_folded += self.total.fold_exited_threads(|pid, tid| procs::thread_exists(pid.0, tid.0));
         for pid in &gone {
             self.heap_failed.remove(pid);
         }
@@ -797,12 +803,12 @@ impl Collector {
             max_stacks: max_stacks(),
             stacks_dropped: catalog.dropped_stacks,
             stacks_evicted: catalog.evicted_stacks,
-            stacks_over_share: catalog.over_share.values().sum(),
+            stacks_over_share: catalog.stacks_over_share,
             stacks_over_share_most: catalog
-                .over_share
-                .iter()
-                .max_by_key(|(_, &count)| count)
-                .map(|(&pid, &count)| (pid, count)),
+                .processes()
+                .filter(|p| p.stacks_over_share > 0)
+                .max_by_key(|p| p.stacks_over_share)
+                .map(|p| (p.pid, p.stacks_over_share)),
             processes: catalog.processes().count(),
             unwinder: self.capture.unwinder_stats(),
             exec_tracking_error: self.capture.exec_tracking_error().map(str::to_string),
@@ -813,6 +819,7 @@ impl Collector {
             exports: files.export_status(),
             symbol_cache_resets: self.symbol_cache_resets,
             symbol_file_closes: self.symbol_file_closes,
+            threads_folded: self.threads_folded,
             perf_maps_refused: self.sym.perf_maps_refused,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,

@@ -385,6 +385,7 @@ mod tests {
             last_seen: std::time::Instant::now(),
             maps_version: 0,
             sampled: true,
+            stacks_over_share: 0,
         };
         let owner = Viewer { uid };
         let creds = |uids: [u32; 4], dump_owner, start_time| Credentials { uids, dump_owner, start_time };

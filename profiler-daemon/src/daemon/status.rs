@@ -53,6 +53,8 @@ pub struct Status {
     pub exports: Vec<SinkStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
+    /// Exited threads folded together in since-start totals.
+    pub threads_folded: u64,
     /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
     pub perf_maps_refused: u64,
     /// What the socket server refused, by reason ([`crate::control::Refusals::read`]).
@@ -170,6 +172,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             },
             "symbol_cache_resets": s.symbol_cache_resets,
             "symbol_file_closes": s.symbol_file_closes,
+            "exited_threads_folded": s.threads_folded,
         },
         "export": export_status(&s.exports),
         "refused": {

@@ -7,12 +7,18 @@ use std::{
 };
 
 use super::{
-    cpu::CpuCounts, heap, heap::HeapCounts, offcpu::OffCpuCounts, threadcreate::ThreadCounts, threads::ThreadState,
-    waits::WaitCounts, ProfileKind,
+    cpu::CpuCounts,
+    exited, heap,
+    heap::HeapCounts,
+    offcpu::{OffCpuCounts, OffCpuTime},
+    threadcreate::ThreadCounts,
+    threads::ThreadState,
+    waits::WaitCounts,
+    ProfileKind,
 };
 use crate::{
     ebpf::{Batch, LiveBlock},
-    ids::{Pid, StackId},
+    ids::{Pid, StackId, Tid},
     threads::ThreadDump,
 };
 
@@ -88,6 +94,29 @@ impl Counts {
     /// Keeps the counts of `pid` only.
     pub fn retain_only(&mut self, pid: Pid) {
         self.processes.retain(|&p, _| p == pid);
+    }
+
+    /// Folds the CPU and off-CPU counts of exited threads in processes past
+    /// [`super::exited::THREADS_KEPT`] threads (see [`super::exited`]), and forgets their
+    /// latest CPU stacks. `alive(pid, tid)`: whether the thread exists. Returns the threads
+    /// folded.
+    pub fn fold_exited_threads(&mut self, alive: impl Fn(Pid, Tid) -> bool) -> u64 {
+        let mut folded = 0;
+        for (&pid, counts) in &mut self.processes {
+            let alive = |tid| alive(pid, tid);
+            let cpu = &mut counts.cpu;
+            folded += exited::fold(&mut cpu.samples, &mut cpu.threads, |k| &mut k.tid, |v, n| *v += n, alive);
+            let off = &mut counts.offcpu;
+            let merge = |v: &mut OffCpuTime, n: OffCpuTime| {
+                v.switches += n.switches;
+                v.off_cpu_ns += n.off_cpu_ns;
+            };
+            folded += exited::fold(&mut off.samples, &mut off.threads, |k| &mut k.tid, merge, alive);
+            if counts.threads.on_cpu.len() > exited::THREADS_KEPT {
+                counts.threads.on_cpu.retain(|&tid, _| alive(tid));
+            }
+        }
+        folded as u64
     }
 
     /// Drops the counts of these processes.

@@ -5,6 +5,7 @@
 //! sleeps.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use profiler_tests::daemon::{self, wait_for, Daemon, DaemonConfig};
 use profiler_tests::pprof::Sample;
@@ -14,6 +15,7 @@ use super::SOON;
 
 const LOCK_CONTENTION: &str = "lock_contention";
 const OFFCPU_SLEEPER: &str = "offcpu_sleeper";
+const STACK_FLOOD: &str = "stack_flood";
 /// Every switch recorded: as in tests/tests/offcpu.rs.
 const OFFCPU_TOLERANCE: f64 = 0.10;
 /// Seconds the fixture waits after `ready`, so its threads start after the daemon attached.
@@ -172,6 +174,54 @@ fn offcpu_endpoint_and_dumps_match_the_programs_own_clock() {
 /// Fetches `/debug/pprof/KIND?pid=PID` until it answers and `done` holds for the profile
 /// (or `SOON` has passed: the process is known from the drain after its first wait);
 /// returns the last answer, saved, and decoded.
+/// A stack flood (stack_flood: ~30,000 waits a second from 65,536 call paths) under a
+/// daemon whose stack table is cut to 20,000 (`PROFILER_TEST_MAX_STACKS`) and whose interval
+/// is long, so no dump makes any stack evictable: the kernel lets the flood bring in half its
+/// table every second, which fills the daemon's within seconds. lock_contention, whose
+/// waits start once the table is full, still gets its frames (the flood holds at most its
+/// share of the daemon's table too): its lock delay under contend_lock within 15% of its own
+/// clock; `/status` counts the flood's refusals and names it, and its profile says so.
+#[test]
+fn a_stack_flood_does_not_take_the_daemons_stack_table() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&[LOCK_CONTENTION, STACK_FLOOD]);
+    config.profiles = vec!["block"];
+    config.interval = "1h".into();
+    config.launcher = vec!["env".into(), "PROFILER_TEST_MAX_STACKS=20000".into()];
+    let daemon = Daemon::start(&config);
+    let mut flood = Fixture::spawn_with_args(FixtureKind::StackFlood, &["20"]);
+    let full = wait_for(Duration::from_secs(15), || daemon.status_u64("/maps/userspace_stacks/entries") >= 9_000);
+    assert!(full, "the flood did not bring 9,000 stacks in 15 s; status: {}", daemon.status());
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
+    let lock_truth = fixture.read_value("lock_wait_ns") as i64;
+    let _cond_truth = fixture.read_value("cond_wait_ns");
+    fixture.expect_line("done");
+
+    let under_lock = |s: &Sample| s.has_chain(&["contend_lock", "locker"]);
+    let block = fetch_until(&daemon, "block", fixture.pid(), |p| {
+        p.value_where("delay", under_lock) as f64 >= lock_truth as f64 * (1.0 - DELAY_TOLERANCE)
+    });
+    let got = block.1.value_where("delay", under_lock);
+    within(got, lock_truth, DELAY_TOLERANCE, "block delay under contend_lock beside the flood", &block.0);
+    let refused = daemon.status_u64("/drops/stacks_refused_over_share");
+    let most = daemon.status_u64("/drops/stacks_refused_over_share_most/pid");
+    assert!(
+        refused > 0 && most == u64::from(flood.pid()),
+        "refusals {refused}, most by pid {most}; status: {}",
+        daemon.status()
+    );
+    let flood_block = fetch_until(&daemon, "block", flood.pid(), |_| true);
+    assert!(
+        flood_block.1.comments.iter().any(|c| c.contains("new stacks of this process refused")),
+        "the flood's profile does not say it was refused: {:?}",
+        flood_block.1.comments
+    );
+    let waits = flood.read_value("waits");
+    eprintln!("flood: {waits} waits; {refused} stacks refused over its share");
+}
+
 fn fetch_until(daemon: &Daemon, kind: &str, pid: u32, done: impl Fn(&Profile) -> bool) -> (PathBuf, Profile) {
     let path = daemon.scratch().join(format!("{kind}.pb.gz"));
     let url = format!("/debug/pprof/{kind}?pid={pid}");
