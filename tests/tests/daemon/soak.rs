@@ -12,6 +12,7 @@ use profiler_tests::{preflight, Fixture, FixtureKind, Profile};
 use super::{assert_split, new_files, CPU_SPLIT, FIXTURE_S};
 
 const STACK_CHURN: &str = "stack_churn";
+const THREAD_CHURN: &str = "thread_churn";
 
 /// Ground truth: stack_churn's sampled stacks never repeat (a few hundred per 2 s interval),
 /// so 2,000 slots are full of them within seconds, more than any one interval holds; every
@@ -42,4 +43,24 @@ fn new_stacks_are_kept_when_history_fills_the_table() {
     let refused_now = daemon.status_u64("/drops/userspace_stack_table_full");
     eprintln!("stacks evicted {evicted}, refused before eviction began {refused}, after {}", refused_now - refused);
     assert!(refused_now - refused <= 20, "{} stacks refused after eviction began", refused_now - refused);
+}
+
+/// F18's per-thread growth, accelerated: thread_churn's two children each run 20,032
+/// short-lived threads, so their since-start CPU counts would keep an entry per sampled
+/// thread for good. After a dump, each child's counts past 256 threads have their exited
+/// threads folded under `(exited threads)`, which `/status` counts: more than the 256
+/// thread ids a process keeps (sampled at 999 Hz, each child's threads number thousands).
+#[test]
+fn exited_threads_are_folded_in_the_since_start_totals() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&[THREAD_CHURN]);
+    config.frequency_hz = 999;
+    let daemon = Daemon::start(&config);
+    let mut churn = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &["1", "30"]);
+    let waits = churn.read_value("waits");
+    let folded = wait_for(Duration::from_secs(30), || daemon.status_u64("/output/exited_threads_folded") > 256);
+    assert!(folded, "no more than 256 threads folded after {waits} thread exits; status: {}", daemon.status());
+    eprintln!("threads folded: {}", daemon.status_u64("/output/exited_threads_folded"));
 }
