@@ -25,7 +25,8 @@ pub fn bpftrace_floor_ns(frequency_hz: u32, seconds: u64) -> (Option<f64>, Optio
     )
 }
 
-fn bpftrace_ns_per_run(program: &str, seconds: u64) -> Option<f64> {
+/// ns per run of the bpftrace `program` over `seconds` (kernel bpf_stats of its programs).
+pub fn bpftrace_ns_per_run(program: &str, seconds: u64) -> Option<f64> {
     let mut child =
         Command::new("bpftrace").args(["-e", program]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
     std::thread::sleep(Duration::from_secs(seconds));

@@ -2,9 +2,10 @@
 //! depths from 12 to 504 frames. The same spinner is built twice: without frame pointers
 //! (every frame needs its table row) and with them (the frame-pointer build, for the
 //! side-by-side baseline), each run under `profiler snapshot --bpf-stats`; the slope (ns per
-//! frame, least squares) shows whether the cost is linear in depth, and the machine's floor
-//! (bpftrace: one map update per run) is measured in the same run. Then the table sizes and
-//! build times of libc and of the profiler binary, from `profiler unwind-table`.
+//! frame, least squares) shows whether the cost is linear in depth. At 12 frames, interleaved
+//! rounds put ours next to bpftrace's frame-pointer `ustack` of the same stacks and the
+//! machine's floor (bpftrace: one map update per run), judged on medians. Then the table
+//! sizes and build times of libc and of the profiler binary, from `profiler unwind-table`.
 
 use std::process::Command;
 
@@ -22,6 +23,8 @@ const DEPTHS: [u32; 7] = [8, 16, 32, 64, 120, 250, 500];
 /// The issue's bar at 12 frames: at most this many times the one-map-update floor.
 const MAX_VS_FLOOR_AT_12: f64 = 2.5;
 const SPINNERS: usize = 2;
+/// Interleaved rounds of the 12-frame comparison.
+const ROUNDS: usize = 3;
 
 #[derive(clap::Args, Debug)]
 pub struct UnwindArgs {
@@ -56,45 +59,9 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     )?;
     let mut rows: Vec<Row> = Vec::new();
     for depth in DEPTHS {
-        let mut row: Row = (depth, None, None);
-        for (bin, slot) in [(&no_fp, 1), (&fp, 2)] {
-            workspace::stage(&format!(
-                "{} s at {} Hz, {SPINNERS} spinners {depth} frames deep ({})",
-                args.seconds,
-                args.frequency_hz,
-                bin.display()
-            ));
-            let mut spinners = Vec::new();
-            for _ in 0..SPINNERS {
-                spinners.push(Command::new(bin).arg(depth.to_string()).spawn().context("failed to start a spinner")?);
-            }
-            let mut cmd = Command::new(workspace::profiler_bin());
-            cmd.args([
-                "snapshot",
-                "--duration",
-                &format!("{}s", args.seconds),
-                "--frequency",
-                &args.frequency_hz.to_string(),
-                "--bpf-stats",
-            ]);
-            for s in &spinners {
-                cmd.args(["--pid", &s.id().to_string()]);
-            }
-            cmd.arg("--output").arg(&out);
-            let result = measure::run(cmd);
-            for mut s in spinners {
-                let _ = s.kill();
-                let _ = s.wait();
-            }
-            let ns = report::bpf_stats(&result?.stderr).filter(|&(n, _)| n > 0).map(|(n, t)| t as f64 / n as f64);
-            if slot == 1 {
-                row.1 = ns;
-            } else {
-                row.2 = ns;
-            }
-            bail_if_interrupted()?;
-        }
-        rows.push(row);
+        let no_fp_ns = ours_ns(&no_fp, depth, args, &out)?;
+        let fp_ns = ours_ns(&fp, depth, args, &out)?;
+        rows.push((depth, no_fp_ns, fp_ns));
     }
     println!();
     println!("{:>6} {:>26} {:>24}", "depth", "ns/sample, no frame ptrs", "ns/sample, frame ptrs");
@@ -120,23 +87,7 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
             None => println!("{what}: slope n/a"),
         }
     }
-    let floor_secs = args.seconds.min(10);
-    workspace::stage(&format!(
-        "bpftrace: one map update per run at {} Hz, {floor_secs} s (the floor)",
-        args.frequency_hz
-    ));
-    let (_, floor) = super::peer::bpftrace_floor_ns(args.frequency_hz, floor_secs);
-    match (floor, rows.first().and_then(|r| r.1)) {
-        (Some(floor), Some(ns)) => {
-            let ratio = ns / floor;
-            println!(
-                "12 frames: {ns:.0} ns/sample = {ratio:.2}x the one-map-update floor ({floor:.0} ns), target <= \
-                 {MAX_VS_FLOOR_AT_12}x: {}",
-                if ratio <= MAX_VS_FLOOR_AT_12 { "PASS" } else { "MISS" }
-            );
-        }
-        _ => println!("floor: n/a (bpftrace missing or no bpf_stats)"),
-    }
+    at_twelve_frames(&no_fp, &fp, args, &out)?;
 
     workspace::stage("unwind tables: libc and the profiler binary");
     let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
@@ -154,6 +105,124 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     }
     println!("(profiles kept in {})", out.display());
     Ok(())
+}
+
+/// ns per sample of `profiler snapshot --bpf-stats` of [`SPINNERS`] spinners `bin` at `depth`.
+fn ours_ns(bin: &std::path::Path, depth: u32, args: &UnwindArgs, out: &std::path::Path) -> Result<Option<f64>> {
+    workspace::stage(&format!(
+        "{} s at {} Hz, {SPINNERS} spinners {depth} frames deep ({})",
+        args.seconds,
+        args.frequency_hz,
+        bin.display()
+    ));
+    let mut spinners = Vec::new();
+    for _ in 0..SPINNERS {
+        spinners.push(Command::new(bin).arg(depth.to_string()).spawn().context("failed to start a spinner")?);
+    }
+    let mut cmd = Command::new(workspace::profiler_bin());
+    cmd.args([
+        "snapshot",
+        "--duration",
+        &format!("{}s", args.seconds),
+        "--frequency",
+        &args.frequency_hz.to_string(),
+        "--bpf-stats",
+    ]);
+    for s in &spinners {
+        cmd.args(["--pid", &s.id().to_string()]);
+    }
+    cmd.arg("--output").arg(out);
+    let result = measure::run(cmd);
+    for mut s in spinners {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    let ns = report::bpf_stats(&result?.stderr).filter(|&(n, _)| n > 0).map(|(n, t)| t as f64 / n as f64);
+    bail_if_interrupted()?;
+    Ok(ns)
+}
+
+/// The bars at 12 frames, judged on medians of [`ROUNDS`] interleaved rounds (one run of each
+/// per round, so drift between runs hits all alike): ours with tables and with frame
+/// pointers, bpftrace's frame-pointer `ustack` of the same frame-pointer spinners, and the
+/// machine's one-map-update floor.
+fn at_twelve_frames(
+    no_fp: &std::path::Path,
+    fp: &std::path::Path,
+    args: &UnwindArgs,
+    out: &std::path::Path,
+) -> Result<()> {
+    let depth = DEPTHS[0];
+    let seconds = args.seconds.min(10);
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    for round in 1..=ROUNDS {
+        workspace::stage(&format!(
+            "{} frames, round {round} of {ROUNDS}: ours (tables, frame ptrs), bpftrace ustack, floor",
+            depth + 4
+        ));
+        let measured = [
+            ours_ns(no_fp, depth, args, out)?,
+            ours_ns(fp, depth, args, out)?,
+            bpftrace_ustack_ns(fp, depth, args.frequency_hz, seconds)?,
+            super::peer::bpftrace_floor_ns(args.frequency_hz, seconds).1,
+        ];
+        for (list, ns) in runs.iter_mut().zip(measured) {
+            list.extend(ns);
+        }
+        bail_if_interrupted()?;
+    }
+    let [tables, pointers, peer, floor] = runs.map(|mut v| median(&mut v));
+    println!();
+    println!("{} frames, medians of {ROUNDS} interleaved rounds:", depth + 4);
+    let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
+    println!(
+        "  ours, unwind tables: {}; ours, frame pointers: {}; bpftrace ustack (frame pointers): {}; floor (one map update): {}",
+        show(tables),
+        show(pointers),
+        show(peer),
+        show(floor)
+    );
+    let verdict = |what: &str, ns: Option<f64>, base: Option<f64>, bar: f64, strict: bool| match (ns, base) {
+        (Some(ns), Some(base)) => {
+            let ratio = ns / base;
+            let pass = if strict { ratio < bar } else { ratio <= bar };
+            let op = if strict { "<" } else { "<=" };
+            println!("  {what}: {ratio:.2}x, target {op} {bar}x: {}", if pass { "PASS" } else { "MISS" });
+        }
+        _ => println!("  {what}: n/a (bpftrace missing or no bpf_stats)"),
+    };
+    verdict("unwind tables vs the floor", tables, floor, MAX_VS_FLOOR_AT_12, false);
+    verdict("unwind tables vs bpftrace's frame-pointer ustack", tables, peer, 1.0, true);
+    verdict("frame pointers vs bpftrace's frame-pointer ustack", pointers, peer, 1.0, true);
+    Ok(())
+}
+
+/// The median, or `None` of no values.
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 })
+}
+
+/// ns per run of bpftrace sampling the user stacks of [`SPINNERS`] frame-pointer spinners
+/// `depth` deep (`@[ustack] = count()`, filtered to them): the kernel's own frame-pointer walk
+/// into a stack map, what a bpftrace user would run instead of us.
+fn bpftrace_ustack_ns(fp: &std::path::Path, depth: u32, frequency_hz: u32, seconds: u64) -> Result<Option<f64>> {
+    let mut spinners = Vec::new();
+    for _ in 0..SPINNERS {
+        spinners.push(Command::new(fp).arg(depth.to_string()).spawn().context("failed to start a spinner")?);
+    }
+    let filter: Vec<String> = spinners.iter().map(|s| format!("pid == {}", s.id())).collect();
+    let program = format!("profile:hz:{frequency_hz} /{}/ {{ @[ustack] = count(); }}", filter.join(" || "));
+    let ns = super::peer::bpftrace_ns_per_run(&program, seconds);
+    for mut s in spinners {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    Ok(ns)
 }
 
 /// Least-squares line through `(frames, ns)`: (ns per frame, intercept, r²).
