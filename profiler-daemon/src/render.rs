@@ -103,9 +103,10 @@ impl Renderer<'_> {
         comments.push(attribution(process));
         if process.stacks_over_share > 0 {
             comments.push(format!(
-                "{} new stacks of this process refused since it was first seen: it held its share of the \
-                 kernel's stack table or the daemon's ([limits] process_share_percent, uid_share_percent); \
-                 their samples count without frames",
+                "refused a new stack {} times since it was first seen (once per sample in the kernel, \
+                 once per stack and drain in the daemon): this process held its share of the kernel's \
+                 stack table or the daemon's ([limits] process_share_percent, uid_share_percent); those \
+                 samples count without frames",
                 process.stacks_over_share
             ));
         }

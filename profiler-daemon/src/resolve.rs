@@ -100,8 +100,8 @@ pub struct FrameStats {
     pub unmapped: u64,
     /// Samples whose stack was never drained from the kernel (kept without that stack).
     pub missing_stacks: u64,
-    /// Samples whose stack the kernel refused because the process (or its uid) held its
-    /// share of the stack table (kept without that stack).
+    /// Samples (rows, each of any number of events) whose stack the kernel refused because
+    /// the process (or its uid) held its share of the stack table (kept without that stack).
     pub over_share: u64,
 }
 

@@ -170,7 +170,7 @@ fn a_stack_flood_does_not_crowd_out_another_process() {
         return;
     }
     let (block, flood_block) = flood_beside_locks(&[]);
-    let over_share = flood_block.comments.iter().find(|c| c.contains("samples without their stacks"));
+    let over_share = flood_block.comments.iter().find(|c| c.contains("samples (rows) without their stacks"));
     let over_share =
         over_share.unwrap_or_else(|| panic!("the flood was never refused a stack: {:?}", flood_block.comments));
     let refused: u64 = over_share.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -178,7 +178,7 @@ fn a_stack_flood_does_not_crowd_out_another_process() {
     let (lock_truth, cond_truth) = block.1;
     let block = block.0;
     assert!(
-        !block.comments.iter().any(|c| c.contains("samples without their stacks")),
+        !block.comments.iter().any(|c| c.contains("samples (rows) without their stacks")),
         "lock_contention was refused stacks: {:?}",
         block.comments
     );

@@ -50,8 +50,9 @@ pub struct KnownProcess {
     /// machine running thousands of short commands a second would hold a grace period's
     /// worth of them.
     pub sampled: bool,
-    /// New stacks refused since it was first seen because it held its share of the kernel's
-    /// stack table or of this catalogue (see [`Catalog::set_process_share`]).
+    /// Refusals of a new stack since it was first seen because it held its share of the
+    /// kernel's stack table (one per sample) or of this catalogue (one per stack and drain;
+    /// see [`Catalog::set_process_share`]).
     pub stacks_over_share: u64,
 }
 
@@ -122,8 +123,9 @@ pub struct Catalog {
     /// Stacks forgotten to make room for new ones: seen last before the last dump, named
     /// only by history (since-start totals, windows), whose samples there lose their frames.
     pub evicted_stacks: u64,
-    /// New stacks refused since start because their process held its share: of the
-    /// kernel's stack table (or its uid did; see `profiler_common::share`) or of this table.
+    /// Refusals of a new stack since start because its process held its share: of the
+    /// kernel's stack table (or its uid did; one per sample; see `profiler_common::share`) or
+    /// of this table (one per stack and drain).
     pub stacks_over_share: u64,
     /// Stacks one process may hold among those learnt since the last dump, once the table
     /// is half full; `None`: no cap.
@@ -170,12 +172,18 @@ impl Catalog {
     pub fn learn(&mut self, stacks: &HashMap<StackId, Vec<u64>>, sightings: &[Sighting<'_>]) -> HashSet<StackId> {
         let mut new_stacks = HashSet::new();
         self.batches += 1;
-        // Each stack's owner, for the shares: the first sample to name it.
-        let mut owners = HashMap::new();
+        // The processes naming each stack, for the shares: a stack many share (a common
+        // kernel path) is refused only when every one of them holds its share, and charged
+        // to one that does not.
+        let mut named_by: HashMap<StackId, Vec<Pid>> = HashMap::new();
         if self.process_share.is_some() {
             for seen in sightings {
-                owners.entry(seen.user_stack).or_insert(seen.pid);
-                owners.entry(seen.kernel_stack).or_insert(seen.pid);
+                for id in [seen.user_stack, seen.kernel_stack] {
+                    let pids = named_by.entry(id).or_default();
+                    if !pids.contains(&seen.pid) {
+                        pids.push(seen.pid);
+                    }
+                }
             }
         }
         let mut refused = Vec::new();
@@ -184,9 +192,10 @@ impl Catalog {
                 known.last_batch = self.batches;
                 continue;
             }
-            let owner = owners.get(&id).copied();
-            if let Some(pid) = owner.filter(|&pid| self.over_share(pid)) {
-                refused.push((pid, 1));
+            let pids = named_by.get(&id).map_or(&[][..], |p| &p[..]);
+            let owner = pids.iter().copied().find(|&pid| !self.over_share(pid));
+            if let (None, Some(&first)) = (owner, pids.first()) {
+                refused.push((first, 1));
                 continue;
             }
             if self.stacks.len() >= self.max_stacks && !self.evict_history() {
@@ -239,7 +248,7 @@ impl Catalog {
             .then(|| (self.max_stacks.saturating_mul(percent as usize) / 100).max(1));
     }
 
-    /// Adds a drain's refusals by the kernel over a share (see [`Catalog::stacks_over_share`]).
+    /// Adds refusals over a share (see [`Catalog::stacks_over_share`]).
     pub fn note_over_share(&mut self, refused: &[(Pid, u64)]) {
         for &(pid, count) in refused {
             self.stacks_over_share += count;
@@ -525,9 +534,13 @@ mod tests {
         assert_eq!(catalog.learn(&stacks, &sightings).len(), 4);
         assert_eq!(catalog.stacks_over_share, 2);
         assert_eq!(catalog.process(flood).unwrap().stacks_over_share, 2);
-        // Another process's new stack still goes in.
+        // Another process's new stack still goes in, and so does one it shares with the
+        // flood (a common kernel path), whoever named it first.
         let new = catalog.learn(&[(StackId(20), vec![20])].into(), &[seen(other, 20, None)]);
         assert_eq!(new, [StackId(20)].into());
+        let shared = catalog.learn(&[(StackId(21), vec![21])].into(), &[seen(flood, 21, None), seen(other, 21, None)]);
+        assert_eq!(shared, [StackId(21)].into());
+        assert_eq!(catalog.stacks_over_share, 2, "no refusal for the shared stack");
         // After a dump every stack is history: the flood may add again.
         catalog.prune(Duration::from_secs(3600), &HashSet::new());
         assert_eq!(catalog.learn(&stacks, &sightings).len(), 4);

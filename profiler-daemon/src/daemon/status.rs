@@ -38,8 +38,9 @@ pub struct Status {
     pub stacks_dropped: u64,
     /// Stacks forgotten for new ones, named only by history (seen last before a dump).
     pub stacks_evicted: u64,
-    /// New stacks the kernel refused because their process (or its uid) held its share of
-    /// the stack table: in total, and the process refused most (pid, count).
+    /// Refusals of a new stack because its process (or its uid) held its share of the
+    /// kernel's or the daemon's stack table: in total, and the process refused most (pid,
+    /// count).
     pub stacks_over_share: u64,
     pub stacks_over_share_most: Option<(Pid, u64)>,
     pub processes: usize,
@@ -53,7 +54,8 @@ pub struct Status {
     pub exports: Vec<SinkStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
-    /// Exited threads folded together in since-start totals.
+    /// Exited threads folded together in since-start totals, counted once per profile kind
+    /// (CPU, off-CPU) that named them.
     pub threads_folded: u64,
     /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
     pub perf_maps_refused: u64,

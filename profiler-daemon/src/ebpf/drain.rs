@@ -45,8 +45,8 @@ pub struct Batch {
     pub offcpu: Vec<RawOffCpu>,
     /// Stack → frames (leaf first).
     pub stacks: StdHashMap<StackId, Vec<u64>>,
-    /// New stacks the kernel refused, by process, because the process or its uid held its
-    /// share of the set's stack table (see `profiler_common::share`).
+    /// Samples the kernel refused a new stack, by process, because the process or its uid
+    /// held its share of the set's stack table (see `profiler_common::share`).
     pub over_share: Vec<(Pid, u64)>,
 }
 

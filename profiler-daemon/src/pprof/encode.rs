@@ -91,9 +91,9 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
     ));
     if f.over_share > 0 {
         b.add_comment(&format!(
-            "{} samples without their stacks: the process (or its uid) held its share of the kernel's stack \
-             table, filled by many new stacks at once; [limits] process_share_percent and uid_share_percent \
-             set the shares",
+            "{} samples (rows) without their stacks: the process (or its uid) held its share of the kernel's \
+             stack table, filled by many new stacks at once; [limits] process_share_percent and \
+             uid_share_percent set the shares",
             f.over_share
         ));
     }

@@ -99,7 +99,7 @@ impl Counts {
     /// Folds the CPU and off-CPU counts of exited threads in processes past
     /// [`super::exited::THREADS_KEPT`] threads (see [`super::exited`]), and forgets their
     /// latest CPU stacks. `alive(pid, tid)`: whether the thread exists. Returns the threads
-    /// folded.
+    /// folded, once per kind that named them.
     pub fn fold_exited_threads(&mut self, alive: impl Fn(Pid, Tid) -> bool) -> u64 {
         let mut folded = 0;
         for (&pid, counts) in &mut self.processes {

@@ -174,6 +174,23 @@ fn offcpu_endpoint_and_dumps_match_the_programs_own_clock() {
 /// Fetches `/debug/pprof/KIND?pid=PID` until it answers and `done` holds for the profile
 /// (or `SOON` has passed: the process is known from the drain after its first wait);
 /// returns the last answer, saved, and decoded.
+fn fetch_until(daemon: &Daemon, kind: &str, pid: u32, done: impl Fn(&Profile) -> bool) -> (PathBuf, Profile) {
+    let path = daemon.scratch().join(format!("{kind}.pb.gz"));
+    let url = format!("/debug/pprof/{kind}?pid={pid}");
+    let fetch = || {
+        let (code, body) = daemon.get(&url);
+        (code == 200).then(|| {
+            std::fs::write(&path, &body).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+            Profile::decode(&path)
+        })
+    };
+    wait_for(SOON, || fetch().is_some_and(|p| done(&p)));
+    let body = daemon.get_ok(&url);
+    std::fs::write(&path, &body).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+    let profile = Profile::decode(&path);
+    (path, profile)
+}
+
 /// A stack flood (stack_flood: ~30,000 waits a second from 65,536 call paths) under a
 /// daemon whose stack table is cut to 20,000 (`PROFILER_TEST_MAX_STACKS`) and whose interval
 /// is long, so no dump makes any stack evictable: the kernel lets the flood bring in half its
@@ -214,29 +231,12 @@ fn a_stack_flood_does_not_take_the_daemons_stack_table() {
     );
     let flood_block = fetch_until(&daemon, "block", flood.pid(), |_| true);
     assert!(
-        flood_block.1.comments.iter().any(|c| c.contains("new stacks of this process refused")),
+        flood_block.1.comments.iter().any(|c| c.contains("this process held its share")),
         "the flood's profile does not say it was refused: {:?}",
         flood_block.1.comments
     );
     let waits = flood.read_value("waits");
     eprintln!("flood: {waits} waits; {refused} stacks refused over its share");
-}
-
-fn fetch_until(daemon: &Daemon, kind: &str, pid: u32, done: impl Fn(&Profile) -> bool) -> (PathBuf, Profile) {
-    let path = daemon.scratch().join(format!("{kind}.pb.gz"));
-    let url = format!("/debug/pprof/{kind}?pid={pid}");
-    let fetch = || {
-        let (code, body) = daemon.get(&url);
-        (code == 200).then(|| {
-            std::fs::write(&path, &body).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
-            Profile::decode(&path)
-        })
-    };
-    wait_for(SOON, || fetch().is_some_and(|p| done(&p)));
-    let body = daemon.get_ok(&url);
-    std::fs::write(&path, &body).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
-    let profile = Profile::decode(&path);
-    (path, profile)
 }
 
 fn within(got: i64, truth: i64, tolerance: f64, what: &str, file: &std::path::Path) {
