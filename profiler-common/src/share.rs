@@ -26,8 +26,9 @@ pub type ShareKey = u64;
 pub struct ShareUse {
     /// Stack-table entries inserted (a deep stack's pieces each count).
     pub entries: u64,
-    /// New stacks refused because this owner (or, for a process, its uid) held its share.
-    /// Charged to the process only; a uid's entry keeps 0.
+    /// Samples refused a new stack because this owner (or, for a process, its uid) held its
+    /// share: one per sample, not per distinct stack. Charged to the process only; a uid's
+    /// entry keeps 0.
     pub refused: u64,
 }
 
@@ -46,8 +47,8 @@ impl ShareCaps {
     /// cap), binding from half the table.
     pub fn of_table(table: u32, process_percent: u32, uid_percent: u32) -> Self {
         Self {
-            per_process: cap(table, f64::from(process_percent) / 100.0),
-            per_uid: cap(table, f64::from(uid_percent) / 100.0),
+            per_process: cap(table.into(), process_percent) as u32,
+            per_uid: cap(table.into(), uid_percent) as u32,
             binding_from: table / 2,
         }
     }
@@ -57,13 +58,13 @@ impl ShareCaps {
 /// uncapped rather than refused, and are not counted.
 pub const STACK_SHARES_MAX_ENTRIES: u32 = 8_192;
 
-/// Entries of a table of `table` entries that a `share` (0 < share ≤ 1) allows; 0 (no cap)
-/// for a share of 1 or more.
-pub fn cap(table: u32, share: f64) -> u32 {
-    if share >= 1.0 {
+/// Entries of a table of `table` entries that `percent` of it allows, at least 1; 0 (no
+/// cap) for 100 or more. The kernel's caps and the daemon's catalogue use the same rule.
+pub fn cap(table: u64, percent: u32) -> u64 {
+    if percent >= 100 {
         0
     } else {
-        ((table as f64 * share) as u32).max(1)
+        (table.saturating_mul(percent.into()) / 100).max(1)
     }
 }
 
@@ -80,10 +81,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn caps_are_fractions_of_the_table_and_never_zero_below_one() {
-        assert_eq!(cap(16_384, 0.25), 4_096);
-        assert_eq!(cap(16_384, 1.0), 0);
-        assert_eq!(cap(16_384, 0.000_001), 1);
+    fn caps_are_fractions_of_the_table_and_never_zero_below_a_hundred_percent() {
+        assert_eq!(cap(16_384, 25), 4_096);
+        assert_eq!(cap(16_384, 100), 0);
+        assert_eq!(cap(3, 1), 1);
         assert_eq!(
             ShareCaps::of_table(16_384, 25, 100),
             ShareCaps { per_process: 4_096, per_uid: 0, binding_from: 8_192 }

@@ -129,12 +129,6 @@ pub struct StackShares {
     pub uid_percent: u32,
 }
 
-impl Default for StackShares {
-    fn default() -> Self {
-        Self { process_percent: raw::DEFAULT_PROCESS_SHARE_PERCENT, uid_percent: raw::DEFAULT_UID_SHARE_PERCENT }
-    }
-}
-
 impl StackShares {
     /// No caps: one chosen process has the whole table.
     pub const NONE: Self = Self { process_percent: 100, uid_percent: 100 };

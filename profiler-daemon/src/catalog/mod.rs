@@ -244,8 +244,8 @@ impl Catalog {
     /// would fill the table before the next dump and every other process's new stacks
     /// would be dropped until then. 100: no cap.
     pub fn set_process_share(&mut self, percent: u32) {
-        self.process_share = (percent < 100 && self.max_stacks != usize::MAX)
-            .then(|| (self.max_stacks.saturating_mul(percent as usize) / 100).max(1));
+        let cap = profiler_common::share::cap(self.max_stacks as u64, percent) as usize;
+        self.process_share = (cap != 0 && self.max_stacks != usize::MAX).then_some(cap);
     }
 
     /// Adds refusals over a share (see [`Catalog::stacks_over_share`]).
