@@ -473,3 +473,24 @@ fn rejects_bad_export_tables() {
     assert_parse_error("[[export]]\nprotocol = \"otlp\"", &["missing field `url`"]);
     assert_parse_error(&table("token = \"x\""), &["unknown field `token`"]);
 }
+
+#[test]
+fn stack_shares_are_percentages_of_one_to_a_hundred() {
+    let config = parse("[limits]\nprocess_share_percent = 10\nuid_share_percent = 60").unwrap();
+    assert_eq!(config.limits, StackShares { process_percent: 10, uid_percent: 60 });
+    assert_eq!(parse("").unwrap().limits, StackShares { process_percent: 25, uid_percent: 100 });
+    assert_rejected(
+        "[limits]\nprocess_share_percent = 0",
+        "limits.process_share_percent",
+        "0 is out of range; allowed 1 to 100",
+    );
+    assert_rejected(
+        "[limits]\nuid_share_percent = 101",
+        "limits.uid_share_percent",
+        "101 is out of range; allowed 1 to 100",
+    );
+    assert_parse_error(
+        "[limits]\nuid_share_percent = \"50%\"",
+        &["uid_share_percent", "invalid type: string \"50%\", expected i64"],
+    );
+}
