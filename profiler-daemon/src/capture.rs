@@ -7,6 +7,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
+    os::fd::BorrowedFd,
     time::{Duration, Instant},
 };
 
@@ -340,12 +341,15 @@ impl Capture {
         self.heap.keys().copied().collect()
     }
 
-    /// Calls `wake` (from another thread) when process events arrive, once per
-    /// [`Capture::follow`]; a driver that waits for something else wakes then and follows.
-    pub fn watch(&mut self, wake: impl Fn() + Send + 'static) {
-        if let Some(sideband) = &mut self.sideband {
-            if let Err(err) = sideband.watch(wake) {
-                tracing::warn!("process events are read only at drains: {}", crate::error::chain(&err));
+    /// Waits until process events arrive (then [`Capture::follow`] them), `other` is
+    /// readable, or `timeout` passes. Without a side band (it failed to open) only `other`
+    /// and the timeout end the wait; events are then read from `/proc` at drains.
+    pub fn wait(&self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> sideband::Woken {
+        match &self.sideband {
+            Some(sideband) => sideband.wait(other, timeout),
+            None => {
+                let ready = sideband::poll(&other.into_iter().collect::<Vec<_>>(), timeout);
+                sideband::Woken { records: false, other: ready.first().copied().unwrap_or(false) }
             }
         }
     }

@@ -3,18 +3,20 @@
 //! never touches that state: it sends a [`Command`] and awaits the reply. Neutral ground:
 //! both `api` and `daemon` depend on this module, neither on the other's internals.
 //!
-//! The command channel is a bounded std channel, so the collector keeps its own clock (a
-//! `recv_timeout`, not an async runtime it would depend on); replies are tokio oneshots,
-//! which a sync thread can send on. `/status` is not a command: the collector publishes it
+//! The command channel is a bounded std channel with a [`Bell`] (an eventfd rung after each
+//! send), so the collector keeps its own clock and waits on the bell and the kernel's
+//! process-event rings in one `ppoll` (not an async runtime it would depend on); replies are
+//! tokio oneshots, which a sync thread can send on. `/status` is not a command: the collector publishes it
 //! on a [`StatusBoard`] after every drain and command, and the front answers from there, so
 //! it answers at once even while the collector is busy (a long dump, a table build, a file
 //! read waited out on a stalled file system).
 
 use std::{
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
-        mpsc::{self, RecvError, RecvTimeoutError, SyncSender, TrySendError},
-        Arc, Mutex, Weak,
+        mpsc::{self, RecvError, SyncSender, TryRecvError, TrySendError},
+        Arc, Mutex,
     },
     time::Duration,
 };
@@ -150,9 +152,6 @@ pub enum Command {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
-    /// Process events arrived from the kernel (sent by the capture's side-band watcher, not
-    /// by the front): apply them now, so a short-lived process is registered while it runs.
-    ProcessEvents,
 }
 
 /// What the front refused, by reason: the socket server counts, `/status` shows.
@@ -221,9 +220,8 @@ impl StatusBoard {
 /// The front's handle on the collector; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct CollectorHandle {
-    /// Only the front's handles hold the sender: when they are all gone the collector sees
-    /// the channel close (the side-band waker holds a weak reference).
-    tx: Arc<SyncSender<Command>>,
+    tx: SyncSender<Command>,
+    bell: Arc<Bell>,
     /// Shared with the collector, which shows them.
     pub refusals: Arc<Refusals>,
     status: StatusBoard,
@@ -234,29 +232,70 @@ pub struct CollectorHandle {
 #[derive(Debug)]
 pub struct Commands {
     rx: mpsc::Receiver<Command>,
-    tx: Weak<SyncSender<Command>>,
+    bell: Arc<Bell>,
     pub refusals: Arc<Refusals>,
     pub status: StatusBoard,
 }
 
+/// What [`Commands::next`] found.
+#[derive(Debug)]
+pub enum Next {
+    Command(Command),
+    /// Every handle is gone: the front has stopped.
+    Disconnected,
+    /// Nothing queued.
+    Empty,
+}
+
 impl Commands {
+    /// The next queued command, without waiting.
+    pub fn next(&self) -> Next {
+        match self.rx.try_recv() {
+            Ok(command) => Next::Command(command),
+            Err(TryRecvError::Disconnected) => Next::Disconnected,
+            Err(TryRecvError::Empty) => Next::Empty,
+        }
+    }
+
+    /// Readable when a command may be queued: wait on it (beside other descriptors), then
+    /// [`Commands::silence`] it and take commands with [`Commands::next`] until empty.
+    pub fn bell(&self) -> BorrowedFd<'_> {
+        self.bell.0.as_fd()
+    }
+
+    /// Resets the bell before the queue is read, so a command sent meanwhile rings it again.
+    pub fn silence(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a u64 from our own non-blocking eventfd; EAGAIN (not
+        // rung) is fine.
+        unsafe { libc::read(self.bell.0.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+
+    /// Blocks until a command comes (the bell unused): for a driver that waits on nothing else.
     pub fn recv(&self) -> Result<Command, RecvError> {
         self.rx.recv()
     }
+}
 
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Command, RecvTimeoutError> {
-        self.rx.recv_timeout(timeout)
+/// An eventfd the front rings after each command it queues.
+#[derive(Debug)]
+struct Bell(OwnedFd);
+
+impl Bell {
+    fn new() -> Self {
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        // Out of descriptors at start-up is not something a daemon can run without.
+        assert!(fd >= 0, "failed to create the collector's eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor, which we now own.
+        Self(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// A waker for another thread: queues [`Command::ProcessEvents`] (dropped when the queue
-    /// is full: the collector is busy, and follows the events at its next drain anyway).
-    pub fn waker(&self) -> impl Fn() + Send + 'static {
-        let tx = Weak::clone(&self.tx);
-        move || {
-            if let Some(tx) = tx.upgrade() {
-                let _ = tx.try_send(Command::ProcessEvents);
-            }
-        }
+    fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a u64 to our own eventfd; a full counter (EAGAIN) is
+        // still readable, which is all a ring means.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
@@ -265,9 +304,9 @@ pub fn channel() -> (CollectorHandle, Commands) {
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let refusals = Arc::new(Refusals::default());
     let status = StatusBoard::default();
-    let tx = Arc::new(tx);
-    let commands = Commands { rx, tx: Arc::downgrade(&tx), refusals: Arc::clone(&refusals), status: status.clone() };
-    (CollectorHandle { tx, refusals, status }, commands)
+    let bell = Arc::new(Bell::new());
+    let commands = Commands { rx, bell: Arc::clone(&bell), refusals: Arc::clone(&refusals), status: status.clone() };
+    (CollectorHandle { tx, bell, refusals, status }, commands)
 }
 
 impl CollectorHandle {
@@ -275,7 +314,7 @@ impl CollectorHandle {
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, QueryError> {
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(make(reply)) {
-            Ok(()) => {}
+            Ok(()) => self.bell.ring(),
             Err(TrySendError::Full(_)) => {
                 Refusals::count(&self.refusals.collector_queue_full);
                 return Err(QueryError::Unavailable(format!(

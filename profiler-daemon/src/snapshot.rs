@@ -222,11 +222,6 @@ fn capture_for(capture: &mut Capture, counts: &mut Counts, duration: Duration) -
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
     let mut interval = FIRST_DRAIN;
-    // Process events are followed as they come, between drains (see `Capture::follow`).
-    let (events_tx, events) = std::sync::mpsc::channel();
-    capture.watch(move || {
-        let _ = events_tx.send(());
-    });
     loop {
         let now = Instant::now();
         let interrupted = INTERRUPTED.load(Ordering::Relaxed);
@@ -247,7 +242,7 @@ fn capture_for(capture: &mut Capture, counts: &mut Counts, duration: Duration) -
             );
             let _ = std::io::stderr().flush();
         }
-        wait_until(deadline.min(now + interval), capture, counts, &events);
+        wait_until(deadline.min(now + interval), capture, counts);
         interval = DRAIN_INTERVAL;
         add(counts, capture.drain()?);
     }
@@ -260,14 +255,14 @@ fn add(counts: &mut Counts, drained: crate::capture::Drained) {
 }
 
 /// Waits in short steps so Ctrl-C is noticed promptly, following process events as they
-/// come.
-fn wait_until(when: Instant, capture: &mut Capture, counts: &mut Counts, events: &std::sync::mpsc::Receiver<()>) {
+/// come (see `Capture::follow`).
+fn wait_until(when: Instant, capture: &mut Capture, counts: &mut Counts) {
     while !INTERRUPTED.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= when {
             return;
         }
-        if events.recv_timeout((when - now).min(Duration::from_millis(100))).is_ok() {
+        if capture.wait(None, (when - now).min(Duration::from_millis(100))).records {
             let reused = capture.follow();
             counts.forget(&reused);
         }

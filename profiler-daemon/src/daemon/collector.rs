@@ -1,12 +1,12 @@
 //! The collector thread: the one owner of the [`Capture`], the counts and the symbolizer. It
 //! drains the kernel every second, writes a dump every interval, picks up heap targets, and
 //! answers the front's [`Command`]s. Everything here is blocking work, so it runs on its own
-//! thread with its own clock (the command channel's `recv_timeout`), never on the async
-//! executor. What to write, list or answer is decided in [`super::decide`].
+//! thread with its own clock (one `ppoll` on the command bell and the kernel's process-event
+//! rings, see [`Capture::wait`]), never on the async executor. What to write, list or answer is decided in [`super::decide`].
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::{mpsc::RecvTimeoutError, Arc},
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -20,8 +20,8 @@ use crate::{
     capture::{log_slow, Capture, CaptureConfig, CaptureError, Drained},
     config::{Config, ProcessFacts},
     control::{
-        Command, Commands, IndexEntry, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Refusals, ReloadError,
-        Reloaded, StatusBoard, Viewer,
+        Command, Commands, IndexEntry, Next, ProfileBody, ProfileQuery, PublishedStatus, QueryError, Refusals,
+        ReloadError, Reloaded, StatusBoard, Viewer,
     },
     ids::{Pid, StackId},
     offload::Heartbeat,
@@ -122,7 +122,6 @@ pub fn spawn(
         .name("collector".into())
         .spawn(move || match Collector::start(config, Arc::clone(&commands.refusals), heartbeat) {
             Ok(mut collector) => {
-                collector.capture.watch(commands.waker());
                 collector.publish_status(&commands.status);
                 let _ = ready_tx.send(Ok(()));
                 collector.run(&commands);
@@ -195,35 +194,50 @@ impl Collector {
     fn run(&mut self, commands: &Commands) {
         let mut next_dump = Instant::now() + self.config.interval;
         let mut next_scan = Instant::now();
+        let mut queued = false;
         loop {
             self.heartbeat.beat();
             let wake = [self.next_drain, next_dump, next_scan]
                 .into_iter()
                 .chain(self.windows.iter().map(|w| w.deadline))
                 .min();
-            let wait = wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()));
-            let command = commands.recv_timeout(wait);
+            // Commands left queued (one is taken per turn) mean no waiting.
+            let wait = if queued {
+                Duration::ZERO
+            } else {
+                wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()))
+            };
+            let woken = self.capture.wait(Some(commands.bell()), wait);
+            if woken.records {
+                // Followed before any command, so a short-lived process is registered while
+                // it runs.
+                let started = Instant::now();
+                let reused = self.capture.follow();
+                self.forget_reused(&reused);
+                log_slow("follow", started);
+            }
+            if woken.other {
+                // Before the queue is read, so a command sent meanwhile rings it again.
+                commands.silence();
+            }
             let started = Instant::now();
-            match command {
-                Ok(Command::Shutdown { reply }) => {
+            queued = false;
+            match commands.next() {
+                Next::Empty => {}
+                Next::Command(Command::Shutdown { reply }) => {
                     self.final_dump();
                     let _ = reply.send(());
                     return;
                 }
-                // Process events come often: they show at the end of the loop.
-                Ok(Command::ProcessEvents) => {
-                    self.handle(Command::ProcessEvents);
-                    log_slow("follow", started);
-                }
-                Ok(command) => {
+                Next::Command(command) => {
+                    queued = true;
                     self.handle(command);
                     // What the command changed (a refused capture, a reload) shows at once.
                     self.publish_status(&commands.status);
                     log_slow("command", started);
                 }
                 // Every handle is gone: the front has stopped. Leave a final dump.
-                Err(RecvTimeoutError::Disconnected) => return self.final_dump(),
-                Err(RecvTimeoutError::Timeout) => {}
+                Next::Disconnected => return self.final_dump(),
             }
             let now = Instant::now();
             if now >= next_scan {
@@ -270,10 +284,6 @@ impl Collector {
             Command::Profile { query, reply } => self.query(query, reply),
             Command::Reload { config, reply } => {
                 let _ = reply.send(self.reload(*config));
-            }
-            Command::ProcessEvents => {
-                let reused = self.capture.follow();
-                self.forget_reused(&reused);
             }
             Command::Shutdown { .. } => unreachable!("handled by the loop"),
         }

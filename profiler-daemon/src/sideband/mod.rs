@@ -4,31 +4,22 @@
 //! exits, and a `dlopen` is known when it happens, without polling `/proc`.
 //!
 //! [`Sideband::read`] drains every CPU's ring and returns the events in time order (records
-//! of one process can land on several CPUs). A watcher thread waits on the rings and calls
-//! the owner's waker when records arrive and the owner has read the previous ones, so the
-//! owner (the capture's thread) is woken at most once per batch it reads.
+//! of one process can land on several CPUs). The owner waits on the rings itself
+//! ([`Sideband::wait`], beside its own descriptor such as a command bell) and reads a batch
+//! as soon as it wakes: no relay thread between the rings and their reader.
 
 pub mod latency;
 mod record;
 mod ring;
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
+    os::fd::{AsRawFd, BorrowedFd},
     time::Duration,
 };
 
 pub use latency::FollowLatency;
 pub use record::ProcessEvent;
 use ring::Ring;
-
-/// How long the watcher sleeps on the rings at most (it also wakes on records).
-const WATCH_TIMEOUT: Duration = Duration::from_millis(500);
-/// How often the watcher looks again while the owner is still reading the previous batch.
-const REARM_POLL: Duration = Duration::from_millis(1);
 
 /// Why the side-band events could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +38,6 @@ pub enum SidebandError {
     },
     #[error("failed to find the online CPUs")]
     Cpus(#[source] std::io::Error),
-    #[error("failed to start the side-band watcher thread")]
-    Thread(#[source] std::io::Error),
 }
 
 /// What the side band delivered since start.
@@ -60,18 +49,19 @@ pub struct SidebandStats {
     pub lost: u64,
 }
 
-/// Every CPU's side-band ring, and the thread that watches them.
+/// Every CPU's side-band ring.
 pub struct Sideband {
     rings: Vec<Ring>,
-    watcher: Option<Watcher>,
     stats: SidebandStats,
 }
 
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    /// Set by [`Sideband::read`]: the owner has read, wake it again at the next records.
-    armed: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+/// What ended a [`Sideband::wait`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// Records are waiting in a ring: [`Sideband::read`] them.
+    pub records: bool,
+    /// The caller's other descriptor is readable.
+    pub other: bool,
 }
 
 impl Sideband {
@@ -85,30 +75,28 @@ impl Sideband {
         for (cpu, ring) in rings.iter().enumerate() {
             ring.enable().map_err(|source| SidebandError::Enable { cpu: cpu as u32, source })?;
         }
-        Ok(Self { rings, watcher: None, stats: SidebandStats::default() })
+        Ok(Self { rings, stats: SidebandStats::default() })
     }
 
-    /// Starts a thread that calls `wake` when records arrive, once per [`Sideband::read`].
-    pub fn watch(&mut self, wake: impl Fn() + Send + 'static) -> Result<(), SidebandError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let armed = Arc::new(AtomicBool::new(true));
-        let fds: Vec<i32> = self.rings.iter().map(Ring::raw_fd).collect();
-        let pending = self.rings.iter().map(|r| r.pending_probe()).collect::<Vec<_>>();
-        let (thread_stop, thread_armed) = (Arc::clone(&stop), Arc::clone(&armed));
-        let thread = std::thread::Builder::new()
-            .name("sideband".into())
-            .spawn(move || watch(&fds, &pending, &thread_stop, &thread_armed, wake))
-            .map_err(SidebandError::Thread)?;
-        self.watcher = Some(Watcher { stop, armed, thread: Some(thread) });
-        Ok(())
-    }
-
-    /// Every event recorded since the last read, in time order; re-arms the watcher.
-    pub fn read(&mut self) -> Vec<ProcessEvent> {
-        if let Some(watcher) = &self.watcher {
-            // Before reading: a record written meanwhile wakes the owner again.
-            watcher.armed.store(true, Ordering::Release);
+    /// Waits until a ring holds records, `other` is readable, or `timeout` passes. Returns
+    /// at once when records are already waiting (the kernel wakes a poller once per write,
+    /// so records left from an earlier wake-up would not wake it again). A wake-up for
+    /// records read meanwhile returns with nothing ready; the caller just waits again.
+    pub fn wait(&self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> Woken {
+        if self.has_records() {
+            return Woken { records: true, other: other.is_some_and(readable_now) };
         }
+        let fds: Vec<BorrowedFd<'_>> = other.into_iter().chain(self.rings.iter().map(Ring::fd)).collect();
+        let ready = poll(&fds, timeout);
+        Woken { records: self.has_records(), other: other.is_some() && ready[0] }
+    }
+
+    fn has_records(&self) -> bool {
+        self.rings.iter().any(Ring::has_records)
+    }
+
+    /// Every event recorded since the last read, in time order.
+    pub fn read(&mut self) -> Vec<ProcessEvent> {
         let mut events = Vec::new();
         for ring in &mut self.rings {
             ring.drain(|kind, misc, body| events.extend(record::parse(kind, misc, body)));
@@ -128,38 +116,24 @@ impl Sideband {
     }
 }
 
-impl Drop for Sideband {
-    fn drop(&mut self) {
-        // The watcher reads the rings' metadata pages: it ends before they are unmapped.
-        if let Some(mut watcher) = self.watcher.take() {
-            watcher.stop.store(true, Ordering::Release);
-            if let Some(thread) = watcher.thread.take() {
-                let _ = thread.join();
-            }
-        }
-    }
+/// Waits until one of `fds` is readable or `timeout` passes (to the microsecond: `ppoll`,
+/// so a deadline is not rounded up to the next millisecond). Returns which are readable;
+/// all false on timeout or error (an interrupted wait is just a short one).
+pub fn poll(fds: &[BorrowedFd<'_>], timeout: Duration) -> Vec<bool> {
+    let mut polls: Vec<libc::pollfd> =
+        fds.iter().map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `polls` is a valid array of pollfds and `timeout` a valid timespec for the
+    // duration of the call; no signal mask is passed.
+    let n = unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &timeout, std::ptr::null()) };
+    polls.iter().map(|p| n > 0 && p.revents & libc::POLLIN != 0).collect()
 }
 
-/// The watcher's loop: sleep on the rings; when one holds records and the owner has read
-/// the last batch, wake it.
-fn watch(fds: &[i32], pending: &[ring::PendingProbe], stop: &AtomicBool, armed: &AtomicBool, wake: impl Fn()) {
-    let mut polls: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    while !stop.load(Ordering::Acquire) {
-        // SAFETY: `polls` is a valid array of pollfds for the duration of the call.
-        unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, WATCH_TIMEOUT.as_millis() as i32) };
-        // The owner is woken at once, without letting records gather: a program's mappings
-        // must reach the unwinder before its `main` runs (a 2 ms gather cost the first 10% of
-        // a 20 ms process's samples their chain). Records that arrive while it reads wait
-        // for the next wake, so a burst still costs one pass.
-        while pending.iter().any(ring::PendingProbe::has_records) && !stop.load(Ordering::Acquire) {
-            if armed.swap(false, Ordering::AcqRel) {
-                wake();
-                break;
-            }
-            std::thread::sleep(REARM_POLL);
-        }
-    }
+fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    poll(&[fd], Duration::ZERO)[0]
 }
 
 /// Now on the clock the records carry (`CLOCK_MONOTONIC`, ns): how long an event waited.
@@ -204,16 +178,13 @@ mod tests {
             return;
         }
         let mut sideband = Sideband::open().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        sideband
-            .watch(move || {
-                let _ = tx.send(());
-            })
-            .unwrap();
+        // Whatever other processes did before the child: read, so the wait below is woken
+        // by the child's records.
+        sideband.read();
         let child = std::process::Command::new("true").spawn().unwrap();
         let pid = crate::ids::Pid(child.id());
         let _ = child.wait_with_output();
-        rx.recv_timeout(Duration::from_secs(5)).expect("the watcher wakes the owner");
+        assert!(sideband.wait(None, Duration::from_secs(5)).records, "records wake the waiter");
         let mut events = Vec::new();
         // Records of one process may still be on their way from another CPU.
         for _ in 0..20 {

@@ -7,7 +7,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
     ptr::NonNull,
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -132,15 +132,13 @@ impl Ring {
         Ok(())
     }
 
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
-    /// A handle another thread can ask whether records are waiting.
-    pub fn pending_probe(&self) -> PendingProbe {
-        // SAFETY: offsets of `data_head` and `data_tail` in the mapped metadata page.
-        let (head, tail) = unsafe { (self.base.as_ptr().add(1024), self.base.as_ptr().add(1032)) };
-        PendingProbe { head: head as usize, tail: tail as usize }
+    /// Whether records are waiting: two loads from the metadata page, no system call.
+    pub fn has_records(&self) -> bool {
+        self.head() != self.tail().load(Ordering::Acquire)
     }
 
     /// Calls `each` with every record written since the last call (type, misc, body after
@@ -194,22 +192,6 @@ impl Ring {
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: an aligned u64 inside the mapped metadata page.
         unsafe { &*self.base.as_ptr().add(1032).cast::<AtomicU64>() }
-    }
-}
-
-/// Whether a ring holds unread records, asked from another thread: two loads from its
-/// metadata page, no system call. Valid while the ring is mapped (the `Sideband` joins the
-/// thread holding it before it unmaps).
-pub struct PendingProbe {
-    head: usize,
-    tail: usize,
-}
-
-impl PendingProbe {
-    pub fn has_records(&self) -> bool {
-        // SAFETY: aligned u64s of a mapped metadata page (see the type's docs).
-        let (head, tail) = unsafe { (&*(self.head as *const AtomicU64), &*(self.tail as *const AtomicU64)) };
-        head.load(Ordering::Acquire) != tail.load(Ordering::Acquire)
     }
 }
 

@@ -42,7 +42,6 @@ fn answer(commands: Commands) {
             Command::Profile { query, reply } => drop(std::thread::spawn(move || reply.send(profile(query)))),
             Command::Shutdown { reply } => drop(reply.send(())),
             Command::Reload { reply, .. } => drop(reply.send(Ok(Reloaded::default()))),
-            Command::ProcessEvents => {}
         }
     }
 }
