@@ -238,9 +238,13 @@ impl Capture {
                 (None, Some(reason))
             }
         };
+        let mut catalog = Catalog::with_max_stacks(config.max_stacks);
+        if sideband.is_some() {
+            catalog.follow_exits();
+        }
         let mut capture = Self {
             session,
-            catalog: Catalog::with_max_stacks(config.max_stacks),
+            catalog,
             unwinder,
             scope: config.pids.clone(),
             sources: HashSet::new(),

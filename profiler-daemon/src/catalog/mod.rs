@@ -133,6 +133,11 @@ pub struct Catalog {
     /// Stacks each process brought in (the first to name them) since the last dump: the
     /// ones eviction cannot take, which a share bounds.
     held: HashMap<Pid, usize>,
+    /// Every exit comes as an event (the capture's side band is open): between dumps a
+    /// process not marked exited is taken to live, without asking the kernel.
+    exits_followed: bool,
+    /// Event records were lost since the last full check: an exit may be among them.
+    exits_lost: bool,
 }
 
 /// A stack's frames and the batch that last named it.
@@ -163,7 +168,17 @@ impl Catalog {
             stacks_over_share: 0,
             process_share: None,
             held: HashMap::new(),
+            exits_followed: false,
+            exits_lost: false,
         }
+    }
+
+    /// Every process exit will come as an event from now on ([`Catalog::apply`]), so
+    /// [`Catalog::prune_unsampled`] need not ask the kernel about each idle process each
+    /// drain (at 2,000 processes that was most of the daemon's CPU). [`Catalog::prune`]
+    /// still checks every process, for an exit before the events began or among lost ones.
+    pub fn follow_exits(&mut self) {
+        self.exits_followed = true;
     }
 
     /// Learns a batch's stacks and the processes its samples name. Reads `/proc` for
@@ -338,7 +353,8 @@ impl Catalog {
     /// each dump: from then on the stacks learnt so far may be evicted for new ones (see
     /// [`Catalog::evict_history`]). Returns the pids forgotten.
     pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> Vec<Pid> {
-        let gone = self.forget_exited(grace, |_| true);
+        let gone = self.forget_exited(grace, |_| true, false);
+        self.exits_lost = false;
         self.stacks.retain(|id, _| keep.contains(id));
         self.evictable_before = self.batches + 1;
         // Every stack held so far may be evicted from now on.
@@ -350,17 +366,25 @@ impl Catalog {
     /// (a few drains: a sample taken just before the exit is drained by then). Returns
     /// their pids.
     pub fn prune_unsampled(&mut self, grace: Duration) -> Vec<Pid> {
-        self.forget_exited(grace, |p| !p.sampled)
+        let trust_events = self.exits_followed && !self.exits_lost;
+        self.forget_exited(grace, |p| !p.sampled, trust_events)
     }
 
     /// Removes the processes for which `which` holds that were last seen over `grace` ago
-    /// and no longer exist.
-    fn forget_exited(&mut self, grace: Duration, which: impl Fn(&KnownProcess) -> bool) -> Vec<Pid> {
+    /// and no longer exist: as the exit events say when `trust_events`, else as the kernel
+    /// says now.
+    fn forget_exited(
+        &mut self,
+        grace: Duration,
+        which: impl Fn(&KnownProcess) -> bool,
+        trust_events: bool,
+    ) -> Vec<Pid> {
         let now = Instant::now();
+        let gone_now = |p: &KnownProcess| if trust_events { p.exited } else { p.exited || !procs::exists(p.pid.0) };
         let gone: Vec<Pid> = self
             .processes
             .values()
-            .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && !procs::exists(p.pid.0))
+            .filter(|p| which(p) && now.duration_since(p.last_seen) > grace && gone_now(p))
             .map(|p| p.pid)
             .collect();
         for pid in &gone {
@@ -560,6 +584,27 @@ mod tests {
         assert!(catalog.process(PID).is_some(), "sampled ones wait for prune");
         assert!(catalog.process(live).is_some(), "a live process stays");
         assert!(catalog.prune_unsampled(Duration::from_secs(60)).is_empty());
+    }
+
+    /// With exits followed from events, the drain-time prune forgets only processes whose
+    /// exit event came (nothing is asked of the kernel); every full prune, and drain-time
+    /// prunes after lost records until the next full one, ask the kernel.
+    #[test]
+    fn followed_exits_are_taken_from_the_events() {
+        use crate::sideband::ProcessEvent;
+        let mut catalog = Catalog::default();
+        catalog.follow_exits();
+        let (reported, silent) = (Pid(PID.0 + 9), Pid(PID.0 + 10));
+        catalog.track(reported);
+        catalog.track(silent);
+        catalog.apply(&[ProcessEvent::Exited { pid: reported, time: 1 }]);
+        assert_eq!(catalog.prune_unsampled(Duration::ZERO), vec![reported]);
+        assert!(catalog.process(silent).is_some(), "no exit event: taken to live");
+        assert_eq!(catalog.prune(Duration::ZERO, &HashSet::new()), vec![silent], "a full prune asks");
+        catalog.track(silent);
+        assert!(catalog.prune_unsampled(Duration::ZERO).is_empty());
+        catalog.apply(&[ProcessEvent::Lost { count: 3 }]);
+        assert_eq!(catalog.prune_unsampled(Duration::ZERO), vec![silent], "records were lost: asked");
     }
 
     #[test]
