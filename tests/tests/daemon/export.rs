@@ -89,11 +89,13 @@ fn every_profile_type_arrives_with_its_labels_and_values() {
     let _threads = Fixture::spawn_with_args(FixtureKind::ThreadSpawner, &["2", "120"]);
 
     let names = ["process_cpu", "memory", "block", "mutex", "threadcreate"];
+    // Each sink delivers at its own pace: wait until each has every type, not for a count
+    // (the first dump may come before the heap probes attach).
     let arrived = wait_for(ARRIVAL, || {
         let received = backend.received();
         let pyroscope_names: Vec<&str> = received.iter().filter_map(|r| r["labels"]["__name__"].as_str()).collect();
-        let otlp = received.iter().filter(|r| r["protocol"] == "otlp").count();
-        names.iter().all(|n| pyroscope_names.contains(n)) && otlp >= 5
+        let otlp = otlp_types(&received);
+        names.iter().all(|n| pyroscope_names.contains(n)) && OTLP_TYPES.iter().all(|t| otlp.contains(*t))
     });
     assert!(
         arrived,
@@ -110,6 +112,20 @@ fn every_profile_type_arrives_with_its_labels_and_values() {
         assert_eq!(sink_count(&daemon, sink, "failed"), 0, "{sink}: {}", daemon.status()["export"]);
         assert_eq!(sink_count(&daemon, sink, "dropped"), 0);
     }
+}
+
+/// The sample types every profile kind brings to OTLP.
+const OTLP_TYPES: [&str; 7] = ["samples", "cpu", "alloc_space", "inuse_space", "contentions", "delay", "threadcreate"];
+
+/// The sample types of the OTLP profiles received so far.
+fn otlp_types(received: &[serde_json::Value]) -> std::collections::BTreeSet<String> {
+    received
+        .iter()
+        .filter(|r| r["protocol"] == "otlp")
+        .filter_map(|r| r["profiles"].as_array())
+        .flatten()
+        .filter_map(|p| p["type"].as_str().map(str::to_owned))
+        .collect()
 }
 
 fn check_pyroscope(
@@ -211,7 +227,7 @@ fn check_otlp(received: &[serde_json::Value], spooled: &HashMap<Vec<u8>, PathBuf
             }
         }
     }
-    for wanted in ["samples", "cpu", "alloc_space", "inuse_space", "contentions", "delay", "threadcreate"] {
+    for wanted in OTLP_TYPES {
         assert!(types_seen.contains(wanted), "no OTLP profile of type {wanted}: {types_seen:?}");
     }
     let share = hot_a as f64 / (hot_a + hot_b).max(1) as f64;
