@@ -34,7 +34,7 @@ pub enum CpuCounter {
     StacksMapFull = 3,
     /// Samples lost because the counts map was full.
     CountsMapFull = 4,
-    /// User stacks cut at `MAX_STACK_DEPTH` frames.
+    /// User stacks cut at `MAX_USER_STACK_DEPTH` frames.
     UserStackTruncated = 5,
     /// Samples of processes in cgroups the configuration does not select (not walked).
     CgroupFiltered = 6,

@@ -29,7 +29,10 @@ pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTot
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
 pub use share::{ShareCaps, ShareUse};
-pub use stack::{Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS};
+pub use stack::{
+    Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
+    STACK_PIECE_FRAMES,
+};
 pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
@@ -92,6 +95,7 @@ pub mod maps {
     /// caches of stored stacks and found rows, the heap sampler's countdown). Userspace never
     /// opens them; they are named so that every map of the object is accounted for.
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
+    pub const KERNEL_SCRATCH: &str = "KERNEL_SCRATCH";
     pub const STACK_WINDOW: &str = "STACK_WINDOW";
     pub const STORED_STACKS: &str = "STORED_STACKS";
     pub const ROW_CACHE: &str = "ROW_CACHE";
@@ -238,7 +242,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 46] = [
+    pub const ALL: [&str; 47] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
@@ -251,6 +255,7 @@ pub mod maps {
         CPU_COUNTERS,
         TARGET_PIDS,
         STACK_SCRATCH,
+        KERNEL_SCRATCH,
         STACK_WINDOW,
         STORED_STACKS,
         ROW_CACHE,

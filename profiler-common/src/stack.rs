@@ -1,19 +1,27 @@
-//! Stacks as the kernel stores them: a length and up to [`MAX_STACK_DEPTH`] instruction
-//! pointers, leaf first, keyed by a 64-bit hash of the frames. A user stack deeper than one
-//! entry (up to [`MAX_USER_STACK_DEPTH`] frames) is stored as a chain: the first
-//! [`MAX_STACK_DEPTH`] frames under the stack's hash, each further piece under
-//! [`chunk_key`]`(hash, n)`, each piece but the last flagged [`STACK_CONTINUED`]. Entries are
-//! 1 KiB whatever the depth, so the stack maps' memory per entry does not grow with the limit.
+//! Stacks as the kernel stores them: a length and up to [`STACK_PIECE_FRAMES`] instruction
+//! pointers, leaf first, keyed by a 64-bit hash of the frames. A stack deeper than one entry
+//! (a user stack of up to [`MAX_USER_STACK_DEPTH`] frames, a kernel stack of up to
+//! [`KERNEL_STACK_DEPTH`]) is stored as a chain: the first [`STACK_PIECE_FRAMES`] frames
+//! under the stack's hash, each further piece under [`chunk_key`]`(hash, n)`, each piece but
+//! the last flagged [`STACK_CONTINUED`]. Entries are 512 bytes whatever the depth, so the
+//! stack maps' memory per entry does not grow with the limits.
 
-/// Frames per stored stack entry: the kernel's `perf_event_max_stack` default, so a kernel
-/// stack always fits one.
-pub const MAX_STACK_DEPTH: usize = 127;
+/// Frames per stored stack entry. 63 makes an entry 512 bytes: most stacks fit one (half
+/// the kernel memory of the earlier 127-frame entries, priced at the maps' full size), and a
+/// deeper one takes an entry more per 63 frames.
+pub const STACK_PIECE_FRAMES: usize = 63;
+
+/// Frames of a kernel stack: the kernel's `perf_event_max_stack` default.
+pub const KERNEL_STACK_DEPTH: usize = 127;
 
 /// Frames of a user stack, walked and stored as up to [`STACK_CHUNKS`] entries.
 pub const MAX_USER_STACK_DEPTH: usize = 512;
 
-/// Entries a stack of [`MAX_USER_STACK_DEPTH`] frames takes.
-pub const STACK_CHUNKS: usize = MAX_USER_STACK_DEPTH.div_ceil(MAX_STACK_DEPTH);
+/// Entries the deepest stack takes (a user stack of [`MAX_USER_STACK_DEPTH`] frames).
+pub const STACK_CHUNKS: usize = MAX_USER_STACK_DEPTH.div_ceil(STACK_PIECE_FRAMES);
+
+/// Entries a kernel stack of [`KERNEL_STACK_DEPTH`] frames takes.
+pub const KERNEL_STACK_CHUNKS: usize = KERNEL_STACK_DEPTH.div_ceil(STACK_PIECE_FRAMES);
 
 /// [`Stack::truncated`] bit: the walk stopped at the depth limit (the stack may be deeper).
 pub const STACK_TRUNCATED: u32 = 1;
@@ -33,21 +41,23 @@ pub const OVER_SHARE_STACK: u64 = 1;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Stack {
-    /// Number of valid frames in `ips`.
+    /// Number of valid frames in `ips` (in the scratch copy of a walk's first piece: of the
+    /// whole walk).
     pub len: u32,
     /// [`STACK_TRUNCATED`] when the walk stopped at the depth limit (the stack may be
     /// deeper), [`STACK_CONTINUED`] when the frames go on in the chain's next piece.
     pub truncated: u32,
     /// Instruction pointers, leaf first: the sampled pc, then return addresses.
-    pub ips: [u64; MAX_STACK_DEPTH],
+    pub ips: [u64; STACK_PIECE_FRAMES],
 }
 
-const _: () = assert!(core::mem::size_of::<Stack>() == 8 + 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<Stack>() == 8 + 8 * STACK_PIECE_FRAMES);
+const _: () = assert!(KERNEL_STACK_CHUNKS <= STACK_CHUNKS);
 
 impl Stack {
     /// The valid frames, leaf first.
     pub fn frames(&self) -> &[u64] {
-        let len = (self.len as usize).min(MAX_STACK_DEPTH);
+        let len = (self.len as usize).min(STACK_PIECE_FRAMES);
         &self.ips[..len]
     }
 }
@@ -131,13 +141,13 @@ mod tests {
         let head = hash(&[1, 2, 3]);
         assert_ne!(chunk_key(head, 1), head);
         assert_ne!(chunk_key(head, 1), chunk_key(head, 2));
-        const { assert!(STACK_CHUNKS * MAX_STACK_DEPTH >= MAX_USER_STACK_DEPTH) };
+        const { assert!(STACK_CHUNKS * STACK_PIECE_FRAMES >= MAX_USER_STACK_DEPTH) };
     }
 
     #[test]
     fn frames_are_capped_at_the_depth_limit() {
-        let mut stack = Stack { len: MAX_STACK_DEPTH as u32 + 5, truncated: 1, ips: [7; MAX_STACK_DEPTH] };
-        assert_eq!(stack.frames().len(), MAX_STACK_DEPTH);
+        let mut stack = Stack { len: STACK_PIECE_FRAMES as u32 + 5, truncated: 1, ips: [7; STACK_PIECE_FRAMES] };
+        assert_eq!(stack.frames().len(), STACK_PIECE_FRAMES);
         stack.len = 2;
         assert_eq!(stack.frames(), &[7, 7]);
     }

@@ -3,7 +3,7 @@
 //! last entry into the kernel, and its kernel stack. Userspace walks the user stack from
 //! those registers (`profiler-daemon/src/threads/`); nothing here is counted in the kernel.
 
-use crate::MAX_STACK_DEPTH;
+use crate::KERNEL_STACK_DEPTH;
 
 /// One thread as the iterator saw it.
 #[repr(C)]
@@ -31,15 +31,15 @@ pub struct ThreadRecord {
     /// Valid frames in `kernel`; 0 when the kernel stack could not be read.
     pub kernel_len: u32,
     /// The kernel stack, leaf first.
-    pub kernel: [u64; MAX_STACK_DEPTH],
+    pub kernel: [u64; KERNEL_STACK_DEPTH],
 }
 
-const _: () = assert!(core::mem::size_of::<ThreadRecord>() == 64 + 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<ThreadRecord>() == 64 + 8 * KERNEL_STACK_DEPTH);
 
 impl ThreadRecord {
     /// The valid kernel frames, leaf first.
     pub fn kernel_frames(&self) -> &[u64] {
-        &self.kernel[..(self.kernel_len as usize).min(MAX_STACK_DEPTH)]
+        &self.kernel[..(self.kernel_len as usize).min(KERNEL_STACK_DEPTH)]
     }
 }
 

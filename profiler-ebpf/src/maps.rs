@@ -98,7 +98,7 @@ pub fn cgroup_wanted() -> bool {
 #[map]
 pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 
-// Stacks are 1 KiB each: allocate on insert instead of preallocating 16 MiB per set.
+// Stack entries are 512 bytes each: allocate on insert instead of preallocating 8 MiB per set.
 #[map]
 pub static STACKS_0: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]

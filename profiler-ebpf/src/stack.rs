@@ -16,7 +16,8 @@ use aya_ebpf::{
 use profiler_common::{
     share::{ShareKey, SHARE_ALL, SHARE_UID},
     stack::{chunk_key, finish_hash, hash_frame, hash_start, STACK_CONTINUED, STACK_TRUNCATED},
-    ShareUse, Stack, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
+    ShareUse, Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK,
+    STACK_CHUNKS, STACK_PIECE_FRAMES,
 };
 
 use crate::{
@@ -33,6 +34,14 @@ use crate::{
 #[map]
 pub static STORED_STACKS: PerCpuArray<StoredStack> =
     PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES * SCRATCH_SLOTS, 0);
+
+/// Where `bpf_get_stack` writes a kernel stack, one entry per [`Scratch`] slot: it needs one
+/// buffer, and a stack entry holds [`STACK_PIECE_FRAMES`]. Sized in whole pieces, so a new
+/// stack is spread into its pieces by whole-piece copies that never read past its end.
+#[map]
+pub static KERNEL_SCRATCH: PerCpuArray<[u64; KERNEL_SCRATCH_WORDS]> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+
+const KERNEL_SCRATCH_WORDS: usize = KERNEL_STACK_CHUNKS * STACK_PIECE_FRAMES;
 
 /// Entries of one [`STORED_STACKS`] table; a power of two (indexed by the hash's low bits).
 const STORED_STACKS_ENTRIES: u32 = 256;
@@ -81,18 +90,19 @@ pub fn capture_kernel_skipping(
     skip: u64,
     tgid: u32,
 ) -> Result<u64, StackError> {
-    let scratch = scratch(slot)?;
-    let size = (MAX_STACK_DEPTH * 8) as u32;
-    // SAFETY: the buffer is `size` bytes of map memory owned by this program for now.
-    let ret = unsafe { bpf_get_stack(ctx, scratch.ips.as_mut_ptr().cast(), size, skip & 0xff) };
+    let buffer = kernel_scratch(slot)?;
+    let size = (KERNEL_STACK_DEPTH * 8) as u32;
+    // SAFETY: the buffer is at least `size` bytes of map memory owned by this program for now.
+    let ret = unsafe { bpf_get_stack(ctx, buffer.as_mut_ptr().cast(), size, skip & 0xff) };
     if ret < 0 {
         return Err(StackError::Walk);
     }
-    let len = (ret as usize / 8).min(MAX_STACK_DEPTH);
-    scratch.len = len as u32;
-    scratch.truncated = if len == MAX_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
-    let hash = hash_kernel(scratch, len);
-    store(stacks, slot, hash, tgid)
+    let len = (ret as usize / 8).min(KERNEL_STACK_DEPTH);
+    let head = scratch(slot)?;
+    head.len = len as u32;
+    head.truncated = if len == KERNEL_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
+    let hash = hash_kernel(buffer, len);
+    store(stacks, slot, hash, tgid, Walked::Kernel)
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
@@ -108,7 +118,39 @@ pub fn capture_user(
 ) -> Result<u64, StackError> {
     let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
     *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
-    store(stacks, slot, hash, tgid)
+    store(stacks, slot, hash, tgid, Walked::User)
+}
+
+/// Where a walk left its frames.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walked {
+    /// In the scratch pieces (the user walker writes them frame by frame).
+    User,
+    /// In [`KERNEL_SCRATCH`]: spread into the pieces only when the stack is new.
+    Kernel,
+}
+
+#[inline(always)]
+fn kernel_scratch(slot: Scratch) -> Result<&'static mut [u64; KERNEL_SCRATCH_WORDS], StackError> {
+    let ptr = KERNEL_SCRATCH.get_ptr_mut(slot as u32).ok_or(StackError::Walk)?;
+    // SAFETY: as in `piece`: this CPU's entry for the caller's context.
+    Ok(unsafe { &mut *ptr })
+}
+
+/// Copies the caller's kernel stack into its scratch pieces, a whole piece per copy (the
+/// buffer is whole pieces long; frames past the stack's length are not read back).
+#[inline(always)]
+fn spread_kernel(slot: Scratch, len: usize) -> Result<(), StackError> {
+    let buffer = kernel_scratch(slot)?;
+    for n in 0..KERNEL_STACK_CHUNKS {
+        if n * STACK_PIECE_FRAMES >= len {
+            break;
+        }
+        let piece = piece(slot, n)?;
+        let from = &buffer[n * STACK_PIECE_FRAMES..(n + 1) * STACK_PIECE_FRAMES];
+        piece.ips.copy_from_slice(from);
+    }
+    Ok(())
 }
 
 #[inline(always)]
@@ -125,15 +167,15 @@ fn piece(slot: Scratch, n: usize) -> Result<&'static mut Stack, StackError> {
     Ok(unsafe { &mut *ptr })
 }
 
-/// The hash of a kernel stack of `len` frames (at most one piece).
+/// The hash of a kernel stack of `len` frames.
 #[inline(always)]
-fn hash_kernel(stack: &Stack, len: usize) -> u64 {
+fn hash_kernel(frames: &[u64; KERNEL_SCRATCH_WORDS], len: usize) -> u64 {
     let mut hash = hash_start(STACK_HASH_KEY.load());
-    for i in 0..MAX_STACK_DEPTH {
+    for (i, &ip) in frames.iter().enumerate().take(KERNEL_STACK_DEPTH) {
         if i >= len {
             break;
         }
-        hash = hash_frame(hash, stack.ips[i]);
+        hash = hash_frame(hash, ip);
     }
     finish_hash(hash, len as u32)
 }
@@ -153,18 +195,18 @@ fn insert(stacks: &HashMap<u64, Stack>, key: u64, stack: &Stack) -> Result<(), S
 /// the map has its whole chain there.
 #[inline(always)]
 fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usize) -> Result<(), StackError> {
-    let pieces = len.div_ceil(MAX_STACK_DEPTH);
+    let pieces = len.div_ceil(STACK_PIECE_FRAMES);
     for n in (1..STACK_CHUNKS).rev() {
         if n >= pieces {
             continue;
         }
         let piece = piece(slot, n)?;
-        piece.len = (len - n * MAX_STACK_DEPTH).min(MAX_STACK_DEPTH) as u32;
+        piece.len = (len - n * STACK_PIECE_FRAMES).min(STACK_PIECE_FRAMES) as u32;
         piece.truncated = if n + 1 < pieces { STACK_CONTINUED } else { 0 };
         insert(stacks, chunk_key(hash, n as u32), piece)?;
     }
     let head = scratch(slot)?;
-    head.len = len.min(MAX_STACK_DEPTH) as u32;
+    head.len = len.min(STACK_PIECE_FRAMES) as u32;
     if pieces > 1 {
         head.truncated |= STACK_CONTINUED;
     }
@@ -173,9 +215,9 @@ fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usi
 
 /// Inserts the caller's scratch stack, whose hash is `hash`, into `stacks` unless already
 /// there, or returns [`OVER_SHARE_STACK`] when the stack is new and process `tgid` (or its
-/// uid) holds its share of the map.
+/// uid) holds its share of the map. `walked`: where its frames are.
 #[inline(always)]
-fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32) -> Result<u64, StackError> {
+fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32, walked: Walked) -> Result<u64, StackError> {
     let len = (scratch(slot)?.len as usize).min(MAX_USER_STACK_DEPTH);
     if len == 0 {
         return Ok(NO_STACK);
@@ -201,8 +243,11 @@ fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32) -> R
     // SAFETY: only checks for presence.
     if unsafe { stacks.get(&hash) }.is_none() {
         let shares = if core::ptr::eq(stacks, &STACKS_1) { &STACK_SHARES_1 } else { &STACK_SHARES_0 };
-        if !take_share(shares, tgid, len.div_ceil(MAX_STACK_DEPTH) as u64) {
+        if !take_share(shares, tgid, len.div_ceil(STACK_PIECE_FRAMES) as u64) {
             return Ok(OVER_SHARE_STACK);
+        }
+        if walked == Walked::Kernel {
+            spread_kernel(slot, len)?;
         }
         insert_chain(stacks, hash, slot, len)?;
     }

@@ -22,7 +22,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     Global,
 };
-use profiler_common::{TaskOffsets, ThreadRecord, MAX_STACK_DEPTH};
+use profiler_common::{TaskOffsets, ThreadRecord, KERNEL_STACK_DEPTH};
 
 /// Where the `task_struct` fields are (set at load time; all 0 when thread dumps are off,
 /// and the program is then never loaded).
@@ -98,7 +98,7 @@ fn try_thread_dump(ctx: *const IterTask) -> Result<(), ()> {
             record.regs_valid = 1;
         }
     }
-    let bytes = (MAX_STACK_DEPTH * 8) as u32;
+    let bytes = (KERNEL_STACK_DEPTH * 8) as u32;
     // SAFETY: the buffer is this CPU's record's frame array, `bytes` long.
     let written = unsafe { bpf_get_task_stack(task.cast(), record.kernel.as_mut_ptr().cast(), bytes, 0) };
     record.kernel_len = if written > 0 { (written as u32) / 8 } else { 0 };

@@ -37,7 +37,7 @@ use profiler_common::{
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
     SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow,
-    UnwindTableInfo, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, STACK_CHUNKS,
+    UnwindTableInfo, MAX_USER_STACK_DEPTH, STACK_CHUNKS, STACK_PIECE_FRAMES,
 };
 
 use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
@@ -213,7 +213,7 @@ extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `walk` passes a pointer to a `u32` on its stack.
     let slot = unsafe { *(ctx as *const u32) };
     // The first piece holds the walk's length and flags; frame n goes to piece
-    // n / MAX_STACK_DEPTH (see `profiler_common::stack`).
+    // n / STACK_PIECE_FRAMES (see `profiler_common::stack`).
     let first = slot * STACK_CHUNKS as u32;
     let (Some(state), Some(head)) = (UNWIND_STATE.get_ptr_mut(slot), STACK_SCRATCH.get_ptr_mut(first)) else {
         return 1;
@@ -228,12 +228,12 @@ extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
         unsafe { (*head).truncated = STACK_TRUNCATED };
         return 1;
     }
-    // The compiler knows `len % MAX_STACK_DEPTH` is in bounds and drops the check; the
+    // The compiler knows `len % STACK_PIECE_FRAMES` is in bounds and drops the check; the
     // verifier cannot follow `%`. A volatile read hides the range so the check stays.
-    let at = len % MAX_STACK_DEPTH;
+    let at = len % STACK_PIECE_FRAMES;
     // SAFETY: a read of a local.
     let at = unsafe { ptr::read_volatile(&at) };
-    if let Some(piece) = STACK_SCRATCH.get_ptr_mut(first + (len / MAX_STACK_DEPTH) as u32) {
+    if let Some(piece) = STACK_SCRATCH.get_ptr_mut(first + (len / STACK_PIECE_FRAMES) as u32) {
         // SAFETY: as above.
         if let Some(ip) = unsafe { (*piece).ips.get_mut(at) } {
             *ip = state.pc;

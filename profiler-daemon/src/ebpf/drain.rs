@@ -130,12 +130,12 @@ fn join_pieces(entries: &StdHashMap<u64, Stack>) -> StdHashMap<StackId, Vec<u64>
 
 #[cfg(test)]
 mod tests {
-    use profiler_common::MAX_STACK_DEPTH;
+    use profiler_common::STACK_PIECE_FRAMES;
 
     use super::*;
 
     fn piece(frames: &[u64], continued: bool) -> Stack {
-        let mut stack = Stack { len: frames.len() as u32, truncated: 0, ips: [0; MAX_STACK_DEPTH] };
+        let mut stack = Stack { len: frames.len() as u32, truncated: 0, ips: [0; STACK_PIECE_FRAMES] };
         stack.ips[..frames.len()].copy_from_slice(frames);
         if continued {
             stack.truncated = STACK_CONTINUED;
@@ -145,12 +145,13 @@ mod tests {
 
     #[test]
     fn a_deep_stack_is_joined_and_its_pieces_left_out() {
-        let deep: Vec<u64> = (1..=300).collect();
+        let n = STACK_PIECE_FRAMES;
+        let deep: Vec<u64> = (1..=2 * n as u64 + 20).collect();
         let (head, shallow) = (0xdee9, 0x5a11);
         let entries = StdHashMap::from([
-            (head, piece(&deep[..127], true)),
-            (chunk_key(head, 1), piece(&deep[127..254], true)),
-            (chunk_key(head, 2), piece(&deep[254..], false)),
+            (head, piece(&deep[..n], true)),
+            (chunk_key(head, 1), piece(&deep[n..2 * n], true)),
+            (chunk_key(head, 2), piece(&deep[2 * n..], false)),
             (shallow, piece(&[7, 8], false)),
         ]);
         let stacks = join_pieces(&entries);
