@@ -27,7 +27,7 @@ pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
 pub use frame::{FrameKind, InterpretedFrame};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
-pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
+pub use offcpu::{Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
 pub use share::{ShareCaps, ShareUse};
 pub use stack::{
     Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
@@ -233,6 +233,9 @@ pub mod maps {
     pub const OFFCPU_COUNTS_1: &str = "OFFCPU_COUNTS_1";
     /// Sampled switch-outs not yet switched back in, by `task_struct` address.
     pub const OFFCPU_PENDING: &str = "OFFCPU_PENDING";
+    /// Per CPU, the sampled switch whose thread this CPU just switched in: handed from
+    /// `sched_switch` to the same CPU's `sched_exit_tp`, where the thread's stacks are walked.
+    pub const OFFCPU_ARRIVING: &str = "OFFCPU_ARRIVING";
     /// Array of `u32` knobs (`crate::offcpu::OFFCPU_CONFIG_*`), written after load.
     pub const OFFCPU_CONFIG: &str = "OFFCPU_CONFIG";
     pub const OFFCPU_COUNTERS: &str = "OFFCPU_COUNTERS";
@@ -242,7 +245,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 47] = [
+    pub const ALL: [&str; 48] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
@@ -287,6 +290,7 @@ pub mod maps {
         OFFCPU_COUNTS_0,
         OFFCPU_COUNTS_1,
         OFFCPU_PENDING,
+        OFFCPU_ARRIVING,
         OFFCPU_CONFIG,
         OFFCPU_COUNTERS,
         FUTEX_CONFIG,
@@ -324,8 +328,11 @@ pub mod programs {
     pub const UNWIND_EXEC: &str = "unwind_exec";
     /// `iter/task`: one record per thread of one process (the thread dump).
     pub const THREAD_DUMP: &str = "thread_dump";
-    /// BTF tracepoint `sched_switch`: the off-CPU profile.
+    /// BTF tracepoint `sched_switch`: the off-CPU profile's sampled switch-outs.
     pub const OFFCPU_SWITCH: &str = "offcpu_switch";
+    /// BTF tracepoint `sched_exit_tp` (the end of `__schedule`): the off-CPU profile's
+    /// switch-ins, where a sampled switch's stacks are walked and its time charged.
+    pub const OFFCPU_SWITCH_IN: &str = "offcpu_switch_in";
 
     /// The heap profile's programs.
     pub const HEAP: [&str; 9] = [
@@ -351,7 +358,7 @@ pub mod programs {
     ];
 
     /// Every program of the object.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         CPU_SAMPLE,
         MALLOC_ENTER,
         CALLOC_ENTER,
@@ -373,6 +380,7 @@ pub mod programs {
         UNWIND_EXEC,
         THREAD_DUMP,
         OFFCPU_SWITCH,
+        OFFCPU_SWITCH_IN,
     ];
 }
 

@@ -63,13 +63,26 @@ const _: () = assert!(core::mem::size_of::<OffCpuTotals>() == 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SwitchedOut {
-    /// `bpf_ktime_get_ns` when it left the CPU (taken after its stacks were walked).
+    /// `bpf_ktime_get_ns` when it left the CPU.
     pub out_ns: u64,
-    /// The key its time is charged to at switch-in.
+    /// The key its time is charged to, without its stacks and name: those are read when the
+    /// thread is back on a CPU, in its own context.
     pub key: OffCpuKey,
 }
 
 const _: () = assert!(core::mem::size_of::<SwitchedOut>() == 56);
+
+/// A sampled switch whose thread was just switched in on this CPU (`OFFCPU_ARRIVING`): its
+/// time is charged when the thread's `__schedule` returns, after its stacks are walked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Arriving {
+    /// The thread's `task_struct` address; 0: none.
+    pub task: u64,
+    /// `bpf_ktime_get_ns` at the switch-in.
+    pub in_ns: u64,
+    pub out: SwitchedOut,
+}
 
 /// Slot of `OFFCPU_CONFIG`: record 1 in N switches (0 or 1: every switch).
 pub const OFFCPU_CONFIG_SAMPLE_EVERY: u32 = 0;

@@ -280,7 +280,7 @@ fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
             Source::FutexWaits => names.extend(programs::FUTEX),
             Source::ThreadCreation => names.push(programs::THREAD_CREATE),
             Source::TaskIterator => names.push(programs::THREAD_DUMP),
-            Source::Switches => names.push(programs::OFFCPU_SWITCH),
+            Source::Switches => names.extend([programs::OFFCPU_SWITCH, programs::OFFCPU_SWITCH_IN]),
         }
     }
     for program in names {

@@ -1,17 +1,17 @@
-//! The off-CPU program's side of the session: set its sampling period, attach it to the BTF
-//! tracepoint `sched_switch`, read its counters and drain its counts.
+//! The off-CPU programs' side of the session: set their sampling period, attach them to the
+//! BTF tracepoints `sched_switch` (switch-out) and `sched_exit_tp` (back on a CPU), read their
+//! counters and drain their counts.
 
 use aya::{
-    maps::{Array, HashMap, MapData},
+    maps::{Array, MapData},
     programs::BtfTracePoint,
     Btf, Ebpf,
 };
 use profiler_common::{
     maps, offcpu::OFFCPU_CONFIG_SAMPLE_EVERY, programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals,
-    SwitchedOut,
 };
 
-use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId, Tid};
 
 /// The maps only the off-CPU program uses (created with one entry when it is off).
@@ -46,7 +46,7 @@ pub struct RawOffCpu {
     pub off_cpu_ns: u64,
 }
 
-/// Sets the sampling period and attaches the program to `sched_switch`.
+/// Sets the sampling period and attaches the programs to `sched_switch` and `sched_exit_tp`.
 pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<()> {
     let mut config: Array<&mut MapData, u32> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
     config.set(OFFCPU_CONFIG_SAMPLE_EVERY, sample_every, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
@@ -54,11 +54,21 @@ pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<()> {
         feature: "kernel BTF (/sys/kernel/btf/vmlinux)",
         detail: err.to_string(),
     })?;
-    let name = programs::OFFCPU_SWITCH;
-    let program: &mut BtfTracePoint =
-        ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
-    program.load("sched_switch", &btf).map_err(program_error("load", name))?;
-    program.attach().map_err(program_error("attach (BTF tracepoint sched_switch)", name))?;
+    // Back-on-CPU first: a switch-out noted before it is attached would wait for the next one.
+    for (name, tracepoint, load, attach) in [
+        (
+            programs::OFFCPU_SWITCH_IN,
+            "sched_exit_tp",
+            "load (BTF tracepoint sched_exit_tp: Linux 6.16 and later)",
+            "attach (BTF tracepoint sched_exit_tp: Linux 6.16 and later)",
+        ),
+        (programs::OFFCPU_SWITCH, "sched_switch", "load", "attach (BTF tracepoint sched_switch)"),
+    ] {
+        let program: &mut BtfTracePoint =
+            ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
+        program.load(tracepoint, &btf).map_err(program_error(load, name))?;
+        program.attach().map_err(program_error(attach, name))?;
+    }
     Ok(())
 }
 
@@ -72,16 +82,6 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<OffCpuCounters> {
         stack_lost: get(OffCpuCounter::StackLost),
         cgroup_filtered: get(OffCpuCounter::CgroupFiltered),
     })
-}
-
-/// The stacks of the sampled switch-outs whose time is not charged yet (the thread is still
-/// off its CPU): their count will name them in a later set.
-pub(super) fn pending_stacks(ebpf: &Ebpf, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
-    let pending: HashMap<&MapData, u64, SwitchedOut> = map_ref(ebpf, maps::OFFCPU_PENDING)?;
-    for (_, out) in pending.iter().filter_map(|entry| entry.ok()) {
-        into.extend([StackId(out.key.user_stack), StackId(out.key.kernel_stack)]);
-    }
-    Ok(())
 }
 
 /// Reads and empties set `set`'s off-CPU counts.

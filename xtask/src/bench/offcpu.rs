@@ -8,7 +8,9 @@
 //!
 //! bpftrace 0.17 has no raw or BTF tracepoints, so its empty program is on the perf
 //! tracepoint, whose dispatch costs a little more than our BTF tracepoint's: the floor is a
-//! little high, which flatters the ratios by that much.
+//! little high, which flatters the ratios by that much. It also has no program on
+//! `sched_exit_tp`, our second tracepoint (where a sampled switch's stacks are walked), which
+//! the profiler's ratios pay for.
 //!
 //! The program speaks the heap bench's protocol and reuses its runner; configurations run in
 //! interleaved, rotated passes, judged on the median round. `--pin-cpu N` (default 1) puts
@@ -186,15 +188,17 @@ fn print(runs: &[Measured], pairs: u64) {
         );
     }
     for run in &runs[2..] {
-        let stats = run.stderrs.iter().filter_map(|s| super::report::bpf_stats_of(s, "offcpu_switch"));
-        let (count, ns) = stats.fold((0u64, 0u64), |(c, t), (c2, t2)| (c + c2, t + t2));
-        if count > 0 {
-            println!(
-                "bpf program, {}: offcpu_switch {count} runs ({:.2} per handoff, machine-wide) {:.0} ns/run",
-                run.name,
-                count as f64 / pairs.max(1) as f64,
-                ns as f64 / count as f64
-            );
+        for program in ["offcpu_switch", "offcpu_switch_in"] {
+            let stats = run.stderrs.iter().filter_map(|s| super::report::bpf_stats_of(s, program));
+            let (count, ns) = stats.fold((0u64, 0u64), |(c, t), (c2, t2)| (c + c2, t + t2));
+            if count > 0 {
+                println!(
+                    "bpf program, {}: {program} {count} runs ({:.2} per handoff, machine-wide) {:.0} ns/run",
+                    run.name,
+                    count as f64 / pairs.max(1) as f64,
+                    ns as f64 / count as f64
+                );
+            }
         }
     }
     let ratio = runs[2].median() / floor.median();
