@@ -104,6 +104,8 @@ pub enum CaptureError {
     UnwindTables(#[source] ebpf::Error),
     #[error("failed to forget the kernel state of exited processes")]
     Forget(#[source] ebpf::Error),
+    #[error("failed to read the off-CPU switches still pending; stacks of threads asleep across this dump may be left unnamed")]
+    PendingStacks(#[source] ebpf::Error),
     #[error("failed to read the live heap")]
     LiveHeap(#[source] ebpf::Error),
     #[error("cannot heap-profile pid {pid}")]
@@ -572,7 +574,15 @@ impl Capture {
     /// Returns the pids forgotten, and what could not be cleared in the kernel.
     pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> (Vec<Pid>, Vec<CaptureError>) {
         let mut problems = Vec::new();
-        let gone = self.catalog.prune(grace, keep);
+        let mut keep = std::borrow::Cow::Borrowed(keep);
+        if self.has(Source::Switches) {
+            // A thread still asleep since a sampled switch-out whose stacks were walked then:
+            // its time is charged (and names these stacks) only when it runs again.
+            if let Err(err) = self.session.pending_offcpu_stacks(keep.to_mut()) {
+                problems.push(CaptureError::PendingStacks(err));
+            }
+        }
+        let gone = self.catalog.prune(grace, &keep);
         problems.extend(self.forget(&gone));
         (gone, problems)
     }

@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{OFFCPU_COUNTS_MAX_ENTRIES, OFFCPU_PENDING_MAX_ENTRIES},
-    offcpu::OFFCPU_CONFIG_SAMPLE_EVERY,
+    offcpu::{OFFCPU_CONFIG_SAMPLE_EVERY, OFFCPU_CONFIG_SLOTS, OFFCPU_CONFIG_WALK_AT_SWITCH_OUT},
     Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut, NO_STACK,
 };
 
@@ -56,7 +56,7 @@ pub static OFFCPU_ARRIVING: PerCpuArray<Arriving> = PerCpuArray::with_max_entrie
 /// Knobs written by userspace after load (a map rather than a load-time global: a global
 /// can be folded into a constant by the compiler).
 #[map]
-pub static OFFCPU_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
+pub static OFFCPU_CONFIG: Array<u32> = Array::with_max_entries(OFFCPU_CONFIG_SLOTS, 0);
 
 #[map]
 pub static OFFCPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(OffCpuCounter::COUNT, 0);
@@ -77,20 +77,25 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
-    switch_in(next);
-    let _ = switch_out(prev, preempt, prev_state);
+    let walk_out = OFFCPU_CONFIG.get(OFFCPU_CONFIG_WALK_AT_SWITCH_OUT).copied().unwrap_or(0) != 0;
+    switch_in(next, walk_out);
+    let _ = switch_out(&ctx, prev, preempt, prev_state, walk_out);
     0
 }
 
 /// If `next`'s switch-out was sampled, hands it to this CPU's [`OFFCPU_ARRIVING`] with the
-/// time.
+/// time; or, its stacks walked at the switch-out (`walked`), charges it here.
 #[inline(always)]
-fn switch_in(next: u64) {
+fn switch_in(next: u64, walked: bool) {
     // SAFETY: the value is copied out before the entry is deleted.
     let Some(out) = (unsafe { OFFCPU_PENDING.get(&next) }).copied() else { return };
     // SAFETY: a helper without arguments.
     let in_ns = unsafe { bpf_ktime_get_ns() };
     let _ = OFFCPU_PENDING.remove(&next);
+    if walked {
+        add(active_set(), &out.key, in_ns.saturating_sub(out.out_ns));
+        return;
+    }
     let Some(arriving) = OFFCPU_ARRIVING.get_ptr_mut(0) else { return };
     // SAFETY: this CPU's entry; nothing else runs on this CPU until its `sched_exit_tp`.
     unsafe { *arriving = Arriving { task: next, in_ns, out } };
@@ -113,43 +118,50 @@ pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
     }
     arriving.task = 0;
     let off_ns = arriving.in_ns.saturating_sub(arriving.out.out_ns);
-    let _ = charge(&ctx, arriving.out, off_ns);
+    let set = active_set();
+    if let Some(key) = walked(&ctx, set, arriving.out.key) {
+        add(set, &key, off_ns);
+    }
     0
 }
 
-/// Walks the current thread's stacks and adds one switch of `off_ns` to its key.
+/// `key` with the current thread's stacks (stored in `set`) and name; `None` for a kernel
+/// thread, whose sleeps are the kernel's business.
 #[inline(always)]
-fn charge(ctx: &BtfTracePointContext, out: SwitchedOut, off_ns: u64) -> Result<(), ()> {
-    let set = active_set();
+fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpuKey> {
     let stacks = stacks_of(set);
     let mut truncated = false;
-    let user_stack = match capture_user(stacks, &mut truncated, Scratch::Switch, out.key.tgid) {
-        // No user context: a kernel thread, whose sleeps are the kernel's business.
-        Ok(NO_STACK) => return Err(()),
+    let user_stack = match capture_user(stacks, &mut truncated, Scratch::Switch, key.tgid) {
+        Ok(NO_STACK) => return None,
         Ok(hash) => hash,
         Err(_) => {
             count(OffCpuCounter::StackLost);
             NO_STACK
         }
     };
-    let kernel_stack = capture_kernel_skipping(ctx.as_ptr(), stacks, Scratch::Switch, OWN_FRAMES, out.key.tgid)
+    let kernel_stack = capture_kernel_skipping(ctx.as_ptr(), stacks, Scratch::Switch, OWN_FRAMES, key.tgid)
         .unwrap_or_else(|_| {
             count(OffCpuCounter::StackLost);
             NO_STACK
         });
-    let key = OffCpuKey { user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]), ..out.key };
+    Some(OffCpuKey { user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]), ..key })
+}
+
+/// Adds one switch of `off_ns` to `key` in set `set`.
+#[inline(always)]
+fn add(set: u32, key: &OffCpuKey, off_ns: u64) {
     let counts = pick_set(set, &OFFCPU_COUNTS_0, &OFFCPU_COUNTS_1);
-    if add_or_insert(counts, &key, &OffCpuTotals { switches: 1, off_cpu_ns: off_ns }) {
+    if add_or_insert(counts, key, &OffCpuTotals { switches: 1, off_cpu_ns: off_ns }) {
         count(OffCpuCounter::Charged);
     } else {
         count(OffCpuCounter::CountsMapFull);
     }
-    Ok(())
 }
 
-/// Remembers a sampled switch-out of the current thread (`prev`). `Err` when not sampled.
+/// Remembers a sampled switch-out of the current thread (`prev`), its stacks walked if
+/// `walk`. `Err` when not sampled.
 #[inline(always)]
-fn switch_out(prev: u64, preempt: bool, prev_state: u64) -> Result<(), ()> {
+fn switch_out(ctx: &BtfTracePointContext, prev: u64, preempt: bool, prev_state: u64, walk: bool) -> Result<(), ()> {
     let every = OFFCPU_CONFIG.get(OFFCPU_CONFIG_SAMPLE_EVERY).copied().unwrap_or(1);
     // SAFETY: a helper without arguments.
     if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
@@ -167,8 +179,11 @@ fn switch_out(prev: u64, preempt: bool, prev_state: u64) -> Result<(), ()> {
         count(OffCpuCounter::CgroupFiltered);
         return Err(());
     }
+    // Before any walk: the wait it stands for begins now.
+    // SAFETY: a helper without arguments.
+    let out_ns = unsafe { bpf_ktime_get_ns() };
     let state = if preempt || prev_state == 0 { OffCpuState::Runnable } else { OffCpuState::Blocked };
-    let key = OffCpuKey {
+    let mut key = OffCpuKey {
         tgid: task.tgid,
         tid: task.tid,
         user_stack: NO_STACK,
@@ -177,9 +192,10 @@ fn switch_out(prev: u64, preempt: bool, prev_state: u64) -> Result<(), ()> {
         _pad: 0,
         comm: [0; 16],
     };
-    // SAFETY: a helper without arguments.
-    let out = SwitchedOut { out_ns: unsafe { bpf_ktime_get_ns() }, key };
-    if OFFCPU_PENDING.insert(&prev, &out, BPF_ANY as u64).is_err() {
+    if walk {
+        key = walked(ctx, active_set(), key).ok_or(())?;
+    }
+    if OFFCPU_PENDING.insert(&prev, &SwitchedOut { out_ns, key }, BPF_ANY as u64).is_err() {
         count(OffCpuCounter::PendingMapFull);
         return Err(());
     }

@@ -38,7 +38,7 @@ pub use pprof::{name_matches, Frame, Profile};
 pub use preflight::preflight;
 pub use run::{
     assert_success, heap_profile_path, listing, process_dir, profile_path, run_profiler, run_profiler_as_nobody,
-    TempDir,
+    run_profiler_with_env, TempDir,
 };
 
 use std::path::PathBuf;

@@ -29,8 +29,13 @@ pub fn profiler_bin() -> PathBuf {
 
 /// Runs `profiler ARGS...` to completion and returns its exit status and output.
 pub fn run_profiler(args: &[&str]) -> Output {
+    run_profiler_with_env(args, &[])
+}
+
+/// [`run_profiler`] with these variables added to its environment.
+pub fn run_profiler_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(profiler_bin());
-    cmd.args(args);
+    cmd.args(args).envs(env.iter().copied());
     run_with_timeout(&mut cmd, PROFILER_TIMEOUT)
 }
 

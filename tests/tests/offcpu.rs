@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use profiler_tests::pprof::Sample;
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
-use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
+use profiler_tests::{run_profiler_with_env, Fixture, FixtureKind, Profile, TempDir};
 
 /// The fixture waits this long after `ready` before its threads start: the profiler loads and
 /// attaches within ~1.5 s.
@@ -41,22 +41,29 @@ struct Truth {
 }
 
 fn run(every: &str) -> (Fixture, Truth, PathBuf, TempDir) {
+    run_with_env(every, &[])
+}
+
+fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, TempDir) {
     let out = TempDir::new("offcpu");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::OffCpuSleeper, &[DELAY_S, LINGER_S]);
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let output = run_profiler(&[
-        "snapshot",
-        "--pid",
-        &pid,
-        "--duration",
-        CAPTURE,
-        "--profiles",
-        "offcpu",
-        "--offcpu-every",
-        every,
-        "--output",
-        &dir,
-    ]);
+    let output = run_profiler_with_env(
+        &[
+            "snapshot",
+            "--pid",
+            &pid,
+            "--duration",
+            CAPTURE,
+            "--profiles",
+            "offcpu",
+            "--offcpu-every",
+            every,
+            "--output",
+            &dir,
+        ],
+        env,
+    );
     assert_success(&output, "snapshot --profiles offcpu");
     let truth = Truth {
         sleep_long: fixture.read_value("sleep_long_ns") as i64,
@@ -106,6 +113,32 @@ fn offcpu_time_matches_the_programs_own_clock() {
     for function in ["sleep_long", "read_pipe", "wait_cond", "starved_work"] {
         assert!(raw.contains(function), "`go tool pprof -raw` lacks {function}:\n{raw}");
     }
+    let comments = profile.comments.join("\n");
+    assert!(!comments.contains("stacks walked as the thread left"), "a 6.16+ kernel walks at switch-in: {comments}");
+}
+
+/// On a kernel without `sched_exit_tp` (before 6.16; forced here) the stacks are walked at the
+/// switch-out: recording every switch, the times still match the program's clock within 10%,
+/// under the same stacks, and the profile says how its stacks were taken.
+#[test]
+fn offcpu_without_sched_exit_tp_walks_at_the_switch_out() {
+    if !preflight() {
+        return;
+    }
+    let (_fixture, truth, path, _out) = run_with_env("1", &[("PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT", "1")]);
+    let profile = Profile::decode(&path);
+    offcpu_format(&profile, 1);
+    for (function, want) in [
+        ("sleep_long", truth.sleep_long),
+        ("sleep_short", truth.sleep_short),
+        ("read_pipe", truth.pipe_read),
+        ("wait_cond", truth.cond_wait),
+    ] {
+        let got = profile.value_where("off_cpu", |s| s.contains(function) && s.label_str("state") == Some("blocked"));
+        within(got, want, EXACT_TOLERANCE, &format!("off-CPU ns (blocked) under {function}"), &profile);
+    }
+    let comments = profile.comments.join("\n");
+    assert!(comments.contains("stacks walked as the thread left the CPU"), "comments should say so: {comments}");
 }
 
 /// At the default sampling (1 in 50) the values are scaled and unbiased: sleep_short's

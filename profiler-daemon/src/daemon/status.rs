@@ -95,6 +95,8 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "threadcreate": serves(ProfileKind::ThreadCreate),
             "offcpu": serves(ProfileKind::OffCpu),
             "offcpu_sample_every": s.offcpu_sample_every,
+            // False on kernels without sched_exit_tp (before 6.16): see the offcpu comment.
+            "offcpu_walks_at_switch_in": serves(ProfileKind::OffCpu) && !s.counters.offcpu.walked_at_switch_out,
         },
         "samples": {
             "cpu": cpu.samples,

@@ -36,7 +36,10 @@ pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::{UnwindCounters, UnwindView};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
-use crate::{ids::Pid, procs::PidNamespace};
+use crate::{
+    ids::{Pid, StackId},
+    procs::PidNamespace,
+};
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -299,6 +302,12 @@ impl Session {
         // BPF programs run to completion in microseconds; wait far longer than that.
         std::thread::sleep(Duration::from_millis(5));
         drain::drain_set(&mut self.ebpf, drained)
+    }
+
+    /// Adds to `into` the stacks of sampled off-CPU switches not charged yet, where stacks are
+    /// walked at the switch-out (kernels without `sched_exit_tp`): a later drain names them.
+    pub fn pending_offcpu_stacks(&self, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
+        offcpu::pending_stacks(&self.ebpf, into)
     }
 
     /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.

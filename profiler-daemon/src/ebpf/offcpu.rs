@@ -3,15 +3,18 @@
 //! counters and drain their counts.
 
 use aya::{
-    maps::{Array, MapData},
+    maps::{Array, HashMap, MapData},
     programs::BtfTracePoint,
     Btf, Ebpf,
 };
+use aya_obj::btf::BtfKind;
 use profiler_common::{
-    maps, offcpu::OFFCPU_CONFIG_SAMPLE_EVERY, programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals,
+    maps,
+    offcpu::{OFFCPU_CONFIG_SAMPLE_EVERY, OFFCPU_CONFIG_WALK_AT_SWITCH_OUT},
+    programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut,
 };
 
-use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Error, Result};
+use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId, Tid};
 
 /// The maps only the off-CPU program uses (created with one entry when it is off).
@@ -29,6 +32,8 @@ pub struct OffCpuCounters {
     pub stack_lost: u64,
     /// Sampled switch-outs of cgroups not selected: not walked.
     pub cgroup_filtered: u64,
+    /// Stacks are walked as the thread leaves the CPU (a kernel without `sched_exit_tp`).
+    pub walked_at_switch_out: bool,
 }
 
 /// Sampled switches of one (thread, state, stacks) and the time they kept it off a CPU, as
@@ -46,29 +51,42 @@ pub struct RawOffCpu {
     pub off_cpu_ns: u64,
 }
 
-/// Sets the sampling period and attaches the programs to `sched_switch` and `sched_exit_tp`.
+/// Makes a test take the path of kernels without `sched_exit_tp` on one that has it.
+const FORCE_WALK_AT_SWITCH_OUT: &str = "PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT";
+
+/// Sets the sampling period and attaches the programs to `sched_switch` and, where the kernel
+/// has it (Linux 6.16+), `sched_exit_tp`. Without it a sampled switch's stacks are walked as
+/// the thread leaves the CPU, which perturbs the waits sampled; a warning says so.
 pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<()> {
-    let mut config: Array<&mut MapData, u32> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
-    config.set(OFFCPU_CONFIG_SAMPLE_EVERY, sample_every, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
     let btf = Btf::from_sys_fs().map_err(|err| Error::KernelFeature {
         feature: "kernel BTF (/sys/kernel/btf/vmlinux)",
         detail: err.to_string(),
     })?;
-    // Back-on-CPU first: a switch-out noted before it is attached would wait for the next one.
-    for (name, tracepoint, load, attach) in [
-        (
-            programs::OFFCPU_SWITCH_IN,
-            "sched_exit_tp",
-            "load (BTF tracepoint sched_exit_tp: Linux 6.16 and later)",
-            "attach (BTF tracepoint sched_exit_tp: Linux 6.16 and later)",
-        ),
-        (programs::OFFCPU_SWITCH, "sched_switch", "load", "attach (BTF tracepoint sched_switch)"),
-    ] {
-        let program: &mut BtfTracePoint =
-            ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
-        program.load(tracepoint, &btf).map_err(program_error(load, name))?;
-        program.attach().map_err(program_error(attach, name))?;
+    let has_exit_tp = btf.id_by_type_name_kind("btf_trace_sched_exit_tp", BtfKind::Typedef).is_ok();
+    let walk_at_switch_out = !has_exit_tp || std::env::var_os(FORCE_WALK_AT_SWITCH_OUT).is_some();
+    let mut config: Array<&mut MapData, u32> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
+    config.set(OFFCPU_CONFIG_SAMPLE_EVERY, sample_every, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
+    config
+        .set(OFFCPU_CONFIG_WALK_AT_SWITCH_OUT, u32::from(walk_at_switch_out), 0)
+        .map_err(map_error("write", maps::OFFCPU_CONFIG))?;
+    if walk_at_switch_out {
+        tracing::warn!(
+            "this kernel has no sched_exit_tp tracepoint (Linux 6.16 and later): the off-CPU profile walks a \
+             sampled switch's stacks as the thread leaves the CPU, which perturbs the sampled waits (short \
+             ones read a few percent high); --offcpu-every 1 records every switch"
+        );
+    } else {
+        // Back-on-CPU first: a switch-out noted before it is attached would wait for the next.
+        attach_one(ebpf, &btf, programs::OFFCPU_SWITCH_IN, "sched_exit_tp")?;
     }
+    attach_one(ebpf, &btf, programs::OFFCPU_SWITCH, "sched_switch")
+}
+
+fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &'static str, tracepoint: &str) -> Result<()> {
+    let program: &mut BtfTracePoint =
+        ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
+    program.load(tracepoint, btf).map_err(program_error("load", name))?;
+    program.attach().map_err(program_error("attach (BTF tracepoint)", name))?;
     Ok(())
 }
 
@@ -81,7 +99,27 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<OffCpuCounters> {
         counts_map_full: get(OffCpuCounter::CountsMapFull),
         stack_lost: get(OffCpuCounter::StackLost),
         cgroup_filtered: get(OffCpuCounter::CgroupFiltered),
+        walked_at_switch_out: walks_at_switch_out(ebpf)?,
     })
+}
+
+fn walks_at_switch_out(ebpf: &Ebpf) -> Result<bool> {
+    let config: Array<&MapData, u32> = map_ref(ebpf, maps::OFFCPU_CONFIG)?;
+    Ok(config.get(&OFFCPU_CONFIG_WALK_AT_SWITCH_OUT, 0).map_err(map_error("read", maps::OFFCPU_CONFIG))? != 0)
+}
+
+/// With stacks walked at the switch-out: the stacks of the sampled switch-outs whose time is
+/// not charged yet (the thread is still off its CPU), which a later set's counts will name.
+/// Otherwise none: pending entries hold no stacks.
+pub(super) fn pending_stacks(ebpf: &Ebpf, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
+    if !walks_at_switch_out(ebpf)? {
+        return Ok(());
+    }
+    let pending: HashMap<&MapData, u64, SwitchedOut> = map_ref(ebpf, maps::OFFCPU_PENDING)?;
+    for (_, out) in pending.iter().filter_map(|entry| entry.ok()) {
+        into.extend([StackId(out.key.user_stack), StackId(out.key.kernel_stack)]);
+    }
+    Ok(())
 }
 
 /// Reads and empties set `set`'s off-CPU counts.

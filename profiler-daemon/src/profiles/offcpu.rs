@@ -134,9 +134,15 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
         ),
         format!(
             "sampling: 1 in {} switches recorded (offcpu.sample_every), values scaled by {}; kernel threads \
-             are not recorded",
+             are not recorded{}",
             period(settings),
-            period(settings)
+            period(settings),
+            if o.walked_at_switch_out {
+                "; stacks walked as the thread left the CPU (this kernel has no sched_exit_tp), which perturbs \
+                 the waits sampled: short ones read a few percent high"
+            } else {
+                ""
+            }
         ),
         format!(
             "dropped (whole machine, unscaled): in-flight map full {}; counts map full {}; stacks lost {}; \
