@@ -90,15 +90,7 @@ fn offcpu_time_matches_the_programs_own_clock() {
     let (_fixture, truth, path, _out) = run("1");
     let profile = Profile::decode(&path);
     offcpu_format(&profile, 1);
-    for (function, want) in [
-        ("sleep_long", truth.sleep_long),
-        ("sleep_short", truth.sleep_short),
-        ("read_pipe", truth.pipe_read),
-        ("wait_cond", truth.cond_wait),
-    ] {
-        let got = profile.value_where("off_cpu", |s| s.contains(function) && s.label_str("state") == Some("blocked"));
-        within(got, want, EXACT_TOLERANCE, &format!("off-CPU ns (blocked) under {function}"), &profile);
-    }
+    every_wait_matches(&profile, &truth);
     // Two spinning threads share the core about evenly: the victim waits for it about half
     // the time. Asked: clearly there, and under its own stack.
     let runnable =
@@ -128,15 +120,7 @@ fn offcpu_without_sched_exit_tp_walks_at_the_switch_out() {
     let (_fixture, truth, path, _out) = run_with_env("1", &[("PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT", "1")]);
     let profile = Profile::decode(&path);
     offcpu_format(&profile, 1);
-    for (function, want) in [
-        ("sleep_long", truth.sleep_long),
-        ("sleep_short", truth.sleep_short),
-        ("read_pipe", truth.pipe_read),
-        ("wait_cond", truth.cond_wait),
-    ] {
-        let got = profile.value_where("off_cpu", |s| s.contains(function) && s.label_str("state") == Some("blocked"));
-        within(got, want, EXACT_TOLERANCE, &format!("off-CPU ns (blocked) under {function}"), &profile);
-    }
+    every_wait_matches(&profile, &truth);
     let comments = profile.comments.join("\n");
     assert!(comments.contains("stacks walked as the thread left the CPU"), "comments should say so: {comments}");
 }
@@ -174,6 +158,20 @@ fn offcpu_sampled_values_are_scaled() {
     within(got, truth.sleep_short, tolerance, "off-CPU ns under sleep_short at 1 in 50", &profile);
     let raw = go_pprof::raw(&path);
     assert!(raw.contains("sleep_short"), "`go tool pprof -raw` lacks sleep_short:\n{raw}");
+}
+
+/// Every switch recorded: the blocked time under each of the fixture's waiting functions is
+/// within [`EXACT_TOLERANCE`] of what it measured.
+fn every_wait_matches(profile: &Profile, truth: &Truth) {
+    for (function, want) in [
+        ("sleep_long", truth.sleep_long),
+        ("sleep_short", truth.sleep_short),
+        ("read_pipe", truth.pipe_read),
+        ("wait_cond", truth.cond_wait),
+    ] {
+        let got = profile.value_where("off_cpu", |s| s.contains(function) && s.label_str("state") == Some("blocked"));
+        within(got, want, EXACT_TOLERANCE, &format!("off-CPU ns (blocked) under {function}"), profile);
+    }
 }
 
 /// `DIR/<comm>-<pid>/offcpu.pb.gz` exists; returns it.
