@@ -264,10 +264,11 @@ impl Capture {
         capture.filter_cgroups();
         // Processes running now are read from `/proc` and registered with the unwinder before
         // anything is sampled, within a budget (the rest at the next drains): their first
-        // samples are unwound from tables, not frame pointers.
+        // samples are unwound from tables, not frame pointers. The profiler too: its own
+        // table (140,000 rows) built at the first drain that samples it would hold back the
+        // registration of every process started meanwhile by its 25 ms or more.
         let running: Vec<Pid> = if config.pids.is_empty() {
-            let own = std::process::id();
-            procs::list_pids().into_iter().filter(|&pid| pid != own).map(Pid).collect()
+            procs::list_pids().into_iter().map(Pid).collect()
         } else {
             config.pids.clone()
         };
@@ -275,7 +276,7 @@ impl Capture {
             capture.catalog.track(pid);
         }
         let budget = if config.pids.is_empty() { Some(START_SYNC_BUDGET) } else { None };
-        capture.sync_unwinder(budget).map_err(CaptureError::UnwindTables)?;
+        capture.sync_unwinder(budget, false).map_err(CaptureError::UnwindTables)?;
         for source in
             [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
         {
@@ -468,7 +469,14 @@ impl Capture {
         let mut reused = std::mem::take(&mut self.reused_since_drain);
         reused.extend(self.follow());
         let started = Instant::now();
-        let batch = self.session.drain().map_err(CaptureError::Drain)?;
+        let settled = self.session.flip().map_err(CaptureError::Drain)?;
+        // Until the old set settles, process events are followed as they come.
+        while let Some(left) = settled.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            if self.wait(None, left).records {
+                reused.extend(self.follow());
+            }
+        }
+        let batch = self.session.drain_flipped().map_err(CaptureError::Drain)?;
         log_slow("drain: read the maps", started);
         let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
         self.catalog.note_over_share(&batch.over_share);
@@ -505,14 +513,16 @@ impl Capture {
         let started = Instant::now();
         let deadline = Instant::now() + UNWIND_SYNC_BUDGET;
         loop {
-            match self.sync_unwinder(Some(UNWIND_SYNC_SLICE)) {
+            // Events that came while the maps were read, or while the last slice ran.
+            if self.sideband.as_ref().is_some_and(Sideband::has_records) {
+                // Reported with the next drain: this batch was taken before the reuse, so
+                // its samples are the old process's.
+                let more = self.follow();
+                self.reused_since_drain.extend(more);
+            }
+            match self.sync_unwinder(Some(UNWIND_SYNC_SLICE), true) {
                 Ok(true) => break,
-                Ok(false) if Instant::now() < deadline => {
-                    // Reported with the next drain: this batch was taken before the reuse,
-                    // so its samples are the old process's.
-                    let more = self.follow();
-                    self.reused_since_drain.extend(more);
-                }
+                Ok(false) if Instant::now() < deadline => {}
                 Ok(false) => break,
                 Err(err) => {
                     problems.push(CaptureError::UnwindTables(err));
@@ -538,7 +548,7 @@ impl Capture {
         self.catalog.track(pid);
         if let Some(process) = self.catalog.process(pid) {
             let registration = [(pid, process.maps_version, process.maps())];
-            self.unwinder.sync(&mut self.session, registration, None).map_err(CaptureError::UnwindTables)?;
+            self.unwinder.sync(&mut self.session, registration, None, &|| false).map_err(CaptureError::UnwindTables)?;
         }
         let mut python = self.catalog.process(pid).and_then(|process| self.python.begin(process));
         let mut dump = threads::take(&self.session, pid, python.as_mut())
@@ -613,14 +623,18 @@ impl Capture {
         self.scope.is_empty() || self.scope.contains(&pid)
     }
 
-    fn sync_unwinder(&mut self, budget: Option<Duration>) -> ebpf::Result<bool> {
+    fn sync_unwinder(&mut self, budget: Option<Duration>, give_way: bool) -> ebpf::Result<bool> {
         let selection = &self.selection;
         let processes = self
             .catalog
             .processes()
             .filter(move |p| !p.exited && selection.matches(&p.facts()))
             .map(|p| (p.pid, p.maps_version, p.maps()));
-        self.unwinder.sync(&mut self.session, processes, budget)
+        // The backlog at a drain gives way as soon as process events wait, so that a process
+        // started now is registered before the next old one.
+        let sideband = self.sideband.as_ref().filter(|_| give_way);
+        let events_waiting = || sideband.is_some_and(Sideband::has_records);
+        self.unwinder.sync(&mut self.session, processes, budget, &events_waiting)
     }
 
     /// Registers `pids` (the processes a batch of events changed) with the unwinder, and
@@ -633,7 +647,7 @@ impl Capture {
             .filter_map(|pid| catalog.process(*pid))
             .filter(move |p| !p.exited && selection.matches(&p.facts()))
             .map(|p| (p.pid, p.maps_version, p.maps()));
-        self.unwinder.sync(&mut self.session, processes, Some(budget)).map(|_| ())
+        self.unwinder.sync(&mut self.session, processes, Some(budget), &|| false).map(|_| ())
     }
 
     /// Caps each process's share of the catalogue's stacks (see [`Catalog::set_process_share`]).

@@ -19,6 +19,7 @@ use crate::{
     output, preflight,
     profiles::{heap::attachment_comment, Context, Counts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
+    sideband::{latency::BOUNDS_US, FollowLatency},
     sink::SnapshotFiles,
     unwind::UnwinderStats,
 };
@@ -120,11 +121,13 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         print_bpf_stats(&capture, &args.profiles)?;
     }
     let unwind_stats = capture.unwinder_stats();
+    let follow_latency = capture.follow_latency();
     let written = write(&capture, &counts, &args.profiles, settings, Window { start, duration }, &counters, args)?;
     // Detaches every program (uprobes take ~100 ms each) before the summary is printed.
     drop(capture);
     print_summary(&written, &counters, &args.output);
     print_unwind_summary(&unwind_stats);
+    print_follow_latency(&follow_latency);
     Ok(Report { written, counters, interrupted })
 }
 
@@ -364,6 +367,27 @@ fn print_unwind_summary(s: &UnwinderStats) {
     for t in &s.tables {
         tracing::debug!(file = %t.name, rows = t.rows, bytes = t.bytes, build_ms = t.build_duration.as_secs_f64() * 1e3, "unwind table");
     }
+}
+
+/// How long exec'd processes waited for their unwind tables (the samples they had meanwhile
+/// were walked with frame pointers only); printed when any process exec'd.
+fn print_follow_latency(l: &FollowLatency) {
+    if l.count() == 0 && l.exited_unregistered == 0 {
+        return;
+    }
+    let buckets: Vec<String> = BOUNDS_US
+        .iter()
+        .zip(&l.buckets)
+        .map(|(bound, count)| format!("{count} ≤{}ms", *bound as f64 / 1e3))
+        .chain(std::iter::once(format!("{} above", l.buckets[BOUNDS_US.len()])))
+        .collect();
+    println!(
+        "exec'd processes registered with the unwinder: {} ({}), slowest {:.1} ms; {} exited before they were",
+        l.count(),
+        buckets.join(", "),
+        l.max_us as f64 / 1e3,
+        l.exited_unregistered
+    );
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -31,8 +31,11 @@ fn short_lived_processes_are_named_and_unwound_from_their_first_sample() {
         let program = FixtureKind::ShortLived.build();
         let seconds = (count * ms).div_ceil(1000) + 5;
         let duration = format!("{seconds}s");
-        let mut profiler =
-            Running::start(&["snapshot", "--duration", &duration, "--frequency", "999", "--output", &out.path_arg()]);
+        // Its slow steps are logged: a failure shows what held the registrations back.
+        let mut profiler = Running::start_with_env(
+            &["snapshot", "--duration", &duration, "--frequency", "999", "--output", &out.path_arg()],
+            &[("RUST_LOG", "profiler_daemon::capture=debug")],
+        );
         // The loop starts once the profiler has attached.
         profiler.wait_capturing();
         let script = format!("for i in $(seq {count}); do \"$0\" {ms}; done");
@@ -46,9 +49,18 @@ fn short_lived_processes_are_named_and_unwound_from_their_first_sample() {
         let expected = (count * ms) as f64 * 0.999;
         assert!(total as f64 >= expected * 0.5, "{count}×{ms} ms: only {total} samples of ~{expected:.0}");
         let share = chained as f64 / total as f64;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let latency = stdout.lines().find(|l| l.starts_with("exec'd processes")).unwrap_or("no latency line");
+        println!("{count}×{ms} ms: {chained} of {total} samples ({share:.3}) chained; {latency}");
         assert!(
             share >= MIN_CHAINED_SHARE,
-            "{count}×{ms} ms: {chained} of {total} samples ({share:.3}) have spin ← work ← main"
+            "{count}×{ms} ms: {chained} of {total} samples ({share:.3}) have spin ← work ← main\n{latency}\n\
+             the profiler's slow steps:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .filter(|l| l.contains("slow") || l.contains("late"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 }

@@ -18,7 +18,10 @@ mod threads;
 mod unwind;
 mod waits;
 
-use std::{os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
@@ -40,6 +43,11 @@ use crate::{
     ids::{Pid, StackId},
     procs::PidNamespace,
 };
+
+/// How long after a flip of the map sets the old set is read: a program that read the set
+/// index just before the flip is still writing to it, and BPF programs run to completion in
+/// microseconds.
+const FLIP_SETTLE: Duration = Duration::from_millis(5);
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -290,17 +298,22 @@ impl Session {
         unwind::view(&self.ebpf, pid.0, self.unwind_rows)
     }
 
-    /// Flips the kernel to the other map set and drains the one it wrote to until now.
-    pub fn drain(&mut self) -> Result<Batch> {
-        let drained = self.generation & 1;
+    /// Flips the kernel to the other map set, the first half of a drain. Returns when the
+    /// set it wrote to until now may be read with [`Session::drain_flipped`]: a program that
+    /// read the old set index just before the flip is still writing to it. The caller may
+    /// work meanwhile (follow process events).
+    pub fn flip(&mut self) -> Result<Instant> {
         // The kernel reads the generation, whose low bit is the set: its notes of stacks
         // stored (`STORED_STACKS`) are per generation, so none outlives the set's clearing.
         let next = self.generation.wrapping_add(1);
         self.set_active(next)?;
         self.generation = next;
-        // A program that read the old set index just before the flip is still writing to it.
-        // BPF programs run to completion in microseconds; wait far longer than that.
-        std::thread::sleep(Duration::from_millis(5));
+        Ok(Instant::now() + FLIP_SETTLE)
+    }
+
+    /// Drains the set the kernel wrote to before the last [`Session::flip`].
+    pub fn drain_flipped(&mut self) -> Result<Batch> {
+        let drained = self.generation.wrapping_sub(1) & 1;
         drain::drain_set(&mut self.ebpf, drained)
     }
 

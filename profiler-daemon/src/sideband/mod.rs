@@ -91,7 +91,8 @@ impl Sideband {
         Woken { records: self.has_records(), other: other.is_some() && ready[0] }
     }
 
-    fn has_records(&self) -> bool {
+    /// Whether records wait to be read (no system call).
+    pub fn has_records(&self) -> bool {
         self.rings.iter().any(Ring::has_records)
     }
 

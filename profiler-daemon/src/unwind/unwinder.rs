@@ -157,18 +157,22 @@ impl Unwinder {
 
     /// Registers the processes not registered yet, or registered with an older mapping
     /// `version` (their mappings changed: `dlopen`), each as (pid, version, mappings).
-    /// Stops starting new registrations after `budget` (the rest wait for the next call);
-    /// `None` registers all. Returns whether every process was looked at.
+    /// Stops starting new registrations after `budget`, or once `give_way` says something
+    /// more urgent waits (after at least one registration, so that each call makes
+    /// progress); the rest wait for the next call. `None` registers all. Returns whether
+    /// every process was looked at.
     pub fn sync<'a>(
         &mut self,
         session: &mut Session,
         processes: impl IntoIterator<Item = (Pid, u32, &'a [MapEntry])>,
         budget: Option<Duration>,
+        give_way: &dyn Fn() -> bool,
     ) -> Result<bool> {
         let started = Instant::now();
         let mut finished = true;
+        let mut registered = 0;
         for (pid, version, maps) in processes {
-            if budget.is_some_and(|b| started.elapsed() >= b) {
+            if budget.is_some_and(|b| started.elapsed() >= b) || (registered > 0 && give_way()) {
                 finished = false;
                 break;
             }
@@ -177,6 +181,7 @@ impl Unwinder {
                 continue;
             }
             self.register(session, pid, version, maps)?;
+            registered += 1;
         }
         if std::mem::take(&mut self.trim_pending) {
             // Building a large library's table (libLLVM: ~1.3 M rows, with gimli's and the
