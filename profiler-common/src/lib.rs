@@ -236,7 +236,7 @@ pub mod maps {
     /// Per CPU, the sampled switch whose thread this CPU just switched in: handed from
     /// `sched_switch` to the same CPU's `sched_exit_tp`, where the thread's stacks are walked.
     pub const OFFCPU_ARRIVING: &str = "OFFCPU_ARRIVING";
-    /// Array of `u32` knobs (`crate::offcpu::OFFCPU_CONFIG_*`), written after load.
+    /// Array of one `crate::offcpu::OffCpuConfig`, written after load.
     pub const OFFCPU_CONFIG: &str = "OFFCPU_CONFIG";
     pub const OFFCPU_COUNTERS: &str = "OFFCPU_COUNTERS";
     pub const OFFCPU_COUNTS_MAX_ENTRIES: u32 = 16_384;

@@ -66,7 +66,7 @@ pub struct SwitchedOut {
     /// `bpf_ktime_get_ns` when it left the CPU.
     pub out_ns: u64,
     /// The key its time is charged to, without its stacks and name: those are read when the
-    /// thread is back on a CPU, in its own context (unless `OFFCPU_CONFIG_WALK_AT_SWITCH_OUT`).
+    /// thread is back on a CPU, in its own context (unless `OffCpuConfig::walk_at_switch_out`).
     pub key: OffCpuKey,
 }
 
@@ -84,14 +84,19 @@ pub struct Arriving {
     pub out: SwitchedOut,
 }
 
-/// Slot of `OFFCPU_CONFIG`: record 1 in N switches (0 or 1: every switch).
-pub const OFFCPU_CONFIG_SAMPLE_EVERY: u32 = 0;
-/// Slot of `OFFCPU_CONFIG`: 1 on kernels without `sched_exit_tp` (before Linux 6.16): a
-/// sampled switch's stacks are walked as the thread leaves the CPU (the time taken first) and
-/// its time charged at `sched_switch`; the walk perturbs the waits it samples.
-pub const OFFCPU_CONFIG_WALK_AT_SWITCH_OUT: u32 = 1;
-/// Slots of `OFFCPU_CONFIG`.
-pub const OFFCPU_CONFIG_SLOTS: u32 = 2;
+/// The off-CPU knobs, `OFFCPU_CONFIG`'s one entry: one lookup per switch reads them all.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    /// Record 1 in N switches (0 or 1: every switch).
+    pub sample_every: u32,
+    /// 1 on kernels without `sched_exit_tp` (before Linux 6.16): a sampled switch's stacks are
+    /// walked as the thread leaves the CPU (the time taken first) and its time charged at
+    /// `sched_switch`; the walk perturbs the waits it samples.
+    pub walk_at_switch_out: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<OffCpuConfig>() == 8);
 
 /// Indices into the `OFFCPU_COUNTERS` per-CPU array.
 #[repr(u32)]
@@ -131,6 +136,9 @@ unsafe impl aya::Pod for OffCpuTotals {}
 #[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl aya::Pod for SwitchedOut {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for OffCpuConfig {}
 
 #[cfg(test)]
 mod tests {

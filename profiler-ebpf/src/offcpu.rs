@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{OFFCPU_COUNTS_MAX_ENTRIES, OFFCPU_PENDING_MAX_ENTRIES},
-    offcpu::{OFFCPU_CONFIG_SAMPLE_EVERY, OFFCPU_CONFIG_SLOTS, OFFCPU_CONFIG_WALK_AT_SWITCH_OUT},
+    offcpu::OffCpuConfig,
     Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut, NO_STACK,
 };
 
@@ -56,7 +56,7 @@ pub static OFFCPU_ARRIVING: PerCpuArray<Arriving> = PerCpuArray::with_max_entrie
 /// Knobs written by userspace after load (a map rather than a load-time global: a global
 /// can be folded into a constant by the compiler).
 #[map]
-pub static OFFCPU_CONFIG: Array<u32> = Array::with_max_entries(OFFCPU_CONFIG_SLOTS, 0);
+pub static OFFCPU_CONFIG: Array<OffCpuConfig> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static OFFCPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(OffCpuCounter::COUNT, 0);
@@ -77,9 +77,10 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
-    let walk_out = OFFCPU_CONFIG.get(OFFCPU_CONFIG_WALK_AT_SWITCH_OUT).copied().unwrap_or(0) != 0;
+    let config = OFFCPU_CONFIG.get(0).copied().unwrap_or_default();
+    let walk_out = config.walk_at_switch_out != 0;
     switch_in(next, walk_out);
-    let _ = switch_out(&ctx, prev, preempt, prev_state, walk_out);
+    let _ = switch_out(&ctx, prev, preempt, prev_state, config.sample_every, walk_out);
     0
 }
 
@@ -158,11 +159,17 @@ fn add(set: u32, key: &OffCpuKey, off_ns: u64) {
     }
 }
 
-/// Remembers a sampled switch-out of the current thread (`prev`), its stacks walked if
-/// `walk`. `Err` when not sampled.
+/// Remembers a switch-out of the current thread (`prev`), sampled 1 in `every`, its stacks
+/// walked if `walk`. `Err` when not sampled.
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, prev: u64, preempt: bool, prev_state: u64, walk: bool) -> Result<(), ()> {
-    let every = OFFCPU_CONFIG.get(OFFCPU_CONFIG_SAMPLE_EVERY).copied().unwrap_or(1);
+fn switch_out(
+    ctx: &BtfTracePointContext,
+    prev: u64,
+    preempt: bool,
+    prev_state: u64,
+    every: u32,
+    walk: bool,
+) -> Result<(), ()> {
     // SAFETY: a helper without arguments.
     if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
         return Err(());

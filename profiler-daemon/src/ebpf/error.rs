@@ -11,7 +11,7 @@ pub enum Error {
 
     #[error("failed to {action} the eBPF program {program}")]
     Program {
-        action: &'static str,
+        action: std::borrow::Cow<'static, str>,
         program: &'static str,
         #[source]
         source: Box<aya::programs::ProgramError>,
@@ -57,10 +57,11 @@ pub(super) fn map_error(action: &'static str, map: &'static str) -> impl Fn(aya:
 }
 
 pub(super) fn program_error(
-    action: &'static str,
+    action: impl Into<std::borrow::Cow<'static, str>>,
     program: &'static str,
 ) -> impl Fn(aya::programs::ProgramError) -> Error {
-    move |source| Error::Program { action, program, source: Box::new(source) }
+    let action = action.into();
+    move |source| Error::Program { action: action.clone(), program, source: Box::new(source) }
 }
 
 pub(super) fn missing(name: &'static str) -> Error {

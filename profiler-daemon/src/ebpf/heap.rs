@@ -187,7 +187,7 @@ fn attach_error(pid: Pid, function: &'static str, source: ProgramError) -> Error
     if denied {
         return Error::UprobePermission { pid: pid.0, function };
     }
-    Error::Program { action: "attach (uprobe)", program: "heap probes", source: Box::new(source) }
+    Error::Program { action: "attach (uprobe)".into(), program: "heap probes", source: Box::new(source) }
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe> {

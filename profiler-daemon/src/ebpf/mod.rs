@@ -116,6 +116,9 @@ pub struct Session {
     unwind_rows: u32,
     /// Why execs are not noticed by the kernel, if they are not (tracefs not mounted).
     exec_tracking_error: Option<String>,
+    /// The off-CPU program walks a sampled switch's stacks at the switch-out (no
+    /// `sched_exit_tp`), as its attach decided.
+    offcpu_walks_at_switch_out: bool,
     _stats: Option<OwnedFd>,
 }
 
@@ -173,6 +176,7 @@ impl Session {
             heap_links: Default::default(),
             unwind_rows: config.unwind_rows,
             exec_tracking_error,
+            offcpu_walks_at_switch_out: false,
             _stats: stats,
         })
     }
@@ -264,7 +268,8 @@ impl Session {
     /// Attaches the off-CPU program (offcpu profile), recording 1 in `sample_every` switches.
     /// Call once.
     pub fn attach_offcpu(&mut self, sample_every: u32) -> Result<()> {
-        offcpu::attach(&mut self.ebpf, sample_every)
+        self.offcpu_walks_at_switch_out = offcpu::attach(&mut self.ebpf, sample_every)?;
+        Ok(())
     }
 
     /// Sums the per-CPU counters.
@@ -274,7 +279,7 @@ impl Session {
             heap: heap::counters(&self.ebpf)?,
             futex: waits::counters(&self.ebpf)?,
             threads: threads::counters(&self.ebpf)?,
-            offcpu: offcpu::counters(&self.ebpf)?,
+            offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,
         })
     }
@@ -320,7 +325,7 @@ impl Session {
     /// Adds to `into` the stacks of sampled off-CPU switches not charged yet, where stacks are
     /// walked at the switch-out (kernels without `sched_exit_tp`): a later drain names them.
     pub fn pending_offcpu_stacks(&self, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
-        offcpu::pending_stacks(&self.ebpf, into)
+        offcpu::pending_stacks(&self.ebpf, self.offcpu_walks_at_switch_out, into)
     }
 
     /// Forgets the heap state (live blocks, calls in flight) of processes that are gone.

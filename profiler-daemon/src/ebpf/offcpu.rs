@@ -9,9 +9,7 @@ use aya::{
 };
 use aya_obj::btf::BtfKind;
 use profiler_common::{
-    maps,
-    offcpu::{OFFCPU_CONFIG_SAMPLE_EVERY, OFFCPU_CONFIG_WALK_AT_SWITCH_OUT},
-    programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut,
+    maps, offcpu::OffCpuConfig, programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut,
 };
 
 use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
@@ -56,19 +54,18 @@ const FORCE_WALK_AT_SWITCH_OUT: &str = "PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT"
 
 /// Sets the sampling period and attaches the programs to `sched_switch` and, where the kernel
 /// has it (Linux 6.16+), `sched_exit_tp`. Without it a sampled switch's stacks are walked as
-/// the thread leaves the CPU, which perturbs the waits sampled; a warning says so.
-pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<()> {
+/// the thread leaves the CPU, which perturbs the waits sampled; a warning says so. Returns
+/// whether stacks are walked at the switch-out.
+pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<bool> {
     let btf = Btf::from_sys_fs().map_err(|err| Error::KernelFeature {
         feature: "kernel BTF (/sys/kernel/btf/vmlinux)",
         detail: err.to_string(),
     })?;
     let has_exit_tp = btf.id_by_type_name_kind("btf_trace_sched_exit_tp", BtfKind::Typedef).is_ok();
     let walk_at_switch_out = !has_exit_tp || std::env::var_os(FORCE_WALK_AT_SWITCH_OUT).is_some();
-    let mut config: Array<&mut MapData, u32> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
-    config.set(OFFCPU_CONFIG_SAMPLE_EVERY, sample_every, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
-    config
-        .set(OFFCPU_CONFIG_WALK_AT_SWITCH_OUT, u32::from(walk_at_switch_out), 0)
-        .map_err(map_error("write", maps::OFFCPU_CONFIG))?;
+    let mut config: Array<&mut MapData, OffCpuConfig> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
+    let knobs = OffCpuConfig { sample_every, walk_at_switch_out: u32::from(walk_at_switch_out) };
+    config.set(0, knobs, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
     if walk_at_switch_out {
         tracing::warn!(
             "this kernel has no sched_exit_tp tracepoint (Linux 6.16 and later): the off-CPU profile walks a \
@@ -79,18 +76,20 @@ pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<()> {
         // Back-on-CPU first: a switch-out noted before it is attached would wait for the next.
         attach_one(ebpf, &btf, programs::OFFCPU_SWITCH_IN, "sched_exit_tp")?;
     }
-    attach_one(ebpf, &btf, programs::OFFCPU_SWITCH, "sched_switch")
+    attach_one(ebpf, &btf, programs::OFFCPU_SWITCH, "sched_switch")?;
+    Ok(walk_at_switch_out)
 }
 
 fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &'static str, tracepoint: &str) -> Result<()> {
     let program: &mut BtfTracePoint =
         ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
-    program.load(tracepoint, btf).map_err(program_error("load", name))?;
-    program.attach().map_err(program_error("attach (BTF tracepoint)", name))?;
+    program.load(tracepoint, btf).map_err(program_error(format!("load (for BTF tracepoint {tracepoint})"), name))?;
+    program.attach().map_err(program_error(format!("attach (to BTF tracepoint {tracepoint})"), name))?;
     Ok(())
 }
 
-pub(super) fn counters(ebpf: &Ebpf) -> Result<OffCpuCounters> {
+/// The off-CPU counters; `walked_at_switch_out` as [`attach`] returned it.
+pub(super) fn counters(ebpf: &Ebpf, walked_at_switch_out: bool) -> Result<OffCpuCounters> {
     let c: [u64; OffCpuCounter::COUNT as usize] = sum_counters(ebpf, maps::OFFCPU_COUNTERS)?;
     let get = |counter: OffCpuCounter| c[counter as usize];
     Ok(OffCpuCounters {
@@ -99,20 +98,19 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<OffCpuCounters> {
         counts_map_full: get(OffCpuCounter::CountsMapFull),
         stack_lost: get(OffCpuCounter::StackLost),
         cgroup_filtered: get(OffCpuCounter::CgroupFiltered),
-        walked_at_switch_out: walks_at_switch_out(ebpf)?,
+        walked_at_switch_out,
     })
-}
-
-fn walks_at_switch_out(ebpf: &Ebpf) -> Result<bool> {
-    let config: Array<&MapData, u32> = map_ref(ebpf, maps::OFFCPU_CONFIG)?;
-    Ok(config.get(&OFFCPU_CONFIG_WALK_AT_SWITCH_OUT, 0).map_err(map_error("read", maps::OFFCPU_CONFIG))? != 0)
 }
 
 /// With stacks walked at the switch-out: the stacks of the sampled switch-outs whose time is
 /// not charged yet (the thread is still off its CPU), which a later set's counts will name.
-/// Otherwise none: pending entries hold no stacks.
-pub(super) fn pending_stacks(ebpf: &Ebpf, into: &mut std::collections::HashSet<StackId>) -> Result<()> {
-    if !walks_at_switch_out(ebpf)? {
+/// Otherwise (`walked_at_switch_out` false) none: pending entries hold no stacks.
+pub(super) fn pending_stacks(
+    ebpf: &Ebpf,
+    walked_at_switch_out: bool,
+    into: &mut std::collections::HashSet<StackId>,
+) -> Result<()> {
+    if !walked_at_switch_out {
         return Ok(());
     }
     let pending: HashMap<&MapData, u64, SwitchedOut> = map_ref(ebpf, maps::OFFCPU_PENDING)?;
