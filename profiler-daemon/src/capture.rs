@@ -399,6 +399,15 @@ impl Capture {
         if applied.lost > 0 {
             tracing::debug!(lost = applied.lost, "process event records lost (a ring was full)");
         }
+        // An exited process's registration is of no more use to the walker: it leaves the
+        // kernel's process maps now, not when the catalogue forgets the process (a snapshot
+        // keeps every process it sampled until its end; a daemon, until its next dump), or
+        // a machine running hundreds of programs a second would fill them.
+        let exited: Vec<Pid> =
+            applied.exited.iter().copied().filter(|&pid| self.catalog.process(pid).is_some_and(|p| p.exited)).collect();
+        if let Err(err) = self.unwinder.forget(&mut self.session, &exited) {
+            tracing::warn!("{}", crate::error::chain(&CaptureError::Forget(err)));
+        }
         // A process whose exit is in this same batch (most of a shell's short commands) is
         // not registered: every sample it will ever have was already walked, so its tables
         // would be written only to be removed (an 8 KiB map entry each, most of what

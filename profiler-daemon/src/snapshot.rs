@@ -355,14 +355,15 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
 fn print_unwind_summary(s: &UnwinderStats) {
     const MIB: f64 = (1 << 20) as f64;
     println!(
-        "unwind tables: {} files ({:.1} of {:.0} MiB), built in {:.0} ms; {} files without a table, {} too large, {} not loaded (memory full)",
+        "unwind tables: {} files ({:.1} of {:.0} MiB), built in {:.0} ms; {} files without a table, {} too large, {} not loaded (memory full); {} process registrations refused (process maps full)",
         s.tables.len(),
         s.table_bytes as f64 / MIB,
         s.budget_bytes as f64 / MIB,
         s.build_time.as_secs_f64() * 1e3,
         s.build_failures,
         s.too_large,
-        s.budget_full
+        s.budget_full,
+        s.process_maps_full
     );
     for t in &s.tables {
         tracing::debug!(file = %t.name, rows = t.rows, bytes = t.bytes, build_ms = t.build_duration.as_secs_f64() * 1e3, "unwind table");

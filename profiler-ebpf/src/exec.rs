@@ -1,14 +1,17 @@
 //! `sched:sched_process_exec`: a process that calls `execve` replaces every mapping, so the
 //! walker forgets the old ones at once (they would unwind the new image with the old
-//! tables), and every exec is told to userspace, which registers the new image at its next
-//! drain instead of after the process's first sample. A thread other than the leader that
+//! tables), and every exec is told to userspace with its time, which registers the new image
+//! at its next drain instead of after the process's first sample. The time matters: the
+//! side band's records of an exec come before this tracepoint, so userspace may have
+//! registered the new image already, and this deletes that registration too; userspace
+//! writes it again when its registration predates the exec. A thread other than the leader that
 //! execs takes the leader's id: its futex entry under its old id goes here, as no exit of
 //! that id will remove it.
 
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -23,7 +26,7 @@ use crate::{
 };
 
 #[map]
-pub static UNWIND_EXECS: HashMap<u32, u8> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
+pub static UNWIND_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
 /// Offsets of `pid` and `old_pid` (machine-wide thread ids, before and after the exec) in
 /// the record (`/sys/kernel/tracing/events/sched/sched_process_exec/format`).
@@ -48,6 +51,8 @@ pub fn unwind_exec(ctx: TracePointContext) -> u32 {
     }
     // A failure (the map full until the next drain) only delays the registration until the
     // process's first sample, as without this program.
-    let _ = UNWIND_EXECS.insert(&tgid, &1, 0);
+    // SAFETY: a helper without arguments.
+    let exec_ns = unsafe { bpf_ktime_get_ns() };
+    let _ = UNWIND_EXECS.insert(&tgid, &exec_ns, 0);
     0
 }

@@ -79,6 +79,12 @@ impl Running {
         }
     }
 
+    /// Sends SIGINT (Ctrl-C): a snapshot ends its capture early and writes what it has.
+    pub fn interrupt(&self) {
+        // SAFETY: kill has no memory effects; the child is ours and not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
     /// Waits for the end (within [`PROFILER_TIMEOUT`]) and returns all it printed.
     pub fn finish(self) -> Output {
         let rest = drain(self.stderr);

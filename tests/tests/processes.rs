@@ -65,6 +65,52 @@ fn short_lived_processes_are_named_and_unwound_from_their_first_sample() {
     }
 }
 
+/// Ground truth: a process registered with the kernel walker is removed from the kernel's
+/// process maps when it is gone, whatever the order of its exec's events and the kernel's
+/// own exec hook. 14,000 runs of `/bin/true` (more than the maps' 8,192 + 1,024 entries) go
+/// by under one snapshot, then 10 runs of `short_lived` (60 ms of spin ← work ← main each):
+/// those are still registered and unwound (≥95% of their samples chained), and no
+/// registration was refused for a full map. (Before the fix, four execs in five left an entry
+/// behind, and the maps filled after about 11,000.)
+#[test]
+fn exited_processes_leave_the_kernel_process_maps() {
+    if !preflight() {
+        return;
+    }
+    const EXECS: usize = 14_000;
+    let out = TempDir::new("many-execs");
+    let program = FixtureKind::ShortLived.build();
+    let mut profiler =
+        Running::start(&["snapshot", "--duration", "300s", "--frequency", "999", "--output", &out.path_arg()]);
+    profiler.wait_capturing();
+    let script = format!("for i in $(seq {EXECS}); do /bin/true; done; for i in $(seq 10); do \"$0\" 60; done");
+    let looped = Command::new("sh").args(["-c", &script]).arg(&program).status().expect("sh");
+    assert!(looped.success());
+    // The last exit's events are followed before the capture ends.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    profiler.interrupt();
+    let output = profiler.finish();
+    assert_success(&output, "system-wide snapshot of many short processes");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let refused = stdout
+        .lines()
+        .find_map(|l| {
+            l.split("; ").find_map(|part| part.strip_suffix(" process registrations refused (process maps full)"))
+        })
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no registration count in the summary:\n{stdout}"));
+    let latency = stdout.lines().find(|l| l.starts_with("exec'd processes")).unwrap_or("no latency line");
+    println!("{latency}; {refused} registrations refused");
+    assert_eq!(refused, 0, "registrations refused for full process maps after {EXECS} execs:\n{stdout}");
+    let profiles = profiles_named(out.path(), "short_lived");
+    assert_eq!(profiles.len(), 10, "one profile per short_lived run:\n{}", listing(out.path()));
+    let (total, chained) = profiler_tests::pprof::tally_chain(&profiles, &["spin", "work", "main"]);
+    assert!(total >= 300, "only {total} samples of 10 × 60 ms");
+    let share = chained as f64 / total as f64;
+    println!("after {EXECS} execs: {chained} of {total} samples ({share:.3}) chained");
+    assert!(share >= MIN_CHAINED_SHARE, "after {EXECS} execs: {chained} of {total} samples ({share:.3}) chained");
+}
+
 /// Ground truth: `fork_workers` forks 10 children one after another, each running
 /// child_main → child_work → hot_loop for 300 ms of CPU without exec (a pre-forking server's
 /// workers). Every child's profile has at least 95% of its samples on that chain to main:

@@ -276,6 +276,8 @@ fn unwind_status(s: &Status) -> serde_json::Value {
         "tables_not_loaded_budget_full": t.budget_full,
         "tables_evicted": t.evictions,
         "mappings_over_limit": t.mappings_over_limit,
+        "process_maps_full": t.process_maps_full,
+        "registrations_undone_by_exec": t.undone_by_exec,
         "unreadable_files": t.unreadable_files,
         "stalled_files": t.stalled_files,
         "largest_tables": t.tables.iter().take(10).map(|t| json!({

@@ -197,7 +197,9 @@ impl Session {
     }
 
     /// Gives the walker the mappings of process `pid`.
-    pub fn set_unwind_process(&mut self, pid: Pid, process: &UnwindProcess) -> Result<()> {
+    /// Gives the walker process `pid`'s mappings. False when both process maps are full
+    /// (nothing written).
+    pub fn set_unwind_process(&mut self, pid: Pid, process: &UnwindProcess) -> Result<bool> {
         unwind::set_process(&mut self.ebpf, pid.0, process)
     }
 
@@ -211,9 +213,9 @@ impl Session {
         unwind::remove_process(&mut self.ebpf, pid.0)
     }
 
-    /// Processes that called `execve` since the last call; the kernel already forgot their
-    /// old mappings.
-    pub fn take_execs(&mut self) -> Result<Vec<Pid>> {
+    /// Processes that called `execve` since the last call, with the time of the exec
+    /// (`CLOCK_MONOTONIC`); the kernel forgot their mappings then.
+    pub fn take_execs(&mut self) -> Result<Vec<(Pid, u64)>> {
         unwind::take_execs(&mut self.ebpf)
     }
 

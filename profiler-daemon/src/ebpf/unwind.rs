@@ -81,19 +81,30 @@ pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> R
 /// map has room for nothing else), else into the large map, and then removes the process
 /// from the other map: the walker looks in the small map first, so until then it sees the
 /// previous list, never none.
-pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<()> {
+/// Writes `pid`'s mappings to the small map if they fit it and it has room, else to the
+/// large one. False when neither has room (counted by the caller; nothing is written).
+pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<bool> {
     if let Some(small) = process.small() {
         let mut processes: HashMap<&mut MapData, u32, SmallUnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
         match processes.insert(pid, small, 0) {
-            Ok(()) => return remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid),
+            Ok(()) => return remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid).map(|()| true),
             // Full: the large map takes it while it has room.
-            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {}
+            Err(e) if is_full(&e) => {}
             Err(e) => return Err(map_error("write", maps::UNWIND_PROCESSES)(e)),
         }
     }
     let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES_LARGE)?;
-    processes.insert(pid, process, 0).map_err(map_error("write", maps::UNWIND_PROCESSES_LARGE))?;
-    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)
+    match processes.insert(pid, process, 0) {
+        Ok(()) => {}
+        Err(e) if is_full(&e) => return Ok(false),
+        Err(e) => return Err(map_error("write", maps::UNWIND_PROCESSES_LARGE)(e)),
+    }
+    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid).map(|()| true)
+}
+
+/// Whether a hash map refused an insert for want of room (`E2BIG`).
+fn is_full(err: &aya::maps::MapError) -> bool {
+    matches!(err, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 
 pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
@@ -114,15 +125,16 @@ fn remove_from<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str, pid: u32) -> Re
     }
 }
 
-/// The processes that called `execve` since the last call (and forgets them).
-pub(super) fn take_execs(ebpf: &mut Ebpf) -> Result<Vec<Pid>> {
-    let mut execs: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::UNWIND_EXECS)?;
-    let pids: Vec<u32> = execs.keys().filter_map(|k| k.ok()).collect();
-    for pid in &pids {
+/// The processes that called `execve` since the last call, each with the time
+/// (`CLOCK_MONOTONIC`) of its last exec (and forgets them).
+pub(super) fn take_execs(ebpf: &mut Ebpf) -> Result<Vec<(Pid, u64)>> {
+    let mut execs: HashMap<&mut MapData, u32, u64> = map_mut(ebpf, maps::UNWIND_EXECS)?;
+    let entries: Vec<(u32, u64)> = execs.iter().filter_map(|e| e.ok()).collect();
+    for (pid, _) in &entries {
         // Gone already is fine: the next exec of the same pid inserts it again.
         let _ = execs.remove(pid);
     }
-    Ok(pids.into_iter().map(Pid).collect())
+    Ok(entries.into_iter().map(|(pid, exec_ns)| (Pid(pid), exec_ns)).collect())
 }
 
 /// The walker's counters since load, summed over CPUs.

@@ -62,6 +62,12 @@ pub struct UnwinderStats {
     pub evictions: u64,
     /// Executable mappings beyond the per-process limit (those fall back to frame pointers).
     pub mappings_over_limit: u64,
+    /// Registrations refused because both kernel process maps were full (retried at the
+    /// next drain; meanwhile the process is walked with frame pointers).
+    pub process_maps_full: u64,
+    /// Registrations an `exec` deleted in the kernel after they were written (the exec's
+    /// events came first): written again at the next drain.
+    pub undone_by_exec: u64,
     /// Mapped files that could not be opened or parsed.
     pub unreadable_files: u64,
     /// Mapped files not read because their file system did not answer (see
@@ -99,6 +105,9 @@ struct Registered {
     /// The mapping list last written to the kernel: one unchanged is not written again,
     /// and a forked child gets its parent's as it is.
     written: Vec<UnwindMapping>,
+    /// When it was written (`CLOCK_MONOTONIC`, taken before the write): an exec after it
+    /// deleted it in the kernel (see [`Unwinder::take_execs`]).
+    written_ns: u64,
 }
 
 /// The owner of the unwind tables and of the walker's per-process mappings.
@@ -142,17 +151,27 @@ impl Unwinder {
         }
     }
 
-    /// The processes that called `execve` since the last call (the kernel noted them). Those
-    /// registered are forgotten (the kernel already dropped their mappings); the caller makes
+    /// The processes that called `execve` since the last call (the kernel noted them, and
+    /// dropped their mappings then). A registration written before the exec is forgotten
+    /// (and deleted in the kernel, in case the write raced the exec); one written after it
+    /// (the side band told of the exec first) is the new image's and stays. The caller makes
     /// them known to the aggregate, and [`Unwinder::sync`] registers their new image.
     pub fn take_execs(&mut self, session: &mut Session) -> Result<Vec<Pid>> {
-        let pids = session.take_execs()?;
-        for pid in &pids {
-            if let Some(old) = self.processes.remove(pid) {
+        let execs = session.take_execs()?;
+        for &(pid, exec_ns) in &execs {
+            let Some(registered) = self.processes.get(&pid) else { continue };
+            if registered.written_ns > exec_ns {
+                continue;
+            }
+            if !registered.written.is_empty() {
+                self.stats.undone_by_exec += 1;
+            }
+            if let Some(old) = self.processes.remove(&pid) {
                 self.release(&old.keys);
             }
+            session.remove_unwind_process(pid)?;
         }
-        Ok(pids)
+        Ok(execs.into_iter().map(|(pid, _)| pid).collect())
     }
 
     /// Registers the processes not registered yet, or registered with an older mapping
@@ -259,11 +278,20 @@ impl Unwinder {
         }
         process.len = len as u32;
         let written = process.mappings[..len].to_vec();
-        if self.processes.get(&pid).is_none_or(|old| old.written != written) {
-            session.set_unwind_process(pid, &process)?;
-        }
+        let written_ns = match self.processes.get(&pid) {
+            Some(old) if old.written == written => old.written_ns,
+            _ => {
+                let now = crate::sideband::now_ns();
+                if !session.set_unwind_process(pid, &process)? {
+                    self.stats.process_maps_full += 1;
+                    self.release(&keys);
+                    return Ok(());
+                }
+                now
+            }
+        };
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written }) {
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns }) {
             self.release(&old.keys);
         }
         Ok(())
@@ -289,11 +317,15 @@ impl Unwinder {
             Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         process.mappings[..written.len()].copy_from_slice(&written);
         process.len = written.len() as u32;
-        session.set_unwind_process(child, &process)?;
+        let written_ns = crate::sideband::now_ns();
+        if !session.set_unwind_process(child, &process)? {
+            self.stats.process_maps_full += 1;
+            return Ok(true);
+        }
         for key in &keys {
             self.registry.acquire(key);
         }
-        if let Some(old) = self.processes.insert(child, Registered { keys, version, written }) {
+        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns }) {
             self.release(&old.keys);
         }
         Ok(true)
