@@ -324,7 +324,7 @@ pub mod programs {
     pub const FUTEX_THREAD_EXIT: &str = "futex_thread_exit";
     /// `task:task_newtask`.
     pub const THREAD_CREATE: &str = "thread_create";
-    /// `sched:sched_process_exec`.
+    /// `syscalls:sys_enter_execve` and `sys_enter_execveat`.
     pub const UNWIND_EXEC: &str = "unwind_exec";
     /// `iter/task`: one record per thread of one process (the thread dump).
     pub const THREAD_DUMP: &str = "thread_dump";

@@ -1,12 +1,15 @@
-//! `sched:sched_process_exec`: a process that calls `execve` replaces every mapping, so the
-//! walker forgets the old ones at once (they would unwind the new image with the old
-//! tables), and every exec is told to userspace with its time, which registers the new image
-//! at its next drain instead of after the process's first sample. The time matters: the
-//! side band's records of an exec come before this tracepoint, so userspace may have
-//! registered the new image already, and this deletes that registration too; userspace
-//! writes it again when its registration predates the exec. A thread other than the leader that
-//! execs takes the leader's id: its futex entry under its old id goes here, as no exit of
-//! that id will remove it.
+//! `syscalls:sys_enter_execve` and `sys_enter_execveat`: a process that calls `execve`
+//! replaces every mapping, so the walker forgets the old ones (they would unwind the new
+//! image with the old tables), and every exec is told to userspace with its time, which
+//! registers the new image at its next drain instead of after the process's first sample.
+//!
+//! At the syscall's entry, not at `sched_process_exec` (its end): the side band's records of
+//! the new image (the exec's comm, its mappings) are written in between, and userspace,
+//! following them, often registered the new image before the end of the exec, which then
+//! deleted that registration. An exec that fails leaves its process unregistered until the
+//! next drain: userspace writes again every registration older than the exec's time. A
+//! thread other than the leader that execs takes the leader's id: its futex entry under its
+//! own id goes here, as no exit of that id will remove it.
 
 #![allow(non_upper_case_globals)]
 
@@ -21,24 +24,19 @@ use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 use crate::{
     futex::FUTEX_PENDING,
     maps::current_task,
-    tracepoint::read_field_u32,
     user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
 
-/// Offsets of `pid` and `old_pid` (machine-wide thread ids, before and after the exec) in
-/// the record (`/sys/kernel/tracing/events/sched/sched_process_exec/format`).
-const PID: usize = 12;
-const OLD_PID: usize = 16;
-
 #[tracepoint]
-pub fn unwind_exec(ctx: TracePointContext) -> u32 {
-    let (pid, old_pid) = (read_field_u32(&ctx, PID), read_field_u32(&ctx, OLD_PID));
-    if pid != old_pid {
-        let tgid = bpf_get_current_pid_tgid() & 0xffff_ffff_0000_0000;
-        let _ = FUTEX_PENDING.remove(&(tgid | u64::from(old_pid)));
+pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if pid_tgid as u32 != (pid_tgid >> 32) as u32 {
+        // Gone with the thread's old id if the exec succeeds; recreated at its next wait if
+        // it fails.
+        let _ = FUTEX_PENDING.remove(&pid_tgid);
     }
     // A process outside the profiler's pid namespace is not profiled.
     let Some(task) = current_task() else { return 0 };

@@ -58,7 +58,8 @@ pub(super) fn write_shard(ebpf: &Ebpf, shard: u16, rows: &[UnwindRow]) -> Result
     Ok(())
 }
 
-/// Attaches the exec tracepoint. Fails when tracefs is not mounted.
+/// Attaches the exec program to the entries of both exec syscalls. Fails when tracefs is not
+/// mounted.
 pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
     let program: &mut TracePoint = ebpf
         .program_mut(EXEC_PROGRAM)
@@ -66,9 +67,11 @@ pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
         .try_into()
         .map_err(program_error("find", EXEC_PROGRAM))?;
     program.load().map_err(program_error("load", EXEC_PROGRAM))?;
-    program
-        .attach("sched", "sched_process_exec")
-        .map_err(program_error("attach (tracepoint sched:sched_process_exec)", EXEC_PROGRAM))?;
+    for syscall in ["sys_enter_execve", "sys_enter_execveat"] {
+        program
+            .attach("syscalls", syscall)
+            .map_err(program_error(format!("attach (tracepoint syscalls:{syscall})"), EXEC_PROGRAM))?;
+    }
     Ok(())
 }
 
