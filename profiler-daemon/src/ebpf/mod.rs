@@ -196,8 +196,7 @@ impl Session {
         unwind::set_table(&mut self.ebpf, slot, info)
     }
 
-    /// Gives the walker the mappings of process `pid`.
-    /// Gives the walker process `pid`'s mappings. False when both process maps are full
+    /// Gives the walker the mappings of process `pid`. False when both process maps are full
     /// (nothing written).
     pub fn set_unwind_process(&mut self, pid: Pid, process: &UnwindProcess) -> Result<bool> {
         unwind::set_process(&mut self.ebpf, pid.0, process)

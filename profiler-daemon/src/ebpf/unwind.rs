@@ -80,12 +80,10 @@ pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> R
     tables.set(slot, info, 0).map_err(map_error("write", maps::UNWIND_TABLES))
 }
 
-/// Writes `process`'s list into the small map when it fits one of its entries (or the large
-/// map has room for nothing else), else into the large map, and then removes the process
-/// from the other map: the walker looks in the small map first, so until then it sees the
-/// previous list, never none.
-/// Writes `pid`'s mappings to the small map if they fit it and it has room, else to the
-/// large one. False when neither has room (counted by the caller; nothing is written).
+/// Writes `process`'s list into the small map when it fits one of its entries (and the map
+/// has room), else into the large map, and then removes the process from the other map: the
+/// walker looks in the small map first, so until then it sees the previous list, never none.
+/// False when neither map has room (counted by the caller; nothing is written).
 pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<bool> {
     if let Some(small) = process.small() {
         let mut processes: HashMap<&mut MapData, u32, SmallUnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;

@@ -65,8 +65,9 @@ pub struct UnwinderStats {
     /// Registrations refused because both kernel process maps were full (retried at the
     /// next drain; meanwhile the process is walked with frame pointers).
     pub process_maps_full: u64,
-    /// Registrations an `exec` deleted in the kernel after they were written (the exec's
-    /// events came first): written again at the next drain.
+    /// Registrations written before an exec of their process (inherited at its fork, or the
+    /// old image's after a failed exec), which the exec deleted in the kernel: dropped at the
+    /// next drain and written anew.
     pub undone_by_exec: u64,
     /// Mapped files that could not be opened or parsed.
     pub unreadable_files: u64,
