@@ -60,6 +60,11 @@ pub mod globals {
     /// [`crate::ShareCaps`]: each process's and each uid's cap on new stack-table entries
     /// per map set (see [`crate::share`]).
     pub const STACK_SHARE_CAPS: &str = "STACK_SHARE_CAPS";
+    /// `u32`: entries of each context's table in `ROW_CACHE`, a power of two
+    /// ([`crate::maps::cache_slot_entries`] for the machine's possible CPUs).
+    pub const ROW_CACHE_SLOT_ENTRIES: &str = "ROW_CACHE_SLOT_ENTRIES";
+    /// `u32`: the same for `STORED_STACKS`.
+    pub const STORED_STACKS_SLOT_ENTRIES: &str = "STORED_STACKS_SLOT_ENTRIES";
 }
 
 /// Map names, shared by both sides, and their sizes.
@@ -70,14 +75,14 @@ pub mod maps {
     pub const CPU_COUNTS_0: &str = "CPU_COUNTS_0";
     /// The same for map set 1 (see [`CONTROL`]).
     pub const CPU_COUNTS_1: &str = "CPU_COUNTS_1";
-    /// Hash of stack hash (`u64`) → [`crate::Stack`], for map set 0.
-    pub const STACKS_0: &str = "STACKS_0";
-    /// The same for map set 1.
-    pub const STACKS_1: &str = "STACKS_1";
+    /// Hash of [`crate::stack::set_key`]`(stack hash or piece key, set)` → [`crate::Stack`]:
+    /// both map sets' stacks in one table (the key's low bit is the set), so the set being
+    /// drained and the set being filled share its capacity.
+    pub const STACKS: &str = "STACKS";
     /// Hash of [`crate::share::ShareKey`] → [`crate::ShareUse`]: what each process and uid
-    /// put in (and was refused from) `STACKS_0` since it was drained.
+    /// put in (and was refused from) set 0's part of `STACKS` since it was drained.
     pub const STACK_SHARES_0: &str = "STACK_SHARES_0";
-    /// The same for `STACKS_1`.
+    /// The same for set 1.
     pub const STACK_SHARES_1: &str = "STACK_SHARES_1";
     /// Array of one `u32`: the generation, the number of flips so far, whose low bit is the
     /// map set (0 or 1) the kernel programs write to now. Userspace flips it, lets in-flight
@@ -99,6 +104,33 @@ pub mod maps {
     pub const STACK_WINDOW: &str = "STACK_WINDOW";
     pub const STORED_STACKS: &str = "STORED_STACKS";
     pub const ROW_CACHE: &str = "ROW_CACHE";
+    /// Tables of each per-CPU scratch map and cache: one per program context that can
+    /// interrupt another on a CPU (task, interrupt, scheduler switch).
+    pub const SCRATCH_SLOTS: u32 = 3;
+    /// Bytes of one entry of `ROW_CACHE` and of `STORED_STACKS`.
+    pub const CACHE_ENTRY_BYTES: u64 = 16;
+    /// Entries of each context's `ROW_CACHE` table on a machine of up to 64 CPUs.
+    pub const ROW_CACHE_MAX_SLOT_ENTRIES: u32 = 512;
+    /// Kernel memory all CPUs' `ROW_CACHE` tables may take together (its size at 64 CPUs).
+    pub const ROW_CACHE_BUDGET_BYTES: u64 = 3 << 19;
+    /// Entries of each context's `STORED_STACKS` table on a machine of up to 64 CPUs.
+    pub const STORED_STACKS_MAX_SLOT_ENTRIES: u32 = 256;
+    /// Kernel memory all CPUs' `STORED_STACKS` tables may take together.
+    pub const STORED_STACKS_BUDGET_BYTES: u64 = 3 << 18;
+
+    /// Entries of each context's table of a per-CPU cache on a machine of `possible_cpus`:
+    /// `max` (a power of two), halved until every CPU's tables fit `budget_bytes`, and never
+    /// below 16. The caches only save work (a row search, a stack-map lookup), so a host with
+    /// hundreds of CPUs gets smaller ones instead of kernel memory that grows with its CPUs.
+    pub const fn cache_slot_entries(max: u32, budget_bytes: u64, possible_cpus: u32) -> u32 {
+        let mut entries = max;
+        while entries > 16
+            && entries as u64 * SCRATCH_SLOTS as u64 * CACHE_ENTRY_BYTES * possible_cpus as u64 > budget_bytes
+        {
+            entries /= 2;
+        }
+        entries
+    }
     /// Per-CPU array of one [`crate::ThreadRecord`]: the thread-dump iterator's record
     /// before it is written out (too big for the BPF stack).
     pub const THREAD_RECORD: &str = "THREAD_RECORD";
@@ -143,10 +175,11 @@ pub mod maps {
     pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
     /// Tables loaded at once.
     pub const UNWIND_TABLES_MAX_ENTRIES: u32 = 2_048;
-    /// Processes the walker knows at once with small mapping lists (1 KiB each)...
+    /// Processes the walker knows at once with small mapping lists (776 B each)...
     pub const UNWIND_PROCESSES_MAX_ENTRIES: u32 = 8_192;
-    /// ...and with large ones (8 KiB each).
-    pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 1_024;
+    /// ...and with large ones (6 KiB each): those with more than 32 executable mappings
+    /// (a refused one is counted and walked with frame pointers).
+    pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 768;
     /// Execs remembered between two looks.
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
 
@@ -175,8 +208,9 @@ pub mod maps {
             wanted as u32
         }
     }
-    /// Threads inside an allocator call at once.
-    pub const HEAP_PENDING_MAX_ENTRIES: u32 = 16_384;
+    /// Threads inside an allocator call at once: those running one, and those preempted in
+    /// one. Even at 256 CPUs a few hundred.
+    pub const HEAP_PENDING_MAX_ENTRIES: u32 = 4_096;
 
     /// Hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waiting stack (the block
     /// profile), for map set 0.
@@ -211,22 +245,27 @@ pub mod maps {
     pub const THREAD_COUNTS_MAX_ENTRIES: u32 = 4_096;
     /// Threads inside a futex wait at once (all processes).
     pub const FUTEX_PENDING_MAX_ENTRIES: u32 = 32_768;
-    /// Futex words whose last waker is remembered (least recently woken evicted first).
-    pub const FUTEX_WAKERS_MAX_ENTRIES: u32 = 32_768;
+    /// Futex words whose last waker is remembered (least recently woken evicted first). A
+    /// waker is read back within the woken thread's next run, microseconds to milliseconds
+    /// later, so the table only needs the words woken in the last few milliseconds.
+    pub const FUTEX_WAKERS_MAX_ENTRIES: u32 = 16_384;
 
     /// Distinct (process, thread, stacks) keys per map set.
     pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;
-    /// Distinct stacks (user and kernel together) per map set.
+    /// Stack entries (user and kernel stacks, a piece per 63 frames) of both map sets
+    /// together. The drained set's entries are deleted within milliseconds of a flip, so the
+    /// set being filled has nearly all of it.
     pub const STACKS_MAX_ENTRIES: u32 = 16_384;
-    /// Processes that can be selected with `--pid`.
+    /// Processes that can be selected with `--pid` (the map is sized to the list at load).
     pub const TARGET_PIDS_MAX_ENTRIES: u32 = 4_096;
     /// Hash of cgroup id (`u64`, the cgroup directory's inode number) → `u8` 1: the cgroups
     /// the configuration's `[processes]` cgroup and unit matchers select (or exclude).
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
     /// Array of one `u32`: how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]).
     pub const CGROUP_MODE: &str = "CGROUP_MODE";
-    /// Cgroups a configuration can select or exclude in the kernel.
-    pub const CGROUP_FILTER_MAX_ENTRIES: u32 = 16_384;
+    /// Cgroups a configuration can select or exclude in the kernel: the matched ones only
+    /// (a Kubernetes node runs a few thousand cgroups in all).
+    pub const CGROUP_FILTER_MAX_ENTRIES: u32 = 8_192;
 
     /// Off-CPU time by (thread, state, stacks), per set.
     pub const OFFCPU_COUNTS_0: &str = "OFFCPU_COUNTS_0";
@@ -245,13 +284,12 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 48] = [
+    pub const ALL: [&str; 47] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
-        STACKS_0,
-        STACKS_1,
+        STACKS,
         STACK_SHARES_0,
         STACK_SHARES_1,
         CONTROL,
@@ -397,6 +435,25 @@ mod tests {
         }
     }
 
+    /// Full size up to 64 CPUs, the budget past it, a power of two always.
+    #[test]
+    fn per_cpu_caches_keep_to_their_budget() {
+        use maps::*;
+        let row = |cpus| cache_slot_entries(ROW_CACHE_MAX_SLOT_ENTRIES, ROW_CACHE_BUDGET_BYTES, cpus);
+        assert_eq!(row(2), 512);
+        assert_eq!(row(64), 512);
+        assert_eq!(row(65), 256);
+        assert_eq!(row(256), 128);
+        assert_eq!(row(1 << 20), 16);
+        for cpus in [1, 3, 100, 256, 4096] {
+            let entries = row(cpus);
+            assert!(entries.is_power_of_two());
+            let bytes = entries as u64 * SCRATCH_SLOTS as u64 * CACHE_ENTRY_BYTES * cpus as u64;
+            assert!(entries == 16 || bytes <= ROW_CACHE_BUDGET_BYTES, "{cpus} CPUs: {bytes} B");
+        }
+        assert_eq!(cache_slot_entries(STORED_STACKS_MAX_SLOT_ENTRIES, STORED_STACKS_BUDGET_BYTES, 256), 64);
+    }
+
     #[test]
     fn counter_enums_are_numbered_in_order() {
         for (i, c) in CpuCounter::ALL.iter().enumerate() {
@@ -428,8 +485,7 @@ mod tests {
         let mut large =
             UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
         for (i, m) in large.mappings.iter_mut().take(unwind::SMALL_PROCESS_MAPPINGS).enumerate() {
-            *m =
-                UnwindMapping { start: i as u64 * 4096, end: i as u64 * 4096 + 100, bias: 7, table: i as u32, _pad: 0 };
+            *m = UnwindMapping::new(i as u64 * 4096, i as u64 * 4096 + 100, 7, i as u32);
         }
         large.len = unwind::SMALL_PROCESS_MAPPINGS as u32;
         let small = large.small().expect("32 mappings fit a small entry");

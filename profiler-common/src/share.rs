@@ -56,7 +56,7 @@ impl ShareCaps {
 
 /// Owners whose use one set can record (processes and uids together); past it, inserts go
 /// uncapped rather than refused, and are not counted.
-pub const STACK_SHARES_MAX_ENTRIES: u32 = 8_192;
+pub const STACK_SHARES_MAX_ENTRIES: u32 = 4_096;
 
 /// Entries of a table of `table` entries that `percent` of it allows, at least 1; 0 (no
 /// cap) for 100 or more. The kernel's caps and the daemon's catalogue use the same rule.

@@ -4,7 +4,12 @@
 //! [`KERNEL_STACK_DEPTH`]) is stored as a chain: the first [`STACK_PIECE_FRAMES`] frames
 //! under the stack's hash, each further piece under [`chunk_key`]`(hash, n)`, each piece but
 //! the last flagged [`STACK_CONTINUED`]. Entries are 512 bytes whatever the depth, so the
-//! stack maps' memory per entry does not grow with the limits.
+//! stack map's memory per entry does not grow with the limits.
+//!
+//! Both map sets share one stack map: hashes and piece keys are even, and an entry's key is
+//! [`set_key`]`(key, set)`, whose low bit names the set that stored it. Userspace drains a
+//! set's entries by that bit while the kernel fills the other set's, so the two sets share
+//! one table's capacity instead of each preallocating its own.
 
 /// Frames per stored stack entry. 63 makes an entry 512 bytes: most stacks fit one (half
 /// the kernel memory of the earlier 127-frame entries, priced at the maps' full size), and a
@@ -82,8 +87,9 @@ pub fn hash_start(key: u64) -> u64 {
     hash_frame(HASH_SEED, key)
 }
 
-/// Ends a stack's hash: folds in its number of frames and maps the result away from
-/// [`NO_STACK`] and [`OVER_SHARE_STACK`].
+/// Ends a stack's hash: folds in its number of frames and makes the result even (the low bit
+/// of a map key is its set, see [`set_key`]) and never [`NO_STACK`] (nor [`OVER_SHARE_STACK`],
+/// which is odd).
 #[inline(always)]
 pub fn finish_hash(state: u64, len: u32) -> u64 {
     nonzero(hash_frame(state, (1 << 63) | len as u64))
@@ -100,12 +106,21 @@ pub fn chunk_key(hash: u64, chunk: u32) -> u64 {
     nonzero(hash_frame(hash, 0x5ca1_ab1e_0000_0000 | chunk as u64))
 }
 
+/// The stack map's key of the entry stored under `key` (a stack's hash or a [`chunk_key`]) by
+/// map set `set`: its low bit is the set.
+#[inline(always)]
+pub const fn set_key(key: u64, set: u32) -> u64 {
+    key | (set & 1) as u64
+}
+
+/// `h` made even and not [`NO_STACK`].
 #[inline(always)]
 fn nonzero(h: u64) -> u64 {
-    if h == NO_STACK || h == OVER_SHARE_STACK {
-        h + 2
+    let even = h & !1;
+    if even == NO_STACK {
+        2
     } else {
-        h
+        even
     }
 }
 
@@ -132,7 +147,8 @@ mod tests {
         assert_ne!(hash(&[0]), hash(&[0, 0]));
         assert_ne!(hash(&[]), NO_STACK);
         assert_eq!(nonzero(NO_STACK), 2);
-        assert_eq!(nonzero(OVER_SHARE_STACK), 3);
+        assert_eq!(nonzero(OVER_SHARE_STACK), 2);
+        assert_eq!(nonzero(7), 6);
         assert_eq!(hash(&[0x401000, 0x401234]), hash(&[0x401000, 0x401234]));
     }
 
@@ -142,6 +158,20 @@ mod tests {
         assert_ne!(chunk_key(head, 1), head);
         assert_ne!(chunk_key(head, 1), chunk_key(head, 2));
         const { assert!(STACK_CHUNKS * STACK_PIECE_FRAMES >= MAX_USER_STACK_DEPTH) };
+    }
+
+    /// Both sets' entries of one stack live side by side in the one map, and a key's set is
+    /// its low bit.
+    #[test]
+    fn ids_and_piece_keys_leave_the_low_bit_to_the_set() {
+        for frames in [&[1u64, 2, 3][..], &[0x401000], &[]] {
+            let head = hash(frames);
+            for key in [head, chunk_key(head, 1), chunk_key(head, 8)] {
+                assert_eq!(key & 1, 0, "{key:#x}");
+                assert_ne!(set_key(key, 0), set_key(key, 1));
+                assert_eq!(set_key(key, 1) & !1, key);
+            }
+        }
     }
 
     #[test]

@@ -101,8 +101,8 @@ pub const TABLE_SEARCH_STEPS: usize = 22;
 pub const MAX_PROCESS_MAPPINGS: usize = 256;
 /// Binary-search steps that cover `MAX_PROCESS_MAPPINGS` mappings.
 pub const MAPPING_SEARCH_STEPS: usize = 9;
-/// Executable mappings of a process kept in the small entries of `UNWIND_PROCESSES` (1 KiB
-/// instead of 8): an executable, the C library, the loader, the vdso and a few dozen
+/// Executable mappings of a process kept in the small entries of `UNWIND_PROCESSES` (776 B
+/// instead of 6 KiB): an executable, the C library, the loader, the vdso and a few dozen
 /// libraries, which is most processes. Larger lists go to `UNWIND_PROCESSES_LARGE`.
 pub const SMALL_PROCESS_MAPPINGS: usize = 32;
 /// Binary-search steps that cover `SMALL_PROCESS_MAPPINGS` mappings.
@@ -129,22 +129,36 @@ pub struct UnwindTableInfo {
 
 const _: () = assert!(core::mem::size_of::<UnwindTableInfo>() == 16 + 2 * MAX_TABLE_SHARDS);
 
-/// One executable mapping of a process as the walker sees it.
+/// One executable mapping of a process as the walker sees it. 24 bytes (a length, not an end
+/// address): the process maps hold thousands of these lists, each priced full.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapping {
     /// First address of the mapping.
     pub start: u64,
-    /// One past its last address.
-    pub end: u64,
     /// Address minus bias is the file-relative virtual address the table is built in.
     pub bias: u64,
+    /// Bytes mapped (a mapping of 4 GiB or more is cut to its first 4 GiB).
+    pub len: u32,
     /// Slot in `UNWIND_TABLES`, or [`NO_TABLE`].
     pub table: u32,
-    pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
+const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 24);
+
+impl UnwindMapping {
+    /// The mapping of `start..end`.
+    pub fn new(start: u64, end: u64, bias: u64, table: u32) -> Self {
+        let len = end.saturating_sub(start).min(u32::MAX as u64) as u32;
+        Self { start, bias, len, table }
+    }
+
+    /// One past its last address.
+    #[inline(always)]
+    pub fn end(&self) -> u64 {
+        self.start + self.len as u64
+    }
+}
 
 /// The executable mappings of one process, sorted by start, in an entry of room `N`.
 #[repr(C)]
@@ -162,8 +176,8 @@ pub type UnwindProcess = UnwindProcessOf<MAX_PROCESS_MAPPINGS>;
 /// A process with at most [`SMALL_PROCESS_MAPPINGS`] mappings. Value of `UNWIND_PROCESSES`.
 pub type SmallUnwindProcess = UnwindProcessOf<SMALL_PROCESS_MAPPINGS>;
 
-const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * MAX_PROCESS_MAPPINGS);
-const _: () = assert!(core::mem::size_of::<SmallUnwindProcess>() == 8 + 32 * SMALL_PROCESS_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 24 * MAX_PROCESS_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<SmallUnwindProcess>() == 8 + 24 * SMALL_PROCESS_MAPPINGS);
 // The walker masks indices with `N - 1`, and the search steps cover `N` mappings.
 const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two() && SMALL_PROCESS_MAPPINGS.is_power_of_two());
 const _: () = assert!(1 << (MAPPING_SEARCH_STEPS - 1) >= MAX_PROCESS_MAPPINGS);

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, wanted, Scratch},
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -45,11 +45,11 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
         return Err(());
     }
     let set = active_set();
-    let (counts, stacks) = (pick_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1), stacks_of(set));
+    let counts = pick_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1);
 
     let mut truncated = false;
     let user_stack =
-        stack_or_count(capture_user(stacks, &mut truncated, Scratch::Interrupt, tgid), CpuCounter::UserStackFailed);
+        stack_or_count(capture_user(set, &mut truncated, Scratch::Interrupt, tgid), CpuCounter::UserStackFailed);
     if truncated {
         count(CpuCounter::UserStackTruncated);
     }
@@ -57,7 +57,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     let kernel_stack = if interrupted_user_mode(ctx) {
         NO_STACK
     } else {
-        stack_or_count(capture_kernel(ctx.as_ptr(), stacks, Scratch::Interrupt, tgid), CpuCounter::KernelStackFailed)
+        stack_or_count(capture_kernel(ctx.as_ptr(), set, Scratch::Interrupt, tgid), CpuCounter::KernelStackFailed)
     };
 
     let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };

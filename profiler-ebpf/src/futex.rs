@@ -38,11 +38,11 @@ use profiler_common::{
         FUTEX_CONFIG_SLOTS, WAIT_COUNT_ONE,
     },
     maps::{FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
-    FutexCounter, PendingWait, Stack, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
+    FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, wanted_task, Scratch, Task},
+    maps::{active_set, add_or_insert, bump, current_task, pick_set, wanted_task, Scratch, Task},
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -235,16 +235,13 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let tgid = task.tgid;
     let set = active_set();
-    let (block, mutex, stacks) = (
-        pick_set(set, &BLOCK_COUNTS_0, &BLOCK_COUNTS_1),
-        pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1),
-        stacks_of(set),
-    );
+    let (block, mutex) =
+        (pick_set(set, &BLOCK_COUNTS_0, &BLOCK_COUNTS_1), pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1));
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let mut key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack: NO_STACK };
     match block_weight(delay_ns) {
         Some((weight, delay)) => {
-            key.stack = user_stack(stacks, tgid);
+            key.stack = user_stack(set, tgid);
             if add_wait(block, &key, weight, delay) {
                 count(FutexCounter::Waits);
             } else {
@@ -346,11 +343,12 @@ fn wake_sampled() -> bool {
     fraction <= 1 || u64::from(unsafe { bpf_get_prandom_u32() }) % fraction == 0
 }
 
-/// The calling thread's user stack stored in `stacks`, or `NO_STACK` with the loss counted.
+/// The calling thread's user stack stored in map set `set`, or `NO_STACK` with the loss
+/// counted.
 #[inline(always)]
-fn user_stack(stacks: &HashMap<u64, Stack>, tgid: u32) -> u64 {
+fn user_stack(set: u32, tgid: u32) -> u64 {
     let mut truncated = false;
-    match capture_user(stacks, &mut truncated, Scratch::Task, tgid) {
+    match capture_user(set, &mut truncated, Scratch::Task, tgid) {
         Ok(hash) => hash,
         Err(_) => {
             count(FutexCounter::StackLost);
@@ -364,7 +362,7 @@ fn user_stack(stacks: &HashMap<u64, Stack>, tgid: u32) -> u64 {
 #[inline(always)]
 fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
     let sampled = wake_sampled();
-    let stack = if sampled { user_stack(stacks_of(active_set()), task.tgid) } else { NO_STACK };
+    let stack = if sampled { user_stack(active_set(), task.tgid) } else { NO_STACK };
     let tgid = task.tgid;
     // SAFETY: a helper without arguments.
     let wake_ns = unsafe { bpf_ktime_get_ns() };

@@ -28,7 +28,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, current_task, pick_set, stacks_of, Scratch, Task},
+    maps::{active_set, add_or_insert, bump, current_task, pick_set, Scratch, Task},
     stack::capture_user,
 };
 
@@ -308,9 +308,9 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
 #[inline(always)]
 fn record(task: Task, ptr: u64, size: u64) {
     let set = active_set();
-    let (totals, stacks) = (pick_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1), stacks_of(set));
+    let totals = pick_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1);
     let mut truncated = false;
-    let stack = match capture_user(stacks, &mut truncated, Scratch::Task, task.tgid) {
+    let stack = match capture_user(set, &mut truncated, Scratch::Task, task.tgid) {
         Ok(hash) => hash,
         Err(_) => {
             count(HeapCounter::StackLost);

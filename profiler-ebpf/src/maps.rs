@@ -16,7 +16,10 @@ use aya_ebpf::{
     Global,
 };
 use profiler_common::{
-    maps::{CGROUP_FILTER_MAX_ENTRIES, STACKS_MAX_ENTRIES, TARGET_PIDS_MAX_ENTRIES},
+    maps::{
+        CGROUP_FILTER_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, STACKS_MAX_ENTRIES, STORED_STACKS_MAX_SLOT_ENTRIES,
+        TARGET_PIDS_MAX_ENTRIES,
+    },
     share::{ShareKey, STACK_SHARES_MAX_ENTRIES},
     CgroupFilterMode, ShareCaps, ShareUse, Stack, STACK_CHUNKS,
 };
@@ -24,6 +27,15 @@ use profiler_common::{
 /// The load's random stack-hash key (`profiler_common::globals::STACK_HASH_KEY`).
 #[unsafe(no_mangle)]
 pub static STACK_HASH_KEY: Global<u64> = Global::new(0);
+
+/// Entries of each [`Scratch`] context's table in `ROW_CACHE` (a power of two, set at load
+/// from the possible CPUs: see `profiler_common::maps::cache_slot_entries`).
+#[unsafe(no_mangle)]
+pub static ROW_CACHE_SLOT_ENTRIES: Global<u32> = Global::new(ROW_CACHE_MAX_SLOT_ENTRIES);
+
+/// The same for `STORED_STACKS`.
+#[unsafe(no_mangle)]
+pub static STORED_STACKS_SLOT_ENTRIES: Global<u32> = Global::new(STORED_STACKS_MAX_SLOT_ENTRIES);
 
 /// 1 when only the processes in `TARGET_PIDS` are sampled (set at load time).
 #[unsafe(no_mangle)]
@@ -98,11 +110,12 @@ pub fn cgroup_wanted() -> bool {
 #[map]
 pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 
-// Stack entries are 512 bytes each: allocate on insert instead of preallocating 8 MiB per set.
+// Stack entries are 512 bytes each: allocate on insert instead of preallocating 8 MiB. One
+// table for both sets (a key's low bit is its set, see `profiler_common::stack::set_key`): the
+// drained set's entries leave it within milliseconds of a flip, so a second table of the same
+// size would stand empty most of the time.
 #[map]
-pub static STACKS_0: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
-#[map]
-pub static STACKS_1: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+pub static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(STACKS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Each process's and uid's cap on new entries in one set's stack map (see
 /// `profiler_common::share`), set at load.
@@ -139,7 +152,7 @@ pub enum Scratch {
 }
 
 /// Slots of each scratch map: one per [`Scratch`].
-pub const SCRATCH_SLOTS: u32 = 3;
+pub use profiler_common::maps::SCRATCH_SLOTS;
 
 #[map]
 /// Per [`Scratch`] slot, [`STACK_CHUNKS`] consecutive entries: a walk of up to
@@ -223,12 +236,6 @@ pub fn pick_set<'a, T>(set: u32, set_0: &'a T, set_1: &'a T) -> &'a T {
     } else {
         set_1
     }
-}
-
-/// Set `set`'s stack map.
-#[inline(always)]
-pub fn stacks_of(set: u32) -> &'static HashMap<u64, Stack> {
-    pick_set(set, &STACKS_0, &STACKS_1)
 }
 
 /// The map set (0 or 1) the programs write to now.

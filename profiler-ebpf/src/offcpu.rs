@@ -35,7 +35,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, stacks_of, wanted, Scratch},
+    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, wanted, Scratch},
     stack::{capture_kernel_skipping, capture_user},
 };
 
@@ -130,9 +130,8 @@ pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
 /// thread, whose sleeps are the kernel's business.
 #[inline(always)]
 fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpuKey> {
-    let stacks = stacks_of(set);
     let mut truncated = false;
-    let user_stack = match capture_user(stacks, &mut truncated, Scratch::Switch, key.tgid) {
+    let user_stack = match capture_user(set, &mut truncated, Scratch::Switch, key.tgid) {
         Ok(NO_STACK) => return None,
         Ok(hash) => hash,
         Err(_) => {
@@ -140,7 +139,7 @@ fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpu
             NO_STACK
         }
     };
-    let kernel_stack = capture_kernel_skipping(ctx.as_ptr(), stacks, Scratch::Switch, OWN_FRAMES, key.tgid)
+    let kernel_stack = capture_kernel_skipping(ctx.as_ptr(), set, Scratch::Switch, OWN_FRAMES, key.tgid)
         .unwrap_or_else(|_| {
             count(OffCpuCounter::StackLost);
             NO_STACK

@@ -1,4 +1,4 @@
-//! Capturing a stack into the stack map of the active set, keyed by its hash.
+//! Capturing a stack into the stack map, keyed by its hash and the caller's map set.
 //!
 //! `bpf_get_stack` (not a `STACK_TRACE` map) so that stacks live in an ordinary hash map: a
 //! hash collision in a stack-trace map silently drops or overwrites stacks, a 64-bit hash key
@@ -14,26 +14,27 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
+    maps::STORED_STACKS_MAX_SLOT_ENTRIES,
     share::{ShareKey, SHARE_ALL, SHARE_UID},
-    stack::{chunk_key, finish_hash, hash_frame, hash_start, STACK_CONTINUED, STACK_TRUNCATED},
+    stack::{chunk_key, finish_hash, hash_frame, hash_start, set_key, STACK_CONTINUED, STACK_TRUNCATED},
     ShareUse, Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK,
     STACK_CHUNKS, STACK_PIECE_FRAMES,
 };
 
 use crate::{
     maps::{
-        active_generation, add_or_insert, Scratch, SCRATCH_SLOTS, STACKS_1, STACK_HASH_KEY, STACK_SCRATCH,
-        STACK_SHARES_0, STACK_SHARES_1, STACK_SHARE_CAPS,
+        active_generation, add_or_insert, pick_set, Scratch, SCRATCH_SLOTS, STACKS, STACK_HASH_KEY, STACK_SCRATCH,
+        STACK_SHARES_0, STACK_SHARES_1, STACK_SHARE_CAPS, STORED_STACKS_SLOT_ENTRIES,
     },
     user_stack,
 };
 
 /// Stacks this CPU stored lately, by hash (see [`store`]): a hit skips the stack-map lookup,
 /// which costs about a microsecond per sample on these VMs. One table of
-/// [`STORED_STACKS_ENTRIES`] per [`Scratch`] slot.
+/// `STORED_STACKS_SLOT_ENTRIES` per [`Scratch`] slot (fewer on hosts with many CPUs).
 #[map]
 pub static STORED_STACKS: PerCpuArray<StoredStack> =
-    PerCpuArray::with_max_entries(STORED_STACKS_ENTRIES * SCRATCH_SLOTS, 0);
+    PerCpuArray::with_max_entries(STORED_STACKS_MAX_SLOT_ENTRIES * SCRATCH_SLOTS, 0);
 
 /// Where `bpf_get_stack` writes a kernel stack, one entry per [`Scratch`] slot: it needs one
 /// buffer, and a stack entry holds [`STACK_PIECE_FRAMES`]. Sized in whole pieces, so a new
@@ -42,9 +43,6 @@ pub static STORED_STACKS: PerCpuArray<StoredStack> =
 pub static KERNEL_SCRATCH: PerCpuArray<[u64; KERNEL_SCRATCH_WORDS]> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
 const KERNEL_SCRATCH_WORDS: usize = KERNEL_STACK_CHUNKS * STACK_PIECE_FRAMES;
-
-/// Entries of one [`STORED_STACKS`] table; a power of two (indexed by the hash's low bits).
-const STORED_STACKS_ENTRIES: u32 = 256;
 
 /// A stack hash known to be in the stack map of generation `generation`.
 #[repr(C)]
@@ -66,17 +64,12 @@ pub enum StackError {
 
 const EEXIST: i32 = 17;
 
-/// Walks the kernel stack of the sample (empty when it hit user mode) and stores it in
-/// `stacks`, charged to process `tgid`'s share. Returns its hash, or [`NO_STACK`] when there
+/// Walks the kernel stack of the sample (empty when it hit user mode) and stores it in map
+/// set `set`, charged to process `tgid`'s share. Returns its hash, or [`NO_STACK`] when there
 /// is none.
 #[inline(always)]
-pub fn capture_kernel(
-    ctx: *mut c_void,
-    stacks: &HashMap<u64, Stack>,
-    slot: Scratch,
-    tgid: u32,
-) -> Result<u64, StackError> {
-    capture_kernel_skipping(ctx, stacks, slot, 0, tgid)
+pub fn capture_kernel(ctx: *mut c_void, set: u32, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
+    capture_kernel_skipping(ctx, set, slot, 0, tgid)
 }
 
 /// [`capture_kernel`] for a program whose own frames (and its trampoline's) are on the
@@ -85,7 +78,7 @@ pub fn capture_kernel(
 #[inline(always)]
 pub fn capture_kernel_skipping(
     ctx: *mut c_void,
-    stacks: &HashMap<u64, Stack>,
+    set: u32,
     slot: Scratch,
     skip: u64,
     tgid: u32,
@@ -102,23 +95,19 @@ pub fn capture_kernel_skipping(
     head.len = len as u32;
     head.truncated = if len == KERNEL_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
     let hash = hash_kernel(buffer, len);
-    store(stacks, slot, hash, tgid, Walked::Kernel)
+    store(set, slot, hash, tgid, Walked::Kernel)
 }
 
-/// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it. Returns
+/// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it in map set
+/// `set`. Returns
 /// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
 /// `slot`: the caller's context (see [`Scratch`]); `tgid`: the process, as the profiler sees
 /// it (see `maps::Task`).
 #[inline(always)]
-pub fn capture_user(
-    stacks: &HashMap<u64, Stack>,
-    truncated: &mut bool,
-    slot: Scratch,
-    tgid: u32,
-) -> Result<u64, StackError> {
+pub fn capture_user(set: u32, truncated: &mut bool, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
     let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
     *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
-    store(stacks, slot, hash, tgid, Walked::User)
+    store(set, slot, hash, tgid, Walked::User)
 }
 
 /// Where a walk left its frames.
@@ -182,19 +171,19 @@ fn hash_kernel(frames: &[u64; KERNEL_SCRATCH_WORDS], len: usize) -> u64 {
 
 /// Inserts `stack` under `key` unless it is there. Err when the map is full.
 #[inline(always)]
-fn insert(stacks: &HashMap<u64, Stack>, key: u64, stack: &Stack) -> Result<(), StackError> {
-    match stacks.insert(&key, stack, BPF_NOEXIST as u64) {
+fn insert(key: u64, stack: &Stack) -> Result<(), StackError> {
+    match STACKS.insert(&key, stack, BPF_NOEXIST as u64) {
         Ok(()) => Ok(()),
         Err(err) if err == -EEXIST => Ok(()),
         Err(_) => Err(StackError::MapFull),
     }
 }
 
-/// Stores the caller's scratch stack of `len` frames under `hash`: the pieces after the
-/// first under their [`chunk_key`]s, last first, then the first, so a stack whose hash is in
-/// the map has its whole chain there.
+/// Stores the caller's scratch stack of `len` frames under `hash` in map set `set`: the
+/// pieces after the first under their [`chunk_key`]s, last first, then the first, so a stack
+/// whose hash is in the set has its whole chain there.
 #[inline(always)]
-fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usize) -> Result<(), StackError> {
+fn insert_chain(set: u32, hash: u64, slot: Scratch, len: usize) -> Result<(), StackError> {
     let pieces = len.div_ceil(STACK_PIECE_FRAMES);
     for n in (1..STACK_CHUNKS).rev() {
         if n >= pieces {
@@ -203,21 +192,21 @@ fn insert_chain(stacks: &HashMap<u64, Stack>, hash: u64, slot: Scratch, len: usi
         let piece = piece(slot, n)?;
         piece.len = (len - n * STACK_PIECE_FRAMES).min(STACK_PIECE_FRAMES) as u32;
         piece.truncated = if n + 1 < pieces { STACK_CONTINUED } else { 0 };
-        insert(stacks, chunk_key(hash, n as u32), piece)?;
+        insert(set_key(chunk_key(hash, n as u32), set), piece)?;
     }
     let head = scratch(slot)?;
     head.len = len.min(STACK_PIECE_FRAMES) as u32;
     if pieces > 1 {
         head.truncated |= STACK_CONTINUED;
     }
-    insert(stacks, hash, head)
+    insert(set_key(hash, set), head)
 }
 
-/// Inserts the caller's scratch stack, whose hash is `hash`, into `stacks` unless already
-/// there, or returns [`OVER_SHARE_STACK`] when the stack is new and process `tgid` (or its
+/// Inserts the caller's scratch stack, whose hash is `hash`, into map set `set` unless
+/// already there, or returns [`OVER_SHARE_STACK`] when the stack is new and process `tgid` (or its
 /// uid) holds its share of the map. `walked`: where its frames are.
 #[inline(always)]
-fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32, walked: Walked) -> Result<u64, StackError> {
+fn store(set: u32, slot: Scratch, hash: u64, tgid: u32, walked: Walked) -> Result<u64, StackError> {
     let len = (scratch(slot)?.len as usize).min(MAX_USER_STACK_DEPTH);
     if len == 0 {
         return Ok(NO_STACK);
@@ -225,10 +214,12 @@ fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32, walk
     // Most samples repeat a stack this CPU stored lately: the per-CPU note of it is an array
     // slot, cheaper than a hash lookup. It holds only for the generation it was written in:
     // each flip, userspace drains and clears the set. If the sets flipped since the caller
-    // chose `stacks` (the generation's parity differs), neither read nor write the note.
+    // chose `set` (the generation's parity differs), neither read nor write the note.
     let generation = active_generation();
-    let noted = generation & 1 == core::ptr::eq(stacks, &STACKS_1) as u32;
-    let note_index = slot as u32 * STORED_STACKS_ENTRIES + (hash as u32 & (STORED_STACKS_ENTRIES - 1));
+    let noted = generation & 1 == set;
+    // Hashes are even: the index starts at bit 1.
+    let entries = STORED_STACKS_SLOT_ENTRIES.load();
+    let note_index = slot as u32 * entries + ((hash >> 1) as u32 & entries.wrapping_sub(1));
     if noted {
         if let Some(note) = STORED_STACKS.get_ptr(note_index) {
             // SAFETY: this CPU's entry in the table of the caller's context (see `scratch`).
@@ -241,15 +232,15 @@ fn store(stacks: &HashMap<u64, Stack>, slot: Scratch, hash: u64, tgid: u32, walk
     // Otherwise a lookup is cheaper than an update, which takes the bucket lock (and for this
     // map allocates) before it finds the key.
     // SAFETY: only checks for presence.
-    if unsafe { stacks.get(&hash) }.is_none() {
-        let shares = if core::ptr::eq(stacks, &STACKS_1) { &STACK_SHARES_1 } else { &STACK_SHARES_0 };
+    if unsafe { STACKS.get(&set_key(hash, set)) }.is_none() {
+        let shares = pick_set(set, &STACK_SHARES_0, &STACK_SHARES_1);
         if !take_share(shares, tgid, len.div_ceil(STACK_PIECE_FRAMES) as u64) {
             return Ok(OVER_SHARE_STACK);
         }
         if walked == Walked::Kernel {
             spread_kernel(slot, len)?;
         }
-        insert_chain(stacks, hash, slot, len)?;
+        insert_chain(set, hash, slot, len)?;
     }
     if noted {
         if let Some(note) = STORED_STACKS.get_ptr_mut(note_index) {

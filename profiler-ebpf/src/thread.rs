@@ -11,7 +11,7 @@ use aya_ebpf::{
 use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, stacks_of, wanted_task, Scratch},
+    maps::{active_set, add_or_insert, bump, pick_set, wanted_task, Scratch},
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -43,7 +43,7 @@ fn try_thread_create(ctx: &TracePointContext) -> Result<(), ()> {
     let tgid = wanted_task().ok_or(())?.tgid;
     let set = active_set();
     let mut truncated = false;
-    let stack = capture_user(stacks_of(set), &mut truncated, Scratch::Task, tgid).unwrap_or_else(|_| {
+    let stack = capture_user(set, &mut truncated, Scratch::Task, tgid).unwrap_or_else(|_| {
         count(ThreadCounter::StackLost);
         NO_STACK
     });

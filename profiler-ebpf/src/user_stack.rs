@@ -28,8 +28,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{
-        UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
-        UNWIND_TABLES_MAX_ENTRIES,
+        ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES,
+        UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
     },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
@@ -40,7 +40,10 @@ use profiler_common::{
     UnwindTableInfo, MAX_USER_STACK_DEPTH, STACK_CHUNKS, STACK_PIECE_FRAMES,
 };
 
-use crate::maps::{bump, Scratch, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW, STACK_WINDOW_WORDS};
+use crate::maps::{
+    bump, Scratch, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW,
+    STACK_WINDOW_WORDS,
+};
 
 /// Every loaded unwind table's rows (resized at load time to the memory budget).
 #[map]
@@ -50,12 +53,12 @@ pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS_D
 #[map]
 pub static UNWIND_TABLES: Array<UnwindTableInfo> = Array::with_max_entries(UNWIND_TABLES_MAX_ENTRIES, 0);
 
-// 1 KiB per process, for most processes; allocated as processes are registered.
+// 776 B per process, for most processes; allocated as processes are registered.
 #[map]
 pub static UNWIND_PROCESSES: HashMap<u32, SmallUnwindProcess> =
     HashMap::with_max_entries(UNWIND_PROCESSES_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
-// 8 KiB per process, for the few with many libraries.
+// 6 KiB per process, for the few with many libraries.
 #[map]
 pub static UNWIND_PROCESSES_LARGE: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(UNWIND_PROCESSES_LARGE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
@@ -69,13 +72,12 @@ pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(
 /// Rows this CPU found lately, by (table load id, offset): a hit skips the table's binary
 /// search, whose ~16 dependent reads spread over the row array were the largest part of a
 /// frame's cost (`step_callback` was a third of the futex programs' time). One table of
-/// [`ROW_CACHE_ENTRIES`] per [`Scratch`] slot; entries are only ever whole facts about an
-/// immutable table (a reloaded slot has a new load id), so a stale entry cannot match.
+/// `ROW_CACHE_SLOT_ENTRIES` per [`Scratch`] slot (fewer on hosts with many CPUs); entries are
+/// only ever whole facts about an immutable table (a reloaded slot has a new load id), so a
+/// stale entry cannot match.
 #[map]
-pub static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_ENTRIES * SCRATCH_SLOTS, 0);
-
-/// Entries of one [`ROW_CACHE`] table; a power of two.
-const ROW_CACHE_ENTRIES: u32 = 512;
+pub static ROW_CACHE: PerCpuArray<CachedRow> =
+    PerCpuArray::with_max_entries(ROW_CACHE_MAX_SLOT_ENTRIES * SCRATCH_SLOTS, 0);
 
 /// The row found for `key` = (table load id << 32) | offset; key 0 is empty.
 #[repr(C)]
@@ -429,11 +431,12 @@ fn search_mappings<const N: usize>(
         return Err(UnwindCounter::NoMapping);
     }
     let mapping = &mappings[(lo - 1) as usize & (N - 1)];
-    if pc >= mapping.end {
+    let end = mapping.end();
+    if pc >= end {
         return Err(UnwindCounter::NoMapping);
     }
     state.mapping_start = mapping.start;
-    state.mapping_end = mapping.end;
+    state.mapping_end = end;
     state.mapping_bias = mapping.bias;
     state.mapping_table = mapping.table;
     Ok(())
@@ -469,8 +472,9 @@ fn find_row(state: &mut WalkState) -> Found {
     }
     let offset = offset as u32;
     let key = (table.id as u64) << 32 | offset as u64;
-    let cache_index = state.slot * ROW_CACHE_ENTRIES
-        + ((offset ^ (offset >> 9) ^ table.id.wrapping_mul(0x9e37_79b1)) & (ROW_CACHE_ENTRIES - 1));
+    let entries = ROW_CACHE_SLOT_ENTRIES.load();
+    let cache_index = state.slot * entries
+        + ((offset ^ (offset >> 9) ^ table.id.wrapping_mul(0x9e37_79b1)) & entries.wrapping_sub(1));
     if table.id != 0 {
         if let Some(cached) = ROW_CACHE.get(cache_index) {
             if cached.key == key {

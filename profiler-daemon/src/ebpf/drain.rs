@@ -3,7 +3,8 @@
 //! to it.
 //!
 //! Iterate-then-delete is safe only because the kernel writes to the other set meanwhile
-//! (see `Session::drain`). Stacks go to userspace with the batch, and since a stack's key is
+//! (see `Session::drain`); in the one stack map both sets share, to the other set's keys
+//! (a key's low bit is its set). Stacks go to userspace with the batch, and since a stack's key is
 //! its content hash, a live heap block that names a stack drained long ago still resolves.
 
 use std::collections::{HashMap as StdHashMap, HashSet};
@@ -15,7 +16,7 @@ use aya::{
 use profiler_common::{
     maps,
     share::{ShareKey, SHARE_UID},
-    stack::{chunk_key, STACK_CONTINUED},
+    stack::{chunk_key, set_key, STACK_CONTINUED},
     ShareUse, Stack, STACK_CHUNKS,
 };
 
@@ -50,7 +51,6 @@ pub struct Batch {
     pub over_share: Vec<(Pid, u64)>,
 }
 
-const STACKS: [&str; 2] = [maps::STACKS_0, maps::STACKS_1];
 const SHARES: [&str; 2] = [maps::STACK_SHARES_0, maps::STACK_SHARES_1];
 
 /// Reads and empties map set `set`.
@@ -62,7 +62,7 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let threads = threads::drain(ebpf, set)?;
     let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.
-    let stacks = drain_stacks(ebpf, STACKS[set])?;
+    let stacks = drain_stacks(ebpf, set as u32)?;
     // Emptied with its stack map: each set's shares start again at its next second.
     let over_share = drain_counts::<ShareKey, ShareUse>(ebpf, SHARES[set])?
         .into_iter()
@@ -90,15 +90,24 @@ where
     Ok(entries)
 }
 
-fn drain_stacks(ebpf: &mut Ebpf, name: &'static str) -> Result<StdHashMap<StackId, Vec<u64>>> {
+/// Reads and deletes set `set`'s entries of the stack map, which the kernel meanwhile fills
+/// with the other set's (a key's low bit is its set, see `profiler_common::stack::set_key`).
+/// Walking a hash map that takes inserts meanwhile may visit a key twice or miss a new one,
+/// never one that was there throughout: the drained set's entries all were.
+fn drain_stacks(ebpf: &mut Ebpf, set: u32) -> Result<StdHashMap<StackId, Vec<u64>>> {
+    let name = maps::STACKS;
     let mut stacks: HashMap<&mut MapData, u64, Stack> = map_mut(ebpf, name)?;
-    let keys: Vec<u64> = stacks.keys().filter_map(|k| k.ok()).collect();
+    let keys: Vec<u64> = stacks.keys().filter_map(|k| k.ok()).filter(|&key| set_key(key & !1, set) == key).collect();
     let mut entries = StdHashMap::with_capacity(keys.len());
-    for hash in keys {
-        if let Ok(stack) = stacks.get(&hash, 0) {
-            entries.insert(hash, stack);
+    for key in keys {
+        if let Ok(stack) = stacks.get(&key, 0) {
+            entries.insert(key & !1, stack);
         }
-        stacks.remove(&hash).map_err(map_error("clear", name))?;
+        // A key seen twice is gone the second time.
+        match stacks.remove(&key) {
+            Err(aya::maps::MapError::SyscallError(err)) if err.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            done => done.map_err(map_error("clear", name))?,
+        }
     }
     Ok(join_pieces(&entries))
 }

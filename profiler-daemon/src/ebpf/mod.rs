@@ -132,8 +132,19 @@ impl Session {
         let task_offsets = if config.thread_dumps { task_offsets()? } else { TaskOffsets::default() };
         let stack_key = random_key()?;
         crate::threads::set_stack_hash_key(stack_key);
+        // The per-CPU caches keep to a fixed budget: fewer entries per CPU on a host with many.
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(path, source)| Error::Io { action: format!("read the possible CPUs from {path}"), source })?
+            as u32;
+        let row_cache = maps::cache_slot_entries(maps::ROW_CACHE_MAX_SLOT_ENTRIES, maps::ROW_CACHE_BUDGET_BYTES, cpus);
+        let stored_stacks =
+            maps::cache_slot_entries(maps::STORED_STACKS_MAX_SLOT_ENTRIES, maps::STORED_STACKS_BUDGET_BYTES, cpus);
         let mut loader = EbpfLoader::new();
         loader
+            .override_global(globals::ROW_CACHE_SLOT_ENTRIES, &row_cache, true)
+            .override_global(globals::STORED_STACKS_SLOT_ENTRIES, &stored_stacks, true)
+            .map_max_entries(maps::ROW_CACHE, row_cache * maps::SCRATCH_SLOTS)
+            .map_max_entries(maps::STORED_STACKS, stored_stacks * maps::SCRATCH_SLOTS)
             .override_global(globals::FILTER_PIDS, &filter, true)
             .override_global(globals::HEAP_SAMPLE_BYTES, &config.heap_sample_bytes, true)
             .override_global(globals::PIDNS_DEV, &pidns_dev, true)
@@ -152,6 +163,8 @@ impl Session {
         for map in unused.into_iter().filter(|(used, _)| !used).flat_map(|(_, maps)| maps.iter()) {
             loader.map_max_entries(map, 1);
         }
+        // Written only at load: as large as the list.
+        loader.map_max_entries(maps::TARGET_PIDS, (config.pids.len() as u32).clamp(1, maps::TARGET_PIDS_MAX_ENTRIES));
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
         select_pids(&mut ebpf, &config.pids)?;
         if config.heap {

@@ -105,7 +105,7 @@ fn find_mapping(view: &UnwindView, pc: u64) -> Result<UnwindMapping, UnwindCount
     let mappings = view.mappings().ok_or(UnwindCounter::NoProcess)?;
     let index = mappings.partition_point(|m| m.start <= pc);
     let mapping = index.checked_sub(1).map(|i| mappings[i]).ok_or(UnwindCounter::NoMapping)?;
-    if pc >= mapping.end {
+    if pc >= mapping.end() {
         return Err(UnwindCounter::NoMapping);
     }
     Ok(mapping)

@@ -274,7 +274,7 @@ impl Unwinder {
                 }
                 None => NO_TABLE,
             };
-            process.mappings[len] = UnwindMapping { start: entry.start, end: entry.end, bias, table, _pad: 0 };
+            process.mappings[len] = UnwindMapping::new(entry.start, entry.end, bias, table);
             len += 1;
         }
         process.len = len as u32;

@@ -97,7 +97,14 @@ fn print(maps: &[Map], here: u64) {
         if known && shape.preallocated() {
             checked = (checked.0 + u32::from(formula_now == map.memlock), checked.1 + 1);
         }
-        let full = |cpus: u64| if known { shape.bytes(overheads, cpus, shape.max_entries.into()) } else { map.memlock };
+        let full = |cpus: u64| {
+            if known {
+                let at = Shape { max_entries: entries_at(&map.name, shape.max_entries, cpus), ..shape };
+                at.bytes(overheads, cpus, at.max_entries.into())
+            } else {
+                map.memlock
+            }
+        };
         let row = [map.memlock, full(here), full(CPU_COUNTS[0]), full(CPU_COUNTS[1])];
         for (total, bytes) in totals.iter_mut().zip(row) {
             *total += bytes;
@@ -149,6 +156,18 @@ fn print(maps: &[Map], here: u64) {
         &format!("{at_256:.1} MiB"),
         Some(at_256 <= MAX_MIB_AT_256),
     );
+}
+
+/// Entries the daemon gives map `name`, loaded with `here` entries, on a host of `cpus`
+/// possible CPUs: the per-CPU caches keep to a budget, every other map's size is fixed.
+fn entries_at(name: &str, here: u32, cpus: u64) -> u32 {
+    use profiler_common::maps::*;
+    let slots = |max, budget| cache_slot_entries(max, budget, cpus as u32) * SCRATCH_SLOTS;
+    match name {
+        ROW_CACHE => slots(ROW_CACHE_MAX_SLOT_ENTRIES, ROW_CACHE_BUDGET_BYTES),
+        STORED_STACKS => slots(STORED_STACKS_MAX_SLOT_ENTRIES, STORED_STACKS_BUDGET_BYTES),
+        _ => here,
+    }
 }
 
 fn mib(bytes: u64) -> String {
