@@ -36,7 +36,7 @@ pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use threads::{RawThreadCount, ThreadCounters};
-pub use unwind::{UnwindCounters, UnwindView};
+pub use unwind::{UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
 use crate::{
@@ -209,20 +209,26 @@ impl Session {
         unwind::set_table(&mut self.ebpf, slot, info)
     }
 
-    /// Gives the walker the mappings of process `pid`. False when both process maps are full
-    /// (nothing written).
-    pub fn set_unwind_process(&mut self, pid: Pid, process: &UnwindProcess) -> Result<bool> {
-        unwind::set_process(&mut self.ebpf, pid.0, process)
+    /// Gives the walker the mappings of process `pid`, whose previous entry (if any) is in map
+    /// `was`. Returns which map holds it now; `None` when both are full (nothing written).
+    pub fn set_unwind_process(
+        &mut self,
+        pid: Pid,
+        process: &UnwindProcess,
+        was: Option<UnwindMap>,
+    ) -> Result<Option<UnwindMap>> {
+        unwind::set_process(&mut self.ebpf, pid.0, process, was)
     }
 
-    /// Makes the walker forget process `pid` (a no-op if it does not know it).
     /// What the kernel filters by cgroup (see `profiler_common::CgroupFilterMode`).
     pub fn set_cgroup_filter(&mut self, mode: CgroupFilterMode, ids: &std::collections::BTreeSet<u64>) -> Result<()> {
         set_cgroup_filter(&mut self.ebpf, mode, ids)
     }
 
-    pub fn remove_unwind_process(&mut self, pid: Pid) -> Result<()> {
-        unwind::remove_process(&mut self.ebpf, pid.0)
+    /// Makes the walker forget process `pid`, whose entry is in map `from` (a no-op if it
+    /// is not there).
+    pub fn remove_unwind_process(&mut self, pid: Pid, from: UnwindMap) -> Result<()> {
+        unwind::remove_process(&mut self.ebpf, pid.0, from)
     }
 
     /// Processes that called `execve` since the last call, with the time of the exec

@@ -84,11 +84,25 @@ pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> R
 /// has room), else into the large map, and then removes the process from the other map: the
 /// walker looks in the small map first, so until then it sees the previous list, never none.
 /// False when neither map has room (counted by the caller; nothing is written).
-pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) -> Result<bool> {
+/// Writes `pid`'s mapping list to the small map if it fits and has room, else to the large
+/// one; `was`: where its previous entry is, if it has one (it is removed from the other map,
+/// and only then: a delete that finds nothing still costs a system call). Returns where it
+/// went, or `None` when both maps are full.
+pub(super) fn set_process(
+    ebpf: &mut Ebpf,
+    pid: u32,
+    process: &UnwindProcess,
+    was: Option<Where>,
+) -> Result<Option<Where>> {
     if let Some(small) = process.small() {
         let mut processes: HashMap<&mut MapData, u32, SmallUnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES)?;
         match processes.insert(pid, small, 0) {
-            Ok(()) => return remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid).map(|()| true),
+            Ok(()) => {
+                if was == Some(Where::Large) {
+                    remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid)?;
+                }
+                return Ok(Some(Where::Small));
+            }
             // Full: the large map takes it while it has room.
             Err(e) if is_full(&e) => {}
             Err(e) => return Err(map_error("write", maps::UNWIND_PROCESSES)(e)),
@@ -97,10 +111,23 @@ pub(super) fn set_process(ebpf: &mut Ebpf, pid: u32, process: &UnwindProcess) ->
     let mut processes: HashMap<&mut MapData, u32, UnwindProcess> = map_mut(ebpf, maps::UNWIND_PROCESSES_LARGE)?;
     match processes.insert(pid, process, 0) {
         Ok(()) => {}
-        Err(e) if is_full(&e) => return Ok(false),
+        Err(e) if is_full(&e) => return Ok(None),
         Err(e) => return Err(map_error("write", maps::UNWIND_PROCESSES_LARGE)(e)),
     }
-    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid).map(|()| true)
+    if was == Some(Where::Small) {
+        remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)?;
+    }
+    Ok(Some(Where::Large))
+}
+
+/// Which of the two process maps holds a process's entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Where {
+    /// `UNWIND_PROCESSES`: up to `SMALL_PROCESS_MAPPINGS` mappings.
+    #[default]
+    Small,
+    /// `UNWIND_PROCESSES_LARGE`.
+    Large,
 }
 
 /// Whether a hash map refused an insert for want of room (`E2BIG`).
@@ -108,9 +135,12 @@ fn is_full(err: &aya::maps::MapError) -> bool {
     matches!(err, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 
-pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-    remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)?;
-    remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid)
+/// Removes `pid`'s entry from the map `from` (a no-op if it is not there).
+pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32, from: Where) -> Result<()> {
+    match from {
+        Where::Small => remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid),
+        Where::Large => remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid),
+    }
 }
 
 /// Removes `pid` from the process map `name`, of values `V`.

@@ -26,7 +26,7 @@ use super::{
     registry::{FileKey, NoRoom, Registry},
 };
 use crate::{
-    ebpf::{Result, Session},
+    ebpf::{Result, Session, UnwindMap},
     ids::Pid,
     offload::Offload,
     procs::{self, Device, MapEntry},
@@ -109,6 +109,8 @@ struct Registered {
     /// When it was written (`CLOCK_MONOTONIC`, taken before the write): an exec after it
     /// deleted it in the kernel (see [`Unwinder::take_execs`]).
     written_ns: u64,
+    /// The kernel map that holds it.
+    map: UnwindMap,
 }
 
 /// The owner of the unwind tables and of the walker's per-process mappings.
@@ -169,8 +171,8 @@ impl Unwinder {
             }
             if let Some(old) = self.processes.remove(&pid) {
                 self.release(&old.keys);
+                session.remove_unwind_process(pid, old.map)?;
             }
-            session.remove_unwind_process(pid)?;
         }
         Ok(execs.into_iter().map(|(pid, _)| pid).collect())
     }
@@ -223,7 +225,7 @@ impl Unwinder {
         for pid in pids {
             if let Some(old) = self.processes.remove(pid) {
                 self.release(&old.keys);
-                session.remove_unwind_process(*pid)?;
+                session.remove_unwind_process(*pid, old.map)?;
             }
         }
         Ok(())
@@ -279,20 +281,21 @@ impl Unwinder {
         }
         process.len = len as u32;
         let written = process.mappings[..len].to_vec();
-        let written_ns = match self.processes.get(&pid) {
-            Some(old) if old.written == written => old.written_ns,
+        let old = self.processes.get(&pid);
+        let (written_ns, map) = match old {
+            Some(old) if old.written == written => (old.written_ns, old.map),
             _ => {
                 let now = crate::sideband::now_ns();
-                if !session.set_unwind_process(pid, &process)? {
+                let Some(map) = session.set_unwind_process(pid, &process, old.map(|o| o.map))? else {
                     self.stats.process_maps_full += 1;
                     self.release(&keys);
                     return Ok(());
-                }
-                now
+                };
+                (now, map)
             }
         };
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns }) {
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map }) {
             self.release(&old.keys);
         }
         Ok(())
@@ -319,14 +322,15 @@ impl Unwinder {
         process.mappings[..written.len()].copy_from_slice(&written);
         process.len = written.len() as u32;
         let written_ns = crate::sideband::now_ns();
-        if !session.set_unwind_process(child, &process)? {
+        let was = self.processes.get(&child).map(|old| old.map);
+        let Some(map) = session.set_unwind_process(child, &process, was)? else {
             self.stats.process_maps_full += 1;
             return Ok(true);
-        }
+        };
         for key in &keys {
             self.registry.acquire(key);
         }
-        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns }) {
+        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map }) {
             self.release(&old.keys);
         }
         Ok(true)
