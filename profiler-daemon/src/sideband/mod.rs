@@ -6,18 +6,21 @@
 //! [`Sideband::read`] drains every CPU's ring and returns the events in time order (records
 //! of one process can land on several CPUs). The owner waits on the rings itself
 //! ([`Sideband::wait`], beside its own descriptor such as a command bell) and reads a batch
-//! as soon as it wakes: no relay thread between the rings and their reader.
+//! as soon as it wakes: no relay thread between the rings and their reader. Under a storm
+//! of records the rings are read at most every couple of milliseconds ([`pace`]).
 
 pub mod latency;
+pub mod pace;
 mod record;
 mod ring;
 
 use std::{
     os::fd::{AsRawFd, BorrowedFd},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 pub use latency::FollowLatency;
+use pace::Pace;
 pub use record::ProcessEvent;
 use ring::Ring;
 
@@ -47,12 +50,16 @@ pub struct SidebandStats {
     pub events: u64,
     /// Records the kernel dropped because a ring was full.
     pub lost: u64,
+    /// Whether records came faster than [`pace::STORM_EVENTS_PER_S`] lately (the rings are
+    /// then read at most every [`pace::STORM_GAP`]).
+    pub storm: bool,
 }
 
 /// Every CPU's side-band ring.
 pub struct Sideband {
     rings: Vec<Ring>,
     stats: SidebandStats,
+    pace: Pace,
 }
 
 /// What ended a [`Sideband::wait`].
@@ -75,14 +82,23 @@ impl Sideband {
         for (cpu, ring) in rings.iter().enumerate() {
             ring.enable().map_err(|source| SidebandError::Enable { cpu: cpu as u32, source })?;
         }
-        Ok(Self { rings, stats: SidebandStats::default() })
+        Ok(Self { rings, stats: SidebandStats::default(), pace: Pace::default() })
     }
 
     /// Waits until a ring holds records, `other` is readable, or `timeout` passes. Returns
     /// at once when records are already waiting (the kernel wakes a poller once per write,
     /// so records left from an earlier wake-up would not wake it again). A wake-up for
     /// records read meanwhile returns with nothing ready; the caller just waits again.
+    /// Under a storm ([`pace`]), records are not waited for until the gap since the last
+    /// read is over: only `other` and the timeout end the wait before then.
     pub fn wait(&self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> Woken {
+        if let Some(hold) = self.pace.hold(Instant::now()) {
+            let ready = poll(&other.into_iter().collect::<Vec<_>>(), timeout.min(hold));
+            let other_ready = ready.first().copied().unwrap_or(false);
+            // Records are read once the gap is over, not before.
+            let records = timeout >= hold && !other_ready && self.has_records();
+            return Woken { records, other: other_ready };
+        }
         if self.has_records() {
             return Woken { records: true, other: other.is_some_and(readable_now) };
         }
@@ -103,6 +119,7 @@ impl Sideband {
             ring.drain(|kind, misc, body| events.extend(record::parse(kind, misc, body)));
         }
         events.sort_by_key(ProcessEvent::time);
+        self.pace.read(Instant::now(), events.len());
         for event in &events {
             match event {
                 ProcessEvent::Lost { count } => self.stats.lost += count,
@@ -113,7 +130,7 @@ impl Sideband {
     }
 
     pub fn stats(&self) -> SidebandStats {
-        self.stats
+        SidebandStats { storm: self.pace.storm(), ..self.stats }
     }
 }
 
