@@ -477,6 +477,7 @@ impl Capture {
         // Before the samples: the processes they name are known with their mappings.
         let mut reused = std::mem::take(&mut self.reused_since_drain);
         reused.extend(self.follow());
+        let exited_unsampled = self.catalog.exited_unsampled();
         let started = Instant::now();
         let settled = self.session.flip().map_err(CaptureError::Drain)?;
         // Until the old set settles, process events are followed as they come.
@@ -513,8 +514,9 @@ impl Capture {
             problems.push(CaptureError::Forget(err));
         }
         let scope = self.scope.clone();
-        let gone: Vec<Pid> =
-            self.catalog.prune_unsampled(UNSAMPLED_GRACE).into_iter().filter(|pid| !scope.contains(pid)).collect();
+        let mut gone = self.catalog.prune_unsampled(UNSAMPLED_GRACE);
+        gone.extend(self.catalog.forget_unsampled(&exited_unsampled));
+        gone.retain(|pid| !scope.contains(pid));
         problems.extend(self.forget(&gone));
         // The backlog (processes seen in /proc, not yet registered) goes in slices, the side
         // band's new processes between them: a program started now must not wait the whole
