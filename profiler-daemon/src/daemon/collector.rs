@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{
     decide::{self, Serving},
+    file_closes::FileCloses,
     status::{self, Status},
 };
 use crate::{
@@ -53,7 +54,8 @@ const FOLLOW_WHILE_FINISHING: Duration = Duration::from_millis(2);
 /// Resident memory above which the symbolizer's open files are closed after a dump (their
 /// symbols found are kept). Two thirds of the daemon's 96 MiB target: at 2,000 processes the
 /// daemon's own tables hold it near 48 MiB, and a budget below that closed (and re-parsed,
-/// inflating compressed debug info) every file after every dump, a sixth of its CPU.
+/// inflating compressed debug info) every file after every dump, a sixth of its CPU. When the
+/// files in use need more, closes back off ([`FileCloses`]).
 const SYMBOLIZER_FILES_BUDGET: u64 = 64 << 20;
 /// Resident memory above which the symbol caches are dropped after a dump.
 const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
@@ -97,6 +99,8 @@ struct Collector {
     symbol_cache_resets: u64,
     /// Times the symbolizer's files were closed for being over the files budget.
     symbol_file_closes: u64,
+    /// When they are closed (not at every dump when the files in use need more).
+    file_closes: FileCloses,
     /// Exited threads whose since-start counts were folded together (see
     /// `profiles::Counts::fold_exited_threads`).
     threads_folded: u64,
@@ -184,6 +188,7 @@ impl Collector {
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
+            file_closes: FileCloses::default(),
             threads_folded: 0,
             front,
             windows_over_uid_share: 0,
@@ -529,11 +534,12 @@ impl Collector {
         // JITs keep appending to their perf maps: read them afresh for each dump.
         self.sym.forget_perf_maps();
         let rss = resident_bytes().unwrap_or(0);
+        let close = self.file_closes.at_dump(rss > SYMBOLIZER_FILES_BUDGET);
         if rss > SYMBOLIZER_RSS_BUDGET {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
             self.sym.forget_files();
             self.symbol_cache_resets += 1;
-        } else if rss > SYMBOLIZER_FILES_BUDGET {
+        } else if close {
             tracing::debug!("resident memory over the files budget; closing the symbolizer's files");
             self.sym.close_files();
             self.symbol_file_closes += 1;

@@ -4,6 +4,7 @@
 
 mod collector;
 mod decide;
+mod file_closes;
 pub mod notify;
 mod status;
 
