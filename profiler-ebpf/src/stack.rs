@@ -99,10 +99,9 @@ pub fn capture_kernel_skipping(
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it in map set
-/// `set`. Returns
-/// its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the depth limit.
-/// `slot`: the caller's context (see [`Scratch`]); `tgid`: the process, as the profiler sees
-/// it (see `maps::Task`).
+/// `set`. Returns its hash, or [`NO_STACK`] for kernel threads. `truncated` is set at the
+/// depth limit. `slot`: the caller's context (see [`Scratch`]); `tgid`: the process, as the
+/// profiler sees it (see `maps::Task`).
 #[inline(always)]
 pub fn capture_user(set: u32, truncated: &mut bool, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
     let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
