@@ -3,9 +3,9 @@
 //! to it.
 //!
 //! Iterate-then-delete is safe only because the kernel writes to the other set meanwhile
-//! (see `Session::drain`); in the one stack map both sets share, to the other set's keys
-//! (a key's low bit is its set). Stacks go to userspace with the batch, and since a stack's key is
-//! its content hash, a live heap block that names a stack drained long ago still resolves.
+//! (see `Session::drain`); in the one stack map both sets share, to the other set's keys (a
+//! key's low bit is its set). Stacks go to userspace with the batch, and since a stack's key
+//! is its content hash, a live heap block that names a stack drained long ago still resolves.
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 

@@ -81,13 +81,11 @@ pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> R
 }
 
 /// Writes `process`'s list into the small map when it fits one of its entries (and the map
-/// has room), else into the large map, and then removes the process from the other map: the
-/// walker looks in the small map first, so until then it sees the previous list, never none.
-/// False when neither map has room (counted by the caller; nothing is written).
-/// Writes `pid`'s mapping list to the small map if it fits and has room, else to the large
-/// one; `was`: where its previous entry is, if it has one (it is removed from the other map,
-/// and only then: a delete that finds nothing still costs a system call). Returns where it
-/// went, or `None` when both maps are full.
+/// has room), else into the large map. `was`: the map its previous entry is in, if it has
+/// one; when that is the other map, the entry is removed from it after the write (the walker
+/// looks in the small map first, so until then it sees the previous list, never none), and
+/// only then: a delete that finds nothing still costs a system call. Returns the map written,
+/// or `None` when neither has room (counted by the caller; nothing is written).
 pub(super) fn set_process(
     ebpf: &mut Ebpf,
     pid: u32,
@@ -121,10 +119,9 @@ pub(super) fn set_process(
 }
 
 /// Which of the two process maps holds a process's entry.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Where {
     /// `UNWIND_PROCESSES`: up to `SMALL_PROCESS_MAPPINGS` mappings.
-    #[default]
     Small,
     /// `UNWIND_PROCESSES_LARGE`.
     Large,

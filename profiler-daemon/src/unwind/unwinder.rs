@@ -99,7 +99,7 @@ struct FileInfo {
 
 /// A registered process: the tables its mappings hold a reference on, and the mapping
 /// version it was registered with.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Registered {
     keys: Vec<FileKey>,
     version: u32,
