@@ -410,7 +410,7 @@ impl Capture {
         }
         // A process whose exit is in this same batch (most of a shell's short commands) is
         // not registered: every sample it will ever have was already walked, so its tables
-        // would be written only to be removed (an 8 KiB map entry each, most of what
+        // would be written only to be removed (a 776 B or 6 KiB map entry each, most of what
         // following 500 execs a second cost).
         for &(child, parent) in &applied.forked {
             // Registered as its parent is, at once; `sync_changed` then finds it up to date.
