@@ -261,6 +261,9 @@ impl Collector {
                 let started = Instant::now();
                 self.dump();
                 next_dump = now + self.config.interval;
+                // What the dump counted (files written, files refused) shows with its files,
+                // not up to a loop turn later: a quiet loop turns once a second.
+                self.publish_status(&commands.status);
                 log_slow("dump", started);
             }
             let started = Instant::now();
