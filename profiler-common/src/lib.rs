@@ -364,6 +364,9 @@ pub mod programs {
     pub const THREAD_CREATE: &str = "thread_create";
     /// `syscalls:sys_enter_execve` and `sys_enter_execveat`.
     pub const UNWIND_EXEC: &str = "unwind_exec";
+    /// `syscalls:sys_exit_execve` and `sys_exit_execveat`, attached only while the side band
+    /// follows execs: a successful exec leaves `UNWIND_EXECS`, which then tells failed ones.
+    pub const UNWIND_EXEC_DONE: &str = "unwind_exec_done";
     /// `iter/task`: one record per thread of one process (the thread dump).
     pub const THREAD_DUMP: &str = "thread_dump";
     /// BTF tracepoint `sched_switch`: the off-CPU profile's sampled switch-outs.
@@ -396,7 +399,7 @@ pub mod programs {
     ];
 
     /// Every program of the object.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 23] = [
         CPU_SAMPLE,
         MALLOC_ENTER,
         CALLOC_ENTER,
@@ -416,6 +419,7 @@ pub mod programs {
         FUTEX_THREAD_EXIT,
         THREAD_CREATE,
         UNWIND_EXEC,
+        UNWIND_EXEC_DONE,
         THREAD_DUMP,
         OFFCPU_SWITCH,
         OFFCPU_SWITCH_IN,

@@ -209,7 +209,7 @@ impl Capture {
                  --pid=host, Kubernetes hostPID)"
             );
         }
-        let session = Session::load(&SessionConfig {
+        let mut session = Session::load(&SessionConfig {
             pids: config.pids.clone(),
             heap_sample_bytes: config.settings.heap_sample_bytes,
             heap_max_live: config.heap_max_live,
@@ -231,7 +231,13 @@ impl Capture {
         let unwinder = Unwinder::new(&session, files.sibling("offload-unwind"));
         // Opened before `/proc` is read: a process started meanwhile is in one or the other.
         let (sideband, sideband_error) = match Sideband::open() {
-            Ok(sideband) => (Some(sideband), None),
+            Ok(sideband) => {
+                // Costs a little more to follow execs without it, nothing worse.
+                if let Err(err) = session.take_failed_execs_only() {
+                    tracing::warn!("every exec is read from the kernel twice: {}", crate::error::chain(&err));
+                }
+                (Some(sideband), None)
+            }
             Err(err) => {
                 let reason = crate::error::chain(&err);
                 tracing::warn!("process events unavailable; short-lived processes may lose their symbols: {reason}");
@@ -392,7 +398,13 @@ impl Capture {
         self.filter_new_cgroups(&applied.cgroups);
         if !applied.reused.is_empty() {
             tracing::debug!(pids = ?applied.reused, "pids reused by new processes");
-            for problem in self.forget(&applied.reused) {
+            let mut problems = self.forget(&applied.reused);
+            // Now, not when due: the new process must not be walked with the old one's
+            // mappings even if it is never registered.
+            if let Err(err) = self.session.flush_unwind_removals() {
+                problems.push(CaptureError::Forget(err));
+            }
+            for problem in problems {
                 tracing::warn!("{}", crate::error::chain(&problem));
             }
         }
@@ -405,8 +417,11 @@ impl Capture {
         // a machine running hundreds of programs a second would fill them.
         let exited: Vec<Pid> =
             applied.exited.iter().copied().filter(|&pid| self.catalog.process(pid).is_some_and(|p| p.exited)).collect();
-        if let Err(err) = self.unwinder.forget(&mut self.session, &exited) {
-            tracing::warn!("{}", crate::error::chain(&CaptureError::Forget(err)));
+        self.unwinder.forget(&mut self.session, &exited);
+        if self.session.unwind_removals_due() {
+            if let Err(err) = self.session.flush_unwind_removals() {
+                tracing::warn!("{}", crate::error::chain(&CaptureError::Forget(err)));
+            }
         }
         // A process whose exit is in this same batch (most of a shell's short commands) is
         // not registered: every sample it will ever have was already walked, so its tables
@@ -495,7 +510,9 @@ impl Capture {
             // A new image is registered now, not after its first sample: until then its
             // stacks would be walked with frame pointers only.
             // With the side band, the exec's events already told its new mappings (and the
-            // unwinder, told of the exec above, registers it again).
+            // unwinder, told of the exec above, registers it again); what the kernel lists
+            // then are the failed execs, whose process the unwinder just forgot and
+            // registers again below with the mappings it still has.
             Ok(_) if self.sideband.is_some() => {}
             Ok(pids) => {
                 for pid in pids {
@@ -518,6 +535,9 @@ impl Capture {
         gone.extend(self.catalog.forget_unsampled(&exited_unsampled));
         gone.retain(|pid| !scope.contains(pid));
         problems.extend(self.forget(&gone));
+        if let Err(err) = self.session.flush_unwind_removals() {
+            problems.push(CaptureError::Forget(err));
+        }
         // The backlog (processes seen in /proc, not yet registered) goes in slices, the side
         // band's new processes between them: a program started now must not wait the whole
         // budget behind processes that have run for hours.
@@ -614,9 +634,7 @@ impl Capture {
         if gone.is_empty() {
             return problems;
         }
-        if let Err(err) = self.unwinder.forget(&mut self.session, gone) {
-            problems.push(CaptureError::Forget(err));
-        }
+        self.unwinder.forget(&mut self.session, gone);
         let heap_gone: Vec<Pid> = gone.iter().copied().filter(|pid| self.heap.contains_key(pid)).collect();
         if let Err(err) = self.session.detach_heap(&heap_gone) {
             problems.push(CaptureError::Forget(err));

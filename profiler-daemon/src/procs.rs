@@ -3,7 +3,7 @@
 //! sampled address falls outside the known mappings, e.g. after `dlopen`), so that addresses
 //! can still be turned into (file, offset) after the process has exited.
 
-use std::{fmt, fs, io, os::unix::fs::MetadataExt, path::PathBuf};
+use std::{fmt, fs, io, os::unix::fs::MetadataExt, path::PathBuf, sync::Arc};
 
 /// A device as `/proc/PID/maps` names it (`fe:01`, `0:53` for a FUSE mount): which file
 /// system a mapped file lives on, known without asking that file system anything.
@@ -37,7 +37,9 @@ pub struct MapEntry {
     /// File offset that `start` maps.
     pub offset: u64,
     /// The path as the process sees it (`/usr/lib/x86_64-linux-gnu/libc.so.6`, `[vdso]`).
-    pub path: String,
+    /// Shared: a fork copies every mapping of its parent, and a machine running hundreds of
+    /// programs a second forks that often.
+    pub path: Arc<str>,
     /// Inode of the file (0 for anonymous and special mappings).
     pub inode: u64,
     /// The device of the file system holding the file.
@@ -61,6 +63,12 @@ impl MapEntry {
     /// The file offset of `addr` (which must be inside the mapping).
     pub fn file_offset(&self, addr: u64) -> u64 {
         addr - self.start + self.offset
+    }
+
+    /// Whether `other` maps the same part of the same file at the same addresses.
+    pub fn same_mapping(&self, other: &MapEntry) -> bool {
+        (self.start, self.end, self.offset, self.device, self.inode)
+            == (other.start, other.end, other.offset, other.device, other.inode)
     }
 
     /// Whether the mapping is backed by a file that can be symbolized.
@@ -136,7 +144,7 @@ pub fn locate(pid: crate::ids::Pid, map: &MapEntry) -> Option<(PathBuf, (u64, i6
         (libc::major(dev), libc::minor(dev), meta.ino()) == (map.device.major, map.device.minor, map.inode)
     };
     let version = |meta: &std::fs::Metadata| (meta.size(), meta.mtime());
-    let direct = std::path::Path::new(&map.path);
+    let direct = std::path::Path::new(&*map.path);
     if !map.path.ends_with(" (deleted)") {
         if let Ok(meta) = fs::metadata(direct) {
             if same_file(&meta) {
@@ -368,7 +376,7 @@ fn parse_maps_line(line: &str) -> Option<MapEntry> {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         offset: u64::from_str_radix(offset, 16).ok()?,
-        path: path.to_string(),
+        path: path.into(),
         inode: inode.parse().ok()?,
         device,
         generation: 0,
@@ -411,12 +419,12 @@ mod tests {
     fn keeps_executable_mappings_sorted() {
         let maps = parse_maps(MAPS);
         assert_eq!(maps.len(), 3);
-        assert_eq!(maps[0].path, "/usr/bin/my prog");
+        assert_eq!(&*maps[0].path, "/usr/bin/my prog");
         assert_eq!(maps[0].offset, 0x1000);
-        assert_eq!(maps[1].path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(&*maps[1].path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
         assert_eq!(maps[1].device, Device { major: 0xfe, minor: 1 });
         assert_eq!(maps[1].device.to_string(), "254:1");
-        assert_eq!(maps[2].path, "[vdso]");
+        assert_eq!(&*maps[2].path, "[vdso]");
         assert!(!maps[2].is_file());
         assert!(maps[1].is_file());
     }

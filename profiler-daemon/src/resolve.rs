@@ -377,7 +377,7 @@ fn user_site(
         start: map.start,
         limit: map.end,
         offset: map.offset,
-        path: map.path.clone(),
+        path: map.path.to_string(),
         build_id,
         has_functions: false,
         has_lines: false,

@@ -10,6 +10,13 @@
 //! next drain: userspace writes again every registration older than the exec's time. A
 //! thread other than the leader that execs takes the leader's id: its futex entry under its
 //! own id goes here, as no exit of that id will remove it.
+//!
+//! While the side band follows execs, `unwind_exec_done` (at the syscall's exit) takes a
+//! successful exec out of `UNWIND_EXECS` again: the side band's records already register
+//! the new image, and what is left for userspace to read are the failed execs (a `PATH`
+//! search tries several), whose process lost its registration at the entry and runs on
+//! with its old image. Reading one entry per exec cost the daemon three system calls for
+//! each of the hundreds of programs a busy machine starts each second.
 
 #![allow(non_upper_case_globals)]
 
@@ -24,8 +31,12 @@ use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 use crate::{
     futex::FUTEX_PENDING,
     maps::current_task,
+    tracepoint::read_field,
     user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
+
+/// `sys_exit_*` has `ret` at 16.
+const RET: usize = 16;
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);
@@ -52,5 +63,16 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     // SAFETY: a helper without arguments.
     let exec_ns = unsafe { bpf_ktime_get_ns() };
     let _ = UNWIND_EXECS.insert(&tgid, &exec_ns, 0);
+    0
+}
+
+#[tracepoint]
+pub fn unwind_exec_done(ctx: TracePointContext) -> u32 {
+    // A failed exec stays listed: its process runs on, unregistered, until userspace reads it.
+    if read_field(&ctx, RET) != 0 {
+        return 0;
+    }
+    let Some(task) = current_task() else { return 0 };
+    let _ = UNWIND_EXECS.remove(&task.tgid);
     0
 }

@@ -4,7 +4,7 @@
 //! Events come in time order; a mapping from before the process's last `exec` (one whose
 //! record was read late) is kept as retired, not as current.
 
-use std::time::Instant;
+use std::{path::PathBuf, time::Instant};
 
 use super::{Catalog, KnownProcess};
 use crate::{
@@ -75,7 +75,7 @@ impl Catalog {
                     let current = *time >= process.exec_time;
                     let info = process.info.get_or_insert_with(|| ProcessInfo::from_events(pid.0, ""));
                     if current && info.exe.is_none() && map.is_file() {
-                        info.exe = Some(map.path.clone().into());
+                        info.exe = Some(PathBuf::from(&*map.path));
                     }
                     add_mapping(&mut info.maps, map, current);
                     process.maps_version += 1;
@@ -163,7 +163,7 @@ impl Catalog {
 /// Adds `map` to `maps` (sorted by address): a current mapping retires the ones it overlaps
 /// (`mmap` over them); one from before the last `exec` is kept as retired.
 fn add_mapping(maps: &mut Vec<MapEntry>, map: &MapEntry, current: bool) {
-    if maps.iter().any(|m| m == map || (m.unmapped != current && same_mapping(m, map))) {
+    if maps.iter().any(|m| m == map || (m.unmapped != current && m.same_mapping(map))) {
         return;
     }
     if current {
@@ -173,10 +173,6 @@ fn add_mapping(maps: &mut Vec<MapEntry>, map: &MapEntry, current: bool) {
     }
     let at = maps.partition_point(|m| m.start <= map.start);
     maps.insert(at, MapEntry { unmapped: !current, ..map.clone() });
-}
-
-fn same_mapping(a: &MapEntry, b: &MapEntry) -> bool {
-    (a.start, a.end, a.offset, a.device, a.inode) == (b.start, b.end, b.offset, b.device, b.inode)
 }
 
 #[cfg(test)]
@@ -207,7 +203,7 @@ mod tests {
     }
 
     fn current(catalog: &Catalog, pid: Pid) -> Vec<String> {
-        catalog.process(pid).unwrap().maps().iter().filter(|m| !m.unmapped).map(|m| m.path.clone()).collect()
+        catalog.process(pid).unwrap().maps().iter().filter(|m| !m.unmapped).map(|m| m.path.to_string()).collect()
     }
 
     #[test]
@@ -249,7 +245,7 @@ mod tests {
             mapped(CHILD, 9, 0x6000, "/usr/lib/old.so"),
         ]);
         assert_eq!(current(&catalog, CHILD), ["/usr/bin/worker"]);
-        let all: Vec<&str> = catalog.process(CHILD).unwrap().maps().iter().map(|m| m.path.as_str()).collect();
+        let all: Vec<&str> = catalog.process(CHILD).unwrap().maps().iter().map(|m| &*m.path).collect();
         assert_eq!(all, ["/usr/bin/server", "/usr/lib/old.so", "/usr/bin/worker"], "old ones kept, retired");
         assert_eq!(current(&catalog, PARENT), ["/usr/bin/server"], "the parent is untouched");
     }

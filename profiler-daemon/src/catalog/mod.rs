@@ -496,8 +496,16 @@ fn inspect(process: &mut KnownProcess) {
 
 /// `fresh` plus every entry of `old` that overlaps nothing in `fresh`, marked unmapped, sorted
 /// by address: a library unmapped since stays known, so samples drained after the `dlclose`
-/// (or the `execve`) still resolve.
+/// (or the `execve`) still resolve. A fresh entry that is an old one read again keeps what
+/// the kernel's event told of it (the inode's generation, which `/proc` does not show): the
+/// process's mappings are then unchanged, and its registration with the unwinder stands
+/// without a `stat` of each of its files.
 fn merge_maps(mut fresh: Vec<MapEntry>, old: &[MapEntry]) -> Vec<MapEntry> {
+    for entry in fresh.iter_mut().filter(|f| f.generation == 0) {
+        if let Some(known) = old.iter().find(|o| !o.unmapped && o.same_mapping(entry) && o.path == entry.path) {
+            entry.generation = known.generation;
+        }
+    }
     let kept: Vec<MapEntry> = old
         .iter()
         .filter(|o| !fresh.iter().any(|f| f.start < o.end && o.start < f.end))
@@ -678,5 +686,25 @@ mod tests {
         };
         let merged = merge_maps(vec![entry(100, 200)], &[entry(150, 250), entry(300, 400)]);
         assert_eq!(merged, vec![entry(100, 200), MapEntry { unmapped: true, ..entry(300, 400) }]);
+    }
+
+    #[test]
+    fn a_mapping_read_again_from_proc_is_unchanged() {
+        let from_proc = MapEntry {
+            start: 100,
+            end: 200,
+            offset: 0,
+            path: "/x".into(),
+            inode: 1,
+            device: Default::default(),
+            generation: 0,
+            unmapped: false,
+        };
+        let from_event = MapEntry { generation: 9, ..from_proc.clone() };
+        let other_file = MapEntry { start: 300, end: 400, inode: 2, ..from_event.clone() };
+        let fresh = vec![from_proc.clone(), MapEntry { start: 300, end: 400, ..from_proc.clone() }];
+        let merged = merge_maps(fresh, &[from_event.clone(), other_file]);
+        assert_eq!(merged[0], from_event, "same mapping: the event's generation kept");
+        assert_eq!(merged[1].generation, 0, "another file at the same addresses is a new mapping");
     }
 }

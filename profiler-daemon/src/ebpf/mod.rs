@@ -119,8 +119,17 @@ pub struct Session {
     /// The off-CPU program walks a sampled switch's stacks at the switch-out (no
     /// `sched_exit_tp`), as its attach decided.
     offcpu_walks_at_switch_out: bool,
+    /// Registrations of exited processes not deleted from the walker's maps yet (see
+    /// [`Session::remove_unwind_process`]), and when the first of them was queued.
+    unwind_removals: Vec<(Pid, UnwindMap)>,
+    removals_since: Option<std::time::Instant>,
     _stats: Option<OwnedFd>,
 }
+
+/// Registrations queued for deletion are deleted once this old...
+const REMOVALS_DUE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+/// ...or this many.
+const REMOVALS_DUE_AT: usize = 256;
 
 impl Session {
     /// Loads the object and sets the process filter and heap sampling table. Attaches nothing.
@@ -190,6 +199,8 @@ impl Session {
             unwind_rows: config.unwind_rows,
             exec_tracking_error,
             offcpu_walks_at_switch_out: false,
+            unwind_removals: Vec::new(),
+            removals_since: None,
             _stats: stats,
         })
     }
@@ -217,6 +228,10 @@ impl Session {
         process: &UnwindProcess,
         was: Option<UnwindMap>,
     ) -> Result<Option<UnwindMap>> {
+        // A queued deletion of the pid's previous registration must not delete this one.
+        if self.unwind_removals.iter().any(|&(queued, _)| queued == pid) {
+            self.flush_unwind_removals()?;
+        }
         unwind::set_process(&mut self.ebpf, pid.0, process, was)
     }
 
@@ -226,15 +241,47 @@ impl Session {
     }
 
     /// Makes the walker forget process `pid`, whose entry is in map `from` (a no-op if it
-    /// is not there).
-    pub fn remove_unwind_process(&mut self, pid: Pid, from: UnwindMap) -> Result<()> {
-        unwind::remove_process(&mut self.ebpf, pid.0, from)
+    /// is not there). Queued: the entry is deleted with others in one system call by
+    /// [`Session::flush_unwind_removals`], when the caller finds them due, or before the
+    /// pid is registered again. Until then the walker may find it, for a process that has
+    /// exited; the caller flushes at once when a pid is reused.
+    pub fn remove_unwind_process(&mut self, pid: Pid, from: UnwindMap) {
+        self.removals_since.get_or_insert_with(std::time::Instant::now);
+        self.unwind_removals.push((pid, from));
+    }
+
+    /// Whether the queued deletions should be made now (enough of them, or old enough).
+    pub fn unwind_removals_due(&self) -> bool {
+        self.unwind_removals.len() >= REMOVALS_DUE_AT
+            || self.removals_since.is_some_and(|since| since.elapsed() >= REMOVALS_DUE_AFTER)
+    }
+
+    /// Deletes the queued registrations from the walker's maps.
+    pub fn flush_unwind_removals(&mut self) -> Result<()> {
+        self.removals_since = None;
+        let queued = std::mem::take(&mut self.unwind_removals);
+        for from in [UnwindMap::Small, UnwindMap::Large] {
+            let pids: Vec<u32> = queued.iter().filter(|&&(_, map)| map == from).map(|&(pid, _)| pid.0).collect();
+            if !pids.is_empty() {
+                unwind::remove_processes(&mut self.ebpf, &pids, from)?;
+            }
+        }
+        Ok(())
     }
 
     /// Processes that called `execve` since the last call, with the time of the exec
     /// (`CLOCK_MONOTONIC`); the kernel forgot their mappings then.
     pub fn take_execs(&mut self) -> Result<Vec<(Pid, u64)>> {
         unwind::take_execs(&mut self.ebpf)
+    }
+
+    /// From now on [`Session::take_execs`] lists only the execs that failed: the caller
+    /// follows the successful ones from the side band. Without exec tracking, nothing to do.
+    pub fn take_failed_execs_only(&mut self) -> Result<()> {
+        if self.exec_tracking_error.is_some() {
+            return Ok(());
+        }
+        unwind::attach_exec_done(&mut self.ebpf)
     }
 
     /// Why execs are not tracked, if they are not.

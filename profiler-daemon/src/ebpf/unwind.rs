@@ -75,6 +75,21 @@ pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
+/// Attaches the exec's exit program (see `profiler-ebpf`'s `exec.rs`): from now on
+/// [`take_execs`] returns only the execs that failed.
+pub(super) fn attach_exec_done(ebpf: &mut Ebpf) -> Result<()> {
+    let name = programs::UNWIND_EXEC_DONE;
+    let program: &mut TracePoint =
+        ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
+    program.load().map_err(program_error("load", name))?;
+    for syscall in ["sys_exit_execve", "sys_exit_execveat"] {
+        program
+            .attach("syscalls", syscall)
+            .map_err(program_error(format!("attach (tracepoint syscalls:{syscall})"), name))?;
+    }
+    Ok(())
+}
+
 pub(super) fn set_table(ebpf: &mut Ebpf, slot: u32, info: &UnwindTableInfo) -> Result<()> {
     let mut tables: Array<&mut MapData, UnwindTableInfo> = map_mut(ebpf, maps::UNWIND_TABLES)?;
     tables.set(slot, info, 0).map_err(map_error("write", maps::UNWIND_TABLES))
@@ -132,12 +147,91 @@ fn is_full(err: &aya::maps::MapError) -> bool {
     matches!(err, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 
-/// Removes `pid`'s entry from the map `from` (a no-op if it is not there).
-pub(super) fn remove_process(ebpf: &mut Ebpf, pid: u32, from: Where) -> Result<()> {
-    match from {
-        Where::Small => remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid),
-        Where::Large => remove_from::<UnwindProcess>(ebpf, maps::UNWIND_PROCESSES_LARGE, pid),
+/// Removes every pid of `pids` from the map `from`, in as few system calls as the kernel
+/// allows (`BPF_MAP_DELETE_BATCH`: a machine running hundreds of programs a second forgets
+/// hundreds of processes a second). A pid not there is skipped.
+pub(super) fn remove_processes(ebpf: &mut Ebpf, pids: &[u32], from: Where) -> Result<()> {
+    let name = match from {
+        Where::Small => maps::UNWIND_PROCESSES,
+        Where::Large => maps::UNWIND_PROCESSES_LARGE,
+    };
+    let map = ebpf.map(name).ok_or_else(|| missing(name))?;
+    let fd = match map {
+        aya::maps::Map::HashMap(data) => data.fd().as_fd().as_raw_fd(),
+        _ => return Err(map_error("open", name)(aya::maps::MapError::InvalidMapType { map_type: 0 })),
+    };
+    let mut rest = pids;
+    while !rest.is_empty() {
+        match delete_batch(fd, rest) {
+            Ok(()) => break,
+            // Stopped at a pid not there (deleted by the exec program, or never written):
+            // on with the ones after it.
+            Err((done, err)) if err.raw_os_error() == Some(libc::ENOENT) => rest = &rest[done + 1..],
+            // A kernel without batch deletes (before 5.6): one at a time.
+            Err((0, err)) if err.raw_os_error() == Some(libc::EINVAL) => {
+                for &pid in rest {
+                    match from {
+                        Where::Small => remove_from::<SmallUnwindProcess>(ebpf, name, pid)?,
+                        Where::Large => remove_from::<UnwindProcess>(ebpf, name, pid)?,
+                    }
+                }
+                break;
+            }
+            Err((_, err)) => {
+                return Err(map_error("delete from", name)(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_delete_batch",
+                    io_error: err,
+                })))
+            }
+        }
     }
+    Ok(())
+}
+
+/// `BPF_MAP_DELETE_BATCH`.
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Deletes the 4-byte `keys` from the hash map `fd`; on failure, how many were deleted
+/// before the key that failed, and why.
+fn delete_batch(fd: std::os::fd::RawFd, keys: &[u32]) -> std::result::Result<(), (usize, std::io::Error)> {
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: 0,
+        count: keys.len() as u32,
+        map_fd: fd as u32,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `attr` names `count` readable keys of the map's key size, which outlive the
+    // call; the kernel writes back only `count`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_DELETE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    Err(((attr.count as usize).min(keys.len().saturating_sub(1)), err))
 }
 
 /// Removes `pid` from the process map `name`, of values `V`.

@@ -210,7 +210,7 @@ pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
 fn find_libc(maps: &[MapEntry]) -> Option<String> {
     maps.iter()
         .filter(|m| m.is_file())
-        .map(|m| m.path.as_str())
+        .map(|m| &*m.path)
         .find(|path| {
             let name = path.rsplit('/').next().unwrap_or(path);
             name.starts_with("libc.so")

@@ -71,9 +71,7 @@ pub fn detect(pid: Pid, maps: &[MapEntry], exe: Option<&Path>) -> Result<Detecti
 /// mapped library's symbols would read every file of every process dumped).
 fn candidate(map: &MapEntry, exe: Option<&Path>) -> bool {
     let name = map.path.rsplit('/').next().unwrap_or("");
-    exe.is_some_and(|e| e.as_os_str() == map.path.as_str())
-        || name.starts_with("libpython")
-        || name.starts_with("python")
+    exe.is_some_and(|e| e.as_os_str() == &*map.path) || name.starts_with("libpython") || name.starts_with("python")
 }
 
 fn interpreter(
@@ -112,7 +110,7 @@ fn interpreter(
             return Ok(Err(format!("{}: CPython {major}.{minor} (the reader knows 3.11, 3.12 and 3.13)", map.path)))
         }
     };
-    Ok(Ok(Interpreter { version, path: map.path.clone(), runtime, code_type: code_type.map(at), offsets }))
+    Ok(Ok(Interpreter { version, path: map.path.to_string(), runtime, code_type: code_type.map(at), offsets }))
 }
 
 /// Runtime address minus the file's own virtual address, from the executable mapping of

@@ -122,7 +122,7 @@ fn mmap2(misc: u16, body: &[u8], time: u64) -> Option<ProcessEvent> {
         start,
         end: start.checked_add(len)?,
         offset,
-        path,
+        path: path.into(),
         inode: u64_at(body, 40)?,
         device: Device { major: u32_at(body, 32)?, minor: u32_at(body, 36)? },
         generation: u64_at(body, 48)?,
@@ -184,7 +184,7 @@ mod tests {
         assert_eq!((pid, time, map.generation), (Pid(7), 1234, 9));
         assert_eq!((map.start, map.end, map.offset, map.inode), (0x7f00_0000_1000, 0x7f00_0000_3000, 0x1000, 42));
         assert_eq!(map.device, Device { major: 0xfe, minor: 1 });
-        assert_eq!(map.path, "/usr/lib/libc.so.6");
+        assert_eq!(&*map.path, "/usr/lib/libc.so.6");
         assert_eq!(parse(PERF_RECORD_MMAP2, 0, &mmap2_body(1, "/data")), None, "not executable");
         assert_eq!(parse(PERF_RECORD_MMAP2, 0, &mmap2_body(5, "/x")[..40]), None, "truncated");
     }

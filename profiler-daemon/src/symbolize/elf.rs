@@ -169,7 +169,7 @@ mod tests {
         let map = own_mapping_of(addr);
         let pid = Pid(std::process::id());
         let (path, _) = procs::locate(pid, &map).unwrap();
-        assert_eq!(path, PathBuf::from(&map.path), "the path it mapped is the same file here");
+        assert_eq!(path, PathBuf::from(&*map.path), "the path it mapped is the same file here");
         let mut files = ElfFiles::default();
         let request = ElfRequest { pid, map: map.clone(), offsets: vec![map.file_offset(addr)] };
         let answer = files.symbolize(&request);

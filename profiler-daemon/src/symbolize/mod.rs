@@ -362,14 +362,14 @@ mod tests {
         assert!(names.iter().any(|n| n.ends_with("marker_function_for_symbolizer_test")), "{names:?}");
         // The test binary is the running executable: symbol table only, no source lines.
         assert!(answer.frames[0].iter().all(|f| f.file.is_none() && f.line == 0), "{:?}", answer.frames[0]);
-        assert_eq!(answer.build_id, build_id(Path::new(&map.path)));
+        assert_eq!(answer.build_id, build_id(Path::new(&*map.path)));
         assert!(answer.build_id.is_some_and(|id| id.len() >= 16));
     }
 
     #[test]
     fn closing_files_keeps_the_symbols_found_and_reopens_for_new_addresses() {
         let libc = mapping("libc.so");
-        let offsets = symbol_offsets(Path::new(&libc.path), &["malloc", "free"]);
+        let offsets = symbol_offsets(Path::new(&*libc.path), &["malloc", "free"]);
         let (malloc, free) = (offsets[0].unwrap(), offsets[1].unwrap());
         let mut sym = Symbolizer::new();
         let before = sym.elf(me(), &libc, &[malloc]).unwrap().frames;
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn finds_symbol_offsets_and_aliases() {
-        let offsets = symbol_offsets(Path::new(&mapping("libc.so").path), &["malloc", "free", "no_such_symbol_here"]);
+        let offsets = symbol_offsets(Path::new(&*mapping("libc.so").path), &["malloc", "free", "no_such_symbol_here"]);
         assert!(offsets[0].is_some() && offsets[1].is_some());
         assert_ne!(offsets[0], offsets[1]);
         assert_eq!(offsets[2], None);

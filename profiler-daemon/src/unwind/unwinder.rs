@@ -34,6 +34,12 @@ use crate::{
 
 /// Tables from this many rows on are large enough to trim the heap after building.
 const LARGE_TABLE_ROWS: usize = 64 * 1024;
+/// How long a mapped file's `stat` stands for it (see [`Unwinder::version_of`]): a file
+/// rewritten in place within a second of a registration may keep its old table, an
+/// unlikely race a `stat` per process would only narrow.
+const STAT_FRESH: Duration = Duration::from_secs(1);
+/// Recent `stat`s kept before the stale ones are dropped.
+const RECENT_STATS_KEPT: usize = 4096;
 
 /// Default unwind-table memory: 32 MiB of rows.
 pub const DEFAULT_TABLE_BYTES: u64 = 32 << 20;
@@ -121,6 +127,8 @@ pub struct Unwinder {
     /// By file identity: the same file mapped by many processes is parsed once, and a path
     /// that names another file now (rebuilt, upgraded) is parsed again.
     files: HashMap<FileIdentity, FileInfo>,
+    /// Recent `stat`s of mapped files, by (device, inode): when, and (size, mtime).
+    recent_stats: HashMap<(Device, u64), (Instant, (u64, i64))>,
     /// The vDSO image's, by its mapping's size.
     vdso: HashMap<u64, FileInfo>,
     /// Files whose table will never be built, with the reason.
@@ -144,6 +152,7 @@ impl Unwinder {
             registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
             offload,
             files: HashMap::new(),
+            recent_stats: HashMap::new(),
             vdso: HashMap::new(),
             failed: HashMap::new(),
             no_room: HashMap::new(),
@@ -171,7 +180,7 @@ impl Unwinder {
             }
             if let Some(old) = self.processes.remove(&pid) {
                 self.release(&old.keys);
-                session.remove_unwind_process(pid, old.map)?;
+                session.remove_unwind_process(pid, old.map);
             }
         }
         Ok(execs.into_iter().map(|(pid, _)| pid).collect())
@@ -220,15 +229,15 @@ impl Unwinder {
         self.processes.get(&pid).filter(|r| !r.written.is_empty()).map(|r| r.version)
     }
 
-    /// Forgets processes that are gone.
-    pub fn forget(&mut self, session: &mut Session, pids: &[Pid]) -> Result<()> {
+    /// Forgets processes that are gone (their kernel entries go with the session's next
+    /// batch of deletions).
+    pub fn forget(&mut self, session: &mut Session, pids: &[Pid]) {
         for pid in pids {
             if let Some(old) = self.processes.remove(pid) {
                 self.release(&old.keys);
-                session.remove_unwind_process(*pid, old.map)?;
+                session.remove_unwind_process(*pid, old.map);
             }
         }
-        Ok(())
     }
 
     /// What the unwinder did so far.
@@ -258,7 +267,7 @@ impl Unwinder {
         let mut len = 0;
         // The mappings the process has now: one unmapped since cannot be opened, and its
         // addresses cannot be sampled any more.
-        for entry in maps.iter().filter(|m| !m.unmapped && (m.is_file() || m.path == "[vdso]")) {
+        for entry in maps.iter().filter(|m| !m.unmapped && (m.is_file() || &*m.path == "[vdso]")) {
             if len == MAX_PROCESS_MAPPINGS {
                 self.stats.mappings_over_limit += 1;
                 continue;
@@ -344,7 +353,7 @@ impl Unwinder {
 
     /// The key and segments of a mapped file, opened as the process sees it.
     fn file_info(&mut self, pid: Pid, entry: &MapEntry) -> Option<FileInfo> {
-        if entry.path == "[vdso]" {
+        if &*entry.path == "[vdso]" {
             // Every process maps the same vDSO image of the running kernel (one per size: a
             // 32-bit process's differs), read from memory once.
             let len = entry.end - entry.start;
@@ -362,8 +371,7 @@ impl Unwinder {
         let identity = if entry.generation != 0 {
             FileIdentity::Event { device: entry.device, inode: entry.inode, generation: entry.generation }
         } else {
-            let (map, pid) = (entry.clone(), pid);
-            let (_, (size, mtime)) = self.on_file(pid, entry, move || procs::locate(pid, &map))??;
+            let (size, mtime) = self.version_of(pid, entry)?;
             FileIdentity::Stat { device: entry.device, inode: entry.inode, size, mtime }
         };
         if let Some(info) = self.files.get(&identity) {
@@ -377,6 +385,27 @@ impl Unwinder {
         };
         self.files.insert(identity, info.clone());
         Some(info)
+    }
+
+    /// The (size, mtime) of `entry`'s file, from a `stat` at most [`STAT_FRESH`] old: a file
+    /// mapped by hundreds of short processes a second (a shell's commands, the C library
+    /// under them) is looked at once a second, not once per process. Many file systems
+    /// (ext4 made from an image, tmpfs, overlayfs) give no inode generation in the mapping
+    /// event, so this `stat` is what tells a file rebuilt in place.
+    fn version_of(&mut self, pid: Pid, entry: &MapEntry) -> Option<(u64, i64)> {
+        let key = (entry.device, entry.inode);
+        if let Some(&(at, version)) = self.recent_stats.get(&key) {
+            if at.elapsed() < STAT_FRESH {
+                return Some(version);
+            }
+        }
+        let map = entry.clone();
+        let (_, version) = self.on_file(pid, entry, move || procs::locate(pid, &map))??;
+        if self.recent_stats.len() >= RECENT_STATS_KEPT {
+            self.recent_stats.retain(|_, (at, _)| at.elapsed() < STAT_FRESH);
+        }
+        self.recent_stats.insert(key, (Instant::now(), version));
+        Some(version)
     }
 
     /// Runs `work` on the file of `entry` on the offload worker; `None` when it stalled or
@@ -411,7 +440,7 @@ impl Unwinder {
             self.stats.budget_full += 1;
             return Ok(None);
         }
-        let built = if entry.path == "[vdso]" {
+        let built = if &*entry.path == "[vdso]" {
             read_vdso(pid, entry).map(|bytes| super::build(&bytes))
         } else {
             let map = entry.clone();
@@ -482,7 +511,7 @@ impl Unwinder {
             self.registry.cancel(reservation);
             return Err(err);
         }
-        self.registry.insert(key.clone(), &reservation, count, entry.path.clone(), table.stats().build_duration);
+        self.registry.insert(key.clone(), &reservation, count, entry.path.to_string(), table.stats().build_duration);
         self.no_room.remove(key);
         Ok(Some(reservation.slot))
     }
