@@ -7,14 +7,15 @@
 //! send), so the collector keeps its own clock and waits on the bell and the kernel's
 //! process-event rings in one `ppoll` (not an async runtime it would depend on); replies are
 //! tokio oneshots, which a sync thread can send on. `/status` is not a command: the collector publishes it
-//! on a [`StatusBoard`] after every drain and command, and the front answers from there, so
-//! it answers at once even while the collector is busy (a long dump, a table build, a file
+//! on a [`StatusBoard`] after every command and dump, and between them every 250 ms while
+//! it is being read (every 2 s while it is not), and the front answers from there, so it
+//! answers at once even while the collector is busy (a long dump, a table build, a file
 //! read waited out on a stalled file system).
 
 use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     sync::{
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
         mpsc::{self, RecvError, SyncSender, TryRecvError, TrySendError},
         Arc, Mutex,
     },
@@ -188,7 +189,7 @@ impl Refusals {
 /// with only its counters for anyone else. The front's own counters ([`Refusals`]) are put
 /// in when it is read, so they are never stale.
 #[derive(Clone, Debug, Default)]
-pub struct StatusBoard(Arc<Mutex<Option<PublishedStatus>>>);
+pub struct StatusBoard(Arc<Mutex<Option<PublishedStatus>>>, Arc<AtomicBool>);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublishedStatus {
@@ -199,11 +200,19 @@ pub struct PublishedStatus {
 impl StatusBoard {
     pub fn publish(&self, status: PublishedStatus) {
         *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(status);
+        self.1.store(false, Relaxed);
+    }
+
+    /// Whether the last publication was read: someone is watching, and the next one is
+    /// worth rendering soon.
+    pub fn was_read(&self) -> bool {
+        self.1.load(Relaxed)
     }
 
     /// The document `viewer` may see, with the front's `refusals` as they are now; `None`
     /// before the first publication.
     pub fn read(&self, viewer: Viewer, refusals: &Refusals) -> Option<String> {
+        self.1.store(true, Relaxed);
         let board = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let published = board.as_ref()?;
         let mut doc = if viewer == Viewer::ROOT { published.full.clone() } else { published.counters_only.clone() };

@@ -103,6 +103,9 @@ pub struct Departed {
 
 /// Departed processes remembered, most recent last.
 const DEPARTED_KEPT: usize = 4096;
+/// How long after its reported exit a process is kept at most (see [`Catalog::prune`]):
+/// records read late, and a drain, fit in it.
+const EXIT_REPORTED_GRACE: Duration = Duration::from_secs(3);
 
 /// Processes and stacks known so far.
 #[derive(Debug)]
@@ -351,9 +354,17 @@ impl Catalog {
     /// Forgets processes not seen for `grace` that no longer exist, and keeps only the
     /// stacks in `keep` (those the counts still held reference). The daemon calls it after
     /// each dump: from then on the stacks learnt so far may be evicted for new ones (see
-    /// [`Catalog::evict_history`]). Returns the pids forgotten.
+    /// [`Catalog::evict_history`]). A process whose exit the side band reported goes once
+    /// the exit is [`EXIT_REPORTED_GRACE`] old, whatever `grace`: its samples were all
+    /// taken before it, so drained and dumped by then; a machine running hundreds of
+    /// programs a second would otherwise hold `grace`'s worth of those it sampled. Returns
+    /// the pids forgotten.
     pub fn prune(&mut self, grace: Duration, keep: &HashSet<StackId>) -> Vec<Pid> {
-        let gone = self.forget_exited(grace, |_| true, false);
+        let mut gone = Vec::new();
+        if self.exits_followed && !self.exits_lost {
+            gone = self.forget_exited(EXIT_REPORTED_GRACE.min(grace), |p| p.exited, true);
+        }
+        gone.extend(self.forget_exited(grace, |_| true, false));
         self.exits_lost = false;
         self.stacks.retain(|id, _| keep.contains(id));
         self.evictable_before = self.batches + 1;
@@ -670,6 +681,27 @@ mod tests {
         }
         catalog.apply(&[ProcessEvent::Lost { count: 1 }]);
         assert!(catalog.exited_unsampled().is_empty(), "records lost: exits not trusted");
+    }
+
+    #[test]
+    fn a_sampled_process_whose_exit_was_reported_goes_soon_after_it() {
+        use crate::sideband::ProcessEvent;
+        let (exited, alive) = (PID, Pid(PID.0 + 1));
+        let mut catalog = Catalog::default();
+        catalog.follow_exits();
+        catalog.learn(&stacks(), &[seen(exited, 7, Some("short")), seen(alive, 7, Some("long"))]);
+        catalog.apply(&[ProcessEvent::Exited { pid: exited, time: 1 }]);
+        let hour = Duration::from_secs(3600);
+        assert!(catalog.prune(hour, &HashSet::new()).is_empty(), "its exit is too recent");
+        let long_ago = Instant::now() - EXIT_REPORTED_GRACE - Duration::from_secs(1);
+        for pid in [exited, alive] {
+            catalog.processes.get_mut(&pid).unwrap().last_seen = long_ago;
+        }
+        assert_eq!(catalog.prune(hour, &HashSet::new()), vec![exited], "not the grace of an hour");
+        assert!(catalog.process(alive).is_some(), "no exit reported: kept for the grace");
+        catalog.apply(&[ProcessEvent::Lost { count: 1 }, ProcessEvent::Exited { pid: alive, time: 2 }]);
+        catalog.processes.get_mut(&alive).unwrap().last_seen = long_ago;
+        assert!(catalog.prune(hour, &HashSet::new()).is_empty(), "records lost: exits not trusted");
     }
 
     #[test]

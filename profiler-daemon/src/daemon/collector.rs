@@ -41,8 +41,12 @@ const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory; past it new stacks are counted and dropped.
 const MAX_STACKS: usize = 200_000;
-/// How often the loop publishes `/status` at most (commands that change it publish at once).
+/// How often the loop publishes `/status` at most while someone reads it (commands that
+/// change it, and dumps, publish at once)...
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+/// ...and while nobody does: rendering it (and reading the kernel's counters for it) four
+/// times a second was a twentieth of what following 500 execs a second cost.
+const PUBLISH_UNREAD_EVERY: Duration = Duration::from_secs(2);
 /// On-demand captures (`seconds=S`) in flight at once.
 const MAX_WINDOWS: usize = 16;
 /// Of those, the ones one uid other than root may have open; more get a 429.
@@ -270,7 +274,8 @@ impl Collector {
             self.finish_windows();
             log_slow("finish windows", started);
             // At most a few times a second: process events wake the loop often.
-            if self.published.elapsed() >= PUBLISH_EVERY {
+            let since = self.published.elapsed();
+            if since >= PUBLISH_EVERY && (commands.status.was_read() || since >= PUBLISH_UNREAD_EVERY) {
                 let started = Instant::now();
                 self.publish_status(&commands.status);
                 log_slow("publish status", started);

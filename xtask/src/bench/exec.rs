@@ -3,7 +3,8 @@
 //! in interleaved rounds of the same length, `profiler run` (19 Hz, every process selected)
 //! and `perf record -a -e dummy` (perf's own side band: the same fork, exec, mmap and exit
 //! records, written to a file) follow it. Reports each one's CPU per second, the daemon's RSS
-//! over the run (first third vs last third) and the records the daemon's rings lost.
+//! over the run (first third vs last third, after a warm-up) and the records the daemon's
+//! rings lost.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,9 +23,14 @@ pub struct ExecArgs {
     /// Programs started per second.
     #[arg(long, default_value_t = 500)]
     rate: u32,
-    /// Seconds each tool follows the load, per round.
+    /// Seconds each tool follows the load, per round, after the warm-up.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// Seconds of load before the RSS thirds are taken (one dump interval: by then the
+    /// daemon has met every program the load runs, symbolized them and dumped once). CPU
+    /// is measured over the warm-up too, for both tools.
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
     /// Interleaved rounds (daemon, then perf, each round).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
@@ -45,13 +51,17 @@ pub fn run(args: &ExecArgs) -> Result<()> {
     let mut rss_thirds = Vec::new();
     let mut lost = 0;
     for round in 1..=args.rounds {
-        workspace::stage(&format!("round {round}: profiler run for {} s at {} execs/s", args.seconds, args.rate));
+        workspace::stage(&format!(
+            "round {round}: profiler run for {} s at {} execs/s",
+            args.warmup + args.seconds,
+            args.rate
+        ));
         let (result, thirds, round_lost) = daemon_round(&dir, args)?;
         ours.push(result);
         rss_thirds.push(thirds);
         lost += round_lost;
         bail_if_interrupted()?;
-        workspace::stage(&format!("round {round}: perf record -a -e dummy for {} s", args.seconds));
+        workspace::stage(&format!("round {round}: perf record -a -e dummy for {} s", args.warmup + args.seconds));
         perf.push(perf_round(&dir, args)?);
         bail_if_interrupted()?;
     }
@@ -69,11 +79,14 @@ fn daemon_round(dir: &Path, args: &ExecArgs) -> Result<(Round, (u64, u64), u64)>
     let load = Pacer::start(args.rate);
     let started = Instant::now();
     let cpu_before = sample::cpu_time(pid)?;
-    let length = Duration::from_secs(args.seconds);
+    let (warmup, length) = (Duration::from_secs(args.warmup), Duration::from_secs(args.warmup + args.seconds));
     let mut rss = Vec::new();
     while started.elapsed() < length {
         std::thread::sleep(Duration::from_secs(1).min(length.saturating_sub(started.elapsed())));
-        rss.push(sample::rss_kib(pid)?);
+        let kib = sample::rss_kib(pid)?;
+        if started.elapsed() > warmup {
+            rss.push(kib);
+        }
     }
     let cpu = sample::cpu_time(pid)? - cpu_before;
     let wall = started.elapsed();
@@ -93,7 +106,7 @@ fn perf_round(dir: &Path, args: &ExecArgs) -> Result<Round> {
     cmd.args(["record", "-a", "-e", "dummy", "-o"]).arg(dir.join("perf.data")).args([
         "--",
         "sleep",
-        &args.seconds.to_string(),
+        &(args.warmup + args.seconds).to_string(),
     ]);
     let load = Pacer::start(args.rate);
     let run = measure::run(cmd).context("perf record (cargo xtask setup installs linux-perf)")?;
@@ -145,7 +158,7 @@ fn print(ours: &[Round], perf: &[Round], rss_thirds: &[(u64, u64)], lost: u64, a
         v[v.len() / 2]
     };
     let rate = |rounds: &[Round]| {
-        rounds.iter().map(|r| r.execs).sum::<u64>() as f64 / (rounds.len() as f64 * args.seconds as f64)
+        rounds.iter().map(|r| r.execs).sum::<u64>() as f64 / (rounds.len() as f64 * (args.warmup + args.seconds) as f64)
     };
     println!();
     println!("{:<28} {:>14} {:>14}", "", "profiler run", "perf record");
@@ -158,8 +171,10 @@ fn print(ours: &[Round], perf: &[Round], rss_thirds: &[(u64, u64)], lost: u64, a
         let growth = *last as f64 / (*first).max(1) as f64 - 1.0;
         let verdict = if growth.abs() <= 0.05 { "PASS" } else { "MISS" };
         println!(
-            "round {}: daemon RSS first third {:.1} MiB, last third {:.1} MiB ({:+.1}%, target within 5%): {verdict}",
+            "round {}: daemon RSS after {} s of warm-up: first third {:.1} MiB, last third {:.1} MiB ({:+.1}%, target \
+             within 5%): {verdict}",
             round + 1,
+            args.warmup,
             *first as f64 / 1024.0,
             *last as f64 / 1024.0,
             growth * 100.0
