@@ -198,6 +198,12 @@ fn offcpu_format(profile: &Profile, every: i64) {
 }
 
 fn within(got: i64, truth: i64, tolerance: f64, what: &str, profile: &Profile) {
+    // The margin, for the log of a run that passes.
+    println!(
+        "{what}: {got} against {truth} ({:+.2}%, tolerance {:.0}%)",
+        (got - truth) as f64 * 100.0 / truth.max(1) as f64,
+        tolerance * 100.0
+    );
     if let Err(message) = profiler_tests::expect::check_within(got, truth, tolerance, what) {
         panic!("{message} (against the program's own count and clock); stacks (off-CPU ns):\n{}", stacks(profile));
     }
