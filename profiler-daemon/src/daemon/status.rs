@@ -170,6 +170,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "files_deleted_by_retention": d.files_deleted,
             "retention_errors": d.retention_errors,
             "retention_held_at_free_space_floor": d.retention_held_at_floor,
+            "retention_passes": d.retention_passes,
             "last_dump_ms": d.last_duration.as_millis() as u64,
             "last_dump": {
                 "render_ms": d.last_phases.render.as_millis() as u64,

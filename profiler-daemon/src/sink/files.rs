@@ -38,6 +38,8 @@ pub struct DumpStats {
     /// Retention passes that left free space low rather than delete the last hour's
     /// profiles ([`super::retention::FREE_SPACE_FLOOR`]).
     pub retention_held_at_floor: u64,
+    /// Retention passes run (see [`retention::Schedule`] for when one is due).
+    pub retention_passes: u64,
     /// How long the last dump took.
     pub last_duration: Duration,
     /// Where the last dump's time went.
@@ -74,6 +76,8 @@ pub enum DumpError {
 pub struct IntervalFiles {
     dir: PathBuf,
     retention: Retention,
+    /// When retention's next pass is due.
+    schedule: retention::Schedule,
     stats: DumpStats,
     exports: Vec<ExportConfig>,
     /// Running when `exports` is not empty.
@@ -87,6 +91,7 @@ impl IntervalFiles {
         let mut files = Self {
             dir: dir.to_path_buf(),
             retention: retention.clone(),
+            schedule: retention::Schedule::default(),
             stats: DumpStats::default(),
             exports: Vec::new(),
             exporter: None,
@@ -102,6 +107,8 @@ impl IntervalFiles {
         let restart = dir != self.dir || exports != self.exports;
         self.dir = dir.to_path_buf();
         self.retention = retention.clone();
+        // New limits, or a new directory: what the last pass found says nothing of them.
+        self.schedule = retention::Schedule::default();
         if restart {
             if let Some(exporter) = self.exporter.take() {
                 exporter.stop();
@@ -143,10 +150,15 @@ impl IntervalFiles {
         &self.stats
     }
 
-    /// Applies retention as of `end` and counts what it did.
-    fn retain(&mut self, end: SystemTime) {
+    /// Applies retention as of `end`, if a pass is due or `now`, and counts what it did.
+    fn retain(&mut self, end: SystemTime, now: bool) {
+        if !now && !self.schedule.due(end) {
+            return;
+        }
         let report = retention::enforce(&self.dir, &self.retention, end);
+        self.schedule.passed(&report, &self.retention, end);
         let stats = &mut self.stats;
+        stats.retention_passes += 1;
         stats.files_deleted += report.deleted_files;
         stats.retention_errors += report.errors;
         stats.retention_held_at_floor += u64::from(report.kept_for_floor);
@@ -163,7 +175,7 @@ impl IntervalFiles {
             Ok(false) => {
                 self.stats.skipped_low_space += files as u64;
                 // Old profiles may make room; the last hour's stay (see `retention`).
-                self.retain(end);
+                self.retain(end, true);
                 return Err(DumpError::LowSpace {
                     files,
                     min_free_bytes: self.retention.min_free_bytes,
@@ -198,7 +210,8 @@ impl IntervalFiles {
         dump.phases.write += started.elapsed();
         let spooled = self.spool(&mut dump);
         let started = Instant::now();
-        self.retain(dump.end);
+        self.schedule.wrote(dump.written.bytes_written);
+        self.retain(dump.end, false);
         dump.phases.retention = started.elapsed();
         // On the thread that began the dump its clock still runs; on another, this call's own
         // time adds to what the first thread counted when it let go.

@@ -5,10 +5,19 @@
 //! are never deleted (the writer skips new profiles instead, so the newest stays put), and a
 //! disk filled by someone else, for however long, cannot make the daemon delete them all.
 //!
-//! Owns: listing `DIR/<name>-<pid>/*.pb.gz`, choosing what to delete, deleting it, and
-//! removing the per-process directories that deletion emptied. Does not own writing profiles
-//! ([`crate::output`]) nor when to run (the daemon calls [`enforce`] after each write, from
+//! Owns: listing `DIR/<name>-<pid>/*.pb.gz`, choosing what to delete, deleting it, removing
+//! the per-process directories that deletion emptied, and saying from what a pass found when
+//! the next one is due ([`Schedule`]). Does not own writing profiles ([`crate::output`]) nor
+//! running a pass (the writer asks the schedule after each dump and calls [`enforce`] from
 //! the thread that writes, so removing an emptied directory never races a write into it).
+//!
+//! A pass lists every profile (a `stat` each), and a week of profiles is hundreds of
+//! thousands of files on a busy machine, so passes run only when something may be due: the
+//! bytes written since the last pass exceed what the size limit left free, the oldest
+//! profile left reaches `max_age` (plus [`late_by`]: a profile goes at most that late), free
+//! space is low (checked before each dump), the last pass failed somewhere, or an hour has
+//! gone by (someone else changed the directory). A pass that deletes for size goes down to
+//! 15/16 of `max_total_bytes`, so that the next is not due after the very next dump.
 //!
 //! Nothing here panics or gives up on the first failure: a file that cannot be deleted is
 //! counted in the report and the next one is tried, and a file that vanished meanwhile is
@@ -47,6 +56,8 @@ pub struct RetentionReport {
     /// Whether free space stayed below `min_free_bytes` with only the profiles within
     /// [`FREE_SPACE_FLOOR`] of the newest left to delete (the space is someone else's to free).
     pub kept_for_floor: bool,
+    /// When the oldest profile left was written, if any is left.
+    pub oldest_remaining: Option<SystemTime>,
     /// Failures (listing, deleting, reading free space); the pass went on after each.
     pub errors: u64,
     /// The last failure, naming the file and the cause.
@@ -98,6 +109,7 @@ pub fn enforce(dir: &Path, policy: &Retention, now: SystemTime) -> RetentionRepo
     let kept = delete_oldest_over_limits(kept, dir, policy, &mut report, &mut touched_dirs);
     report.remaining_files = kept.len() as u64;
     report.remaining_bytes = kept.iter().map(|profile| profile.bytes).sum();
+    report.oldest_remaining = kept.iter().map(|profile| profile.modified).min();
     remove_emptied_dirs(&touched_dirs, &mut report);
     report
 }
@@ -225,11 +237,13 @@ fn delete_oldest_over_limits(
 ) -> Vec<ProfileFile> {
     let newest = profiles.last().map(|profile| profile.modified);
     let mut total: u64 = profiles.iter().map(|profile| profile.bytes).sum();
+    // Over the limit: down to the low-water mark (see the module's doc).
+    let target = if total > policy.max_total_bytes { low_water(policy.max_total_bytes) } else { total };
     let mut free_space = FreeSpace::new(dir, policy.min_free_bytes);
     let mut kept = Vec::with_capacity(profiles.len());
     let mut oldest_first = profiles.into_iter();
     for profile in oldest_first.by_ref() {
-        if total <= policy.max_total_bytes {
+        if total <= target {
             let age = newest.and_then(|newest| newest.duration_since(profile.modified).ok()).unwrap_or_default();
             let young = age < FREE_SPACE_FLOOR;
             let low = free_space.is_low(report);
@@ -247,6 +261,59 @@ fn delete_oldest_over_limits(
     }
     kept.extend(oldest_first);
     kept
+}
+
+/// What a pass that deletes for size leaves at most.
+fn low_water(max_total_bytes: u64) -> u64 {
+    max_total_bytes - max_total_bytes / 16
+}
+
+/// How late after reaching `max_age` a profile may be deleted: 1/64 of it, at most
+/// 10 minutes (a week's limit: 10 minutes; a minute's: about a second).
+pub fn late_by(max_age: Duration) -> Duration {
+    (max_age / 64).min(Duration::from_secs(600))
+}
+
+/// A pass is due at least this often, whatever the last one found: another writer, or an
+/// operator, may have added or removed files.
+const PASS_AT_LEAST_EVERY: Duration = Duration::from_secs(3600);
+
+/// When the next pass is due, from what the last one found (see the module's doc).
+#[derive(Clone, Debug, Default)]
+pub struct Schedule {
+    /// When the last pass ran; `None` before the first, or to ask for one at once.
+    last_pass: Option<SystemTime>,
+    /// Bytes the size limit left free after the last pass, less what was written since.
+    headroom: u64,
+    /// When the oldest profile left reaches `max_age` (plus [`late_by`]).
+    next_expiry: Option<SystemTime>,
+}
+
+impl Schedule {
+    /// Notes `bytes` of profiles written.
+    pub fn wrote(&mut self, bytes: u64) {
+        self.headroom = self.headroom.saturating_sub(bytes);
+    }
+
+    /// Whether a pass is due at `now`.
+    pub fn due(&self, now: SystemTime) -> bool {
+        let Some(last) = self.last_pass else { return true };
+        self.headroom == 0
+            || self.next_expiry.is_some_and(|expiry| now >= expiry)
+            || now.duration_since(last).map_or(true, |since| since >= PASS_AT_LEAST_EVERY)
+    }
+
+    /// Notes a pass at `now` under `policy` and what it found. After a failure the next
+    /// one is due at once.
+    pub fn passed(&mut self, report: &RetentionReport, policy: &Retention, now: SystemTime) {
+        if report.errors > 0 {
+            *self = Self::default();
+            return;
+        }
+        self.last_pass = Some(now);
+        self.headroom = policy.max_total_bytes.saturating_sub(report.remaining_bytes);
+        self.next_expiry = report.oldest_remaining.map(|oldest| oldest + policy.max_age + late_by(policy.max_age));
+    }
 }
 
 /// The `min_free_bytes` check during one pass. After the first failure to read free space it
@@ -387,6 +454,52 @@ mod tests {
         assert!(!oldest.exists() && !tie_first.exists(), "oldest, then by name");
         assert!(tie_second.exists() && newest.exists());
         assert_eq!(report.removed_dirs, 0, "both dirs still hold a profile");
+    }
+
+    #[test]
+    fn a_pass_over_the_size_limit_goes_down_to_the_low_water_mark() {
+        let out = OutputDir::new("low-water");
+        for i in 0..20 {
+            out.file(&format!("a-1/cpu-{i:02}.pb.gz"), 100, HOUR * (20 - i));
+        }
+        let report = out.enforce(&policy(7 * DAY, 1600));
+        assert_eq!((report.deleted_files, report.remaining_bytes), (5, 1500), "{report:?}");
+        assert!(!out.root.join("a-1/cpu-04.pb.gz").exists() && out.root.join("a-1/cpu-05.pb.gz").exists());
+        assert_eq!(report.oldest_remaining, Some(out.now - HOUR * 15));
+    }
+
+    #[test]
+    fn a_pass_is_due_only_when_something_may_be_deleted() {
+        let now = SystemTime::UNIX_EPOCH + 1000 * DAY;
+        const MINUTE: Duration = Duration::from_secs(60);
+        let limits = policy(32 * MINUTE, 1000);
+        let mut schedule = Schedule::default();
+        assert!(schedule.due(now), "never passed");
+        let found = |remaining_bytes, oldest: Duration| RetentionReport {
+            remaining_bytes,
+            oldest_remaining: Some(now - oldest),
+            ..RetentionReport::default()
+        };
+        schedule.passed(&found(600, MINUTE), &limits, now);
+        assert!(!schedule.due(now + Duration::from_secs(60)));
+        schedule.wrote(399);
+        assert!(!schedule.due(now), "1 byte of headroom left");
+        schedule.wrote(1);
+        assert!(schedule.due(now), "the size limit is reached");
+
+        schedule.passed(&found(0, MINUTE), &limits, now);
+        let expires = now + 31 * MINUTE;
+        assert!(!schedule.due(expires), "a profile may go up to late_by after max_age");
+        assert!(schedule.due(expires + late_by(limits.max_age)));
+        assert_eq!(late_by(limits.max_age), Duration::from_secs(30));
+        assert_eq!(late_by(7 * DAY), Duration::from_secs(600));
+
+        schedule.passed(&RetentionReport::default(), &limits, now);
+        assert!(!schedule.due(now + PASS_AT_LEAST_EVERY - Duration::from_secs(1)), "nothing left to expire");
+        assert!(schedule.due(now + PASS_AT_LEAST_EVERY), "someone else may have written");
+
+        schedule.passed(&RetentionReport { errors: 1, ..RetentionReport::default() }, &limits, now);
+        assert!(schedule.due(now), "after a failure");
     }
 
     #[test]

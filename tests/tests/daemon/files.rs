@@ -15,7 +15,8 @@ use super::{assert_split, file_size, mtime_gaps, wait_for_files, CPU_SPLIT, FIXT
 /// After a few intervals `cpu_split-<pid>/` holds that many `cpu-<stamp>.pb.gz` files, their
 /// stamps increase in write order about 2 s apart, each decodes (with our reader and with
 /// `go tool pprof -raw`) as a 199 Hz CPU profile of that one thread, and each alone shows the
-/// fixture's 75/25 hot_a/hot_b split.
+/// fixture's 75/25 hot_a/hot_b split. With nothing to delete, retention listed the directory
+/// once (/status `retention_passes`).
 #[test]
 fn files_appear_every_interval_and_decode() {
     if !preflight() {
@@ -38,6 +39,10 @@ fn files_appear_every_interval_and_decode() {
         assert_split(&profile, file);
         go_pprof::raw(file);
     }
+    // The default limits (a week, 1 GiB) leave nothing to delete for a week: the directory
+    // is listed by the first dump's retention pass, not by every dump's.
+    let (dumps, passes) = (daemon.status_u64("/output/dumps"), daemon.status_u64("/output/retention_passes"));
+    assert!(dumps >= 3 && passes == 1, "{passes} retention passes in {dumps} dumps");
     // Last, so that a format slip does not hide the checks above.
     for file in &files {
         expect::cpu_profile_format(&Profile::decode(file), FREQUENCY_HZ);
