@@ -704,9 +704,9 @@ mod tests {
         assert!(catalog.prune(hour, &HashSet::new()).is_empty(), "records lost: exits not trusted");
     }
 
-    #[test]
-    fn merge_keeps_unmapped_old_entries() {
-        let entry = |start, end| MapEntry {
+    /// A mapping of `/x` (inode 1) as `/proc` shows it.
+    fn entry(start: u64, end: u64) -> MapEntry {
+        MapEntry {
             start,
             end,
             offset: 0,
@@ -715,26 +715,21 @@ mod tests {
             device: Default::default(),
             generation: 0,
             unmapped: false,
-        };
+        }
+    }
+
+    #[test]
+    fn merge_keeps_unmapped_old_entries() {
         let merged = merge_maps(vec![entry(100, 200)], &[entry(150, 250), entry(300, 400)]);
         assert_eq!(merged, vec![entry(100, 200), MapEntry { unmapped: true, ..entry(300, 400) }]);
     }
 
     #[test]
     fn a_mapping_read_again_from_proc_is_unchanged() {
-        let from_proc = MapEntry {
-            start: 100,
-            end: 200,
-            offset: 0,
-            path: "/x".into(),
-            inode: 1,
-            device: Default::default(),
-            generation: 0,
-            unmapped: false,
-        };
+        let from_proc = entry(100, 200);
         let from_event = MapEntry { generation: 9, ..from_proc.clone() };
         let other_file = MapEntry { start: 300, end: 400, inode: 2, ..from_event.clone() };
-        let fresh = vec![from_proc.clone(), MapEntry { start: 300, end: 400, ..from_proc.clone() }];
+        let fresh = vec![from_proc, entry(300, 400)];
         let merged = merge_maps(fresh, &[from_event.clone(), other_file]);
         assert_eq!(merged[0], from_event, "same mapping: the event's generation kept");
         assert_eq!(merged[1].generation, 0, "another file at the same addresses is a new mapping");

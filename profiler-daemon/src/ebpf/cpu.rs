@@ -87,15 +87,8 @@ fn recursion_misses(ebpf: &Ebpf) -> u64 {
         InfoAttr { bpf_fd: fd.as_fd().as_raw_fd() as u32, info_len: info.len() as u32, info: info.as_mut_ptr() as u64 };
     // SAFETY: `attr` names a writable buffer of `info_len` bytes that outlives the call; the
     // kernel writes at most that many.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &mut attr as *mut InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    if ret != 0 || (attr.info_len as usize) < RECURSION_MISSES_OFFSET + 8 {
+    let ret = unsafe { super::bpf_call(BPF_OBJ_GET_INFO_BY_FD, &mut attr) };
+    if ret.is_err() || (attr.info_len as usize) < RECURSION_MISSES_OFFSET + 8 {
         return 0;
     }
     let bytes: [u8; 8] = info[RECURSION_MISSES_OFFSET..RECURSION_MISSES_OFFSET + 8].try_into().unwrap_or_default();

@@ -477,6 +477,22 @@ where
     M::try_from(map).map_err(map_error("open", name))
 }
 
+/// The `bpf(2)` command `cmd` with `attr`, a `union bpf_attr` member (`repr(C)`, no
+/// padding) the kernel may write back into; the call's non-negative result.
+///
+/// # Safety
+/// Every pointer in `attr` names live memory of the size `attr` states for it, writable
+/// where `cmd` writes, for the whole call.
+unsafe fn bpf_call<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<i64> {
+    // SAFETY: `attr` is live and writable for `size_of::<T>()` bytes; its pointers are the
+    // caller's to vouch for.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>() as u32) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
 /// Opens map `name` read-only as type `M`.
 fn map_ref<'a, M>(ebpf: &'a Ebpf, name: &'static str) -> Result<M>
 where

@@ -77,19 +77,21 @@ pub(super) fn read(ebpf: &Ebpf, pid: Pid) -> Result<Vec<ThreadRecord>> {
         ebpf.program(PROGRAM).ok_or_else(|| missing(PROGRAM))?.try_into().map_err(program_error("find", PROGRAM))?;
     let prog_fd = program.fd().map_err(program_error("use", PROGRAM))?;
     let info = TaskIterInfo { pid: pid.0, ..TaskIterInfo::default() };
-    let attr = LinkCreate {
+    let mut attr = LinkCreate {
         prog_fd: prog_fd.as_fd().as_raw_fd() as u32,
         attach_type: BPF_TRACE_ITER,
         iter_info: &info as *const TaskIterInfo as u64,
         iter_info_len: size_of::<TaskIterInfo>() as u32,
         ..LinkCreate::default()
     };
-    let link = bpf(BPF_LINK_CREATE, &attr).map_err(|source| Error::Io {
+    // SAFETY: `iter_info` points at `info`, of `iter_info_len` bytes, alive until the end.
+    let link = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }.map_err(|source| Error::Io {
         action: format!("create the thread iterator of pid {pid} (BPF_LINK_CREATE)"),
         source,
     })?;
-    let attr = IterCreate { link_fd: link.as_raw_fd() as u32, ..IterCreate::default() };
-    let iter = bpf(BPF_ITER_CREATE, &attr).map_err(|source| Error::Io {
+    let mut attr = IterCreate { link_fd: link.as_raw_fd() as u32, ..IterCreate::default() };
+    // SAFETY: no pointers.
+    let iter = unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map_err(|source| Error::Io {
         action: format!("open the thread iterator of pid {pid} (BPF_ITER_CREATE)"),
         source,
     })?;
@@ -111,12 +113,12 @@ fn records(bytes: &[u8]) -> Vec<ThreadRecord> {
 }
 
 /// The `bpf(2)` command `cmd` with `attr`; a command that returns a descriptor.
-fn bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<OwnedFd> {
-    // SAFETY: `attr` is a live, zero-padded `union bpf_attr` member of `size_of::<T>()` bytes.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *const T, size_of::<T>() as u32) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+///
+/// # Safety
+/// As [`super::bpf_call`]: every pointer in `attr` names live memory of the size stated.
+unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<OwnedFd> {
+    // SAFETY: passed on from the caller.
+    let fd = unsafe { super::bpf_call(cmd, attr) }?;
     // SAFETY: the kernel returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

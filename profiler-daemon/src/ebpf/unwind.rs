@@ -61,31 +61,26 @@ pub(super) fn write_shard(ebpf: &Ebpf, shard: u16, rows: &[UnwindRow]) -> Result
 /// Attaches the exec program to the entries of both exec syscalls. Fails when tracefs is not
 /// mounted.
 pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
-    let program: &mut TracePoint = ebpf
-        .program_mut(EXEC_PROGRAM)
-        .ok_or_else(|| missing(EXEC_PROGRAM))?
-        .try_into()
-        .map_err(program_error("find", EXEC_PROGRAM))?;
-    program.load().map_err(program_error("load", EXEC_PROGRAM))?;
-    for syscall in ["sys_enter_execve", "sys_enter_execveat"] {
-        program
-            .attach("syscalls", syscall)
-            .map_err(program_error(format!("attach (tracepoint syscalls:{syscall})"), EXEC_PROGRAM))?;
-    }
-    Ok(())
+    attach_to_exec_syscalls(ebpf, EXEC_PROGRAM, "sys_enter")
 }
 
 /// Attaches the exec's exit program (see `profiler-ebpf`'s `exec.rs`): from now on
 /// [`take_execs`] returns only the execs that failed.
 pub(super) fn attach_exec_done(ebpf: &mut Ebpf) -> Result<()> {
-    let name = programs::UNWIND_EXEC_DONE;
+    attach_to_exec_syscalls(ebpf, programs::UNWIND_EXEC_DONE, "sys_exit")
+}
+
+/// Loads the tracepoint program `name` and attaches it to `{side}_execve` and
+/// `{side}_execveat`.
+fn attach_to_exec_syscalls(ebpf: &mut Ebpf, name: &'static str, side: &str) -> Result<()> {
     let program: &mut TracePoint =
         ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
     program.load().map_err(program_error("load", name))?;
-    for syscall in ["sys_exit_execve", "sys_exit_execveat"] {
+    for syscall in ["execve", "execveat"] {
+        let tracepoint = format!("{side}_{syscall}");
         program
-            .attach("syscalls", syscall)
-            .map_err(program_error(format!("attach (tracepoint syscalls:{syscall})"), name))?;
+            .attach("syscalls", &tracepoint)
+            .map_err(program_error(format!("attach (tracepoint syscalls:{tracepoint})"), name))?;
     }
     Ok(())
 }
@@ -217,21 +212,12 @@ fn delete_batch(fd: std::os::fd::RawFd, keys: &[u32]) -> std::result::Result<(),
         elem_flags: 0,
         flags: 0,
     };
-    // SAFETY: `attr` names `count` readable keys of the map's key size, which outlive the
-    // call; the kernel writes back only `count`.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_DELETE_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>(),
-        )
-    };
-    if ret == 0 {
-        return Ok(());
+    // SAFETY: `attr` names `count` keys of the map's key size, borrowed for the call; the
+    // kernel writes back only `count`, in `attr`.
+    match unsafe { super::bpf_call(BPF_MAP_DELETE_BATCH, &mut attr) } {
+        Ok(_) => Ok(()),
+        Err(err) => Err(((attr.count as usize).min(keys.len().saturating_sub(1)), err)),
     }
-    let err = std::io::Error::last_os_error();
-    Err(((attr.count as usize).min(keys.len().saturating_sub(1)), err))
 }
 
 /// Removes `pid` from the process map `name`, of values `V`.

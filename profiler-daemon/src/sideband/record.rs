@@ -3,6 +3,8 @@
 //! creation (not thread creation) and process exit. Each record ends with the sample id
 //! `SAMPLE_TYPE` asks for: pid, tid and time.
 
+use std::{borrow::Cow, sync::Arc};
+
 use crate::{
     ids::Pid,
     procs::{Device, MapEntry},
@@ -117,12 +119,13 @@ fn mmap2(misc: u16, body: &[u8], time: u64) -> Option<ProcessEvent> {
         return None;
     }
     let (start, len, offset) = (u64_at(body, 8)?, u64_at(body, 16)?, u64_at(body, 24)?);
-    let path = c_string(body.get(64..body.len().checked_sub(SAMPLE_ID_LEN)?)?);
+    let path = c_str(body.get(64..body.len().checked_sub(SAMPLE_ID_LEN)?)?);
     let map = MapEntry {
         start,
         end: start.checked_add(len)?,
         offset,
-        path: path.into(),
+        // One allocation: the path is shared from here on (see `MapEntry::path`).
+        path: Arc::from(&*path),
         inode: u64_at(body, 40)?,
         device: Device { major: u32_at(body, 32)?, minor: u32_at(body, 36)? },
         generation: u64_at(body, 48)?,
@@ -133,8 +136,13 @@ fn mmap2(misc: u16, body: &[u8], time: u64) -> Option<ProcessEvent> {
 
 /// The NUL-terminated string at the start of `bytes` (the kernel pads it to 8 bytes).
 fn c_string(bytes: &[u8]) -> String {
+    c_str(bytes).into_owned()
+}
+
+/// [`c_string`], borrowed when it is valid UTF-8.
+fn c_str(bytes: &[u8]) -> Cow<'_, str> {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
+    String::from_utf8_lossy(&bytes[..end])
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
