@@ -256,17 +256,20 @@ impl Session {
             || self.removals_since.is_some_and(|since| since.elapsed() >= REMOVALS_DUE_AFTER)
     }
 
-    /// Deletes the queued registrations from the walker's maps.
+    /// Deletes the queued registrations from the walker's maps: from both, even when the
+    /// first fails (the first failure is returned).
     pub fn flush_unwind_removals(&mut self) -> Result<()> {
         self.removals_since = None;
         let queued = std::mem::take(&mut self.unwind_removals);
+        let mut result = Ok(());
         for from in [UnwindMap::Small, UnwindMap::Large] {
             let pids: Vec<u32> = queued.iter().filter(|&&(_, map)| map == from).map(|&(pid, _)| pid.0).collect();
             if !pids.is_empty() {
-                unwind::remove_processes(&mut self.ebpf, &pids, from)?;
+                let removed = unwind::remove_processes(&mut self.ebpf, &pids, from);
+                result = result.and(removed);
             }
         }
-        Ok(())
+        result
     }
 
     /// Processes that called `execve` since the last call, with the time of the exec
