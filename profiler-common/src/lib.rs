@@ -24,7 +24,7 @@ pub mod unwind;
 pub mod walk;
 
 pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
-pub use frame::{FrameKind, InterpretedFrame};
+pub use frame::{FrameKind, InterpretedFrame, PythonCounter, PythonProcess};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use offcpu::{Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
@@ -183,6 +183,16 @@ pub mod maps {
     /// Execs remembered between two looks.
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
 
+    /// Hash of tgid (`u32`) → [`crate::PythonProcess`]: the CPython processes whose Python
+    /// frames the walker adds to their user stacks.
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    /// Per-CPU array of `u64`, indexed by [`crate::PythonCounter`].
+    pub const PYTHON_COUNTERS: &str = "PYTHON_COUNTERS";
+    /// Per-CPU scratch of the Python walk, one entry per scratch slot.
+    pub const PYTHON_STATE: &str = "PYTHON_STATE";
+    /// CPython processes walked at once.
+    pub const PYTHON_PROCESSES_MAX_ENTRIES: u32 = 1_024;
+
     /// Distinct (process, allocating stack) keys per map set.
     pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;
     /// Sampled live blocks tracked at once (all processes), at most: what the object
@@ -284,7 +294,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 47] = [
+    pub const ALL: [&str; 50] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
@@ -315,6 +325,9 @@ pub mod maps {
         UNWIND_COUNTERS,
         UNWIND_STATE,
         UNWIND_EXECS,
+        PYTHON_PROCESSES,
+        PYTHON_COUNTERS,
+        PYTHON_STATE,
         BLOCK_COUNTS_0,
         BLOCK_COUNTS_1,
         MUTEX_COUNTS_0,

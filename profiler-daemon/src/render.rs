@@ -91,6 +91,7 @@ impl Renderer<'_> {
         let left_out = kind.label(&mut resolved, counts);
         let mut comments = kind.comments(self.context, self.counters, &self.settings, counts);
         comments.extend(left_out);
+        comments.extend(resolved.notes.iter().cloned());
         if !self.kernel_addresses && resolved.hide_kernel_addresses() {
             comments.push(format!(
                 "kernel addresses are shown from {:#x} on, relative to the lowest: only root sees where the kernel is",

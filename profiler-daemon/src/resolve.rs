@@ -8,10 +8,13 @@ use std::{
     path::PathBuf,
 };
 
+use profiler_common::frame::is_python_word;
+
 use crate::{
     catalog::{Catalog, KnownProcess},
     ids::{Pid, StackId},
     procs::MapEntry,
+    python::{merge::merge, PythonFrame},
     symbolize::{Frames, Symbolizer},
 };
 
@@ -121,6 +124,8 @@ pub struct ResolvedProfile {
     /// Files of the process not read, or read in part (see [`Refusal`]); their addresses stay
     /// unnamed, or named without source lines.
     pub refused: Vec<Refusal>,
+    /// Lines for the profile's comment (what became of the stacks' Python frames).
+    pub notes: Vec<String>,
 }
 
 impl ResolvedProfile {
@@ -161,6 +166,8 @@ pub fn resolve(
 ) -> ResolvedProfile {
     let mut table = LocationTable::default();
     let mut resolved = Vec::with_capacity(samples.len());
+    // Per sample, the Python frames the kernel walker put after the native ones.
+    let mut python: Vec<&[u64]> = Vec::with_capacity(samples.len());
     let (mut missing_stacks, mut over_share) = (0, 0);
     for sample in samples {
         if sample.user_stack == StackId::OVER_SHARE || sample.kernel_stack == StackId::OVER_SHARE {
@@ -177,6 +184,9 @@ pub fn resolve(
         for (i, &ip) in kernel.iter().enumerate() {
             locations.push(table.intern(Site::Kernel, caller_adjusted(ip, i > 0)));
         }
+        let native = user.iter().position(|&w| is_python_word(w)).unwrap_or(user.len());
+        let (user, python_words) = user.split_at(native);
+        python.push(python_words);
         // A user pc under a kernel stack is the return point of the syscall instruction.
         let leaf_returns = sample.user_leaf_is_return || !kernel.is_empty();
         for (i, &ip) in user.iter().enumerate() {
@@ -191,7 +201,6 @@ pub fn resolve(
             labels: sample.labels,
         });
     }
-    resolved.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     let maps = process.maps();
     let ns_pid = process.info.as_ref().map_or(process.pid.0, |info| info.ns_pid);
     let owner = Owner { pid: process.pid, ns_pid, info: process.info.as_ref() };
@@ -200,7 +209,7 @@ pub fn resolve(
     frames.over_share = over_share;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
-    ResolvedProfile {
+    let mut profile = ResolvedProfile {
         pid: process.pid,
         name: process.name.clone(),
         mappings,
@@ -208,7 +217,40 @@ pub fn resolve(
         samples: resolved,
         frames,
         refused,
+        notes: Vec::new(),
+    };
+    if python.iter().any(|words| !words.is_empty()) {
+        let note = name_python(process, &mut profile, &python, sym);
+        profile.notes.push(note);
     }
+    profile.samples.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
+    profile
+}
+
+/// Names the Python frames of `python` (per sample, leaf first) and puts them in place of
+/// the interpreter loop's native frames (see [`crate::python::merge`]). Returns the line
+/// for the profile's comment: what was named, or why nothing was (the process exited before
+/// its code objects were read: those samples keep their native frames, counted).
+fn name_python(
+    process: &KnownProcess,
+    profile: &mut ResolvedProfile,
+    python: &[&[u64]],
+    sym: &mut Symbolizer,
+) -> String {
+    let with = python.iter().filter(|words| !words.is_empty()).count();
+    let Some(mut reading) = sym.python.begin(process) else {
+        return format!(
+            "python: {with} samples have Python frames the kernel walked, not named: the process exited before \
+             its code objects were read (they keep _PyEval_EvalFrameDefault)"
+        );
+    };
+    let names = reading.name_words(python.iter().flat_map(|words| words.iter().copied()));
+    let frames: Vec<Vec<PythonFrame>> =
+        python.iter().map(|words| words.iter().filter_map(|w| names.get(w).cloned()).collect()).collect();
+    let placed = frames.iter().filter(|f| !f.is_empty()).count();
+    let slices: Vec<&[PythonFrame]> = frames.iter().map(Vec::as_slice).collect();
+    merge(profile, &slices);
+    reading.sampled_note(with, placed)
 }
 
 /// pprof tools take `mapping[0]` as the main binary (`go tool pprof` prints it as `File:`):

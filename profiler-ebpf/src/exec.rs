@@ -31,6 +31,7 @@ use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 use crate::{
     futex::FUTEX_PENDING,
     maps::current_task,
+    python::PYTHON_PROCESSES,
     tracepoint::read_field,
     user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
@@ -57,6 +58,11 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
         let _ = UNWIND_PROCESSES.remove(&tgid);
     } else if unsafe { UNWIND_PROCESSES_LARGE.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES_LARGE.remove(&tgid);
+    }
+    // The new image is another program: its interpreter, if any, is registered anew.
+    // SAFETY: only checks for presence.
+    if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_some() {
+        let _ = PYTHON_PROCESSES.remove(&tgid);
     }
     // A failure (the map full until the next drain) only delays the registration until the
     // process's first sample, as without this program.

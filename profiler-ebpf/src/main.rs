@@ -20,6 +20,7 @@ mod futex;
 mod heap;
 mod maps;
 mod offcpu;
+mod python;
 mod stack;
 mod thread;
 mod thread_dump;

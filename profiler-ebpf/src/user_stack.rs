@@ -202,33 +202,32 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
             0,
         );
     }
-    // The callback wrote both through its own lookups: read them again, not a cached copy.
-    // SAFETY: plain reads of this CPU's live scratch entries.
-    let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
+    // The callback wrote it through its own lookups: read it again, not a cached copy.
+    // SAFETY: a plain read of this CPU's live scratch entry.
+    let mut hash = unsafe { ptr::read_volatile(&state.hash) };
+    // An interpreter's frames go after the native ones (see `crate::python`).
+    crate::python::walk(slot, tgid, &mut hash);
+    // SAFETY: as above.
+    let len = unsafe { ptr::read_volatile(&out.len) };
     Some(finish_hash(hash, len))
 }
 
-/// One frame: records the pc and steps to the caller. 0 continues, 1 stops. `ctx` points to
-/// the walk's scratch slot.
-#[inline(never)]
-extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
-    let slot = unsafe { *(ctx as *const u32) };
+/// Appends `word` (an address, or an interpreter's frame word) to the scratch stack of
+/// `slot` and folds it into `hash`. False at the depth limit, where the stack is marked
+/// truncated and `word` left out.
+#[inline(always)]
+pub fn push_word(slot: u32, word: u64, hash: &mut u64) -> bool {
     // The first piece holds the walk's length and flags; frame n goes to piece
     // n / STACK_PIECE_FRAMES (see `profiler_common::stack`).
     let first = slot * STACK_CHUNKS as u32;
-    let (Some(state), Some(head)) = (UNWIND_STATE.get_ptr_mut(slot), STACK_SCRATCH.get_ptr_mut(first)) else {
-        return 1;
-    };
-    // SAFETY: this CPU's slots, see `walk`. `head` may be the piece written below, so it is
+    let Some(head) = STACK_SCRATCH.get_ptr_mut(first) else { return false };
+    // SAFETY: this CPU's slot, see `walk`. `head` may be the piece written below, so it is
     // only accessed through the raw pointer.
-    let state = unsafe { &mut *state };
-    // SAFETY: as above.
     let len = unsafe { (*head).len } as usize;
     if len >= MAX_USER_STACK_DEPTH {
         // SAFETY: as above.
         unsafe { (*head).truncated = STACK_TRUNCATED };
-        return 1;
+        return false;
     }
     // The compiler knows `len % STACK_PIECE_FRAMES` is in bounds and drops the check; the
     // verifier cannot follow `%`. A volatile read hides the range so the check stays.
@@ -238,12 +237,27 @@ extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
     if let Some(piece) = STACK_SCRATCH.get_ptr_mut(first + (len / STACK_PIECE_FRAMES) as u32) {
         // SAFETY: as above.
         if let Some(ip) = unsafe { (*piece).ips.get_mut(at) } {
-            *ip = state.pc;
+            *ip = word;
         }
     }
     // SAFETY: as above.
     unsafe { (*head).len = len as u32 + 1 };
-    state.hash = hash_frame(state.hash, state.pc);
+    *hash = hash_frame(*hash, word);
+    true
+}
+
+/// One frame: records the pc and steps to the caller. 0 continues, 1 stops. `ctx` points to
+/// the walk's scratch slot.
+#[inline(never)]
+extern "C" fn step_callback(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else { return 1 };
+    // SAFETY: this CPU's slot, see `walk`.
+    let state = unsafe { &mut *state };
+    if !push_word(slot, state.pc, &mut state.hash) {
+        return 1;
+    }
     if step(state) {
         0
     } else {

@@ -36,7 +36,7 @@ pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use threads::{RawThreadCount, ThreadCounters};
-pub use unwind::{UnwindCounters, UnwindView, Where as UnwindMap};
+pub use unwind::{PythonCounters, UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
 use crate::{
@@ -103,6 +103,7 @@ pub struct Counters {
     pub threads: ThreadCounters,
     pub offcpu: OffCpuCounters,
     pub unwind: UnwindCounters,
+    pub python: PythonCounters,
 }
 
 /// The loaded programs and maps.
@@ -235,6 +236,15 @@ impl Session {
         unwind::set_process(&mut self.ebpf, pid.0, process, was)
     }
 
+    /// Gives the walker process `pid`'s CPython interpreter, so that its stacks get Python
+    /// frames; `None` makes it forget one. Returns false when the map is full.
+    pub fn set_python_process(&mut self, pid: Pid, process: Option<&profiler_common::PythonProcess>) -> Result<bool> {
+        match process {
+            Some(process) => unwind::set_python(&mut self.ebpf, pid.0, process),
+            None => unwind::remove_python(&mut self.ebpf, pid.0).map(|()| true),
+        }
+    }
+
     /// What the kernel filters by cgroup (see `profiler_common::CgroupFilterMode`).
     pub fn set_cgroup_filter(&mut self, mode: CgroupFilterMode, ids: &std::collections::BTreeSet<u64>) -> Result<()> {
         set_cgroup_filter(&mut self.ebpf, mode, ids)
@@ -351,6 +361,7 @@ impl Session {
             threads: threads::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,
+            python: unwind::python_counters(&self.ebpf)?,
         })
     }
 

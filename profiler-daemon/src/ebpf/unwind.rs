@@ -13,7 +13,8 @@ use aya::{
 use profiler_common::{
     maps, programs,
     unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT},
-    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess, UnwindRow, UnwindTableInfo,
+    PythonCounter, PythonProcess, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess,
+    UnwindRow, UnwindTableInfo,
 };
 
 use super::{map_error, map_mut, missing, program_error, sum_counters, Error, Result};
@@ -126,6 +127,36 @@ pub(super) fn set_process(
         remove_from::<SmallUnwindProcess>(ebpf, maps::UNWIND_PROCESSES, pid)?;
     }
     Ok(Some(Where::Large))
+}
+
+/// Gives the walker process `pid`'s interpreter (see `profiler-ebpf`'s `python.rs`).
+/// Returns false when the map is full (nothing written; the caller counts it).
+pub(super) fn set_python(ebpf: &mut Ebpf, pid: u32, process: &PythonProcess) -> Result<bool> {
+    let mut processes: HashMap<&mut MapData, u32, PythonProcess> = map_mut(ebpf, maps::PYTHON_PROCESSES)?;
+    match processes.insert(pid, process, 0) {
+        Ok(()) => Ok(true),
+        Err(e) if is_full(&e) => Ok(false),
+        Err(e) => Err(map_error("write", maps::PYTHON_PROCESSES)(e)),
+    }
+}
+
+/// Makes the walker forget process `pid`'s interpreter (a no-op if it has none there).
+pub(super) fn remove_python(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    remove_from::<PythonProcess>(ebpf, maps::PYTHON_PROCESSES, pid)
+}
+
+/// The Python walk's counters since load, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonCounters(pub [u64; PythonCounter::COUNT as usize]);
+
+impl PythonCounters {
+    pub fn get(&self, counter: PythonCounter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+pub(super) fn python_counters(ebpf: &Ebpf) -> Result<PythonCounters> {
+    Ok(PythonCounters(sum_counters(ebpf, maps::PYTHON_COUNTERS)?))
 }
 
 /// Which of the two process maps holds a process's entry.

@@ -177,6 +177,7 @@ mod tests {
             }],
             frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0, over_share: 0 },
             refused: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

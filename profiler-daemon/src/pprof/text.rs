@@ -287,6 +287,7 @@ mod tests {
             ],
             frames: FrameStats::default(),
             refused: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

@@ -104,6 +104,7 @@ mod tests {
             ],
             frames: FrameStats::default(),
             refused: vec![],
+            notes: vec![],
         };
         let text = go_text(&resolved, TextFormat::Threads);
         let expected = "\

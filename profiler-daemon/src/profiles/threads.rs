@@ -12,7 +12,7 @@
 //! place of the interpreter loop's native frames (`_PyEval_EvalFrameDefault`) once the
 //! stack is symbolized ([`merge_python`]): one activation of the loop runs the frames up to
 //! and including the next entry frame, so the loop's frames and the runs pair up in order,
-//! leaf first. Python frames get a mapping of their own, [`PYTHON_MAPPING`].
+//! leaf first. Python frames get a mapping of their own, `[python]`.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -26,18 +26,9 @@ use crate::{
     ids::{StackId, Tid},
     pprof::Shape,
     python::PythonFrame,
-    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, StackSample, PYTHON_MAPPING},
-    symbolize::Frame,
+    resolve::{LabelValue, ResolvedProfile, StackSample},
     threads::{stack_id, DumpedThread, StackSource, ThreadDump},
 };
-
-/// Where Python frames' locations are numbered from: not a canonical address, above every
-/// user one and below where hidden kernel addresses start
-/// ([`crate::resolve::HIDDEN_KERNEL_BASE`]), so none is mistaken for code.
-const PYTHON_BASE: u64 = 0x4000_0000_0000_0000;
-
-/// The interpreter loop's function: one native activation runs a run of Python frames.
-const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
 /// How long a thread's latest CPU sample stands for it when it is found running.
 const CPU_SAMPLE_KEPT: Duration = Duration::from_secs(10);
@@ -142,10 +133,7 @@ fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
 }
 
 /// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
-/// locations: the n-th activation of the loop (leaf first) by the n-th run of Python frames
-/// (up to and including an entry frame). Runs left over (a native walk cut short) are not
-/// placed, and the sample's `python` label says how many frames; loop frames left over keep
-/// their native name.
+/// locations (see [`crate::python::merge`]), by the sample's `tid` label.
 pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
     let threads: HashMap<i64, &DumpedThread> =
@@ -153,70 +141,18 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
     if threads.is_empty() {
         return;
     }
-    let mapping = resolved.mappings.len();
-    // A location per (function, file, line), whichever thread and activation it is in.
-    let mut interned: HashMap<(&str, &str, u32), usize> = HashMap::new();
-    let mut samples = std::mem::take(&mut resolved.samples);
-    for sample in &mut samples {
-        let tid = sample.labels.iter().find_map(|(k, v)| match v {
-            LabelValue::Num(n, _) if *k == "tid" => Some(*n),
-            _ => None,
-        });
-        let Some(thread) = tid.and_then(|tid| threads.get(&tid)) else { continue };
-        let mut runs = thread.python.split_inclusive(|f| f.entry).peekable();
-        let mut merged = Vec::with_capacity(sample.locations.len() + thread.python.len());
-        for &location in &sample.locations {
-            let is_eval = resolved.locations[location].frames.iter().any(|f| f.function == EVAL_FUNCTION);
-            let Some(run) = runs.next_if(|_| is_eval) else {
-                merged.push(location);
-                continue;
-            };
-            for frame in run {
-                let next = interned.len() as u64;
-                let key = (frame.qualname.as_str(), frame.filename.as_str(), frame.line);
-                let index = *interned
-                    .entry(key)
-                    .or_insert_with(|| python_location(&mut resolved.locations, mapping, PYTHON_BASE + next, frame));
-                merged.push(index);
-            }
-        }
-        sample.locations = merged;
-        let left: usize = runs.map(<[PythonFrame]>::len).sum();
-        if left > 0 {
-            // Said on the sample, not dropped silently: the native walk ended before the
-            // loop frames that ran these (a cut or failed walk).
-            sample.labels.push(("python", LabelValue::Str(format!("{left} outer Python frames not placed"))));
-        }
-    }
-    resolved.samples = samples;
-    resolved.frames.locations += interned.len() as u64;
-    if !interned.is_empty() {
-        resolved.mappings.push(MappingInfo {
-            start: PYTHON_BASE,
-            limit: PYTHON_BASE + interned.len() as u64,
-            offset: 0,
-            path: PYTHON_MAPPING.into(),
-            build_id: None,
-            has_functions: true,
-            has_lines: true,
-            has_inline_frames: false,
-        });
-    }
-}
-
-/// A new location for `frame` at `address` of the Python mapping.
-fn python_location(locations: &mut Vec<LocationInfo>, mapping: usize, address: u64, frame: &PythonFrame) -> usize {
-    locations.push(LocationInfo {
-        address,
-        mapping: Some(mapping),
-        frames: vec![Frame {
-            function: frame.qualname.clone(),
-            file: Some(frame.filename.clone()),
-            line: frame.line,
-            offset: 0,
-        }],
-    });
-    locations.len() - 1
+    let per_sample: Vec<&[PythonFrame]> = resolved
+        .samples
+        .iter()
+        .map(|sample| {
+            let tid = sample.labels.iter().find_map(|(k, v)| match v {
+                LabelValue::Num(n, _) if *k == "tid" => Some(*n),
+                _ => None,
+            });
+            tid.and_then(|tid| threads.get(&tid)).map_or(&[][..], |t| &t.python[..])
+        })
+        .collect();
+    crate::python::merge::merge(resolved, &per_sample);
 }
 
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
@@ -351,7 +287,11 @@ mod tests {
 
     #[test]
     fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
-        use crate::resolve::ResolvedSample;
+        use crate::{
+            python::merge::EVAL_FUNCTION,
+            resolve::{LocationInfo, ResolvedSample, PYTHON_MAPPING},
+            symbolize::Frame,
+        };
         let py = |name: &str, line, entry| PythonFrame { qualname: name.into(), filename: "a.py".into(), line, entry };
         let mut walked = thread(7, StackSource::Walked, vec![]);
         // Leaf first: two activations, [inner] and [outer, <module>].

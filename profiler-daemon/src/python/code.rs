@@ -115,7 +115,7 @@ impl CodeCache {
     }
 
     /// Forgets the code objects of processes not in `live`.
-    pub fn retain(&mut self, live: impl Fn(ProcessKey) -> bool) {
+    pub fn retain(&mut self, mut live: impl FnMut(ProcessKey) -> bool) {
         self.entries.retain(|(process, _), _| live(*process));
     }
 }

@@ -1,24 +1,28 @@
-//! CPython frames for thread dumps: which Python functions each thread of a CPython process
-//! is in, read from the interpreter's own structures in the process's memory
-//! (`process_vm_readv`: no stop, no signal), named from their code objects.
+//! CPython frames: which Python functions each thread of a CPython process is in, read
+//! from the interpreter's own structures in the process's memory (`process_vm_readv`: no
+//! stop, no signal), named from their code objects.
 //!
 //! [`detect`] finds the interpreter (3.11, 3.12, 3.13; static or shared builds) and its
-//! structure offsets ([`offsets`]); [`frames`] walks each thread state's frame chain into
-//! [`InterpretedFrame`](profiler_common::InterpretedFrame)s, the record the kernel walker
-//! will emit too; [`code`] names them, cached per (process, code object) with an identity
-//! check. [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in
-//! each round of its walks ([`PythonDump::read`]), and [`PythonDump::finish`] sums up;
-//! `profiles::threads` puts the frames in place of the interpreter loop's native frames.
-//!
-//! It reads threads the dump walked (blocked in the kernel, so their chains hold still);
-//! a thread on a CPU keeps its native frames only. What it does not own: CPU, heap and
-//! wait profiles (their stacks are walked in the kernel, which does not walk Python yet).
+//! structure offsets ([`offsets`]); [`code`] names code objects, cached per (process, code
+//! object) with an identity check; [`merge`] puts named frames in place of the interpreter
+//! loop's native frames. Two sources of frames:
+//! - sampled profiles (cpu, heap, block, mutex, threadcreate, offcpu): [`kernel`] gives the
+//!   kernel walker each CPython process's interpreter when it registers, the walker appends
+//!   one word per Python frame to the stacks it takes, and [`crate::resolve`] names them
+//!   ([`PythonDump::name_words`]);
+//! - thread dumps: [`frames`] walks each thread state's frame chain in userspace.
+//!   [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in each
+//!   round of its walks ([`PythonDump::read`]), and [`PythonDump::finish`] sums up. It reads
+//!   threads the dump walked (blocked in the kernel, so their chains hold still); a thread
+//!   on a CPU keeps the frames of its latest CPU sample.
 
 pub mod code;
 pub mod detect;
 pub mod frames;
+pub mod kernel;
 pub mod linetable;
 pub mod memory;
+pub mod merge;
 pub mod offsets;
 
 use std::collections::HashMap;
@@ -134,7 +138,9 @@ impl PythonReader {
     /// Drops what is known of processes that exited (by pid; a reused pid has another start
     /// time, so its entries would not be found anyway).
     fn forget_exited(&mut self) {
-        let live = |pid: Pid| crate::procs::exists(pid.0);
+        // Once per pid: the code cache holds thousands of entries of a few processes.
+        let mut alive: HashMap<Pid, bool> = HashMap::new();
+        let mut live = |pid: Pid| *alive.entry(pid).or_insert_with(|| crate::procs::exists(pid.0));
         self.detections.retain(|((pid, _), _), _| live(*pid));
         self.codes.retain(|(pid, _)| live(pid));
     }
@@ -186,6 +192,56 @@ impl PythonDump<'_> {
             named.insert(thread.tid, out);
         }
         named
+    }
+
+    /// Names the Python frames of sampled stacks: the words the kernel walker stored
+    /// (`profiler_common::frame::python_word`), one name per distinct word. A word whose
+    /// code object cannot be read is named `?` (counted); none is named once reading failed
+    /// or the process exited (the summary says which).
+    pub fn name_words(&mut self, words: impl IntoIterator<Item = u64>) -> HashMap<u64, PythonFrame> {
+        let mut named = HashMap::new();
+        let Some(interp) = self.interp.as_deref() else { return named };
+        for word in words {
+            let Some(frame) = profiler_common::frame::decode_python_word(word) else { continue };
+            if named.contains_key(&word) {
+                continue;
+            }
+            let code = self.codes.get(&self.remote, interp, self.key, frame.code_object, &mut self.summary.codes);
+            let name = match code {
+                Ok(code) => PythonFrame {
+                    qualname: code.qualname.clone(),
+                    filename: code.filename.clone(),
+                    line: code.line(frame.instr_offset),
+                    entry: frame.is_entry(),
+                },
+                Err(ReadFailure::Read(ReadError::Exited)) => {
+                    self.fail(&ReadError::Exited.into());
+                    return HashMap::new();
+                }
+                Err(_) => {
+                    self.summary.unnamed += 1;
+                    PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+                }
+            };
+            self.summary.frames += 1;
+            named.insert(word, name);
+        }
+        named
+    }
+
+    /// What naming sampled stacks' Python frames gave, for the profile's comment: `samples`
+    /// had Python frames, `placed` of them had them put in place.
+    pub fn sampled_note(&self, samples: usize, placed: usize) -> String {
+        let s = &self.summary;
+        match &s.status {
+            PythonStatus::Read { version: (major, minor), path } => format!(
+                "python: CPython {major}.{minor} ({path}): Python frames walked in the kernel, in place of \
+                 _PyEval_EvalFrameDefault in {placed} of {samples} samples with any; {} distinct frames named, {} \
+                 unnamed (code object unreadable); code objects read {}, cached {}, replaced at a reused address {}",
+                s.frames, s.unnamed, s.codes.read, s.codes.cached, s.codes.replaced,
+            ),
+            _ => format!("{} ({samples} samples keep _PyEval_EvalFrameDefault)", s.describe()),
+        }
     }
 
     fn fail(&mut self, err: &ReadFailure) -> HashMap<u32, Vec<PythonFrame>> {

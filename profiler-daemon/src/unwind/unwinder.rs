@@ -17,7 +17,7 @@ use std::{
 use profiler_common::{
     maps::UNWIND_TABLES_MAX_ENTRIES,
     unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS},
-    UnwindMapping, UnwindProcess, UnwindTableInfo,
+    PythonProcess, UnwindMapping, UnwindProcess, UnwindTableInfo,
 };
 
 use super::{
@@ -80,6 +80,15 @@ pub struct UnwinderStats {
     /// Mapped files not read because their file system did not answer (see
     /// [`crate::offload`]).
     pub stalled_files: u64,
+    /// CPython processes whose Python frames the walker adds to their stacks.
+    pub python_processes: u64,
+    /// CPython processes not given to the walker because its map was full (native frames
+    /// only; retried at their next registration).
+    pub python_map_full: u64,
+    /// Processes with a file named like CPython's that the walker cannot read Python frames
+    /// of (not CPython, an unknown version or build), with the latest reason.
+    pub python_unsupported: u64,
+    pub python_unsupported_reason: Option<String>,
     /// Bytes of row memory in use, and the budget.
     pub table_bytes: u64,
     pub budget_bytes: u64,
@@ -117,6 +126,8 @@ struct Registered {
     written_ns: u64,
     /// The kernel map that holds it.
     map: UnwindMap,
+    /// The CPython interpreter given to the walker (see [`crate::python::kernel`]), if any.
+    python: Option<PythonProcess>,
 }
 
 /// The owner of the unwind tables and of the walker's per-process mappings.
@@ -181,6 +192,7 @@ impl Unwinder {
             if let Some(old) = self.processes.remove(&pid) {
                 self.release(&old.keys);
                 session.remove_unwind_process(pid, old.map);
+                self.forget_python(session, pid, &old);
             }
         }
         Ok(execs.into_iter().map(|(pid, _)| pid).collect())
@@ -236,6 +248,7 @@ impl Unwinder {
             if let Some(old) = self.processes.remove(pid) {
                 self.release(&old.keys);
                 session.remove_unwind_process(*pid, old.map);
+                self.forget_python(session, *pid, &old);
             }
         }
     }
@@ -244,6 +257,7 @@ impl Unwinder {
     pub fn stats(&self) -> UnwinderStats {
         let mut stats = self.stats.clone();
         stats.processes = self.processes.len();
+        stats.python_processes = self.processes.values().filter(|r| r.python.is_some()).count() as u64;
         stats.evictions = self.registry.evictions;
         (stats.table_bytes, stats.budget_bytes) = self.registry.usage();
         stats.tables = self
@@ -303,11 +317,44 @@ impl Unwinder {
                 (now, map)
             }
         };
+        let python = self.python(session, pid, maps)?;
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map }) {
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map, python }) {
             self.release(&old.keys);
         }
         Ok(())
+    }
+
+    /// The interpreter of `pid` given to the walker: the one it was given already (an
+    /// image's interpreter stays where it is until an exec, which ends the registration),
+    /// else looked for when a mapped file is named like CPython's, and written.
+    fn python(&mut self, session: &mut Session, pid: Pid, maps: &[MapEntry]) -> Result<Option<PythonProcess>> {
+        if let Some(known) = self.processes.get(&pid).and_then(|r| r.python) {
+            return Ok(Some(known));
+        }
+        if !crate::python::kernel::candidate(maps) {
+            return Ok(None);
+        }
+        let owned = maps.to_vec();
+        let found = self
+            .offload
+            .run(&format!("CPython of pid {pid}"), None, move || crate::python::kernel::find(pid, &owned))
+            .map_err(|stall| stall.to_string())
+            .and_then(|found| found);
+        let process = match found {
+            Ok(process) => process,
+            Err(why) => {
+                tracing::debug!(%pid, reason = %why, "no Python frames from the kernel walker");
+                self.stats.python_unsupported += 1;
+                self.stats.python_unsupported_reason = Some(why);
+                return Ok(None);
+            }
+        };
+        if !session.set_python_process(pid, Some(&process))? {
+            self.stats.python_map_full += 1;
+            return Ok(None);
+        }
+        Ok(Some(process))
     }
 
     /// Registers `child`, just forked from `parent`, with its parent's mapping list as it is
@@ -325,7 +372,7 @@ impl Unwinder {
         let Some(from) = self.processes.get(&parent).filter(|from| from.version == parent_version) else {
             return Ok(false);
         };
-        let (keys, written) = (from.keys.clone(), from.written.clone());
+        let (keys, written, parent_python) = (from.keys.clone(), from.written.clone(), from.python);
         let mut process =
             Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         process.mappings[..written.len()].copy_from_slice(&written);
@@ -339,10 +386,36 @@ impl Unwinder {
         for key in &keys {
             self.registry.acquire(key);
         }
-        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map }) {
+        // The child's interpreter is its parent's, at the same addresses.
+        let python = match parent_python {
+            Some(python) if session.set_python_process(child, Some(&python))? => Some(python),
+            Some(_) => {
+                self.stats.python_map_full += 1;
+                None
+            }
+            None => None,
+        };
+        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map, python })
+        {
             self.release(&old.keys);
+            if old.python.is_some() && python.is_none() {
+                session.set_python_process(child, None)?;
+            }
         }
         Ok(true)
+    }
+
+    /// Deletes `pid`'s interpreter from the walker's map, if it was given one (rare enough
+    /// to go at once, unlike the mapping lists' batched deletions). A failure is logged: the
+    /// entry then stays until the pid registers again, walking a dead process's addresses
+    /// in whichever process reuses it, whose words userspace checks before naming them.
+    fn forget_python(&mut self, session: &mut Session, pid: Pid, old: &Registered) {
+        if old.python.is_none() {
+            return;
+        }
+        if let Err(err) = session.set_python_process(pid, None) {
+            tracing::warn!(%pid, error = %err, "could not remove a CPython process from the walker's map");
+        }
     }
 
     fn release(&mut self, keys: &[FileKey]) {

@@ -1,0 +1,111 @@
+//! What the kernel walker is given of a CPython process (`PYTHON_PROCESSES`): where the
+//! main interpreter is, and its version's structure offsets, from the same detection the
+//! thread dumps use ([`super::detect`]). The walker then adds each thread's Python frames
+//! to every stack it takes (see `profiler-ebpf`'s `python.rs`); [`crate::resolve`] names
+//! them.
+
+use profiler_common::{
+    frame::{PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME, PYTHON_NO_CSTACK_OWNER, PYTHON_NO_IS_ENTRY},
+    PythonProcess,
+};
+
+use super::{
+    detect::{self, Detection, Interpreter},
+    offsets::{CurrentFrame, EntryMark},
+};
+use crate::{ids::Pid, procs::MapEntry};
+
+/// Whether `maps` has a file named like CPython's interpreter or library: only such
+/// processes are looked at when they register (reading every program's symbols at each of
+/// a busy machine's execs would cost more than the walk saves). An interpreter linked into
+/// a program of another name gets Python frames in thread dumps only.
+pub fn candidate(maps: &[MapEntry]) -> bool {
+    maps.iter().filter(|m| !m.unmapped && m.is_file()).any(|m| {
+        let name = m.path.rsplit('/').next().unwrap_or("");
+        name.starts_with("libpython3") || name.starts_with("python3")
+    })
+}
+
+/// The walker's entry for process `pid`, if it runs a CPython the walker can read; else why
+/// not (`Ok(Err(..))`: not CPython, or a version or build it does not know).
+pub fn find(pid: Pid, maps: &[MapEntry]) -> Result<PythonProcess, String> {
+    match detect::detect(pid, maps, None) {
+        Ok(Detection::Python(interp)) => entry(&interp),
+        Ok(Detection::NotPython) => Err("no mapped file exports _PyRuntime".into()),
+        Ok(Detection::Unsupported(why)) => Err(why),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// The walker's entry for `interp`; refuses offsets the walker cannot use (a pointer field
+/// not 8-aligned, or beyond the bytes of a frame it reads).
+pub fn entry(interp: &Interpreter) -> Result<PythonProcess, String> {
+    let o = &interp.offsets;
+    let short = |v: u64| u16::try_from(v).map_err(|_| format!("offset {v:#x} out of range"));
+    let frame_pointer = |v: u64| {
+        if v % 8 == 0 && v + 8 <= PYTHON_FRAME_READ_BYTES as u64 {
+            Ok(v as u16)
+        } else {
+            Err(format!("frame field at {v:#x}: not where the walker reads"))
+        }
+    };
+    let frame_byte = |v: u64| {
+        if v < PYTHON_FRAME_READ_BYTES as u64 {
+            Ok(v as u16)
+        } else {
+            Err(format!("frame field at {v:#x}: not where the walker reads"))
+        }
+    };
+    let (thread_cframe, current_frame) = match o.current_frame {
+        CurrentFrame::ViaCFrame { cframe, current_frame } => (short(cframe)?, short(current_frame)?),
+        CurrentFrame::Direct(offset) => (PYTHON_NO_CFRAME, short(offset)?),
+    };
+    let (frame_is_entry, cstack_owner) = match o.entry {
+        EntryMark::IsEntry(offset) => (frame_byte(offset)?, PYTHON_NO_CSTACK_OWNER),
+        EntryMark::CStackOwner(owner) => (PYTHON_NO_IS_ENTRY, owner),
+    };
+    Ok(PythonProcess {
+        interpreters_head: interp.runtime + o.runtime_interpreters_head,
+        interp_threads_head: short(o.interp_threads_head)?,
+        thread_next: short(o.thread_next)?,
+        thread_native_id: short(o.thread_native_id)?,
+        thread_cframe,
+        current_frame,
+        frame_previous: frame_pointer(o.frame_previous)?,
+        frame_code: frame_pointer(o.frame_code)?,
+        frame_instr: frame_pointer(o.frame_instr)?,
+        frame_owner: frame_byte(o.frame_owner)?,
+        frame_is_entry,
+        code_adaptive: short(o.code_adaptive)?,
+        cstack_owner,
+        _pad: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::offsets;
+
+    fn interp(offsets: offsets::Offsets) -> Interpreter {
+        Interpreter { version: (3, 12), path: "python3.12".into(), runtime: 0x1000, code_type: None, offsets }
+    }
+
+    #[test]
+    fn entries_of_the_known_layouts() {
+        let e = entry(&interp(offsets::V3_11)).unwrap();
+        assert_eq!((e.interpreters_head, e.thread_cframe, e.frame_is_entry), (0x1028, 0x38, 0x44));
+        assert_eq!(e.cstack_owner, PYTHON_NO_CSTACK_OWNER);
+        let e = entry(&interp(offsets::V3_12)).unwrap();
+        assert_eq!((e.frame_code, e.frame_previous, e.frame_is_entry, e.cstack_owner), (0, 8, PYTHON_NO_IS_ENTRY, 3));
+    }
+
+    #[test]
+    fn a_layout_the_walker_cannot_read_is_refused() {
+        let mut bad = offsets::V3_12;
+        bad.frame_instr = 0x3c;
+        assert!(entry(&interp(bad)).unwrap_err().contains("0x3c"));
+        bad.frame_instr = 0x50;
+        assert!(entry(&interp(bad)).is_err());
+    }
+}

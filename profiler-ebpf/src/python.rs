@@ -1,0 +1,271 @@
+//! CPython frames in user stacks: after the native walk of a thread of a process listed in
+//! `PYTHON_PROCESSES`, find the thread's `PyThreadState` (the main interpreter's thread list,
+//! by `native_thread_id`), then follow its `_PyInterpreterFrame` chain from the current frame
+//! outwards, appending one word per Python frame (code object, instruction offset, entry
+//! mark: `profiler_common::frame::python_word`) to the stack. Userspace names the code
+//! objects and puts each activation's frames in place of its `_PyEval_EvalFrameDefault`.
+//!
+//! Frames the interpreter's own tracebacks skip are skipped: 3.12+'s shim frames owned by the
+//! C stack (they mark where an activation of the loop began: the frame before one is its
+//! entry) and incomplete frames. Both loops are `bpf_loop` callbacks, so the cost is linear
+//! in threads searched and frames walked, and the verifier checks one step of each.
+//!
+//! The walk runs in the sampled thread's own context, so its chain holds still; other
+//! threads may change the thread list meanwhile, and a read that fails there ends the walk
+//! and is counted. What the words point at is checked in userspace (a code object's type),
+//! never trusted.
+
+#![allow(non_upper_case_globals)]
+
+use core::{ffi::c_void, ptr};
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use profiler_common::{
+    frame::{
+        python_word, python_word_entry, PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME, PYTHON_NO_CSTACK_OWNER,
+        PYTHON_NO_IS_ENTRY, PYTHON_OWNED_BY_GENERATOR,
+    },
+    maps::PYTHON_PROCESSES_MAX_ENTRIES,
+    PythonCounter, PythonProcess, MAX_USER_STACK_DEPTH,
+};
+
+use crate::{
+    maps::{bump, SCRATCH_SLOTS},
+    user_stack::push_word,
+};
+
+#[map]
+pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> = HashMap::with_max_entries(PYTHON_PROCESSES_MAX_ENTRIES, 0);
+
+#[map]
+pub static PYTHON_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PythonCounter::COUNT, 0);
+
+#[map]
+pub static PYTHON_STATE: PerCpuArray<PythonWalk> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+
+/// Thread states searched for the current thread at most: the list is newest first, and a
+/// process with more Python threads than this has its oldest ones walked natively only
+/// (counted as [`PythonCounter::NoThreadState`]).
+const MAX_THREADS: u32 = 256;
+
+const FRAME_WORDS: usize = PYTHON_FRAME_READ_BYTES / 8;
+
+/// The walk's state, in a per-CPU map (the `bpf_loop` callbacks and their caller share it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PythonWalk {
+    process: PythonProcess,
+    /// The thread being walked (the kernel's id, as `native_thread_id` holds it).
+    tid: u64,
+    /// During the search: the next thread state to look at.
+    tstate: u64,
+    /// The next frame to read; 0 at the end of the chain.
+    frame: u64,
+    /// The last frame's word, held back until the next frame says whether it is an entry.
+    pending: u64,
+    /// The stack's hash so far (see `profiler_common::stack`).
+    hash: u64,
+    /// 1 once the thread's state was found.
+    found: u32,
+    /// 1 once a push met the depth limit.
+    full: u32,
+    /// The frame being looked at.
+    buf: [u64; FRAME_WORDS],
+}
+
+#[inline(always)]
+fn count(counter: PythonCounter) {
+    bump(&PYTHON_COUNTERS, counter as u32);
+}
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Option<u64> {
+    // SAFETY: a fault-safe read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// The pointer-sized field at byte `offset` of the frame read (offsets of pointers are
+/// 8-aligned; userspace checks them).
+#[inline(always)]
+fn word_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u64 {
+    // The compiler folds the bound into the byte offset, whose masked range the verifier
+    // cannot narrow; a volatile read of the index keeps the check on the index itself.
+    let index = offset as usize / 8;
+    // SAFETY: a read of a local.
+    let index = unsafe { ptr::read_volatile(&index) };
+    buf.get(index).copied().unwrap_or(0)
+}
+
+/// The byte at `offset` of the frame read.
+#[inline(always)]
+fn byte_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u8 {
+    (word_at(buf, offset) >> ((offset as u64 & 7) * 8)) as u8
+}
+
+/// Appends the Python frames of the current thread, if its process is a registered CPython
+/// one, to the stack of scratch slot `slot`, folding them into `hash`.
+#[inline(always)]
+pub fn walk(slot: u32, tgid: u32, hash: &mut u64) {
+    // SAFETY: a copy is taken at once.
+    let Some(process) = (unsafe { PYTHON_PROCESSES.get(&tgid) }) else { return };
+    let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return };
+    // SAFETY: this CPU's entry for the caller's context (see `maps::Scratch`).
+    let state = unsafe { &mut *state };
+    count(PythonCounter::Walks);
+    state.process = *process;
+    state.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
+    state.hash = *hash;
+    state.frame = 0;
+    state.pending = 0;
+    state.found = 0;
+    state.full = 0;
+    let Some(interp) = read_u64(process.interpreters_head) else {
+        count(PythonCounter::BadRead);
+        return;
+    };
+    if interp == 0 {
+        return; // not initialized yet, or finalized
+    }
+    let Some(tstate) = read_u64(interp + process.interp_threads_head as u64) else {
+        count(PythonCounter::BadRead);
+        return;
+    };
+    state.tstate = tstate;
+    let ctx = (&slot as *const u32).cast_mut().cast();
+    // SAFETY: the callbacks are static functions of this object; their context is `slot`,
+    // on this stack for the whole loop.
+    unsafe { bpf_loop(MAX_THREADS, find_thread as *mut c_void, ctx, 0) };
+    // SAFETY: the callback wrote it through its own lookup: read it again.
+    if unsafe { ptr::read_volatile(&state.found) } == 0 {
+        count(PythonCounter::NoThreadState);
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { bpf_loop(MAX_USER_STACK_DEPTH as u32, walk_frame as *mut c_void, ctx, 0) };
+    // SAFETY: as above.
+    let (pending, frame, full) = unsafe {
+        (ptr::read_volatile(&state.pending), ptr::read_volatile(&state.frame), ptr::read_volatile(&state.full))
+    };
+    let mut hash_now = unsafe { ptr::read_volatile(&state.hash) };
+    if pending != 0 && full == 0 {
+        // The outermost frame began an activation, whether or not a shim follows it; a
+        // chain cut short keeps its last frame as it was.
+        let word = if frame == 0 { python_word_entry(pending) } else { pending };
+        if !push_word(slot, word, &mut hash_now) {
+            count(PythonCounter::Truncated);
+        } else {
+            count(PythonCounter::Frames);
+        }
+    } else if full != 0 {
+        count(PythonCounter::Truncated);
+    }
+    *hash = hash_now;
+}
+
+/// One thread state of the search: 1 stops (found, or the list ended), 0 goes on.
+#[inline(never)]
+extern "C" fn find_thread(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return 1 };
+    // SAFETY: this CPU's entry, see `walk`.
+    let state = unsafe { &mut *state };
+    let tstate = state.tstate;
+    if tstate == 0 {
+        return 1;
+    }
+    let p = &state.process;
+    let Some(tid) = read_u64(tstate + p.thread_native_id as u64) else {
+        count(PythonCounter::BadRead);
+        return 1;
+    };
+    if tid & 0xffff_ffff != state.tid {
+        match read_u64(tstate + p.thread_next as u64) {
+            Some(next) => state.tstate = next,
+            None => {
+                count(PythonCounter::BadRead);
+                return 1;
+            }
+        }
+        return 0;
+    }
+    let frame = if p.thread_cframe == PYTHON_NO_CFRAME {
+        read_u64(tstate + p.current_frame as u64)
+    } else {
+        match read_u64(tstate + p.thread_cframe as u64) {
+            Some(0) => Some(0),
+            Some(cframe) => read_u64(cframe + p.current_frame as u64),
+            None => None,
+        }
+    };
+    match frame {
+        Some(frame) => {
+            state.frame = frame;
+            state.found = 1;
+        }
+        None => count(PythonCounter::BadRead),
+    }
+    1
+}
+
+/// One frame of the chain: 1 stops, 0 goes on.
+#[inline(never)]
+extern "C" fn walk_frame(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return 1 };
+    // SAFETY: this CPU's entry, see `walk`.
+    let state = unsafe { &mut *state };
+    let frame = state.frame;
+    if frame == 0 {
+        return 1;
+    }
+    // SAFETY: a fault-safe read of user memory into map memory of that size.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            state.buf.as_mut_ptr().cast(),
+            PYTHON_FRAME_READ_BYTES as u32,
+            frame as *const c_void,
+        )
+    };
+    if read != 0 {
+        count(PythonCounter::BadRead);
+        state.frame = 0;
+        return 1;
+    }
+    let p = state.process;
+    let owner = byte_at(&state.buf, p.frame_owner);
+    let code = word_at(&state.buf, p.frame_code);
+    let instr = word_at(&state.buf, p.frame_instr);
+    state.frame = word_at(&state.buf, p.frame_previous);
+    if p.cstack_owner != PYTHON_NO_CSTACK_OWNER && owner == p.cstack_owner {
+        // The shim below an activation's first frame: that frame is its entry.
+        if state.pending != 0 {
+            state.pending = python_word_entry(state.pending);
+        }
+        return 0;
+    }
+    let first = code.wrapping_add(p.code_adaptive as u64);
+    if code == 0 || (instr < first && owner != PYTHON_OWNED_BY_GENERATOR) {
+        return 0; // incomplete: its first instruction not reached
+    }
+    let entry = p.frame_is_entry != PYTHON_NO_IS_ENTRY && byte_at(&state.buf, p.frame_is_entry) != 0;
+    let Some(word) = python_word(code, instr.saturating_sub(first) / 2, entry) else {
+        count(PythonCounter::BadCode);
+        return 0;
+    };
+    let pending = state.pending;
+    state.pending = word;
+    if pending != 0 {
+        if !push_word(slot, pending, &mut state.hash) {
+            state.full = 1;
+            return 1;
+        }
+        count(PythonCounter::Frames);
+    }
+    0
+}
