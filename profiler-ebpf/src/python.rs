@@ -7,8 +7,10 @@
 //!
 //! Frames the interpreter's own tracebacks skip are skipped: 3.12+'s shim frames owned by the
 //! C stack (they mark where an activation of the loop began: the frame before one is its
-//! entry) and incomplete frames. Both loops are `bpf_loop` callbacks, so the cost is linear
-//! in threads searched and frames walked, and the verifier checks one step of each.
+//! entry) and incomplete frames. The walk is one `bpf_loop` callback, a small state machine
+//! (start, thread search, frames), so the cost is linear in threads searched and frames
+//! walked, the verifier checks one step, and the walking programs' code after it is
+//! verified once rather than once per way the walk can end.
 //!
 //! The walk runs in the sampled thread's own context, so its chain holds still; other
 //! threads may change the thread list meanwhile, and a read that fails there ends the walk
@@ -35,7 +37,7 @@ use profiler_common::{
 
 use crate::{
     maps::{bump, SCRATCH_SLOTS},
-    user_stack::push_word,
+    user_stack::push_to_walk,
 };
 
 #[map]
@@ -52,9 +54,17 @@ pub static PYTHON_STATE: PerCpuArray<PythonWalk> = PerCpuArray::with_max_entries
 /// (counted as [`PythonCounter::NoThreadState`]).
 const MAX_THREADS: u32 = 256;
 
+/// Steps of the walk: the start, the thread search, the frames.
+const MAX_STEPS: u32 = 1 + MAX_THREADS + MAX_USER_STACK_DEPTH as u32;
+
 const FRAME_WORDS: usize = PYTHON_FRAME_READ_BYTES / 8;
 
-/// The walk's state, in a per-CPU map (the `bpf_loop` callbacks and their caller share it).
+/// Where the walk is.
+const START: u32 = 0;
+const SEARCH: u32 = 1;
+const FRAMES: u32 = 2;
+
+/// The walk's state, in a per-CPU map (the `bpf_loop` callback and its caller share it).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct PythonWalk {
@@ -67,12 +77,9 @@ pub struct PythonWalk {
     frame: u64,
     /// The last frame's word, held back until the next frame says whether it is an entry.
     pending: u64,
-    /// The stack's hash so far (see `profiler_common::stack`).
-    hash: u64,
-    /// 1 once the thread's state was found.
-    found: u32,
-    /// 1 once a push met the depth limit.
-    full: u32,
+    tgid: u32,
+    /// [`START`], [`SEARCH`] or [`FRAMES`].
+    phase: u32,
     /// The frame being looked at.
     buf: [u64; FRAME_WORDS],
 }
@@ -106,92 +113,93 @@ fn byte_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u8 {
     (word_at(buf, offset) >> ((offset as u64 & 7) * 8)) as u8
 }
 
-/// Appends the Python frames of the current thread, if its process is a registered CPython
-/// one, to the stack of scratch slot `slot`, folding them into `hash`.
+/// Appends the Python frames of the current thread, if process `tgid` is a registered
+/// CPython one, to the user stack being walked in scratch slot `slot`. The whole walk,
+/// the look-up of the process included, is one `bpf_loop`: the caller's code after it is
+/// verified once, not once per way the walk can end.
 #[inline(always)]
-pub fn walk(slot: u32, tgid: u32, hash: &mut u64) {
-    // SAFETY: a copy is taken at once.
-    let Some(process) = (unsafe { PYTHON_PROCESSES.get(&tgid) }) else { return };
+pub fn walk(slot: u32, tgid: u32) {
     let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return };
     // SAFETY: this CPU's entry for the caller's context (see `maps::Scratch`).
-    let state = unsafe { &mut *state };
-    count(PythonCounter::Walks);
-    state.process = *process;
-    state.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
-    state.hash = *hash;
-    state.frame = 0;
-    state.pending = 0;
-    state.found = 0;
-    state.full = 0;
-    let Some(interp) = read_u64(process.interpreters_head) else {
-        count(PythonCounter::BadRead);
-        return;
-    };
-    if interp == 0 {
-        return; // not initialized yet, or finalized
+    unsafe {
+        (*state).tgid = tgid;
+        (*state).phase = START;
     }
-    let Some(tstate) = read_u64(interp + process.interp_threads_head as u64) else {
-        count(PythonCounter::BadRead);
-        return;
-    };
-    state.tstate = tstate;
     let ctx = (&slot as *const u32).cast_mut().cast();
-    // SAFETY: the callbacks are static functions of this object; their context is `slot`,
-    // on this stack for the whole loop.
-    unsafe { bpf_loop(MAX_THREADS, find_thread as *mut c_void, ctx, 0) };
-    // SAFETY: the callback wrote it through its own lookup: read it again.
-    if unsafe { ptr::read_volatile(&state.found) } == 0 {
-        count(PythonCounter::NoThreadState);
-        return;
-    }
-    // SAFETY: as above.
-    unsafe { bpf_loop(MAX_USER_STACK_DEPTH as u32, walk_frame as *mut c_void, ctx, 0) };
-    // SAFETY: as above.
-    let (pending, frame, full) = unsafe {
-        (ptr::read_volatile(&state.pending), ptr::read_volatile(&state.frame), ptr::read_volatile(&state.full))
-    };
-    let mut hash_now = unsafe { ptr::read_volatile(&state.hash) };
-    if pending != 0 && full == 0 {
-        // The outermost frame began an activation, whether or not a shim follows it; a
-        // chain cut short keeps its last frame as it was.
-        let word = if frame == 0 { python_word_entry(pending) } else { pending };
-        if !push_word(slot, word, &mut hash_now) {
-            count(PythonCounter::Truncated);
-        } else {
-            count(PythonCounter::Frames);
-        }
-    } else if full != 0 {
-        count(PythonCounter::Truncated);
-    }
-    *hash = hash_now;
+    // SAFETY: the callback is a static function of this object; its context is `slot`, on
+    // this stack for the whole loop.
+    unsafe { bpf_loop(MAX_STEPS, step as *mut c_void, ctx, 0) };
 }
 
-/// One thread state of the search: 1 stops (found, or the list ended), 0 goes on.
+/// One step of the walk: 1 stops, 0 goes on.
 #[inline(never)]
-extern "C" fn find_thread(_index: u64, ctx: *mut c_void) -> i64 {
+extern "C" fn step(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `walk` passes a pointer to a `u32` on its stack.
     let slot = unsafe { *(ctx as *const u32) };
     let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return 1 };
     // SAFETY: this CPU's entry, see `walk`.
     let state = unsafe { &mut *state };
+    let go_on = match state.phase {
+        START => start(state),
+        SEARCH => search(state),
+        _ => frame(state, slot),
+    };
+    if !go_on {
+        return 1;
+    }
+    if index + 1 == MAX_STEPS as u64 && state.phase == FRAMES {
+        // Out of steps with frames left: keep the frame read, as a cut chain's last.
+        flush(state, slot, false);
+    }
+    0
+}
+
+/// Looks the process up and reads the head of its thread list.
+#[inline(always)]
+fn start(state: &mut PythonWalk) -> bool {
+    // SAFETY: a copy is taken at once.
+    let Some(process) = (unsafe { PYTHON_PROCESSES.get(&state.tgid) }) else { return false };
+    count(PythonCounter::Walks);
+    state.process = *process;
+    state.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
+    state.frame = 0;
+    state.pending = 0;
+    let Some(interp) = read_u64(process.interpreters_head) else {
+        count(PythonCounter::BadRead);
+        return false;
+    };
+    if interp == 0 {
+        return false; // not initialized yet, or finalized
+    }
+    let Some(tstate) = read_u64(interp + process.interp_threads_head as u64) else {
+        count(PythonCounter::BadRead);
+        return false;
+    };
+    state.tstate = tstate;
+    state.phase = SEARCH;
+    true
+}
+
+/// One thread state of the search.
+#[inline(always)]
+fn search(state: &mut PythonWalk) -> bool {
     let tstate = state.tstate;
     if tstate == 0 {
-        return 1;
+        count(PythonCounter::NoThreadState);
+        return false;
     }
     let p = &state.process;
     let Some(tid) = read_u64(tstate + p.thread_native_id as u64) else {
         count(PythonCounter::BadRead);
-        return 1;
+        return false;
     };
     if tid & 0xffff_ffff != state.tid {
-        match read_u64(tstate + p.thread_next as u64) {
-            Some(next) => state.tstate = next,
-            None => {
-                count(PythonCounter::BadRead);
-                return 1;
-            }
-        }
-        return 0;
+        let Some(next) = read_u64(tstate + p.thread_next as u64) else {
+            count(PythonCounter::BadRead);
+            return false;
+        };
+        state.tstate = next;
+        return true;
     }
     let frame = if p.thread_cframe == PYTHON_NO_CFRAME {
         read_u64(tstate + p.current_frame as u64)
@@ -202,27 +210,23 @@ extern "C" fn find_thread(_index: u64, ctx: *mut c_void) -> i64 {
             None => None,
         }
     };
-    match frame {
-        Some(frame) => {
-            state.frame = frame;
-            state.found = 1;
-        }
-        None => count(PythonCounter::BadRead),
-    }
-    1
+    let Some(frame) = frame else {
+        count(PythonCounter::BadRead);
+        return false;
+    };
+    state.frame = frame;
+    state.phase = FRAMES;
+    true
 }
 
-/// One frame of the chain: 1 stops, 0 goes on.
-#[inline(never)]
-extern "C" fn walk_frame(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `walk` passes a pointer to a `u32` on its stack.
-    let slot = unsafe { *(ctx as *const u32) };
-    let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return 1 };
-    // SAFETY: this CPU's entry, see `walk`.
-    let state = unsafe { &mut *state };
+/// One frame of the chain.
+#[inline(always)]
+fn frame(state: &mut PythonWalk, slot: u32) -> bool {
     let frame = state.frame;
     if frame == 0 {
-        return 1;
+        // The outermost frame began an activation, whether or not a shim follows it.
+        flush(state, slot, true);
+        return false;
     }
     // SAFETY: a fault-safe read of user memory into map memory of that size.
     let read = unsafe {
@@ -234,8 +238,8 @@ extern "C" fn walk_frame(_index: u64, ctx: *mut c_void) -> i64 {
     };
     if read != 0 {
         count(PythonCounter::BadRead);
-        state.frame = 0;
-        return 1;
+        flush(state, slot, false);
+        return false;
     }
     let p = state.process;
     let owner = byte_at(&state.buf, p.frame_owner);
@@ -247,25 +251,42 @@ extern "C" fn walk_frame(_index: u64, ctx: *mut c_void) -> i64 {
         if state.pending != 0 {
             state.pending = python_word_entry(state.pending);
         }
-        return 0;
+        return true;
     }
     let first = code.wrapping_add(p.code_adaptive as u64);
     if code == 0 || (instr < first && owner != PYTHON_OWNED_BY_GENERATOR) {
-        return 0; // incomplete: its first instruction not reached
+        return true; // incomplete: its first instruction not reached
     }
     let entry = p.frame_is_entry != PYTHON_NO_IS_ENTRY && byte_at(&state.buf, p.frame_is_entry) != 0;
     let Some(word) = python_word(code, instr.saturating_sub(first) / 2, entry) else {
         count(PythonCounter::BadCode);
-        return 0;
+        return true;
     };
     let pending = state.pending;
     state.pending = word;
     if pending != 0 {
-        if !push_word(slot, pending, &mut state.hash) {
-            state.full = 1;
-            return 1;
+        if !push_to_walk(slot, pending) {
+            count(PythonCounter::Truncated);
+            state.pending = 0;
+            return false;
         }
         count(PythonCounter::Frames);
     }
-    0
+    true
+}
+
+/// Pushes the frame held back, marked as an entry if `outermost`.
+#[inline(always)]
+fn flush(state: &mut PythonWalk, slot: u32, outermost: bool) {
+    let pending = state.pending;
+    state.pending = 0;
+    if pending == 0 {
+        return;
+    }
+    let word = if outermost { python_word_entry(pending) } else { pending };
+    if push_to_walk(slot, word) {
+        count(PythonCounter::Frames);
+    } else {
+        count(PythonCounter::Truncated);
+    }
 }

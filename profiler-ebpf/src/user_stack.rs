@@ -202,14 +202,21 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
             0,
         );
     }
-    // The callback wrote it through its own lookups: read it again, not a cached copy.
-    // SAFETY: a plain read of this CPU's live scratch entry.
-    let mut hash = unsafe { ptr::read_volatile(&state.hash) };
     // An interpreter's frames go after the native ones (see `crate::python`).
-    crate::python::walk(slot, tgid, &mut hash);
-    // SAFETY: as above.
-    let len = unsafe { ptr::read_volatile(&out.len) };
+    crate::python::walk(slot, tgid);
+    // The callbacks wrote both through their own lookups: read them again, not a cached copy.
+    // SAFETY: plain reads of this CPU's live scratch entries.
+    let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
     Some(finish_hash(hash, len))
+}
+
+/// [`push_word`] onto the walk of `slot`, folding `word` into its hash.
+#[inline(always)]
+pub fn push_to_walk(slot: u32, word: u64) -> bool {
+    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else { return false };
+    // SAFETY: this CPU's slot, see `walk`.
+    let state = unsafe { &mut *state };
+    push_word(slot, word, &mut state.hash)
 }
 
 /// Appends `word` (an address, or an interpreter's frame word) to the scratch stack of
