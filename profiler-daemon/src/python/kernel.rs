@@ -43,7 +43,7 @@ pub fn entry(interp: &Interpreter) -> Result<PythonProcess, String> {
     let o = &interp.offsets;
     let short = |v: u64| u16::try_from(v).map_err(|_| format!("offset {v:#x} out of range"));
     let frame_pointer = |v: u64| {
-        if v % 8 == 0 && v + 8 <= PYTHON_FRAME_READ_BYTES as u64 {
+        if v.is_multiple_of(8) && v + 8 <= PYTHON_FRAME_READ_BYTES as u64 {
             Ok(v as u16)
         } else {
             Err(format!("frame field at {v:#x}: not where the walker reads"))
