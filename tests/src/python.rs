@@ -1,7 +1,8 @@
 //! CPython for the thread dumps' Python tests: the interpreters on the machine (Debian's
 //! static `/usr/bin/python3.11` and pyenv's shared builds under `~/.pyenv/versions`), the
 //! Python fixtures in `tests/fixtures/*.py` with the lines their `# at: NAME` markers name,
-//! and a guard that runs one and kills it on drop.
+//! a guard that runs one and kills it on drop, and py-spy (the Python CPU profiles'
+//! reference) from the test venv.
 
 use std::{
     collections::HashMap,
@@ -66,6 +67,13 @@ pub fn interpreters(versions: &[(u8, u8)]) -> Vec<Interpreter> {
         }
     }
     found
+}
+
+/// `py-spy` from the venv `cargo xtask setup --for-test` fills
+/// (`target/test-venv/bin/py-spy`), if it is there.
+pub fn py_spy() -> Option<PathBuf> {
+    let path = crate::target_dir().join("test-venv/bin/py-spy");
+    path.is_file().then_some(path)
 }
 
 /// The absolute path of `tests/fixtures/NAME`.

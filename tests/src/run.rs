@@ -120,7 +120,7 @@ pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
 
 /// Waits for `child`, draining the pipes it still has; kills it and panics if it outlives
 /// `timeout`.
-fn wait_with_timeout(mut child: Child, what: &str, timeout: Duration) -> Output {
+pub fn wait_with_timeout(mut child: Child, what: &str, timeout: Duration) -> Output {
     // Drain both pipes while waiting, so a chatty child never blocks on a full pipe.
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);

@@ -13,6 +13,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -20,8 +21,8 @@ use profiler_tests::{
     assert_success, go_pprof, listing,
     pprof::Sample,
     preflight, process_dir,
-    python::{fixture_path, interpreters, marked_lines, Interpreter, PythonFixture},
-    run::Running,
+    python::{fixture_path, interpreters, marked_lines, py_spy, Interpreter, PythonFixture},
+    run::{wait_with_timeout, Running},
     Frame, Profile, TempDir,
 };
 
@@ -406,6 +407,18 @@ struct Window {
 /// `profiler snapshot --pid PID --duration D --frequency 999 --profiles KIND --output DIR`;
 /// the window starts when it says it is capturing.
 fn capture(fixture: &PythonFixture, out: &TempDir, kind: &str, duration: Duration) -> Capture {
+    capture_with(fixture, out, kind, duration, || ()).0
+}
+
+/// [`capture`], running `at_start` as soon as the window starts (to start another profiler
+/// over the same window) and returning what it returned.
+fn capture_with<T>(
+    fixture: &PythonFixture,
+    out: &TempDir,
+    kind: &str,
+    duration: Duration,
+    at_start: impl FnOnce() -> T,
+) -> (Capture, T) {
     let pid = fixture.pid();
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .unwrap_or_else(|e| panic!("failed to read /proc/{pid}/comm: {e}"))
@@ -428,12 +441,13 @@ fn capture(fixture: &PythonFixture, out: &TempDir, kind: &str, duration: Duratio
     let mut running = Running::start(&args);
     running.wait_capturing();
     let start_ns = monotonic_ns();
+    let started = at_start();
     let output = running.finish();
     assert_success(&output, &format!("snapshot --profiles {kind} of a CPython process"));
     let file = process_dir(out.path(), &comm, pid).join(format!("{kind}.pb.gz"));
     assert!(file.is_file(), "no {kind} profile at {}; output holds:\n{}", file.display(), listing(out.path()));
     let window = Window { start_ns, end_ns: start_ns + duration.as_nanos() as i64 };
-    Capture { profile: Profile::decode(&file), file, window }
+    (Capture { profile: Profile::decode(&file), file, window }, started)
 }
 
 fn monotonic_ns() -> i64 {
@@ -546,4 +560,136 @@ fn heaviest(profile: &Profile, value: &str, pred: impl Fn(&Sample) -> bool) -> S
     let mut stacks: Vec<(String, i64)> = by_stack.into_iter().collect();
     stacks.sort_by_key(|(_, v)| std::cmp::Reverse(*v));
     stacks.iter().take(12).map(|(stack, v)| format!("{v:>12} {stack}")).collect::<Vec<_>>().join("\n")
+}
+
+/// Both profilers' window: ~750 py-spy samples at [`PY_SPY_RATE`], ~3,000 of ours at 999 Hz.
+const AGREEMENT_CAPTURE: Duration = Duration::from_secs(3);
+/// py-spy's sampling rate, in Hz (its default is 100).
+const PY_SPY_RATE: &str = "250";
+/// The histogram intersection, Σ min(p_f, q_f) over the leaf-most Python functions f, of
+/// our shares p and py-spy's q: 1 − their total variation distance. py_cpu.py's split is
+/// ~75/25, so the intersection is about 1 − |Δ| for Δ the difference of hot_a's shares...
+const MIN_INTERSECTION: f64 = 0.9;
+/// ...whose noise is √(p(1−p)(1/n + 1/m)): at p = 0.75 with m ≈ 3,000 samples of ours and
+/// at least this many of py-spy's, 0.1 is over 4σ.
+const MIN_PY_SPY_SAMPLES: i64 = 400;
+/// py-spy's own limit: its start (it reads the process's memory maps and symbols) and its
+/// duration.
+const PY_SPY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Agreement with py-spy (PyPI's `py-spy`, the reference) on the same process over the same
+/// window: the shares of the samples by leaf-most Python function, ours and py-spy's,
+/// intersect to at least [`MIN_INTERSECTION`]. py-spy runs `--nonblocking`: otherwise it
+/// stops the process at each of its samples, time our CPU profile would not see. Fails (not
+/// skips) without the venv's py-spy: `cargo xtask test` sets it up before the tests run.
+#[test]
+fn python_cpu_profile_agrees_with_py_spy() {
+    if !preflight() {
+        return;
+    }
+    let py_spy = py_spy().unwrap_or_else(|| {
+        panic!(
+            "no py-spy at {}: run `cargo xtask setup --for-test` (`cargo xtask test` does), which installs it \
+             in the test venv",
+            profiler_tests::target_dir().join("test-venv/bin/py-spy").display()
+        )
+    });
+    for python in supported() {
+        eprintln!("checking {} ({})", python.label, python.path.display());
+        check_py_spy(&python, &py_spy);
+    }
+}
+
+fn check_py_spy(python: &Interpreter, py_spy: &Path) {
+    let out = TempDir::new("python-py-spy");
+    let script = fixture_path("py_cpu.py");
+    let log_path = out.path().join("split.log");
+    let fixture = PythonFixture::spawn(&python.path, &script, &["split", path_str(&log_path), FIXTURE_S]);
+    let raw_path = out.path().join("py-spy.txt");
+    let (pid, seconds) = (fixture.pid().to_string(), AGREEMENT_CAPTURE.as_secs().to_string());
+    let mut record = Command::new(py_spy);
+    record
+        .args(["record", "--pid", &pid, "--duration", &seconds, "--rate", PY_SPY_RATE, "--format", "raw"])
+        .args(["--nonblocking", "--output", path_str(&raw_path)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // py-spy starts as soon as our window does and runs as long: the same window, but for
+    // its attach (milliseconds).
+    let (capture, child) = capture_with(&fixture, &out, "cpu", AGREEMENT_CAPTURE, || {
+        record.spawn().unwrap_or_else(|e| panic!("failed to start {record:?}: {e}"))
+    });
+    let output = wait_with_timeout(child, "py-spy record", PY_SPY_TIMEOUT);
+    let what = format!("CPython {}", python.label);
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{what}: {record:?} failed ({}):\n{said}", output.status);
+    let raw =
+        std::fs::read_to_string(&raw_path).unwrap_or_else(|e| panic!("failed to read {}: {e}", raw_path.display()));
+    let theirs = py_spy_leaves(&raw, &what);
+    let ours = our_leaves(&capture.profile);
+    let (n_theirs, n_ours) = (theirs.values().sum::<i64>(), ours.values().sum::<i64>());
+    assert!(
+        n_theirs >= MIN_PY_SPY_SAMPLES,
+        "{what}: py-spy took {n_theirs} samples in {seconds} s at {PY_SPY_RATE} Hz, fewer than {MIN_PY_SPY_SAMPLES}; \
+         it said:\n{said}"
+    );
+    let (intersection, table) = intersect(&ours, &theirs);
+    eprintln!(
+        "{what}: leaf-most Python functions, {n_ours} samples of ours and {n_theirs} of py-spy's \
+         (ours / py-spy's share):\n{table}\n{what}: histogram intersection {intersection:.3}"
+    );
+    assert!(
+        intersection >= MIN_INTERSECTION,
+        "{what}: the shares by leaf-most Python function intersect to {intersection:.3} with py-spy's (wanted \
+         {MIN_INTERSECTION}); ours / py-spy's:\n{table}\nour heaviest stacks:\n{}\npy-spy's output:\n{raw}",
+        heaviest(&capture.profile, "samples", |_| true)
+    );
+}
+
+/// Our CPU samples by leaf-most Python function (those without a Python frame left out).
+fn our_leaves(profile: &Profile) -> HashMap<String, i64> {
+    let count = profile.value_index("samples");
+    let mut by_function: HashMap<String, i64> = HashMap::new();
+    for sample in &profile.samples {
+        if let Some(frame) = python_leaf(sample) {
+            *by_function.entry(frame.function.clone()).or_default() += sample.values[count];
+        }
+    }
+    by_function
+}
+
+/// py-spy's samples by leaf-most function, from its `--format raw` output: collapsed
+/// stacks, `FRAME;FRAME;... COUNT` a line, root first, each frame `NAME (FILE:LINE)`, NAME
+/// the code object's qualified name as ours.
+fn py_spy_leaves(raw: &str, what: &str) -> HashMap<String, i64> {
+    let mut by_function: HashMap<String, i64> = HashMap::new();
+    for line in raw.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed = line.rsplit_once(' ').and_then(|(stack, count)| Some((stack, count.parse::<i64>().ok()?)));
+        let Some((stack, count)) = parsed else { panic!("{what}: not a py-spy raw line: {line:?}") };
+        let leaf = stack.rsplit(';').next().unwrap_or_default();
+        let function = leaf.split_once(" (").map_or(leaf, |(name, _)| name);
+        *by_function.entry(function.to_string()).or_default() += count;
+    }
+    by_function
+}
+
+/// Σ min(p_f, q_f) over the functions in either of `ours` and `theirs` (sample counts, made
+/// shares), and the two histograms side by side, heaviest first, one function a line.
+fn intersect(ours: &HashMap<String, i64>, theirs: &HashMap<String, i64>) -> (f64, String) {
+    let share = |counts: &HashMap<String, i64>, f: &str| {
+        counts.get(f).copied().unwrap_or(0) as f64 / counts.values().sum::<i64>().max(1) as f64
+    };
+    let mut functions: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
+    functions.sort();
+    functions.dedup();
+    let mut rows: Vec<(&str, f64, f64)> =
+        functions.iter().map(|f| (f.as_str(), share(ours, f), share(theirs, f))).collect();
+    rows.sort_by(|a, b| (b.1.max(b.2)).total_cmp(&a.1.max(a.2)));
+    let intersection = rows.iter().map(|&(_, p, q)| p.min(q)).sum();
+    let table = rows
+        .iter()
+        .map(|&(f, p, q)| format!("{:>7.2}% {:>7.2}%  {f}", 100.0 * p, 100.0 * q))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (intersection, table)
 }

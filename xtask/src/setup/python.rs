@@ -1,7 +1,9 @@
-//! The Python venv of the export tests' backend (`tests/backend/backend.py`), under
-//! `target/test-venv`: PyPI's `opentelemetry-proto` (the official OTLP classes the backend
-//! decodes with) and `grpcio-tools` (protoc, to compile our push.v1 .proto), pinned. Created
-//! and filled only when an import fails, so a ready venv costs one probe.
+//! The Python venv of the end-to-end tests, under `target/test-venv`: PyPI's
+//! `opentelemetry-proto` (the official OTLP classes the export tests' backend,
+//! `tests/backend/backend.py`, decodes with), `grpcio-tools` (protoc, to compile our push.v1
+//! .proto) and `py-spy` (its wheel's `bin/py-spy`, the reference the Python CPU profiles are
+//! compared with), pinned. Created and filled only when an import fails or `py-spy --version`
+//! does not run, so a ready venv costs two probes.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,7 +13,8 @@ use crate::workspace;
 
 /// Pinned: the OTLP profiles schema is experimental and changes between releases; 1.45.2 is
 /// generated from the same opentelemetry-proto commit as profiler-daemon/proto/opentelemetry.
-const PACKAGES: [&str; 2] = ["opentelemetry-proto==1.45.2", "grpcio-tools==1.85.1"];
+/// py-spy 0.4.3 reads CPython 3.11-3.13, the versions the profiler walks.
+const PACKAGES: [&str; 3] = ["opentelemetry-proto==1.45.2", "grpcio-tools==1.85.1", "py-spy==0.4.3"];
 const IMPORTS: &str =
     "import opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2, grpc_tools.protoc";
 
@@ -50,4 +53,5 @@ pub fn check(host: &Host, report: &mut Report) {
 
 fn ready() -> bool {
     probe(Command::new(venv().join("bin/python")).args(["-c", IMPORTS])).is_some()
+        && probe(Command::new(venv().join("bin/py-spy")).arg("--version")).is_some()
 }
