@@ -18,6 +18,8 @@
 //! threads, and the pause it causes, next to `eu-stack`.
 //! `cargo xtask bench memory` (module `memory`): the kernel memory of every BPF map, measured
 //! here and priced from the kernel's formula at 64 and 256 possible CPUs.
+//! `cargo xtask bench python` (module `python`): the kernel's walk of CPython frames per
+//! sample at 10-200 Python frames, with Python unwinding off, and py-spy's CPU.
 //!
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
@@ -31,6 +33,7 @@ mod measure;
 mod memory;
 mod offcpu;
 mod peer;
+mod python;
 mod report;
 mod threads;
 mod unwind;
@@ -77,6 +80,9 @@ pub enum Bench {
     /// Kernel memory of every BPF map with every profile kind on: as the kernel accounts it
     /// here, and from its formula at 64 and 256 possible CPUs, next to the 96 MiB target.
     Memory(memory::MemoryArgs),
+    /// BPF ns per sample of Python spinners 10, 50 and 200 Python frames deep: with Python
+    /// frames, with Python unwinding off, and py-spy's CPU per sample at the same rate.
+    Python(python::PythonArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -104,6 +110,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Export(args) => export::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Exec(args) => exec::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Memory(args) => memory::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Python(args) => python::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 
