@@ -304,6 +304,25 @@ fn unwind_status(s: &Status) -> serde_json::Value {
             "unsupported_cfi": unsupported,
         },
         "exec_tracking_error": s.exec_tracking_error,
+        "python": python_status(s),
+    })
+}
+
+/// The kernel's walk of CPython frames: processes given to it, and what its walks did.
+fn python_status(s: &Status) -> serde_json::Value {
+    use profiler_common::PythonCounter as P;
+    let (t, p) = (&s.unwinder, s.counters.python);
+    json!({
+        "processes": t.python_processes,
+        "map_full": t.python_map_full,
+        "unsupported": t.python_unsupported,
+        "last_unsupported_reason": t.python_unsupported_reason,
+        "walks": p.get(P::Walks),
+        "frames": p.get(P::Frames),
+        "no_thread_state": p.get(P::NoThreadState),
+        "unreadable": p.get(P::BadRead),
+        "cut_at_depth_limit": p.get(P::Truncated),
+        "bad_code_pointers": p.get(P::BadCode),
     })
 }
 

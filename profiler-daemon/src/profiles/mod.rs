@@ -299,6 +299,25 @@ fn unwind_comment(counters: &Counters) -> String {
         u.get(U::BadRead),
         u.get(U::BadFrame),
         if unsupported.is_empty() { "0".to_string() } else { unsupported.join(", ") },
+    ) + &python_walks(counters)
+}
+
+/// What the walk of CPython frames did (whole machine), when it ran at all.
+fn python_walks(counters: &Counters) -> String {
+    use profiler_common::PythonCounter as P;
+    let p = counters.python;
+    if p.get(P::Walks) == 0 {
+        return String::new();
+    }
+    format!(
+        "; Python frame walks {}: frames {}, no thread state for the thread {}, interpreter memory unreadable {}, \
+         cut at the depth limit {}, frames without a code object {}",
+        p.get(P::Walks),
+        p.get(P::Frames),
+        p.get(P::NoThreadState),
+        p.get(P::BadRead),
+        p.get(P::Truncated),
+        p.get(P::BadCode),
     )
 }
 
