@@ -153,9 +153,14 @@ pub struct PythonProcess {
     /// The owner value of an activation's shim frame (3.12+), or [`PYTHON_NO_CSTACK_OWNER`].
     pub cstack_owner: u8,
     pub _pad: u8,
+    /// The process's pid namespace (the kernel's `dev_t` and inode of its `ns/pid`) when it
+    /// is not the profiler's: `native_thread_id` holds the thread's id there, which the
+    /// walker asks the kernel for. 0 and 0: the profiler's own namespace.
+    pub pidns_dev: u64,
+    pub pidns_ino: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PythonProcess>() == 32);
+const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 
 /// Indices of the `PYTHON_COUNTERS` per-CPU array.
 #[repr(u32)]
@@ -165,8 +170,8 @@ pub enum PythonCounter {
     Walks = 0,
     /// Python frames recorded.
     Frames = 1,
-    /// Walks whose thread has no thread state in the thread list (not a Python thread, or
-    /// beyond the threads searched).
+    /// Walks whose thread has no thread state with a current frame in the thread list (not
+    /// a Python thread, in no Python code now, or beyond the threads searched).
     NoThreadState = 2,
     /// Walks that stopped at a read of the interpreter's memory that failed.
     BadRead = 3,

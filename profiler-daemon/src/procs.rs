@@ -185,7 +185,17 @@ impl PidNamespace {
 
 /// The pid namespace this process runs in.
 pub fn own_pid_namespace() -> io::Result<PidNamespace> {
-    let meta = fs::metadata("/proc/self/ns/pid")?;
+    pid_namespace_at("/proc/self/ns/pid")
+}
+
+/// The pid namespace process `pid` runs in (its own, innermost one: where the ids it
+/// knows itself and its threads by are given).
+pub fn pid_namespace(pid: u32) -> io::Result<PidNamespace> {
+    pid_namespace_at(&format!("/proc/{pid}/ns/pid"))
+}
+
+fn pid_namespace_at(path: &str) -> io::Result<PidNamespace> {
+    let meta = fs::metadata(path)?;
     // stat's st_dev is the userspace encoding; the kernel compares its own dev_t (major << 20
     // | minor).
     let dev = meta.dev();

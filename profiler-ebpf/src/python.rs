@@ -22,7 +22,11 @@
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+    bindings::bpf_pidns_info,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{bpf_get_ns_current_pid_tgid, bpf_loop},
+    },
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -161,7 +165,11 @@ fn start(state: &mut PythonWalk) -> bool {
     let Some(process) = (unsafe { PYTHON_PROCESSES.get(&state.tgid) }) else { return false };
     count(PythonCounter::Walks);
     state.process = *process;
-    state.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
+    let Some(tid) = thread_id(process) else {
+        count(PythonCounter::NoThreadState);
+        return false;
+    };
+    state.tid = tid;
     state.frame = 0;
     state.pending = 0;
     let Some(interp) = read_u64(process.interpreters_head) else {
@@ -180,7 +188,23 @@ fn start(state: &mut PythonWalk) -> bool {
     true
 }
 
-/// One thread state of the search.
+/// The current thread's id as the interpreter knows it (`native_thread_id`: its id in the
+/// process's own pid namespace); `None` if the kernel cannot say.
+#[inline(always)]
+fn thread_id(process: &PythonProcess) -> Option<u64> {
+    if process.pidns_ino == 0 {
+        return Some(bpf_get_current_pid_tgid() & 0xffff_ffff);
+    }
+    let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+    let size = core::mem::size_of::<bpf_pidns_info>() as u32;
+    // SAFETY: `ns` is a writable struct of `size` bytes on this program's stack.
+    let found = unsafe { bpf_get_ns_current_pid_tgid(process.pidns_dev, process.pidns_ino, &mut ns, size) };
+    (found == 0).then_some(u64::from(ns.pid))
+}
+
+/// One thread state of the search. A state of the thread with no current frame is passed
+/// over: while a thread starts another, CPython links the new thread's state (3.11: marked
+/// with the creator's id until the new thread runs) at the head of the list.
 #[inline(always)]
 fn search(state: &mut PythonWalk) -> bool {
     let tstate = state.tstate;
@@ -193,29 +217,34 @@ fn search(state: &mut PythonWalk) -> bool {
         count(PythonCounter::BadRead);
         return false;
     };
-    if tid & 0xffff_ffff != state.tid {
-        let Some(next) = read_u64(tstate + p.thread_next as u64) else {
-            count(PythonCounter::BadRead);
-            return false;
+    if tid & 0xffff_ffff == state.tid {
+        let frame = if p.thread_cframe == PYTHON_NO_CFRAME {
+            read_u64(tstate + p.current_frame as u64)
+        } else {
+            match read_u64(tstate + p.thread_cframe as u64) {
+                Some(0) => Some(0),
+                Some(cframe) => read_u64(cframe + p.current_frame as u64),
+                None => None,
+            }
         };
-        state.tstate = next;
-        return true;
-    }
-    let frame = if p.thread_cframe == PYTHON_NO_CFRAME {
-        read_u64(tstate + p.current_frame as u64)
-    } else {
-        match read_u64(tstate + p.thread_cframe as u64) {
-            Some(0) => Some(0),
-            Some(cframe) => read_u64(cframe + p.current_frame as u64),
-            None => None,
+        match frame {
+            Some(0) => {}
+            Some(frame) => {
+                state.frame = frame;
+                state.phase = FRAMES;
+                return true;
+            }
+            None => {
+                count(PythonCounter::BadRead);
+                return false;
+            }
         }
-    };
-    let Some(frame) = frame else {
+    }
+    let Some(next) = read_u64(tstate + p.thread_next as u64) else {
         count(PythonCounter::BadRead);
         return false;
     };
-    state.frame = frame;
-    state.phase = FRAMES;
+    state.tstate = next;
     true
 }
 

@@ -94,31 +94,59 @@ pub fn marked_lines(path: &Path) -> HashMap<String, i64> {
 /// A Python fixture running under one interpreter; killed on drop.
 pub struct PythonFixture {
     child: Child,
+    /// The interpreter's pid when it is not `child` (run under `unshare`).
+    interpreter: Option<u32>,
 }
 
 impl PythonFixture {
     /// Runs `script` under `python` with `args` and returns once it printed `ready`.
     pub fn spawn(python: &Path, script: &Path, args: &[&str]) -> Self {
         let mut cmd = Command::new(python);
-        cmd.arg(script).args(args).stdin(Stdio::null()).stdout(Stdio::piped());
+        cmd.arg(script).args(args);
+        Self::start(cmd, false)
+    }
+
+    /// [`PythonFixture::spawn`] in a new pid namespace (`unshare --pid --fork`), as in a
+    /// container: the interpreter is pid 1 there and knows its threads by the ids they have
+    /// there. [`PythonFixture::pid`] is its pid as the host sees it.
+    pub fn spawn_in_new_pid_namespace(python: &Path, script: &Path, args: &[&str]) -> Self {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--kill-child"]).arg(python).arg(script).args(args);
+        Self::start(cmd, true)
+    }
+
+    fn start(mut cmd: Command, forks: bool) -> Self {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("failed to start {cmd:?}: {e}"));
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
         let mut line = String::new();
         let read = stdout.read_line(&mut line);
-        let fixture = Self { child };
+        let mut fixture = Self { child, interpreter: None };
         assert!(line.trim() == "ready", "{cmd:?} did not print `ready` (read {read:?}, got {line:?})");
+        if forks {
+            let parent = fixture.child.id();
+            let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                .unwrap_or_else(|e| panic!("failed to read the children of {cmd:?}: {e}"));
+            let pid = children.split_whitespace().next().and_then(|p| p.parse().ok());
+            fixture.interpreter = Some(pid.unwrap_or_else(|| panic!("{cmd:?} has no child: {children:?}")));
+        }
         // Kept open by a thread so the fixture never writes to a closed pipe.
         std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         fixture
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.interpreter.unwrap_or(self.child.id())
     }
 }
 
 impl Drop for PythonFixture {
     fn drop(&mut self) {
+        if let Some(pid) = self.interpreter {
+            // SAFETY: a signal to the fixture's own interpreter (our child's child, not
+            // reaped while `child` lives, so the pid is still its).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
         // Either may fail if it already exited; the wait still reaps it.
         let _ = self.child.kill();
         let _ = self.child.wait();

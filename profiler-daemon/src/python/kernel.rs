@@ -13,7 +13,10 @@ use super::{
     detect::{self, Detection, Interpreter},
     offsets::{CurrentFrame, EntryMark},
 };
-use crate::{ids::Pid, procs::MapEntry};
+use crate::{
+    ids::Pid,
+    procs::{self, MapEntry},
+};
 
 /// Whether `maps` has a file named like CPython's interpreter or library: only such
 /// processes are looked at when they register (reading every program's symbols at each of
@@ -26,15 +29,30 @@ pub fn candidate(maps: &[MapEntry]) -> bool {
     })
 }
 
-/// The walker's entry for process `pid`, if it runs a CPython the walker can read; else why
-/// not (`Ok(Err(..))`: not CPython, or a version or build it does not know).
-pub fn find(pid: Pid, maps: &[MapEntry]) -> Result<PythonProcess, String> {
-    match detect::detect(pid, maps, None) {
-        Ok(Detection::Python(interp)) => entry(&interp),
-        Ok(Detection::NotPython) => Err("no mapped file exports _PyRuntime".into()),
-        Ok(Detection::Unsupported(why)) => Err(why),
-        Err(err) => Err(err.to_string()),
+/// The walker's entry for process `pid`: `None` when no mapped file exports `_PyRuntime`,
+/// an error saying why for a CPython the walker cannot read (a version or build it does not
+/// know). A process in another pid namespace than the profiler's gets that namespace.
+pub fn find(pid: Pid, maps: &[MapEntry]) -> Result<Option<PythonProcess>, String> {
+    let mut process = match detect::detect(pid, maps, None) {
+        Ok(Detection::Python(interp)) => entry(&interp)?,
+        // A shared build's executable is named like CPython's; its library may not be
+        // mapped yet (the process registers again when it is).
+        Ok(Detection::NotPython) => return Ok(None),
+        Ok(Detection::Unsupported(why)) => return Err(why),
+        Err(err) => return Err(err.to_string()),
+    };
+    let namespace = |pid: Option<u32>| {
+        let found = match pid {
+            Some(pid) => procs::pid_namespace(pid),
+            None => procs::own_pid_namespace(),
+        };
+        found.map_err(|err| format!("cannot read the pid namespace: {err}"))
+    };
+    let (theirs, ours) = (namespace(Some(pid.0))?, namespace(None)?);
+    if theirs != ours {
+        (process.pidns_dev, process.pidns_ino) = (theirs.dev, theirs.ino);
     }
+    Ok(Some(process))
 }
 
 /// The walker's entry for `interp`; refuses offsets the walker cannot use (a pointer field
@@ -79,6 +97,8 @@ pub fn entry(interp: &Interpreter) -> Result<PythonProcess, String> {
         code_adaptive: short(o.code_adaptive)?,
         cstack_owner,
         _pad: 0,
+        pidns_dev: 0,
+        pidns_ino: 0,
     })
 }
 

@@ -342,7 +342,8 @@ impl Unwinder {
             .map_err(|stall| stall.to_string())
             .and_then(|found| found);
         let process = match found {
-            Ok(process) => process,
+            Ok(Some(process)) => process,
+            Ok(None) => return Ok(None),
             Err(why) => {
                 tracing::debug!(%pid, reason = %why, "no Python frames from the kernel walker");
                 self.stats.python_unsupported += 1;
