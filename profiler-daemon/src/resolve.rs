@@ -222,6 +222,10 @@ pub fn resolve(
     if python.iter().any(|words| !words.is_empty()) {
         let note = name_python(process, &mut profile, &python, sym);
         profile.notes.push(note);
+    } else if !profile.samples.is_empty() && crate::python::kernel::candidate(process.maps()) {
+        // A CPython the walker cannot read (another version, a free-threaded build): say
+        // why its stacks keep the interpreter loop's frames.
+        profile.notes.extend(sym.python.begin(process).and_then(|reading| reading.unsupported_note()));
     }
     profile.samples.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     profile

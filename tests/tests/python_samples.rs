@@ -97,6 +97,150 @@ fn python_lock_waits_name_the_waiting_python_function() {
     }
 }
 
+/// A CPython process in its own pid namespace (as in a container): it knows its threads by
+/// their ids there, and the walker asks the kernel for those. One interpreter is enough:
+/// the namespace, not the version, is what differs.
+#[test]
+fn python_frames_of_a_process_in_another_pid_namespace() {
+    if !preflight() {
+        return;
+    }
+    let python = &supported()[0];
+    let out = TempDir::new("python-pidns");
+    let script = fixture_path("py_cpu.py");
+    let log_path = out.path().join("split.log");
+    let fixture =
+        PythonFixture::spawn_in_new_pid_namespace(&python.path, &script, &["split", path_str(&log_path), FIXTURE_S]);
+    let ns_pid = std::fs::read_to_string(format!("/proc/{}/status", fixture.pid()))
+        .ok()
+        .and_then(|status| status.lines().find(|l| l.starts_with("NSpid:")).map(str::to_string));
+    let what = format!("CPython {} in a new pid namespace ({ns_pid:?})", python.label);
+    assert!(ns_pid.as_deref().is_some_and(|l| l.trim_end().ends_with("\t1")), "{what}: pid 1 in its namespace");
+    let capture = capture(&fixture, &out, "cpu", CPU_CAPTURE);
+    let truth = Log::read(&log_path).delta("cpu", capture.window);
+    let profile = &capture.profile;
+    check_comment(profile, python, &what);
+    check_placed(profile, "samples", &what);
+    let got = (samples_in(profile, "hot_a"), samples_in(profile, "hot_b"));
+    check_share(profile, ("hot_a", "hot_b"), got, (truth["hot_a"], truth["hot_b"]), &what);
+}
+
+/// A CPython the walker cannot read (3.10) keeps its interpreter loop's native frames in
+/// its CPU profile, and the comment says why.
+#[test]
+fn python_cpu_profile_of_an_unsupported_python_says_why() {
+    if !preflight() {
+        return;
+    }
+    let Some(python) = interpreters(&[(3, 10)]).into_iter().next() else {
+        eprintln!("no CPython 3.10 on the machine: the unsupported case is not checked");
+        return;
+    };
+    let out = TempDir::new("python-unsupported-cpu");
+    let script = fixture_path("py_cpu.py");
+    let log_path = out.path().join("split.log");
+    let fixture = PythonFixture::spawn(&python.path, &script, &["split", path_str(&log_path), FIXTURE_S]);
+    let profile = capture(&fixture, &out, "cpu", Duration::from_millis(500)).profile;
+    let comments = &profile.comments;
+    assert!(
+        comments.iter().any(|c| c.starts_with("python: native frames only: ") && c.contains("3.10")),
+        "the comment says why: {comments:?}"
+    );
+    assert!(profile.samples.iter().all(|s| !s.stack.iter().any(is_python)), "no Python frame");
+    assert!(profile.samples.iter().any(|s| s.stack.iter().any(|f| f.function == EVAL)), "the loop's frames stay");
+}
+
+/// Heap samples of CPython's allocations are charged to the Python functions that made
+/// them: alloc_big's share of the sampled bytes against the bytes the fixture asked for.
+#[test]
+fn python_heap_profile_names_the_allocating_functions() {
+    if !preflight() {
+        return;
+    }
+    for python in supported() {
+        eprintln!("checking {} ({})", python.label, python.path.display());
+        let out = TempDir::new("python-heap");
+        let script = fixture_path("py_alloc.py");
+        let lines = marked_lines(&script);
+        let log_path = out.path().join("alloc.log");
+        let fixture = PythonFixture::spawn(&python.path, &script, &["heap", path_str(&log_path), FIXTURE_S]);
+        let capture = capture(&fixture, &out, "heap", CPU_CAPTURE);
+        let truth = Log::read(&log_path).delta("alloc", capture.window);
+        let what = format!("CPython {} heap", python.label);
+        let profile = &capture.profile;
+        check_comment(profile, &python, &what);
+        let bytes_in = |function: &str| {
+            profile.value_where("alloc_space", |s| python_leaf(s).is_some_and(|f| f.function == function))
+        };
+        let (big, small) = (bytes_in("alloc_big"), bytes_in("alloc_small"));
+        // Sampled at one per 512 KiB (the default), so the sampled bytes hold about
+        // (big + small) / 512 KiB samples: at least 2,000 make ±6 points over 9σ.
+        let samples = (big + small) / (512 * 1024);
+        assert!(
+            samples >= 2_000,
+            "{what}: about {samples} samples in the two functions; comments {:?}",
+            profile.comments
+        );
+        let (share, truth_share) =
+            (big as f64 / (big + small) as f64, truth["big"] as f64 / (truth["big"] + truth["small"]) as f64);
+        eprintln!(
+            "{what}: alloc_big {:.1}% of the sampled bytes, the fixture asked for {:.1}%",
+            100.0 * share,
+            100.0 * truth_share
+        );
+        assert!(
+            (share - truth_share).abs() <= SHARE_TOLERANCE,
+            "{what}: alloc_big {:.1}% of the bytes, the fixture {:.1}%; heaviest:\n{}",
+            100.0 * share,
+            100.0 * truth_share,
+            heaviest(profile, "alloc_space", |_| true)
+        );
+        for function in ["alloc_big", "alloc_small"] {
+            check_line_of(profile, "alloc_space", function, lines[function], &what);
+        }
+        let placed = profile.fraction_where("alloc_space", |s| {
+            python_names(s).starts_with(&["alloc_big", "main", "<module>"])
+                || python_names(s).starts_with(&["alloc_small", "main", "<module>"])
+        });
+        assert!(placed >= MIN_PLACED, "{what}: {:.1}% of the bytes under alloc_* <- main <- <module>", 100.0 * placed);
+    }
+}
+
+/// Threads started from Python are charged to the Python function that started them.
+#[test]
+fn python_threadcreate_profile_names_the_spawning_function() {
+    if !preflight() {
+        return;
+    }
+    for python in supported() {
+        eprintln!("checking {} ({})", python.label, python.path.display());
+        let out = TempDir::new("python-spawn");
+        let script = fixture_path("py_alloc.py");
+        let lines = marked_lines(&script);
+        let log_path = out.path().join("spawn.log");
+        let fixture = PythonFixture::spawn(&python.path, &script, &["spawn", path_str(&log_path), FIXTURE_S]);
+        let capture = capture(&fixture, &out, "threadcreate", CPU_CAPTURE);
+        let started = Log::read(&log_path).delta("spawn", capture.window)["threads"];
+        let what = format!("CPython {} threadcreate", python.label);
+        let profile = &capture.profile;
+        check_comment(profile, &python, &what);
+        let under =
+            profile.value_where("threadcreate", |s| python_names(s).starts_with(&["Thread.start", "spawner", "main"]));
+        let total = profile.total("threadcreate");
+        eprintln!(
+            "{what}: {under} of {total} threads under Thread.start <- spawner <- main; the fixture started {started}"
+        );
+        // The log's records are 20 ms apart: a few threads of the window's edges fall
+        // either side.
+        assert!(
+            started >= 100 && (under - started).abs() <= 10,
+            "{what}: {under} threads counted, {started} started; heaviest:\n{}",
+            heaviest(profile, "threadcreate", |_| true)
+        );
+        check_line_of(profile, "threadcreate", "spawner", lines["spawner"], &what);
+    }
+}
+
 fn supported() -> Vec<Interpreter> {
     let found = interpreters(&[(3, 11), (3, 12), (3, 13)]);
     assert!(!found.is_empty(), "no CPython 3.11-3.13 on the machine: nothing would be tested");
@@ -283,6 +427,18 @@ fn check_on_line(profile: &Profile, function: &str, line: i64, pred: impl Fn(&Sa
         "{what}: {on_line} of {total} samples in {function} on its loop's line {line} (wanted {:.0}%); heaviest:\n{}",
         100.0 * MIN_ON_MARKED_LINE,
         heaviest(profile, "samples", of_function)
+    );
+}
+
+/// Every sample (weighted by `value`) with a Python frame of `function` has it on `line`.
+fn check_line_of(profile: &Profile, value: &str, function: &str, line: i64, what: &str) {
+    let frame = |s: &Sample| s.stack.iter().find(|f| is_python(f) && f.function == function).map(|f| f.line);
+    let total = profile.value_where(value, |s| frame(s).is_some());
+    let on_line = profile.value_where(value, |s| frame(s) == Some(line));
+    assert!(
+        total > 0 && on_line == total,
+        "{what}: {on_line} of {total} {value} under {function} on its line {line}; heaviest:\n{}",
+        heaviest(profile, value, |s| frame(s).is_some())
     );
 }
 

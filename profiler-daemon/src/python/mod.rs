@@ -244,6 +244,15 @@ impl PythonDump<'_> {
         }
     }
 
+    /// For a CPython this reader cannot read (another version or build), the profile's
+    /// comment line saying so; `None` for one it reads.
+    pub fn unsupported_note(&self) -> Option<String> {
+        match self.summary.status {
+            PythonStatus::Unsupported(_) => Some(self.summary.describe()),
+            _ => None,
+        }
+    }
+
     fn fail(&mut self, err: &ReadFailure) -> HashMap<u32, Vec<PythonFrame>> {
         self.summary.status = failure_status(err);
         self.interp = None;
