@@ -393,6 +393,7 @@ impl Capture {
         for event in &events {
             if let ProcessEvent::Exec { pid, time, .. } = event {
                 self.unregistered_execs.insert(*pid, *time);
+                self.unwinder.execed([*pid]);
             }
         }
         self.filter_new_cgroups(&applied.cgroups);

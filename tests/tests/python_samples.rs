@@ -125,6 +125,27 @@ fn python_frames_of_a_process_in_another_pid_namespace() {
     check_share(profile, ("hot_a", "hot_b"), got, (truth["hot_a"], truth["hot_b"]), &what);
 }
 
+/// A Python process that execs a new Python (one pid, two images, as `multiprocessing`'s
+/// spawn starts its workers): the new image's Python frames are walked too. The first image
+/// sleeps for a second of the capture, so nearly every CPU sample is the second's.
+#[test]
+fn python_frames_after_an_exec_of_another_python() {
+    if !preflight() {
+        return;
+    }
+    let python = &supported()[0];
+    let out = TempDir::new("python-reexec");
+    let script = fixture_path("py_cpu.py");
+    let log_path = out.path().join("split.log");
+    let fixture = PythonFixture::spawn(&python.path, &script, &["reexec", path_str(&log_path), FIXTURE_S]);
+    let what = format!("CPython {} exec'd by itself", python.label);
+    let capture = capture(&fixture, &out, "cpu", Duration::from_secs(3));
+    let profile = &capture.profile;
+    check_comment(profile, python, &what);
+    check_placed(profile, "samples", &what);
+    assert!(samples_in(profile, "hot_a") > 0, "{what}: the second image's hot_a");
+}
+
 /// A CPython the walker cannot read (3.10) keeps its interpreter loop's native frames in
 /// its CPU profile, and the comment says why.
 #[test]

@@ -358,6 +358,18 @@ impl Unwinder {
         Ok(Some(process))
     }
 
+    /// Processes the side band saw call `execve`: the kernel dropped their interpreter's
+    /// entry at the exec, and their new image is looked at afresh when it registers (a
+    /// Python process that execs another Python, as `multiprocessing`'s spawn does, gets the
+    /// new one's). Their tables and mappings go with their next registration, as before.
+    pub fn execed(&mut self, pids: impl IntoIterator<Item = Pid>) {
+        for pid in pids {
+            if let Some(registered) = self.processes.get_mut(&pid) {
+                registered.python = None;
+            }
+        }
+    }
+
     /// Registers `child`, just forked from `parent`, with its parent's mapping list as it is
     /// (a fork copies the address space): no file is looked up. Returns false when the
     /// parent is not registered with its mappings as of `parent_version` (the child is then

@@ -17,7 +17,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::{bail_if_interrupted, fresh_dir, measure, report};
+use super::{bail_if_interrupted, fresh_dir, measure, report, unwind::median};
 use crate::workspace;
 
 /// Python frames of the spinners' stacks (the spinning function and its callers).
@@ -219,14 +219,4 @@ fn py_spy_ns(py_spy: &PathBuf, script: &Path, depth: u32, args: &PythonArgs) -> 
     }
     let samples = (SPINNERS as u64 * args.seconds * u64::from(args.frequency_hz)) as f64;
     Ok(Some(cpu.as_nanos() as f64 / samples))
-}
-
-/// The median, or `None` of no values.
-fn median(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 })
 }

@@ -198,7 +198,7 @@ fn at_twelve_frames(
 }
 
 /// The median, or `None` of no values.
-fn median(values: &mut [f64]) -> Option<f64> {
+pub(super) fn median(values: &mut [f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
