@@ -227,6 +227,41 @@ fn python_heap_profile_names_the_allocating_functions() {
     }
 }
 
+/// Time a Python thread spends asleep is charged, in the off-CPU profile, to the Python
+/// function that slept: nearly all of it under sleeper <- main <- <module>, on its line.
+#[test]
+fn python_offcpu_profile_names_the_sleeping_function() {
+    if !preflight() {
+        return;
+    }
+    for python in supported() {
+        eprintln!("checking {} ({})", python.label, python.path.display());
+        let out = TempDir::new("python-sleep");
+        let script = fixture_path("py_alloc.py");
+        let lines = marked_lines(&script);
+        let log_path = out.path().join("sleep.log");
+        let fixture = PythonFixture::spawn(&python.path, &script, &["sleep", path_str(&log_path), FIXTURE_S]);
+        let capture = capture(&fixture, &out, "offcpu", Duration::from_secs(3));
+        let what = format!("CPython {} offcpu", python.label);
+        let profile = &capture.profile;
+        check_comment(profile, &python, &what);
+        let share =
+            profile.fraction_where("off_cpu", |s| python_names(s).starts_with(&["sleeper", "main", "<module>"]));
+        let switches = profile.total("switches");
+        eprintln!(
+            "{what}: {:.1}% of the off-CPU time under sleeper <- main <- <module>, {switches} switches",
+            100.0 * share
+        );
+        assert!(
+            switches >= 20 && share >= MIN_PLACED,
+            "{what}: {:.1}% of the off-CPU time under sleeper <- main <- <module> ({switches} switches); heaviest:\n{}",
+            100.0 * share,
+            heaviest(profile, "off_cpu", |_| true)
+        );
+        check_line_of(profile, "off_cpu", "sleeper", lines["sleeper"], &what);
+    }
+}
+
 /// Threads started from Python are charged to the Python function that started them.
 #[test]
 fn python_threadcreate_profile_names_the_spawning_function() {
