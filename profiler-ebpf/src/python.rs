@@ -118,11 +118,17 @@ fn byte_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u8 {
 }
 
 /// Appends the Python frames of the current thread, if process `tgid` is a registered
-/// CPython one, to the user stack being walked in scratch slot `slot`. The whole walk,
-/// the look-up of the process included, is one `bpf_loop`: the caller's code after it is
-/// verified once, not once per way the walk can end.
+/// CPython one, to the user stack being walked in scratch slot `slot`. The whole walk is one
+/// `bpf_loop`: the caller's code after it is verified once, not once per way the walk can
+/// end.
 #[inline(always)]
 pub fn walk(slot: u32, tgid: u32) {
+    // Most processes are not Python: one lookup, not a loop, tells them apart. `start` looks
+    // the process up again inside the loop and copies what it needs from there.
+    // SAFETY: only checks for presence.
+    if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_none() {
+        return;
+    }
     let Some(state) = PYTHON_STATE.get_ptr_mut(slot) else { return };
     // SAFETY: this CPU's entry for the caller's context (see `maps::Scratch`).
     unsafe {
