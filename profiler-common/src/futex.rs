@@ -49,6 +49,9 @@ pub struct PendingWait {
     pub uaddr: u64,
     /// `bpf_ktime_get_ns` at entry.
     pub start_ns: u64,
+    /// [`Waker::seq`] of the word's `FUTEX_WAKERS` slot at entry: a wake recorded after the
+    /// wait began has a greater one.
+    pub wake_seq: u64,
     /// A [`WaitOp`] as its `u16`.
     pub op: u16,
     pub _pad: [u16; 3],
@@ -56,7 +59,7 @@ pub struct PendingWait {
 
 /// Key of the last-waker map: a futex word of a process.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WakerKey {
     pub tgid: u32,
     pub _pad: u32,
@@ -69,26 +72,87 @@ pub struct WakerKey {
 pub struct Waker {
     /// The waking thread's user stack hash, or [`crate::NO_STACK`].
     pub stack: u64,
-    /// `bpf_ktime_get_ns` when the wake was issued: a waiter is charged to this waker only
-    /// if it started waiting before it, so a stale entry never takes a wait it did not end.
-    pub wake_ns: u64,
-    pub tid: u32,
-    /// 1 when the wake was sampled (its stack walked); a wait an unsampled wake ends is not
-    /// charged.
-    pub sampled: u32,
+    /// The slot's write count when this wake was written (see [`WakerSlot`]): a waiter is
+    /// charged to this waker only if the slot's count grew since it began waiting, so a stale
+    /// entry never takes a wait it did not end. A count, not a time: a wake then reads no
+    /// clock, and the waiter reads the count it needs at its entry, with the slot.
+    pub seq: u64,
     /// For a requeue (`FUTEX_REQUEUE`, `CMP_REQUEUE`, `CMP_REQUEUE_PI`, futex2
     /// `futex_requeue`): the word its waiters were moved to, else 0. A waiter of this word
     /// woken after the requeue was woken by the next wake of that word (the unlock of the
     /// mutex a condition variable's broadcast requeues its waiters onto), and is charged to
     /// it, not to the broadcaster.
     pub requeued_to: u64,
+    /// [`Waker::seq`] of `requeued_to`'s slot at the requeue: that word's next wake has a
+    /// greater one.
+    pub requeued_seq: u64,
+    pub tid: u32,
+    /// 1 when the wake was sampled (its stack walked); a wait an unsampled wake ends is not
+    /// charged.
+    pub sampled: u32,
+}
+
+/// A thread's slot in `FUTEX_PENDING`, an array indexed by [`pending_slot`] of the kernel's
+/// thread id: the thread that last used it (`owner`, its pid_tgid; 0 for none) and its wait
+/// in flight (`wait.start_ns` 0: none). An array slot is found without a hash or a lock,
+/// which is most of what an unsampled wait costs. Two live threads may share a slot (their
+/// ids equal modulo the array's size, possible where `pid_max` exceeds it): a thread whose
+/// slot holds another's wait in flight keeps its own in `FUTEX_PENDING_SPILL`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingSlot {
+    pub owner: u64,
+    pub wait: PendingWait,
+}
+
+/// Slots of `FUTEX_PENDING` (a power of two): the default `pid_max` of a host with up to 32
+/// CPUs, so that there no two live threads share one.
+pub const FUTEX_PENDING_SLOTS: u32 = 32_768;
+
+/// The `FUTEX_PENDING` slot of the thread whose kernel `pid_tgid` this is.
+#[inline(always)]
+pub fn pending_slot(pid_tgid: u64) -> u32 {
+    pid_tgid as u32 & (FUTEX_PENDING_SLOTS - 1)
+}
+
+/// A slot of `FUTEX_WAKERS`, an array indexed by [`waker_slot`] of the word: the word whose
+/// last wake it holds and that wake. A word whose slot another word took since its wake has
+/// no waker on record (counted, as an evicted entry was before). `waker.seq` is also a
+/// sequence lock: the writer reads it, sets [`WAKER_SEQ_BUSY`] in it, writes the rest, then
+/// writes the count plus one; a reader takes the slot only if it reads the same count, not
+/// busy, before and after the rest.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WakerSlot {
+    pub key: WakerKey,
+    pub waker: Waker,
+}
+
+/// The bit of [`Waker::seq`] set while a wake rewrites its slot.
+pub const WAKER_SEQ_BUSY: u64 = 1 << 63;
+
+/// Slots of `FUTEX_WAKERS` (a power of two, see [`waker_slot`]).
+pub const FUTEX_WAKERS_SLOT_BITS: u32 = 14;
+pub const FUTEX_WAKERS_SLOTS: u32 = 1 << FUTEX_WAKERS_SLOT_BITS;
+
+/// The `FUTEX_WAKERS` slot of word `uaddr` of process `tgid`, under the load's random key
+/// (`globals::STACK_HASH_KEY`): a process cannot choose words that take another's slots.
+#[inline(always)]
+pub fn waker_slot(key: u64, tgid: u32, uaddr: u64) -> u32 {
+    use crate::stack::{hash_frame, hash_start};
+    // One more multiply carries the word's low bits (which differ between neighbouring
+    // locks) into the top bits taken.
+    let h = hash_frame(hash_frame(hash_start(key), tgid as u64), uaddr).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> (64 - FUTEX_WAKERS_SLOT_BITS)) as u32
 }
 
 const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingSlot>() == 40);
+const _: () = assert!(core::mem::size_of::<WakerSlot>() == 56);
 const _: () = assert!(core::mem::size_of::<WaitTotals>() == 16);
-const _: () = assert!(core::mem::size_of::<PendingWait>() == 24);
+const _: () = assert!(core::mem::size_of::<PendingWait>() == 32);
 const _: () = assert!(core::mem::size_of::<WakerKey>() == 16);
-const _: () = assert!(core::mem::size_of::<Waker>() == 32);
+const _: () = assert!(core::mem::size_of::<Waker>() == 40);
 
 /// The futex command bits of `futex(2)`'s `op` (the kernel's `FUTEX_CMD_MASK`: without
 /// `FUTEX_PRIVATE_FLAG` (128) and `FUTEX_CLOCK_REALTIME` (256)).

@@ -95,6 +95,29 @@ pub mod maps {
     pub const CPU_COUNTERS: &str = "CPU_COUNTERS";
     /// Hash of tgid (`u32`) → `u8`: the processes sampled when `FILTER_PIDS` is set.
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
+    /// Array of [`TARGET_PID_SLOTS_LEN`] `u32`s, a direct-mapped copy of [`TARGET_PIDS`]
+    /// that the programs read first: slot [`target_pid_slot`] of a tgid holds it when it is
+    /// the only listed tgid of that slot, [`TARGET_PID_SHARED`] when several are (then the
+    /// hash decides), 0 when none is. Every futex call of a filtered capture asks; an array
+    /// slot costs it a mask where a hash lookup costs it a hash and a bucket walk.
+    pub const TARGET_PID_SLOTS: &str = "TARGET_PID_SLOTS";
+    pub const TARGET_PID_SLOTS_LEN: u32 = 4_096;
+    pub const TARGET_PID_SHARED: u32 = u32::MAX;
+
+    /// The [`TARGET_PID_SLOTS`] slot of `tgid`.
+    #[inline(always)]
+    pub fn target_pid_slot(tgid: u32) -> u32 {
+        tgid & (TARGET_PID_SLOTS_LEN - 1)
+    }
+
+    /// What a slot holding `current` holds once `tgid` is listed too.
+    pub fn with_target_pid(current: u32, tgid: u32) -> u32 {
+        if current == 0 || current == tgid {
+            tgid
+        } else {
+            TARGET_PID_SHARED
+        }
+    }
     /// Kernel-only scratch maps: per-CPU working memory of the programs (a stack too big for
     /// the 512-byte BPF stack, the stack window a walk copies, the walk's registers, the
     /// caches of stored stacks and found rows, the heap sampler's countdown). Userspace never
@@ -236,11 +259,18 @@ pub mod maps {
     pub const THREAD_COUNTS_0: &str = "THREAD_COUNTS_0";
     /// The same for map set 1.
     pub const THREAD_COUNTS_1: &str = "THREAD_COUNTS_1";
-    /// Hash of pid_tgid (`u64`) → [`crate::PendingWait`]: per thread that has waited, from
-    /// its first futex wait to its exit, its wait in flight (`start_ns` 0: none).
+    /// Array of [`crate::futex::PendingSlot`] by thread id: each thread's futex wait in
+    /// flight (see `futex::pending_slot`).
     pub const FUTEX_PENDING: &str = "FUTEX_PENDING";
-    /// LRU hash of [`crate::WakerKey`] → [`crate::Waker`]: the last wake on each futex word.
-    /// Not flipped: it is state.
+    /// Hash of pid_tgid (`u64`) → [`crate::PendingWait`]: the wait in flight of a thread
+    /// whose `FUTEX_PENDING` slot holds another thread's, from its entry to its exit.
+    pub const FUTEX_PENDING_SPILL: &str = "FUTEX_PENDING_SPILL";
+    /// Array of one `u64`: the entries in [`FUTEX_PENDING_SPILL`] now.
+    pub const FUTEX_SPILLED: &str = "FUTEX_SPILLED";
+    /// Per-CPU array of one `u64`: the state of the futex programs' sampling draws.
+    pub const FUTEX_RANDOM: &str = "FUTEX_RANDOM";
+    /// Array of [`crate::futex::WakerSlot`]: the last wake on each futex word, by
+    /// `futex::waker_slot`. Not flipped: it is state.
     pub const FUTEX_WAKERS: &str = "FUTEX_WAKERS";
     /// Per-CPU array of `u64` futex counters, indexed by [`crate::FutexCounter`].
     pub const FUTEX_COUNTERS: &str = "FUTEX_COUNTERS";
@@ -253,12 +283,9 @@ pub mod maps {
     pub const WAIT_COUNTS_MAX_ENTRIES: u32 = 16_384;
     /// Distinct (process, creating stack) keys per map set.
     pub const THREAD_COUNTS_MAX_ENTRIES: u32 = 4_096;
-    /// Threads inside a futex wait at once (all processes).
-    pub const FUTEX_PENDING_MAX_ENTRIES: u32 = 32_768;
-    /// Futex words whose last waker is remembered (least recently woken evicted first). A
-    /// waker is read back within the woken thread's next run, microseconds to milliseconds
-    /// later, so the table only needs the words woken in the last few milliseconds.
-    pub const FUTEX_WAKERS_MAX_ENTRIES: u32 = 16_384;
+    /// Threads inside a futex wait at the same time as another thread of the same
+    /// `FUTEX_PENDING` slot (all processes).
+    pub const FUTEX_PENDING_SPILL_MAX_ENTRIES: u32 = 4_096;
 
     /// Distinct (process, thread, stacks) keys per map set.
     pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;
@@ -294,7 +321,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 50] = [
+    pub const ALL: [&str; 54] = [
         CGROUP_FILTER,
         CGROUP_MODE,
         CPU_COUNTS_0,
@@ -305,6 +332,7 @@ pub mod maps {
         CONTROL,
         CPU_COUNTERS,
         TARGET_PIDS,
+        TARGET_PID_SLOTS,
         STACK_SCRATCH,
         KERNEL_SCRATCH,
         STACK_WINDOW,
@@ -335,6 +363,9 @@ pub mod maps {
         THREAD_COUNTS_0,
         THREAD_COUNTS_1,
         FUTEX_PENDING,
+        FUTEX_PENDING_SPILL,
+        FUTEX_SPILLED,
+        FUTEX_RANDOM,
         FUTEX_WAKERS,
         FUTEX_COUNTERS,
         THREAD_COUNTERS,
@@ -511,5 +542,35 @@ mod tests {
         assert_eq!(back.mappings[..], large.mappings[..]);
         large.len += 1;
         assert!(large.small().is_none(), "33 mappings do not fit");
+    }
+
+    #[test]
+    fn target_pid_slots_hold_a_tgid_alone_or_say_shared() {
+        use maps::*;
+        let listed = [4242u32, 4242 + TARGET_PID_SLOTS_LEN, 17, 17];
+        let mut slots = [0u32; TARGET_PID_SLOTS_LEN as usize];
+        for tgid in listed {
+            let slot = &mut slots[target_pid_slot(tgid) as usize];
+            *slot = with_target_pid(*slot, tgid);
+        }
+        // Two tgids of one slot: the hash decides; a tgid listed twice stays itself.
+        assert_eq!(slots[target_pid_slot(4242) as usize], TARGET_PID_SHARED);
+        assert_eq!(slots[target_pid_slot(17) as usize], 17);
+        assert_eq!(slots.iter().filter(|&&s| s != 0).count(), 2);
+    }
+
+    #[test]
+    fn waker_slots_spread_words_and_depend_on_the_key() {
+        use futex::{waker_slot, FUTEX_WAKERS_SLOTS};
+        // Futex words of one process, 8 bytes apart (an array of locks), spread as random ones
+        // would be: 4096 in 16384 slots take 16384 (1 - e^-1/4) = 3624 of them on average
+        // (standard deviation about 25).
+        extern crate std;
+        let slots: std::collections::BTreeSet<u32> = (0..4096u64).map(|i| waker_slot(7, 100, 0x5000 + 8 * i)).collect();
+        assert!(slots.len() > 3500, "{} distinct slots of 4096 words", slots.len());
+        assert!(slots.iter().all(|&s| s < FUTEX_WAKERS_SLOTS));
+        // Another key, other slots: a process cannot aim at another's slots without the key.
+        let moved = (0..256u64).filter(|&i| waker_slot(7, 100, 0x5000 + 8 * i) != waker_slot(8, 100, 0x5000 + 8 * i));
+        assert!(moved.count() > 250);
     }
 }

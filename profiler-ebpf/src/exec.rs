@@ -29,7 +29,7 @@ use aya_ebpf::{
 use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
 
 use crate::{
-    futex::FUTEX_PENDING,
+    futex::forget_thread,
     maps::current_task,
     python::PYTHON_PROCESSES,
     tracepoint::read_field,
@@ -48,7 +48,7 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     if pid_tgid as u32 != (pid_tgid >> 32) as u32 {
         // Gone with the thread's old id if the exec succeeds; recreated at its next wait if
         // it fails.
-        let _ = FUTEX_PENDING.remove(&pid_tgid);
+        forget_thread(pid_tgid);
     }
     // A process outside the profiler's pid namespace is not profiled.
     let Some(task) = current_task() else { return 0 };

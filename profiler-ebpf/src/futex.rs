@@ -29,20 +29,24 @@ use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{map, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use profiler_common::{
     futex::{
-        is_requeue_cmd, is_wake_cmd, FUTEX_CMD_MASK, FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION,
-        FUTEX_CONFIG_SLOTS, WAIT_COUNT_ONE,
+        is_requeue_cmd, is_wake_cmd, pending_slot, waker_slot, PendingSlot, WakerSlot, FUTEX_CMD_MASK,
+        FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION, FUTEX_CONFIG_SLOTS, FUTEX_PENDING_SLOTS,
+        FUTEX_WAKERS_SLOTS, WAIT_COUNT_ONE, WAKER_SEQ_BUSY,
     },
-    maps::{FUTEX_PENDING_MAX_ENTRIES, FUTEX_WAKERS_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
-    FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, NO_STACK,
+    maps::{FUTEX_PENDING_SPILL_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
+    FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, NO_STACK,
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, current_task, pick_set, wanted_task, Scratch, Task},
+    maps::{
+        active_set, add_or_insert, atomic_add, bump, current_task_of, pick_set, wanted_task, Scratch, Task,
+        STACK_HASH_KEY,
+    },
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -56,12 +60,24 @@ pub static MUTEX_COUNTS_0: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entr
 #[map]
 pub static MUTEX_COUNTS_1: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
 
+// Arrays, not hashes: a slot is found with a shift and a mask where a hash lookup hashes the
+// key and walks a bucket; every futex call pays one or two of these (`bench futex`).
 #[map]
-pub static FUTEX_PENDING: HashMap<u64, PendingWait> = HashMap::with_max_entries(FUTEX_PENDING_MAX_ENTRIES, 0);
+pub static FUTEX_PENDING: Array<PendingSlot> = Array::with_max_entries(FUTEX_PENDING_SLOTS, 0);
 
-// LRU: words nobody wakes any more age out instead of filling the map.
 #[map]
-pub static FUTEX_WAKERS: LruHashMap<WakerKey, Waker> = LruHashMap::with_max_entries(FUTEX_WAKERS_MAX_ENTRIES, 0);
+pub static FUTEX_PENDING_SPILL: HashMap<u64, PendingWait> =
+    HashMap::with_max_entries(FUTEX_PENDING_SPILL_MAX_ENTRIES, 0);
+
+/// Entries in `FUTEX_PENDING_SPILL` now (slot 0, atomic adds): while it is 0, as it is
+/// unless two threads of one slot wait at once, an exit whose slot is not its own has no
+/// wait in flight without looking.
+#[map]
+pub static FUTEX_SPILLED: Array<u64> = Array::with_max_entries(1, 0);
+
+// Words nobody wakes any more are overwritten by the next word of their slot.
+#[map]
+pub static FUTEX_WAKERS: Array<WakerSlot> = Array::with_max_entries(FUTEX_WAKERS_SLOTS, 0);
 
 /// Sampling knobs written by userspace after load (see the module's comment).
 #[map]
@@ -172,28 +188,64 @@ fn try_futex_exit(ctx: &TracePointContext) -> Result<(), ()> {
     // The entry first: every futex exit on the machine comes here, and only this thread's
     // own wait needs its ids as the profiler sees them.
     let pid_tgid = bpf_get_current_pid_tgid();
-    let entry = FUTEX_PENDING.get_ptr_mut(&pid_tgid).ok_or(())?;
-    // SAFETY: this thread's own entry (only it and its exit write it); plain field accesses.
+    let slot = FUTEX_PENDING.get_ptr_mut(pending_slot(pid_tgid)).ok_or(())?;
+    // SAFETY: a live array slot; its owner's fields are written only by the owner (see
+    // `begin_wait` for two threads of one slot).
     let wait = unsafe {
-        if (*entry).start_ns == 0 {
-            return Err(());
+        if (*slot).owner == pid_tgid {
+            if (*slot).wait.start_ns == 0 {
+                return Err(());
+            }
+            let wait = (*slot).wait;
+            // Done with; the slot stays the thread's until another thread of it waits.
+            (*slot).wait.start_ns = 0;
+            wait
+        } else {
+            take_spilled(pid_tgid).ok_or(())?
         }
-        let wait = *entry;
-        // Done with, but kept for the thread's next wait: rewriting an entry in place costs a
-        // lookup, where a delete and an insert take the bucket's lock and the free list twice.
-        (*entry).start_ns = 0;
-        wait
     };
-    end_wait(ctx, current_task().ok_or(())?, &wait);
+    end_wait(ctx, current_task_of(pid_tgid).ok_or(())?, &wait);
     Ok(())
 }
 
-/// `sched:sched_process_exit`, for every thread that exits while futex waits are profiled:
-/// its entry in `FUTEX_PENDING`, kept between its waits, goes with it.
+/// `sched:sched_process_exit`, for every thread that exits while futex waits are profiled.
 #[tracepoint]
 pub fn futex_thread_exit(_ctx: TracePointContext) -> u32 {
-    let _ = FUTEX_PENDING.remove(&bpf_get_current_pid_tgid());
+    forget_thread(bpf_get_current_pid_tgid());
     0
+}
+
+/// Drops the wait in flight of thread `pid_tgid`, which exits or takes another id (a thread
+/// that is not its process's leader calling `execve`), and frees its slot.
+#[inline(always)]
+pub fn forget_thread(pid_tgid: u64) {
+    if let Some(slot) = FUTEX_PENDING.get_ptr_mut(pending_slot(pid_tgid)) {
+        // SAFETY: a live array slot (see `try_futex_exit`).
+        unsafe {
+            if (*slot).owner == pid_tgid {
+                (*slot).wait.start_ns = 0;
+                (*slot).owner = 0;
+                return;
+            }
+        }
+    }
+    let _ = take_spilled(pid_tgid);
+}
+
+/// The spilled wait of thread `pid_tgid`, taken out of `FUTEX_PENDING_SPILL`, if any.
+#[inline(always)]
+fn take_spilled(pid_tgid: u64) -> Option<PendingWait> {
+    let spilled = FUTEX_SPILLED.get_ptr_mut(0)?;
+    // SAFETY: a live array value, only changed by atomic adds.
+    if unsafe { ptr::read_volatile(spilled) } == 0 {
+        return None;
+    }
+    // SAFETY: a copy is taken at once; only this thread writes its entry.
+    let wait = unsafe { FUTEX_PENDING_SPILL.get(&pid_tgid) }.copied()?;
+    if FUTEX_PENDING_SPILL.remove(&pid_tgid).is_ok() {
+        atomic_add(spilled, u64::MAX);
+    }
+    Some(wait)
 }
 
 #[inline(always)]
@@ -205,21 +257,32 @@ fn count(counter: FutexCounter) {
 fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
     // SAFETY: a helper without arguments.
     let start_ns = unsafe { bpf_ktime_get_ns() };
-    // The thread's entry from its last wait is rewritten in place (see `try_futex_exit`);
-    // the start last, which marks the entry in flight.
-    if let Some(entry) = FUTEX_PENDING.get_ptr_mut(&task.pid_tgid) {
-        // SAFETY: this thread's own entry; plain field writes.
-        unsafe {
-            (*entry).uaddr = uaddr;
-            (*entry).op = op as u16;
-            (*entry).start_ns = start_ns;
+    // A futex2 `futex_waitv` waits on several words and is charged to no waker.
+    let wake_seq = if uaddr == 0 { 0 } else { waker_seq(task.tgid, uaddr) };
+    let pid_tgid = task.pid_tgid;
+    let Some(slot) = FUTEX_PENDING.get_ptr_mut(pending_slot(pid_tgid)) else { return };
+    // The thread's slot, or a slot with no wait in flight, which it takes (its last owner
+    // exited, or waits no more); the start last, which marks the wait in flight. Two
+    // threads of one slot that enter a wait at the same instant may both take it, and one
+    // wait is then lost: that needs thread ids equal modulo `FUTEX_PENDING_SLOTS`, so a
+    // `pid_max` above it, and the same few nanoseconds on two CPUs.
+    // SAFETY: a live array slot; plain field accesses.
+    unsafe {
+        if (*slot).owner == pid_tgid || (*slot).wait.start_ns == 0 {
+            (*slot).owner = pid_tgid;
+            (*slot).wait.uaddr = uaddr;
+            (*slot).wait.wake_seq = wake_seq;
+            (*slot).wait.op = op as u16;
+            ptr::write_volatile(&mut (*slot).wait.start_ns, start_ns);
+            return;
         }
-        return;
     }
-    let wait = PendingWait { uaddr, start_ns, op: op as u16, _pad: [0; 3] };
+    let wait = PendingWait { uaddr, start_ns, wake_seq, op: op as u16, _pad: [0; 3] };
     // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
-    if FUTEX_PENDING.insert(&task.pid_tgid, &wait, BPF_ANY as u64).is_err() {
+    if FUTEX_PENDING_SPILL.insert(&pid_tgid, &wait, BPF_ANY as u64).is_err() {
         count(FutexCounter::PendingMapFull);
+    } else if let Some(spilled) = FUTEX_SPILLED.get_ptr_mut(0) {
+        atomic_add(spilled, 1);
     }
 }
 
@@ -253,7 +316,7 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     if outcome != WaitOutcome::Woken || wait.uaddr == 0 {
         return;
     }
-    let Some(last) = last_wake(tgid, wait.uaddr, wait.start_ns) else {
+    let Some(last) = last_wake(tgid, wait.uaddr, wait.wake_seq) else {
         count(FutexCounter::NoWaker);
         return;
     };
@@ -264,7 +327,7 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         // requeue woke directly is charged to a wake of that word that came before it
         // returned, if any (it goes on to take that lock), else to no one (counted without a
         // waker): a condition's broadcast is no lock release.
-        match last_wake(tgid, last.requeued_to, last.wake_ns) {
+        match last_wake(tgid, last.requeued_to, last.requeued_seq) {
             Some(unlock) => (waker_stack, sampled) = (unlock.stack, unlock.sampled),
             None => {
                 count(FutexCounter::NoWaker);
@@ -287,24 +350,48 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     }
 }
 
-/// A copy of the last wake of `uaddr`, if it was issued at or after `since_ns`. The time is
-/// read first: `record_waker` may be rewriting the entry in place, and writes the time last.
+/// The `FUTEX_WAKERS` slot of word `uaddr` of process `tgid`.
 #[inline(always)]
-fn last_wake(tgid: u32, uaddr: u64, since_ns: u64) -> Option<Waker> {
-    let entry = FUTEX_WAKERS.get_ptr(&WakerKey { tgid, _pad: 0, uaddr })?;
-    // SAFETY: plain field reads of a live map value.
+fn waker_slot_of(tgid: u32, uaddr: u64) -> Option<*mut WakerSlot> {
+    FUTEX_WAKERS.get_ptr_mut(waker_slot(STACK_HASH_KEY.load(), tgid, uaddr))
+}
+
+/// The write count of the slot of word `uaddr` now (whichever word holds it: a later wake
+/// of `uaddr` writes it, and so has a greater count).
+#[inline(always)]
+fn waker_seq(tgid: u32, uaddr: u64) -> u64 {
+    match waker_slot_of(tgid, uaddr) {
+        // SAFETY: a plain read of a live array value.
+        Some(slot) => (unsafe { ptr::read_volatile(&(*slot).waker.seq) }) & !WAKER_SEQ_BUSY,
+        None => 0,
+    }
+}
+
+/// A copy of the last wake of `uaddr`, if it was recorded after the slot's count was `since`
+/// and its slot still holds it. The count is read before and after the rest (see
+/// `WakerSlot`): a wake rewriting the slot meanwhile changes it.
+#[inline(always)]
+fn last_wake(tgid: u32, uaddr: u64, since: u64) -> Option<Waker> {
+    let slot = waker_slot_of(tgid, uaddr)?;
+    // SAFETY: plain field reads of a live array value.
     unsafe {
-        let wake_ns = ptr::read_volatile(&(*entry).wake_ns);
-        if wake_ns < since_ns {
+        let seq = ptr::read_volatile(&(*slot).waker.seq);
+        if seq <= since || seq & WAKER_SEQ_BUSY != 0 {
             return None;
         }
-        Some(Waker {
-            stack: ptr::read_volatile(&(*entry).stack),
-            wake_ns,
-            tid: ptr::read_volatile(&(*entry).tid),
-            sampled: ptr::read_volatile(&(*entry).sampled),
-            requeued_to: ptr::read_volatile(&(*entry).requeued_to),
-        })
+        let waker = Waker {
+            stack: ptr::read_volatile(&(*slot).waker.stack),
+            seq,
+            requeued_to: ptr::read_volatile(&(*slot).waker.requeued_to),
+            requeued_seq: ptr::read_volatile(&(*slot).waker.requeued_seq),
+            tid: ptr::read_volatile(&(*slot).waker.tid),
+            sampled: ptr::read_volatile(&(*slot).waker.sampled),
+        };
+        let (word_tgid, word) = (ptr::read_volatile(&(*slot).key.tgid), ptr::read_volatile(&(*slot).key.uaddr));
+        if ptr::read_volatile(&(*slot).waker.seq) != seq || word_tgid != tgid || word != uaddr {
+            return None;
+        }
+        Some(waker)
     }
 }
 
@@ -327,7 +414,7 @@ fn block_weight(delay_ns: u64) -> Option<(u64, u64)> {
     }
     // Uniform in [0, rate): a 32-bit random number scaled, no division.
     // SAFETY: a helper without arguments.
-    let draw = (u64::from(unsafe { bpf_get_prandom_u32() }) * rate) >> 32;
+    let draw = (u64::from(random_u32()) * rate) >> 32;
     if draw >= delay_ns {
         return None;
     }
@@ -335,12 +422,41 @@ fn block_weight(delay_ns: u64) -> Option<(u64, u64)> {
     Some(((rate * WAIT_COUNT_ONE) / delay_ns, rate))
 }
 
+/// Per CPU, the state of [`random_u32`]'s generator (0: not seeded yet).
+#[map]
+pub static FUTEX_RANDOM: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// A uniform 32-bit draw for the sampling decisions: xorshift64* on this CPU's state, seeded
+/// once from the kernel's generator. Inline, it costs a wake or a wait a few instructions
+/// where the helper costs a call; the futex programs do not nest on a CPU, so the state has
+/// one user at a time.
+#[inline(always)]
+fn random_u32() -> u32 {
+    let Some(state) = FUTEX_RANDOM.get_ptr_mut(0) else {
+        // SAFETY: a helper without arguments.
+        return unsafe { bpf_get_prandom_u32() };
+    };
+    // SAFETY: this CPU's slot of a live array.
+    let mut x = unsafe { *state };
+    if x == 0 {
+        // SAFETY: as above; `| 1` keeps the seed non-zero.
+        x = (u64::from(unsafe { bpf_get_prandom_u32() }) << 32 | u64::from(unsafe { bpf_get_prandom_u32() })) | 1;
+    }
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    // SAFETY: as above.
+    unsafe { *state = x };
+    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+}
+
 /// Whether this wake walks its stack: 1 in the mutex fraction.
 #[inline(always)]
 fn wake_sampled() -> bool {
     let fraction = FUTEX_CONFIG.get(FUTEX_CONFIG_MUTEX_FRACTION).copied().unwrap_or(0);
-    // SAFETY: a helper without arguments.
-    fraction <= 1 || u64::from(unsafe { bpf_get_prandom_u32() }) % fraction == 0
+    // A 32-bit draw r is below 2^32 / fraction with probability 1/fraction (to within 2^-32),
+    // tested with a multiply: a division costs a wake about 10 ns (`bench futex`).
+    fraction <= 1 || (u64::from(random_u32()) * fraction) >> 32 == 0
 }
 
 /// The calling thread's user stack stored in map set `set`, or `NO_STACK` with the loss
@@ -364,26 +480,28 @@ fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
     let sampled = wake_sampled();
     let stack = if sampled { user_stack(active_set(), task.tgid) } else { NO_STACK };
     let tgid = task.tgid;
-    // SAFETY: a helper without arguments.
-    let wake_ns = unsafe { bpf_ktime_get_ns() };
-    let waker = Waker { stack, wake_ns, tid: task.tid, sampled: sampled as u32, requeued_to };
-    let key = WakerKey { tgid, _pad: 0, uaddr };
-    // A word is usually woken again and again (the same lock or condition): overwriting its
-    // entry in place skips the LRU's allocation and list locking. `wake_ns` is written last,
-    // so a waiter that sees the new time also sees the new stack (x86 keeps stores in order).
-    if let Some(entry) = FUTEX_WAKERS.get_ptr_mut(&key) {
-        // SAFETY: a live map value of this type; plain field writes.
-        unsafe {
-            ptr::write_volatile(&mut (*entry).stack, stack);
-            ptr::write_volatile(&mut (*entry).tid, waker.tid);
-            ptr::write_volatile(&mut (*entry).sampled, waker.sampled);
-            ptr::write_volatile(&mut (*entry).requeued_to, requeued_to);
-            ptr::write_volatile(&mut (*entry).wake_ns, wake_ns);
-        }
-        count(FutexCounter::Wakes);
-    } else if FUTEX_WAKERS.insert(&key, &waker, BPF_ANY as u64).is_ok() {
-        count(FutexCounter::Wakes);
-    } else {
+    let requeued_seq = if requeued_to == 0 { 0 } else { waker_seq(tgid, requeued_to) };
+    let Some(slot) = waker_slot_of(tgid, uaddr) else {
         count(FutexCounter::WakerMapFull);
+        return;
+    };
+    // The count is marked busy first and written last, one more (see `WakerSlot`): a waiter
+    // reading the slot meanwhile sees it change and takes no waker from it (x86 keeps stores
+    // in order, and loads in order). Two wakes writing one slot at once may leave one's
+    // fields under the other's count (one waiter may be charged to the other waker); the
+    // count never goes back.
+    // SAFETY: a live array value of this type; plain field accesses.
+    unsafe {
+        let seq = ptr::read_volatile(&(*slot).waker.seq) & !WAKER_SEQ_BUSY;
+        ptr::write_volatile(&mut (*slot).waker.seq, seq | WAKER_SEQ_BUSY);
+        ptr::write_volatile(&mut (*slot).key.tgid, tgid);
+        ptr::write_volatile(&mut (*slot).key.uaddr, uaddr);
+        ptr::write_volatile(&mut (*slot).waker.stack, stack);
+        ptr::write_volatile(&mut (*slot).waker.requeued_to, requeued_to);
+        ptr::write_volatile(&mut (*slot).waker.requeued_seq, requeued_seq);
+        ptr::write_volatile(&mut (*slot).waker.tid, task.tid);
+        ptr::write_volatile(&mut (*slot).waker.sampled, sampled as u32);
+        ptr::write_volatile(&mut (*slot).waker.seq, seq + 1);
     }
+    count(FutexCounter::Wakes);
 }

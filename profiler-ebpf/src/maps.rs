@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{
-        CGROUP_FILTER_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, STACKS_MAX_ENTRIES, STORED_STACKS_MAX_SLOT_ENTRIES,
-        TARGET_PIDS_MAX_ENTRIES,
+        target_pid_slot, CGROUP_FILTER_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, STACKS_MAX_ENTRIES,
+        STORED_STACKS_MAX_SLOT_ENTRIES, TARGET_PIDS_MAX_ENTRIES, TARGET_PID_SHARED, TARGET_PID_SLOTS_LEN,
     },
     share::{ShareKey, STACK_SHARES_MAX_ENTRIES},
     CgroupFilterMode, ShareCaps, ShareUse, Stack, STACK_CHUNKS,
@@ -44,6 +44,9 @@ pub static FILTER_PIDS: Global<u8> = Global::new(0);
 #[map]
 pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_MAX_ENTRIES, 0);
 
+#[map]
+pub static TARGET_PID_SLOTS: Array<u32> = Array::with_max_entries(TARGET_PID_SLOTS_LEN, 0);
+
 /// The profiler's pid namespace, as `(st_dev, st_ino)` of its `/proc/self/ns/pid` (the
 /// device as the kernel's `dev_t`), set at load time when it is not the initial namespace;
 /// 0 in the initial one, whose ids the kernel reports directly.
@@ -66,7 +69,12 @@ pub struct Task {
 /// profiler in a container profiles the processes of its container, under their pids there.
 #[inline(always)]
 pub fn current_task() -> Option<Task> {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    current_task_of(bpf_get_current_pid_tgid())
+}
+
+/// [`current_task`] for a program that has already read `bpf_get_current_pid_tgid`.
+#[inline(always)]
+pub fn current_task_of(pid_tgid: u64) -> Option<Task> {
     let ino = PIDNS_INO.load();
     if ino == 0 {
         return Some(Task { pid_tgid, tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 });
@@ -256,6 +264,16 @@ pub fn active_generation() -> u32 {
 /// Whether samples of process `tgid` are recorded.
 #[inline(always)]
 pub fn wanted(tgid: u32) -> bool {
-    // SAFETY: the value is a plain u8 that is only ever read.
-    FILTER_PIDS.load() == 0 || unsafe { TARGET_PIDS.get(&tgid) }.is_some()
+    if FILTER_PIDS.load() == 0 {
+        return true;
+    }
+    // 0 is an empty slot, and no process's tgid (the idle tasks have 0).
+    match TARGET_PID_SLOTS.get(target_pid_slot(tgid)) {
+        Some(&listed) if listed == TARGET_PID_SHARED => {
+            // SAFETY: the value is a plain u8 that is only ever read.
+            unsafe { TARGET_PIDS.get(&tgid) }.is_some()
+        }
+        Some(&listed) => listed == tgid && tgid != 0,
+        None => false,
+    }
 }

@@ -476,8 +476,15 @@ fn set_cgroup_filter(ebpf: &mut Ebpf, mode: CgroupFilterMode, ids: &std::collect
 
 fn select_pids(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<()> {
     let mut targets: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::TARGET_PIDS)?;
+    let mut slots = vec![0u32; maps::TARGET_PID_SLOTS_LEN as usize];
     for pid in pids {
         targets.insert(pid.0, 1, 0).map_err(map_error("write", maps::TARGET_PIDS))?;
+        let slot = &mut slots[maps::target_pid_slot(pid.0) as usize];
+        *slot = maps::with_target_pid(*slot, pid.0);
+    }
+    let mut array: Array<&mut MapData, u32> = map_mut(ebpf, maps::TARGET_PID_SLOTS)?;
+    for (index, &tgid) in slots.iter().enumerate().filter(|(_, &tgid)| tgid != 0) {
+        array.set(index as u32, tgid, 0).map_err(map_error("write", maps::TARGET_PID_SLOTS))?;
     }
     Ok(())
 }

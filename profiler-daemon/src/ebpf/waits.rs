@@ -20,12 +20,13 @@ use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum
 use crate::ids::{Pid, StackId};
 
 /// The maps only the futex programs use (created with one entry when they are off).
-pub(super) const MAPS: [&str; 6] = [
+pub(super) const MAPS: [&str; 7] = [
     maps::BLOCK_COUNTS_0,
     maps::BLOCK_COUNTS_1,
     maps::MUTEX_COUNTS_0,
     maps::MUTEX_COUNTS_1,
     maps::FUTEX_PENDING,
+    maps::FUTEX_PENDING_SPILL,
     maps::FUTEX_WAKERS,
 ];
 const BLOCK_COUNTS: [&str; 2] = [maps::BLOCK_COUNTS_0, maps::BLOCK_COUNTS_1];
