@@ -316,11 +316,11 @@ pub enum FutexCounter {
     /// Waits charged to a waker in the mutex maps.
     MutexCharged = 1,
     /// Woken waits with no recorded wake on their word during the wait (woken by another
-    /// process, by the kernel at thread exit, or the waker's entry was evicted), or woken
+    /// process, by the kernel at thread exit, or another word took the waker's slot), or woken
     /// directly by a requeue with no later wake of the word it moved waiters to.
     NoWaker = 2,
-    /// Waits not followed because the in-flight map (an entry per thread that waits, from its
-    /// first wait to its exit) was full.
+    /// Waits not followed because the spill map (the waits in flight of threads whose
+    /// `FUTEX_PENDING` slot held another thread's) was full.
     PendingMapFull = 3,
     /// Waits lost because the block totals map was full.
     BlockMapFull = 4,
@@ -330,7 +330,8 @@ pub enum FutexCounter {
     StackLost = 6,
     /// Wakes issued and recorded as a futex word's last waker.
     Wakes = 7,
-    /// Wakes not recorded because the waker map update failed.
+    /// Wakes not recorded because the waker map has no slot for them (it was created with
+    /// one entry: the profile is off).
     WakerMapFull = 8,
     /// Waits shorter than the block rate left out by its sampling (not walked).
     BlockUnsampled = 9,

@@ -2,16 +2,17 @@
 //! and the futex2 tracepoints (`futex_wait`, `futex_waitv`, `futex_wake`, `futex_requeue`).
 //!
 //! A wait (`FUTEX_WAIT`, `WAIT_BITSET`, `LOCK_PI`, `LOCK_PI2`, `WAIT_REQUEUE_PI`, futex2
-//! `futex_wait`/`futex_waitv`) is remembered per thread at entry (in the thread's entry of
-//! `FUTEX_PENDING`, which lives from its first wait to its exit); at exit its delay is added
+//! `futex_wait`/`futex_waitv`) is remembered per thread at entry (in the thread's slot of
+//! `FUTEX_PENDING`, see `profiler_common::futex::PendingSlot`); at exit its delay is added
 //! under (process, op, outcome, waiting stack) in the block maps. The stack is taken at exit:
 //! the thread's saved user registers are those of the syscall either way, and taking it in
 //! the set that receives the count keeps count and stack in one batch.
 //!
 //! A wake (`FUTEX_WAKE`, `WAKE_BITSET`, `WAKE_OP`, `UNLOCK_PI`, the requeues, futex2
 //! `futex_wake`/`futex_requeue`) records its stack as the futex word's last waker at entry,
-//! before any waiter can run. A waiter that returns woken, on a word whose last wake came
-//! after it started waiting, has its delay added under the waker's stack in the mutex maps.
+//! before any waiter can run, in the word's slot of `FUTEX_WAKERS`. A waiter that returns
+//! woken, on a word whose last wake came after it started waiting (the slot's write count
+//! grew since its entry), has its delay added under the waker's stack in the mutex maps.
 //! A requeue also notes the word it moved waiters to; a waiter whose word's last wake was a
 //! requeue is charged to the next wake of that second word (the unlock that woke it).
 //!
@@ -19,8 +20,8 @@
 //! a wait at least as long as the block rate is always counted, a shorter one of length d
 //! with probability d/rate and then as rate/d waits of total delay rate (Go's unbiasing);
 //! 1 in N wakes (the mutex fraction) walks its stack, and only the waits a sampled wake ends
-//! are charged, scaled by N in userspace. An unsampled wait costs two timestamps and its
-//! in-flight entry; an unsampled wake, a timestamp and its word's entry.
+//! are charged, scaled by N in userspace. An unsampled wait costs two timestamps and two
+//! array slots; an unsampled wake, a random draw and its word's slot.
 #![allow(non_upper_case_globals)]
 
 use core::ptr;
