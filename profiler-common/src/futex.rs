@@ -41,7 +41,8 @@ pub const FUTEX_CONFIG_MUTEX_FRACTION: u32 = 1;
 /// Slots of `FUTEX_CONFIG`.
 pub const FUTEX_CONFIG_SLOTS: u32 = 2;
 
-/// A wait between its syscall entry and exit, per thread (keyed by pid_tgid).
+/// A wait between its syscall entry and exit: a thread's [`PendingSlot`], or its entry in the
+/// spill hash (keyed by pid_tgid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PendingWait {
@@ -57,7 +58,7 @@ pub struct PendingWait {
     pub _pad: [u16; 3],
 }
 
-/// Key of the last-waker map: a futex word of a process.
+/// A futex word of a process: the word whose last wake a [`WakerSlot`] holds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WakerKey {
@@ -96,8 +97,10 @@ pub struct Waker {
 /// thread id: the thread that last used it (`owner`, its pid_tgid; 0 for none) and its wait
 /// in flight (`wait.start_ns` 0: none). An array slot is found without a hash or a lock,
 /// which is most of what an unsampled wait costs. Two live threads may share a slot (their
-/// ids equal modulo the array's size, possible where `pid_max` exceeds it): a thread whose
-/// slot holds another's wait in flight keeps its own in `FUTEX_PENDING_SPILL`.
+/// ids equal modulo the array's size, common where `pid_max` exceeds it, as systemd sets it
+/// to 4194304): a thread whose slot holds another's wait in flight keeps its own in
+/// `FUTEX_PENDING_SPILL`. Only waits in flight at the same time collide; a slot whose wait
+/// has ended passes to the next thread of it that waits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PendingSlot {
@@ -105,8 +108,8 @@ pub struct PendingSlot {
     pub wait: PendingWait,
 }
 
-/// Slots of `FUTEX_PENDING` (a power of two): the default `pid_max` of a host with up to 32
-/// CPUs, so that there no two live threads share one.
+/// Slots of `FUTEX_PENDING` (a power of two): the kernel's default `pid_max` up to 32 CPUs,
+/// where no two live threads share one.
 pub const FUTEX_PENDING_SLOTS: u32 = 32_768;
 
 /// The `FUTEX_PENDING` slot of the thread whose kernel `pid_tgid` this is.

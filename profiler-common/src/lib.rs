@@ -284,8 +284,10 @@ pub mod maps {
     /// Distinct (process, creating stack) keys per map set.
     pub const THREAD_COUNTS_MAX_ENTRIES: u32 = 4_096;
     /// Threads inside a futex wait at the same time as another thread of the same
-    /// `FUTEX_PENDING` slot (all processes).
-    pub const FUTEX_PENDING_SPILL_MAX_ENTRIES: u32 = 4_096;
+    /// `FUTEX_PENDING` slot (all processes). With thread ids spread over a `pid_max` of
+    /// 4194304, 32,768 threads blocked at once (what the in-flight hash held before the
+    /// array) share slots about 12,000 times; this holds that many.
+    pub const FUTEX_PENDING_SPILL_MAX_ENTRIES: u32 = 16_384;
 
     /// Distinct (process, thread, stacks) keys per map set.
     pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;

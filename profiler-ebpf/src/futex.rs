@@ -27,7 +27,7 @@
 use core::ptr;
 
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{BPF_EXIST, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{map, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
@@ -226,10 +226,11 @@ pub fn forget_thread(pid_tgid: u64) {
             if (*slot).owner == pid_tgid {
                 (*slot).wait.start_ns = 0;
                 (*slot).owner = 0;
-                return;
             }
         }
     }
+    // Also for the slot's owner: a spilled wait whose exit was never seen (the thread was
+    // killed in it) leaves its entry behind, and the thread may own its slot by now.
     let _ = take_spilled(pid_tgid);
 }
 
@@ -265,8 +266,9 @@ fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
     // The thread's slot, or a slot with no wait in flight, which it takes (its last owner
     // exited, or waits no more); the start last, which marks the wait in flight. Two
     // threads of one slot that enter a wait at the same instant may both take it, and one
-    // wait is then lost: that needs thread ids equal modulo `FUTEX_PENDING_SLOTS`, so a
-    // `pid_max` above it, and the same few nanoseconds on two CPUs.
+    // wait is then lost, as it is when the slot's last owner exits at the instant another
+    // thread of it takes the slot: either needs thread ids equal modulo
+    // `FUTEX_PENDING_SLOTS` and the same few nanoseconds on two CPUs.
     // SAFETY: a live array slot; plain field accesses.
     unsafe {
         if (*slot).owner == pid_tgid || (*slot).wait.start_ns == 0 {
@@ -279,11 +281,14 @@ fn begin_wait(task: Task, uaddr: u64, op: WaitOp) {
         }
     }
     let wait = PendingWait { uaddr, start_ns, wake_seq, op: op as u16, _pad: [0; 3] };
-    // BPF_ANY: an entry left by a thread whose tid was reused is simply replaced.
-    if FUTEX_PENDING_SPILL.insert(&pid_tgid, &wait, BPF_ANY as u64).is_err() {
+    // A new entry is counted in `FUTEX_SPILLED`; one this thread left (a wait whose exit was
+    // not seen) is replaced and was counted already.
+    if FUTEX_PENDING_SPILL.insert(&pid_tgid, &wait, BPF_NOEXIST as u64).is_ok() {
+        if let Some(spilled) = FUTEX_SPILLED.get_ptr_mut(0) {
+            atomic_add(spilled, 1);
+        }
+    } else if FUTEX_PENDING_SPILL.insert(&pid_tgid, &wait, BPF_EXIST as u64).is_err() {
         count(FutexCounter::PendingMapFull);
-    } else if let Some(spilled) = FUTEX_SPILLED.get_ptr_mut(0) {
-        atomic_add(spilled, 1);
     }
 }
 
@@ -414,8 +419,9 @@ fn block_weight(delay_ns: u64) -> Option<(u64, u64)> {
         return Some((WAIT_COUNT_ONE, delay_ns));
     }
     // Uniform in [0, rate): a 32-bit random number scaled, no division.
-    // SAFETY: a helper without arguments.
-    let draw = (u64::from(random_u32()) * rate) >> 32;
+    // r · rate / 2^32 without overflow for a rate past 2^32 ns (4.3 s): r · hi + r · lo / 2^32.
+    let r = u64::from(random_u32());
+    let draw = r * (rate >> 32) + ((r * (rate & 0xffff_ffff)) >> 32);
     if draw >= delay_ns {
         return None;
     }
@@ -488,9 +494,10 @@ fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
     };
     // The count is marked busy first and written last, one more (see `WakerSlot`): a waiter
     // reading the slot meanwhile sees it change and takes no waker from it (x86 keeps stores
-    // in order, and loads in order). Two wakes writing one slot at once may leave one's
-    // fields under the other's count (one waiter may be charged to the other waker); the
-    // count never goes back.
+    // in order, and loads in order). Two wakes writing one slot at once (no compare-and-swap
+    // here) may leave one's fields under the other's count, so one waiter may be charged to
+    // the other waker, and may write the same count twice, so a waiter that entered between
+    // them may find no waker (counted as such).
     // SAFETY: a live array value of this type; plain field accesses.
     unsafe {
         let seq = ptr::read_volatile(&(*slot).waker.seq) & !WAKER_SEQ_BUSY;

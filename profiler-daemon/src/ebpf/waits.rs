@@ -33,17 +33,19 @@ const BLOCK_COUNTS: [&str; 2] = [maps::BLOCK_COUNTS_0, maps::BLOCK_COUNTS_1];
 const MUTEX_COUNTS: [&str; 2] = [maps::MUTEX_COUNTS_0, maps::MUTEX_COUNTS_1];
 
 /// (program, tracepoint category, tracepoint name, required). The futex2 syscalls came in
-/// Linux 5.16 (`futex_waitv`) and 6.7 (`futex_wait`, `futex_wake`, `futex_requeue`).
+/// Linux 5.16 (`futex_waitv`) and 6.7 (`futex_wait`, `futex_wake`, `futex_requeue`). In this
+/// order: the programs that end a wait and free a thread's state first, so that no wait
+/// begins that nothing would end.
 const TRACEPOINTS: [(&str, &str, &str, bool); 9] = [
-    (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true),
+    (programs::FUTEX_THREAD_EXIT, "sched", "sched_process_exit", true),
     (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex", true),
-    (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false),
     (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_wait", false),
-    (programs::FUTEX_WAITV_ENTER, "syscalls", "sys_enter_futex_waitv", false),
     (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_waitv", false),
+    (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true),
+    (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false),
+    (programs::FUTEX_WAITV_ENTER, "syscalls", "sys_enter_futex_waitv", false),
     (programs::FUTEX_WAKE_ENTER, "syscalls", "sys_enter_futex_wake", false),
     (programs::FUTEX_REQUEUE_ENTER, "syscalls", "sys_enter_futex_requeue", false),
-    (programs::FUTEX_THREAD_EXIT, "sched", "sched_process_exit", true),
 ];
 
 /// Tracepoints attached, `category:name`, and the optional ones this kernel lacks.
