@@ -36,7 +36,7 @@ use profiler_common::{
 
 use crate::{
     maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, wanted, Scratch},
-    stack::{capture_kernel_skipping, capture_user},
+    stack::{capture_kernel_skipping, capture_user_inline},
 };
 
 #[map]
@@ -131,7 +131,7 @@ pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpuKey> {
     let mut truncated = false;
-    let user_stack = match capture_user(set, &mut truncated, Scratch::Switch, key.tgid) {
+    let user_stack = match capture_user_inline(set, &mut truncated, Scratch::Switch, key.tgid) {
         Ok(NO_STACK) => return None,
         Ok(hash) => hash,
         Err(_) => {

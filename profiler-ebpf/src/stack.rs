@@ -104,8 +104,60 @@ pub fn capture_kernel_skipping(
 /// profiler sees it (see `maps::Task`).
 #[inline(always)]
 pub fn capture_user(set: u32, truncated: &mut bool, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
+    let hash = match profiler_capture_user_stack(set, slot as u32, tgid) {
+        CAPTURE_WALK_FAILED => return Err(StackError::Walk),
+        CAPTURE_MAP_FULL => return Err(StackError::MapFull),
+        hash => hash,
+    };
+    if hash != NO_STACK {
+        *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
+    }
+    Ok(hash)
+}
+
+/// What [`profiler_capture_user_stack`] returns for the two [`StackError`]s: odd values of
+/// at least 3, which no stack hash (even), [`NO_STACK`] or [`OVER_SHARE_STACK`] is.
+const CAPTURE_WALK_FAILED: u64 = u64::MAX;
+const CAPTURE_MAP_FULL: u64 = u64::MAX - 2;
+
+/// [`capture_user`]'s work as a global function: the verifier checks a global function once
+/// per program, on its own with its arguments unknown, and takes its result as an unknown
+/// number. Inlined, the walk and the store were verified again for every way a caller
+/// reached them: `cpu_sample` and `futex_exit` needed 936,000 and 952,000 of the verifier's
+/// million instructions, and the futex programs' array bookkeeping took `futex_exit` past
+/// the limit (the block and mutex profiles failed to load). As a global function the walk
+/// costs each program that takes a user stack about 45,000. `slot` is a [`Scratch`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_capture_user_stack(set: u32, slot: u32, tgid: u32) -> u64 {
+    // One path on, not one per context: the walk is the same for every slot.
+    if slot > Scratch::Switch as u32 {
+        return CAPTURE_WALK_FAILED;
+    }
+    // SAFETY: `Scratch` is a `repr(u32)` enum of the values 0..=Switch, checked above.
+    let slot = unsafe { core::mem::transmute::<u32, Scratch>(slot) };
+    match walk_and_store(set & 1, slot, tgid) {
+        Ok(hash) => hash,
+        Err(StackError::Walk) => CAPTURE_WALK_FAILED,
+        Err(StackError::MapFull) => CAPTURE_MAP_FULL,
+    }
+}
+
+/// [`capture_user`] inlined into its caller, for a program whose own stack frame leaves no
+/// room for the global function's: the BPF stack of a call chain is 512 bytes in all, and
+/// `offcpu_switch`'s frame with the function's and the walk's callback's is past it.
+#[inline(always)]
+pub fn capture_user_inline(set: u32, truncated: &mut bool, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
+    let hash = walk_and_store(set, slot, tgid)?;
+    if hash != NO_STACK {
+        *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
+    }
+    Ok(hash)
+}
+
+#[inline(always)]
+fn walk_and_store(set: u32, slot: Scratch, tgid: u32) -> Result<u64, StackError> {
     let Some(hash) = user_stack::walk(slot, tgid) else { return Ok(NO_STACK) };
-    *truncated = scratch(slot)?.truncated & STACK_TRUNCATED != 0;
     store(set, slot, hash, tgid, Walked::User)
 }
 
