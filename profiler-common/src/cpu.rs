@@ -55,7 +55,7 @@ impl CpuCounter {
     ];
 }
 
-/// How the `CGROUP_FILTER` set applies (the value in `CGROUP_MODE`): what the configuration's
+/// How the `CGROUP_FILTER` set applies (the value at `CONTROL_CGROUP_MODE` in `CONTROL`): what the configuration's
 /// cgroup and unit matchers decide in the kernel, before any stack is walked.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -84,13 +84,19 @@ pub mod maps {
     pub const STACK_SHARES_0: &str = "STACK_SHARES_0";
     /// The same for set 1.
     pub const STACK_SHARES_1: &str = "STACK_SHARES_1";
-    /// Array of one `u32`: the generation, the number of flips so far, whose low bit is the
-    /// map set (0 or 1) the kernel programs write to now. Userspace flips it, lets in-flight
-    /// programs finish, then drains and clears the other set, so draining never races with
-    /// the kernel's writes.
+    /// Array of `u32` switches userspace changes while the programs run, side by side so that
+    /// a program reads them from one cache line: at [`CONTROL_ACTIVE_SET`] the generation,
+    /// the number of flips so far, whose low bit is the map set (0 or 1) the kernel programs
+    /// write to now (userspace flips it, lets in-flight programs finish, then drains and
+    /// clears the other set, so draining never races with the kernel's writes); at
+    /// [`CONTROL_CGROUP_MODE`] how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]).
     pub const CONTROL: &str = "CONTROL";
     /// Index of the active-set slot in [`CONTROL`].
     pub const CONTROL_ACTIVE_SET: u32 = 0;
+    /// Index of the cgroup filter's mode in [`CONTROL`].
+    pub const CONTROL_CGROUP_MODE: u32 = 1;
+    /// Entries of [`CONTROL`].
+    pub const CONTROL_SLOTS: u32 = 2;
     /// Per-CPU array of `u64` event and drop counters, indexed by [`crate::CpuCounter`].
     pub const CPU_COUNTERS: &str = "CPU_COUNTERS";
     /// Hash of tgid (`u32`) → `u8`: the processes sampled when `FILTER_PIDS` is set.
@@ -300,8 +306,6 @@ pub mod maps {
     /// Hash of cgroup id (`u64`, the cgroup directory's inode number) → `u8` 1: the cgroups
     /// the configuration's `[processes]` cgroup and unit matchers select (or exclude).
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
-    /// Array of one `u32`: how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]).
-    pub const CGROUP_MODE: &str = "CGROUP_MODE";
     /// Cgroups a configuration can select or exclude in the kernel: the matched ones only
     /// (a Kubernetes node runs a few thousand cgroups in all).
     pub const CGROUP_FILTER_MAX_ENTRIES: u32 = 8_192;
@@ -323,9 +327,8 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 54] = [
+    pub const ALL: [&str; 53] = [
         CGROUP_FILTER,
-        CGROUP_MODE,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
         STACKS,

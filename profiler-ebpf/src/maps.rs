@@ -17,8 +17,9 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{
-        target_pid_slot, CGROUP_FILTER_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, STACKS_MAX_ENTRIES,
-        STORED_STACKS_MAX_SLOT_ENTRIES, TARGET_PIDS_MAX_ENTRIES, TARGET_PID_SHARED, TARGET_PID_SLOTS_LEN,
+        target_pid_slot, CGROUP_FILTER_MAX_ENTRIES, CONTROL_CGROUP_MODE, CONTROL_SLOTS, ROW_CACHE_MAX_SLOT_ENTRIES,
+        STACKS_MAX_ENTRIES, STORED_STACKS_MAX_SLOT_ENTRIES, TARGET_PIDS_MAX_ENTRIES, TARGET_PID_SHARED,
+        TARGET_PID_SLOTS_LEN,
     },
     share::{ShareKey, STACK_SHARES_MAX_ENTRIES},
     CgroupFilterMode, ShareCaps, ShareUse, Stack, STACK_CHUNKS,
@@ -98,13 +99,11 @@ pub fn wanted_task() -> Option<Task> {
 /// an excluded process costs no walk (see `CgroupFilterMode`).
 #[map]
 pub static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(CGROUP_FILTER_MAX_ENTRIES, 0);
-#[map]
-pub static CGROUP_MODE: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Whether the current task's cgroup is profiled.
 #[inline(always)]
 pub fn cgroup_wanted() -> bool {
-    let mode = CGROUP_MODE.get(0).copied().unwrap_or(CgroupFilterMode::Off as u32);
+    let mode = CONTROL.get(CONTROL_CGROUP_MODE).copied().unwrap_or(CgroupFilterMode::Off as u32);
     if mode == CgroupFilterMode::Off as u32 {
         return true;
     }
@@ -116,7 +115,7 @@ pub fn cgroup_wanted() -> bool {
 }
 
 #[map]
-pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+pub static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_SLOTS, 0);
 
 // Stack entries are 512 bytes each: allocate on insert instead of preallocating 8 MiB. One
 // table for both sets (a key's low bit is its set, see `profiler_common::stack::set_key`): the

@@ -461,8 +461,10 @@ fn set_cgroup_filter(ebpf: &mut Ebpf, mode: CgroupFilterMode, ids: &std::collect
         filter.keys().filter_map(|k| k.ok()).filter(|id| !ids.contains(id)).collect()
     };
     // Off while the set changes: a sample meanwhile is counted rather than lost.
-    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CGROUP_MODE)?;
-    control.set(0, CgroupFilterMode::Off as u32, 0).map_err(map_error("write", maps::CGROUP_MODE))?;
+    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CONTROL)?;
+    control
+        .set(maps::CONTROL_CGROUP_MODE, CgroupFilterMode::Off as u32, 0)
+        .map_err(map_error("write", maps::CONTROL))?;
     let mut filter: HashMap<&mut MapData, u64, u8> = map_mut(ebpf, maps::CGROUP_FILTER)?;
     for id in old {
         let _ = filter.remove(&id);
@@ -470,8 +472,8 @@ fn set_cgroup_filter(ebpf: &mut Ebpf, mode: CgroupFilterMode, ids: &std::collect
     for &id in ids {
         filter.insert(id, 1, 0).map_err(map_error("write", maps::CGROUP_FILTER))?;
     }
-    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CGROUP_MODE)?;
-    control.set(0, mode as u32, 0).map_err(map_error("write", maps::CGROUP_MODE))
+    let mut control: Array<&mut MapData, u32> = map_mut(ebpf, maps::CONTROL)?;
+    control.set(maps::CONTROL_CGROUP_MODE, mode as u32, 0).map_err(map_error("write", maps::CONTROL))
 }
 
 fn select_pids(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<()> {
