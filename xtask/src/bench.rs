@@ -20,6 +20,8 @@
 //! here and priced from the kernel's formula at 64 and 256 possible CPUs.
 //! `cargo xtask bench python` (module `python`): the kernel's walk of CPython frames per
 //! sample at 10-200 Python frames, with Python unwinding off, and py-spy's CPU.
+//! `cargo xtask bench soak` (module `soak`): a million distinct stacks through the daemon's
+//! stack table, then a known stack, and the daemon's memory meanwhile.
 //!
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
@@ -35,6 +37,7 @@ mod offcpu;
 mod peer;
 mod python;
 mod report;
+mod soak;
 mod threads;
 mod unwind;
 mod workload;
@@ -83,6 +86,10 @@ pub enum Bench {
     /// BPF ns per sample of Python spinners 10, 50 and 200 Python frames deep: with Python
     /// frames, with Python unwinding off, and py-spy's CPU per sample at the same rate.
     Python(python::PythonArgs),
+    /// A million distinct stacks through `profiler run`'s stack table (two churners at
+    /// 999 Hz), then a known 75/25 split beside them: stacks learnt, the split, refusals,
+    /// peak RSS and whether it stays flat once the table is full.
+    Soak(soak::SoakArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -111,6 +118,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Exec(args) => exec::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Memory(args) => memory::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Python(args) => python::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 
