@@ -76,8 +76,9 @@ pub struct CaptureConfig {
     pub settings: Settings,
     /// Capacity of the live heap block map.
     pub heap_max_live: u32,
-    /// Distinct stacks the catalogue keeps.
+    /// Distinct stacks the catalogue keeps, and their frames in all.
     pub max_stacks: usize,
+    pub max_frames: usize,
     /// Turn on the kernel's BPF run-time statistics (for benchmarks).
     pub enable_stats: bool,
     /// Beaten while a file read is waited for (the daemon's watchdog follows it).
@@ -244,7 +245,7 @@ impl Capture {
                 (None, Some(reason))
             }
         };
-        let mut catalog = Catalog::with_max_stacks(config.max_stacks);
+        let mut catalog = Catalog::with_limits(config.max_stacks, config.max_frames);
         if sideband.is_some() {
             catalog.follow_exits();
         }

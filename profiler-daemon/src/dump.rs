@@ -51,6 +51,7 @@ pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
         settings,
         heap_max_live: 1,
         max_stacks: usize::MAX,
+        max_frames: usize::MAX,
         enable_stats: false,
         heartbeat: None,
         selection: Default::default(),

@@ -35,6 +35,11 @@ impl StackId {
     /// stack table (see `profiler_common::share`). Resolves to no frames.
     pub const OVER_SHARE: StackId = StackId(profiler_common::OVER_SHARE_STACK);
 
+    /// The stacks of since-start totals whose frames the daemon's table evicted as history
+    /// (see `profiles::evicted`), folded together. Resolves to no frames. Odd, so no kernel
+    /// stack id (even, see `profiler_common::stack`) is ever equal to it.
+    pub const EVICTED: StackId = StackId(3);
+
     /// Whether this names a stack.
     pub fn is_some(self) -> bool {
         self != Self::NONE

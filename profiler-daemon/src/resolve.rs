@@ -106,6 +106,9 @@ pub struct FrameStats {
     /// Samples (rows, each of any number of events) whose stack the kernel refused because
     /// the process (or its uid) held its share of the stack table (kept without that stack).
     pub over_share: u64,
+    /// Samples (rows) of since-start totals whose stacks the daemon's table no longer held
+    /// (evicted as history, or refused while full), folded together (kept without stacks).
+    pub evicted: u64,
 }
 
 /// Why a file the process controls (an executable, a library, its JIT perf map) was not
@@ -168,10 +171,13 @@ pub fn resolve(
     let mut resolved = Vec::with_capacity(samples.len());
     // Per sample, the Python frames the kernel walker put after the native ones.
     let mut python: Vec<&[u64]> = Vec::with_capacity(samples.len());
-    let (mut missing_stacks, mut over_share) = (0, 0);
+    let (mut missing_stacks, mut over_share, mut evicted) = (0, 0, 0);
     for sample in samples {
         if sample.user_stack == StackId::OVER_SHARE || sample.kernel_stack == StackId::OVER_SHARE {
             over_share += 1;
+        }
+        if sample.user_stack == StackId::EVICTED || sample.kernel_stack == StackId::EVICTED {
+            evicted += 1;
         }
         let (kernel, user) = match (catalog.stack(sample.kernel_stack), catalog.stack(sample.user_stack)) {
             (Some(k), Some(u)) => (k, u),
@@ -207,6 +213,7 @@ pub fn resolve(
     let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, sym);
     frames.missing_stacks = missing_stacks;
     frames.over_share = over_share;
+    frames.evicted = evicted;
     let exe = process.info.as_ref().and_then(|i| i.exe.as_ref()).map(|p| p.display().to_string());
     main_binary_first(&mut mappings, &mut locations, exe.as_deref());
     let mut profile = ResolvedProfile {
@@ -343,6 +350,7 @@ impl LocationTable {
             unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
             missing_stacks: 0,
             over_share: 0,
+            evicted: 0,
         };
         refused.dedup();
         (mappings, locations, stats, refused)

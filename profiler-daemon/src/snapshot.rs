@@ -89,6 +89,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         settings,
         heap_max_live: args.heap_max_live.unwrap_or(profiler_common::maps::heap_live_entries(args.heap_sample_bytes)),
         max_stacks: usize::MAX,
+        max_frames: usize::MAX,
         enable_stats: args.bpf_stats,
         heartbeat: None,
         selection: Default::default(),

@@ -114,6 +114,12 @@ pub struct Catalog {
     departed: VecDeque<Departed>,
     stacks: HashMap<StackId, KnownStack>,
     max_stacks: usize,
+    /// Frames the stacks held may have in all: the table's memory is its frames (a stack of
+    /// 50 frames takes 400 bytes of them, a hundred of hash entry), so this bounds it
+    /// whatever the depth, where a count of stacks alone let deep ones take 100 MiB.
+    max_frames: usize,
+    /// Frames of the stacks held now.
+    frames_held: usize,
     /// Batches learnt so far: the clock of [`KnownStack::last_batch`].
     batches: u64,
     /// Stacks last seen in an earlier batch than this one have been in a dump already (set
@@ -159,11 +165,19 @@ impl Default for Catalog {
 impl Catalog {
     /// A catalogue that keeps at most `max_stacks` distinct stacks.
     pub fn with_max_stacks(max_stacks: usize) -> Self {
+        Self::with_limits(max_stacks, usize::MAX)
+    }
+
+    /// A catalogue that keeps at most `max_stacks` distinct stacks of `max_frames` frames in
+    /// all.
+    pub fn with_limits(max_stacks: usize, max_frames: usize) -> Self {
         Self {
             processes: BTreeMap::new(),
             departed: VecDeque::new(),
             stacks: HashMap::new(),
             max_stacks,
+            max_frames,
+            frames_held: 0,
             batches: 0,
             evictable_before: 0,
             dropped_stacks: 0,
@@ -216,10 +230,11 @@ impl Catalog {
                 refused.push((first, 1));
                 continue;
             }
-            if self.stacks.len() >= self.max_stacks && !self.evict_history() {
+            if !self.room_for(frames.len()) {
                 self.dropped_stacks += 1;
                 continue;
             }
+            self.frames_held += frames.len();
             self.stacks.insert(id, KnownStack { frames: frames.as_slice().into(), last_batch: self.batches });
             new_stacks.insert(id);
             if let Some(pid) = owner {
@@ -321,15 +336,32 @@ impl Catalog {
 
     /// The frames of a stack (leaf first); `None` for a stack not (yet) drained.
     pub fn stack(&self, id: StackId) -> Option<&[u64]> {
-        if id == StackId::NONE || id == StackId::OVER_SHARE {
+        if id == StackId::NONE || id == StackId::OVER_SHARE || id == StackId::EVICTED {
             return Some(&[]);
         }
         self.stacks.get(&id).map(|known| &known.frames[..])
     }
 
+    /// Whether a new stack of `frames` frames fits, after evicting history if the table is
+    /// full (of stacks or of frames).
+    fn room_for(&mut self, frames: usize) -> bool {
+        while self.stacks.len() >= self.max_stacks || self.frames_held + frames > self.max_frames {
+            if !self.evict_history() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Frames of the stacks held.
+    pub fn frames_held(&self) -> usize {
+        self.frames_held
+    }
+
     /// Makes room in a full table by forgetting the stacks seen least recently, among those
     /// last seen before the last dump, so a new stack is never refused because of history.
-    /// Evicts a sixteenth of the table at once, so the sort is paid once per many new stacks.
+    /// Evicts a sixteenth of the stacks held at once, so the sort is paid once per many new
+    /// stacks.
     /// False when every stack was seen since the last dump.
     fn evict_history(&mut self) -> bool {
         let mut old: Vec<(u64, StackId)> = self
@@ -342,9 +374,11 @@ impl Catalog {
             return false;
         }
         old.sort_unstable();
-        let count = (self.max_stacks / 16).clamp(1, old.len());
+        let count = (self.stacks.len() / 16).clamp(1, old.len());
         for (_, id) in &old[..count] {
-            self.stacks.remove(id);
+            if let Some(gone) = self.stacks.remove(id) {
+                self.frames_held -= gone.frames.len();
+            }
         }
         self.evicted_stacks += count as u64;
         tracing::debug!(evicted = count, "stack table full: forgot stacks seen before the last dump");
@@ -366,7 +400,15 @@ impl Catalog {
         }
         gone.extend(self.forget_exited(grace, |_| true, false));
         self.exits_lost = false;
-        self.stacks.retain(|id, _| keep.contains(id));
+        let mut freed = 0;
+        self.stacks.retain(|id, known| {
+            let kept = keep.contains(id);
+            if !kept {
+                freed += known.frames.len();
+            }
+            kept
+        });
+        self.frames_held -= freed;
         self.evictable_before = self.batches + 1;
         // Every stack held so far may be evicted from now on.
         self.held.clear();
@@ -592,6 +634,27 @@ mod tests {
         assert_eq!((catalog.dropped_stacks, catalog.evicted_stacks), (1, 1));
         assert!(catalog.stack(StackId(2)).is_none());
         assert!(catalog.stack(StackId(1)).is_some() && catalog.stack(StackId(3)).is_some());
+    }
+
+    #[test]
+    fn a_table_full_of_frames_evicts_history_too() {
+        // Room for any number of stacks but 10 frames: two of 4 frames, then a third of 4.
+        let mut catalog = Catalog::with_limits(usize::MAX, 10);
+        let batch =
+            |ids: &[u64], len: usize| ids.iter().map(|&id| (StackId(id), vec![id; len])).collect::<HashMap<_, _>>();
+        catalog.learn(&batch(&[2, 4], 4), &[]);
+        assert_eq!(catalog.frames_held(), 8);
+        // Both current: the third does not fit and nothing may be evicted yet.
+        assert!(catalog.learn(&batch(&[6], 4), &[]).is_empty());
+        assert_eq!((catalog.dropped_stacks, catalog.evicted_stacks, catalog.frames_held()), (1, 0, 8));
+        // After a dump both are history: one goes (the table evicts a sixteenth, at least
+        // one), the new stack fits.
+        catalog.prune(Duration::from_secs(3600), &[StackId(2), StackId(4)].into());
+        assert_eq!(catalog.learn(&batch(&[6], 4), &[]), [StackId(6)].into());
+        assert_eq!((catalog.evicted_stacks, catalog.frames_held()), (1, 8));
+        // A prune that keeps nothing frees every frame.
+        catalog.prune(Duration::from_secs(3600), &HashSet::new());
+        assert_eq!((catalog.stack_count(), catalog.frames_held()), (0, 0));
     }
 
     #[test]

@@ -39,8 +39,12 @@ use crate::{
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
-/// Distinct stacks kept in memory; past it new stacks are counted and dropped.
+/// Distinct stacks kept in memory, and their frames in all (32 MiB of them: 200,000 stacks
+/// of 20 frames, 80,000 of 50); past either, history is evicted for new stacks (counted), and
+/// new stacks are dropped (counted) only when the table is full of stacks seen since the
+/// last dump.
 const MAX_STACKS: usize = 200_000;
+const MAX_FRAMES: usize = 4 << 20;
 /// How often the loop publishes `/status` at most while someone reads it (commands that
 /// change it, and dumps, publish at once)...
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
@@ -108,6 +112,9 @@ struct Collector {
     /// Exited threads whose since-start counts were folded together (see
     /// `profiles::Counts::fold_exited_threads`).
     threads_folded: u64,
+    /// Entries of since-start totals and windows whose stacks the catalogue evicted, folded
+    /// together (see `profiles::Counts::fold_evicted_stacks`).
+    evicted_rows_folded: u64,
     /// What the socket server refused (it counts; `/status` shows).
     front: Arc<Refusals>,
     /// Windows refused because their uid had [`MAX_WINDOWS_PER_UID`] open.
@@ -163,6 +170,7 @@ impl Collector {
             settings: settings(&config),
             heap_max_live: profiler_common::maps::heap_live_entries(config.heap.sample_bytes),
             max_stacks: max_stacks(),
+            max_frames: MAX_FRAMES,
             enable_stats: false,
             heartbeat: Some(heartbeat.clone()),
             selection: config.processes.clone(),
@@ -194,6 +202,7 @@ impl Collector {
             symbol_file_closes: 0,
             file_closes: FileCloses::default(),
             threads_folded: 0,
+            evicted_rows_folded: 0,
             front,
             windows_over_uid_share: 0,
             heartbeat,
@@ -515,6 +524,14 @@ impl Collector {
     /// Forgets the processes gone for a while and the stacks nothing references any more.
     fn prune(&mut self) {
         let grace = self.config.interval.max(Duration::from_secs(60));
+        // History whose frames the stack table evicted: one entry per thread and kind, not
+        // one per stack ever seen (a process making new stacks all day grew them for good).
+        let catalog = self.capture.catalog();
+        let held = |id| catalog.stack(id).is_some();
+        self.evicted_rows_folded += self.total.fold_evicted_stacks(held);
+        for window in &mut self.windows {
+            self.evicted_rows_folded += window.counts.fold_evicted_stacks(held);
+        }
         let mut keep = HashSet::new();
         self.total.stacks(&mut keep);
         for window in &self.windows {
@@ -827,6 +844,8 @@ impl Collector {
             live_blocks: self.live_blocks,
             stacks: catalog.stack_count(),
             max_stacks: max_stacks(),
+            stack_frames: catalog.frames_held(),
+            max_stack_frames: MAX_FRAMES,
             stacks_dropped: catalog.dropped_stacks,
             stacks_evicted: catalog.evicted_stacks,
             stacks_over_share: catalog.stacks_over_share,
@@ -846,6 +865,7 @@ impl Collector {
             symbol_cache_resets: self.symbol_cache_resets,
             symbol_file_closes: self.symbol_file_closes,
             threads_folded: self.threads_folded,
+            evicted_rows_folded: self.evicted_rows_folded,
             perf_maps_refused: self.sym.perf_maps_refused,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,

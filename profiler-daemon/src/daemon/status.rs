@@ -35,6 +35,9 @@ pub struct Status {
     pub live_blocks: usize,
     pub stacks: usize,
     pub max_stacks: usize,
+    /// Frames of the stacks held, and the most they may have.
+    pub stack_frames: usize,
+    pub max_stack_frames: usize,
     pub stacks_dropped: u64,
     /// Stacks forgotten for new ones, named only by history (seen last before a dump).
     pub stacks_evicted: u64,
@@ -57,6 +60,9 @@ pub struct Status {
     /// Exited threads folded together in since-start totals, counted once per profile kind
     /// (CPU, off-CPU) that named them.
     pub threads_folded: u64,
+    /// Entries of since-start totals (and windows) whose stacks the stack table evicted,
+    /// folded together (`profiles::Counts::fold_evicted_stacks`).
+    pub evicted_rows_folded: u64,
     /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
     pub perf_maps_refused: u64,
     /// What the socket server refused, by reason ([`crate::control::Refusals::read`]).
@@ -141,7 +147,12 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
         "maps": {
             "heap_live": { "entries": s.live_blocks, "capacity": HEAP_LIVE_MAX_ENTRIES },
             "cpu_counts_capacity_per_set": CPU_COUNTS_MAX_ENTRIES,
-            "userspace_stacks": { "entries": s.stacks, "capacity": s.max_stacks },
+            "userspace_stacks": {
+                "entries": s.stacks,
+                "capacity": s.max_stacks,
+                "frames": s.stack_frames,
+                "frames_capacity": s.max_stack_frames,
+            },
         },
         "unwind": unwind_status(s),
         "processes_tracked": s.processes,
@@ -181,6 +192,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "symbol_cache_resets": s.symbol_cache_resets,
             "symbol_file_closes": s.symbol_file_closes,
             "exited_threads_folded": s.threads_folded,
+            "evicted_stack_rows_folded": s.evicted_rows_folded,
         },
         "export": export_status(&s.exports),
         "refused": {

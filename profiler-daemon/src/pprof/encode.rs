@@ -89,6 +89,14 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
         "frames: {} distinct addresses, {} without symbol, {} outside known mappings; {} samples whose stack was lost",
         f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
+    if f.evicted > 0 {
+        b.add_comment(&format!(
+            "{} samples (rows) without their stacks: since-start history whose stacks the daemon's table no \
+             longer holds (evicted to make room for new ones, or refused while it was full), folded together \
+             with their counts kept",
+            f.evicted
+        ));
+    }
     if f.over_share > 0 {
         b.add_comment(&format!(
             "{} samples (rows) without their stacks: the process (or its uid) held its share of the kernel's \
@@ -175,7 +183,14 @@ mod tests {
                     ("bytes", LabelValue::Num(64, Some("bytes"))),
                 ],
             }],
-            frames: FrameStats { locations: 3, unsymbolized: 0, unmapped: 1, missing_stacks: 0, over_share: 0 },
+            frames: FrameStats {
+                locations: 3,
+                unsymbolized: 0,
+                unmapped: 1,
+                missing_stacks: 0,
+                over_share: 0,
+                evicted: 0,
+            },
             refused: Vec::new(),
             notes: Vec::new(),
         }

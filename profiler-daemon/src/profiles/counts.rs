@@ -8,6 +8,7 @@ use std::{
 
 use super::{
     cpu::CpuCounts,
+    evicted::{evict, fold},
     exited, heap,
     heap::HeapCounts,
     offcpu::{OffCpuCounts, OffCpuTime},
@@ -115,6 +116,49 @@ impl Counts {
             if counts.threads.on_cpu.len() > exited::THREADS_KEPT {
                 counts.threads.on_cpu.retain(|&tid, _| alive(tid));
             }
+        }
+        folded as u64
+    }
+
+    /// Folds the entries naming a stack that `held` says the catalogue no longer has under
+    /// [`StackId::EVICTED`], values kept (see [`super::evicted`]). The live heap is left: it
+    /// is replaced by each read of the kernel's live map. Returns the entries folded.
+    pub fn fold_evicted_stacks(&mut self, held: impl Fn(StackId) -> bool) -> u64 {
+        let mut folded = 0;
+        for counts in self.processes.values_mut() {
+            // `|`, not `||`: both stacks of a key are looked at.
+            folded += fold(
+                &mut counts.cpu.samples,
+                |k| evict(&mut k.user_stack, &held) | evict(&mut k.kernel_stack, &held),
+                |v, n| *v += n,
+            );
+            folded += fold(
+                &mut counts.offcpu.samples,
+                |k| evict(&mut k.user_stack, &held) | evict(&mut k.kernel_stack, &held),
+                |v: &mut OffCpuTime, n| {
+                    v.switches += n.switches;
+                    v.off_cpu_ns += n.off_cpu_ns;
+                },
+            );
+            for waits in [&mut counts.block, &mut counts.mutex] {
+                folded += fold(
+                    &mut waits.sites,
+                    |k| evict(&mut k.stack, &held),
+                    |v, n| {
+                        v.count += n.count;
+                        v.delay_ns = v.delay_ns.saturating_add(n.delay_ns);
+                    },
+                );
+            }
+            folded += fold(
+                &mut counts.heap.allocated,
+                |k| evict(k, &held),
+                |v, n| {
+                    v.count += n.count;
+                    v.bytes += n.bytes;
+                },
+            );
+            folded += fold(&mut counts.threadcreate.created, |k| evict(k, &held), |v, n| *v += n);
         }
         folded as u64
     }

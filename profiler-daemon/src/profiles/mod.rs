@@ -7,6 +7,7 @@
 mod block;
 mod counts;
 mod cpu;
+mod evicted;
 mod exited;
 pub mod heap;
 mod kind;
