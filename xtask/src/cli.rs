@@ -63,6 +63,15 @@ mod tests {
     }
 
     #[test]
+    fn bench_soak_and_unwind_flags() {
+        let cli =
+            Cli::try_parse_from(["x", "bench", "soak", "--stacks", "1000", "--max-minutes", "1"]).expect("parses");
+        assert!(matches!(cli, Cli::Bench(bench::Bench::Soak(_))));
+        assert!(Cli::try_parse_from(["x", "bench", "unwind", "--rounds", "9"]).is_ok());
+        assert!(Cli::try_parse_from(["x", "bench", "soak", "--stacks", "many"]).is_err());
+    }
+
+    #[test]
     fn bench_heap_iterations() {
         let cli = Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");
         assert!(matches!(cli, Cli::Bench(bench::Bench::Heap(_))));

@@ -12,7 +12,7 @@
 //! test `daemon soak::new_stacks_are_kept_when_history_fills_the_table`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -104,7 +104,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     ));
     let daemon = Daemon::start(&dir, &out, args.frequency_hz, "")?;
     let churn_seconds = args.max_minutes * 60 + KNOWN_SECONDS + 60;
-    let mut churners = Processes::default();
+    let mut churners = workload::Children::default();
     for _ in 0..CHURNERS {
         churners.spawn(&churn_bin, &[&churn_seconds.to_string(), &LEVELS.to_string()])?;
     }
@@ -133,7 +133,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     }
 
     workspace::stage(&format!("cpu_split (hot_a 75%, hot_b 25%) for {KNOWN_SECONDS} s beside the churn"));
-    let mut known = Processes::default();
+    let mut known = workload::Children::default();
     let split_pid = known.spawn(&split_bin, &[&KNOWN_SECONDS.to_string()])?;
     let split_dir = out.join(format!("cpu_split-{split_pid}"));
     let file = second_file(&split_dir, Duration::from_secs(KNOWN_SECONDS + 20))?;
@@ -266,30 +266,4 @@ fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted[sorted.len() / 2]
-}
-
-/// Child processes, killed and reaped on drop.
-#[derive(Default)]
-struct Processes(Vec<Child>);
-
-impl Processes {
-    fn spawn(&mut self, bin: &Path, args: &[&str]) -> Result<u32> {
-        let child = Command::new(bin)
-            .args(args)
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("failed to start {}", bin.display()))?;
-        let pid = child.id();
-        self.0.push(child);
-        Ok(pid)
-    }
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }

@@ -25,8 +25,6 @@ const DEPTHS: [u32; 7] = [8, 16, 32, 64, 120, 250, 500];
 /// The bar at 12 frames: at most this many times the one-map-update floor.
 const MAX_VS_FLOOR_AT_12: f64 = 2.5;
 const SPINNERS: usize = 2;
-/// Interleaved rounds of the 12-frame comparison.
-const ROUNDS: usize = 3;
 
 #[derive(clap::Args, Debug)]
 pub struct UnwindArgs {
@@ -36,6 +34,10 @@ pub struct UnwindArgs {
     /// Sampling frequency.
     #[arg(long = "frequency", default_value_t = 99)]
     frequency_hz: u32,
+    /// Interleaved rounds of the 12-frame comparison: a run's figure moves by a third from
+    /// one round to the next on this VM, so the medians of a few are judged.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
 }
 
 /// Spinner frames, and ns per sample without and with frame pointers.
@@ -139,7 +141,7 @@ fn ours_ns(bin: &std::path::Path, depth: u32, args: &UnwindArgs, out: &std::path
     Ok(ns)
 }
 
-/// The bars at 12 frames, judged on medians of [`ROUNDS`] interleaved rounds (one run of each
+/// The bars at 12 frames, judged on medians of `--rounds` interleaved rounds (one run of each
 /// per round, so drift between runs hits all alike): ours with tables and with frame
 /// pointers, bpftrace's frame-pointer `ustack` of the same frame-pointer spinners, and the
 /// machine's floors on those spinners: one map update, and one user-stack read with it.
@@ -153,9 +155,10 @@ fn at_twelve_frames(
     let seconds = args.seconds.min(10);
     let mut runs: [Vec<f64>; 6] = Default::default();
     let hz = args.frequency_hz;
-    for round in 1..=ROUNDS {
+    let rounds = args.rounds.max(1);
+    for round in 1..=rounds {
         workspace::stage(&format!(
-            "{} frames, round {round} of {ROUNDS}: ours (tables, frame ptrs), bpftrace ustack, floors",
+            "{} frames, round {round} of {rounds}: ours (tables, frame ptrs), bpftrace ustack, floors",
             depth + 4
         ));
         let measured = [
@@ -174,7 +177,7 @@ fn at_twelve_frames(
     }
     let [tables, pointers, peer, floor, read_floor, idle_floor] = runs.map(|mut v| median(&mut v));
     println!();
-    println!("{} frames, medians of {ROUNDS} interleaved rounds (ns per sample):", depth + 4);
+    println!("{} frames, medians of {rounds} interleaved rounds (ns per sample):", depth + 4);
     let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
     println!("  ours, unwind tables:                         {}", show(tables));
     println!("  ours, frame pointers:                        {}", show(pointers));

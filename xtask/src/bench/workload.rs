@@ -29,22 +29,41 @@ int main(int argc, char **argv) {
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 /// Busy processes, killed and reaped on drop.
-pub struct Spinners(Vec<Child>);
+pub struct Spinners {
+    _children: Children,
+}
 
 impl Spinners {
     /// Compiles the spinner into `dir` and starts `count` copies.
     pub fn start(dir: &Path, count: usize) -> Result<Spinners> {
         let bin = compile(dir)?;
-        let mut spinners = Spinners(Vec::with_capacity(count));
+        let mut spinners = Children::default();
         for _ in 0..count {
-            let child = Command::new(&bin).spawn().with_context(|| format!("failed to start {}", bin.display()))?;
-            spinners.0.push(child);
+            spinners.spawn(&bin, &[])?;
         }
-        Ok(spinners)
+        Ok(Spinners { _children: spinners })
     }
 }
 
-impl Drop for Spinners {
+/// Child processes of a bench's workload, killed and reaped on drop.
+#[derive(Default)]
+pub struct Children(Vec<Child>);
+
+impl Children {
+    /// Starts `bin` with `args`, its output discarded; returns its pid.
+    pub fn spawn(&mut self, bin: &Path, args: &[&str]) -> Result<u32> {
+        let child = Command::new(bin)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("failed to start {}", bin.display()))?;
+        let pid = child.id();
+        self.0.push(child);
+        Ok(pid)
+    }
+}
+
+impl Drop for Children {
     fn drop(&mut self) {
         for child in &mut self.0 {
             let _ = child.kill();
