@@ -67,6 +67,12 @@ const FOLLOW_WHILE_FINISHING: Duration = Duration::from_millis(2);
 const SYMBOLIZER_FILES_BUDGET: u64 = 64 << 20;
 /// Resident memory above which the symbol caches are dropped after a dump.
 const SYMBOLIZER_RSS_BUDGET: u64 = 96 << 20;
+/// A file the symbolizer has not been asked new addresses of for this long is closed at the
+/// next dump (its symbols found are kept). A program that ran once otherwise held its parsed
+/// files until the files budget: a pyenv Python's, with debug info, put 14 MiB on the daemon
+/// for good. Files of programs that keep producing new stacks stay open; a file closed too
+/// early costs one parse when a new address shows up, at most once a minute.
+const SYMBOLIZER_IDLE_FILE: Duration = Duration::from_secs(60);
 
 /// Why the collector could not start.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +113,8 @@ struct Collector {
     symbol_cache_resets: u64,
     /// Times the symbolizer's files were closed for being over the files budget.
     symbol_file_closes: u64,
+    /// Files closed for being idle ([`SYMBOLIZER_IDLE_FILE`]).
+    symbol_idle_file_closes: u64,
     /// When they are closed (not at every dump when the files in use need more).
     file_closes: FileCloses,
     /// Exited threads whose since-start counts were folded together (see
@@ -200,6 +208,7 @@ impl Collector {
             last_error: None,
             symbol_cache_resets: 0,
             symbol_file_closes: 0,
+            symbol_idle_file_closes: 0,
             file_closes: FileCloses::default(),
             threads_folded: 0,
             evicted_rows_folded: 0,
@@ -548,13 +557,14 @@ impl Collector {
         }
     }
 
-    /// Bounds the symbolizer's memory after a dump, in two steps. Past
-    /// [`SYMBOLIZER_FILES_BUDGET`] it closes its files (their mapped pages and parsed debug
+    /// Bounds the symbolizer's memory after a dump, in three steps. Under the budgets, the
+    /// files idle for [`SYMBOLIZER_IDLE_FILE`] are closed, one by one. Past
+    /// [`SYMBOLIZER_FILES_BUDGET`] it closes all its files (their mapped pages and parsed debug
     /// info are most of its memory, and they include the files of processes long gone) but
     /// keeps the symbols found, so only files with new addresses are opened again. Closing
-    /// them after every dump instead cost 2.3x the CPU (each file re-parsed each interval).
-    /// Past [`SYMBOLIZER_RSS_BUDGET`] the results go too, and the next dump re-reads what it
-    /// needs. Both are counted in /status.
+    /// them all after every dump instead cost 2.3x the CPU (each file re-parsed each
+    /// interval). Past [`SYMBOLIZER_RSS_BUDGET`] the results go too, and the next dump re-reads
+    /// what it needs. All are counted in /status.
     fn bound_symbol_caches(&mut self) {
         // JITs keep appending to their perf maps: read them afresh for each dump.
         self.sym.forget_perf_maps();
@@ -569,7 +579,12 @@ impl Collector {
             self.sym.close_files();
             self.symbol_file_closes += 1;
         } else {
-            return;
+            let closed = self.sym.close_idle_files(SYMBOLIZER_IDLE_FILE);
+            if closed == 0 {
+                return;
+            }
+            tracing::debug!("closed {closed} idle files of the symbolizer");
+            self.symbol_idle_file_closes += closed as u64;
         }
         // Give the freed parsers (and caches) back to the system.
         // SAFETY: malloc_trim only releases free heap memory.
@@ -864,6 +879,7 @@ impl Collector {
             exports: files.export_status(),
             symbol_cache_resets: self.symbol_cache_resets,
             symbol_file_closes: self.symbol_file_closes,
+            symbol_idle_file_closes: self.symbol_idle_file_closes,
             threads_folded: self.threads_folded,
             evicted_rows_folded: self.evicted_rows_folded,
             perf_maps_refused: self.sym.perf_maps_refused,

@@ -57,6 +57,8 @@ pub struct Status {
     pub exports: Vec<SinkStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
+    /// Files the symbolizer closed for being idle (their symbols kept).
+    pub symbol_idle_file_closes: u64,
     /// Exited threads folded together in since-start totals, counted once per profile kind
     /// (CPU, off-CPU) that named them.
     pub threads_folded: u64,
@@ -191,6 +193,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             },
             "symbol_cache_resets": s.symbol_cache_resets,
             "symbol_file_closes": s.symbol_file_closes,
+            "symbol_idle_files_closed": s.symbol_idle_file_closes,
             "exited_threads_folded": s.threads_folded,
             "evicted_stack_rows_folded": s.evicted_rows_folded,
         },

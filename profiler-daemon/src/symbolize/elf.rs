@@ -10,11 +10,17 @@
 //! through `/proc/PID/root`. A container's library is never read from the host's file that
 //! happens to have its path. Once its process has exited, a file is named from what was
 //! found while it lived.
+//!
+//! Each file has a blazesym parser of its own, so one file can be closed without the others:
+//! a program that ran once (a script's interpreter with its debug info: 14 MiB here) gives its
+//! memory back once it has been idle a while ([`ElfFiles::close_idle`]), and the files of the
+//! programs running now are not parsed again for it.
 
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use blazesym::symbolize::{
@@ -61,12 +67,13 @@ struct FileSymbols {
     no_debug_info: Option<String>,
     /// Whether `no_debug_info` was decided.
     checked: bool,
+    /// The file open and parsed, with when it was last asked for addresses not yet found.
+    parser: Option<(Blaze, Instant)>,
 }
 
 /// The worker's state: blazesym's open files and everything found so far.
 #[derive(Default)]
 pub struct ElfFiles {
-    blaze: Option<Blaze>,
     files: HashMap<FileKey, FileSymbols>,
     /// (device, inode) of the profiler's own executable, named from its symbol table only.
     own_exe: Option<Option<(u64, u64)>>,
@@ -103,7 +110,8 @@ impl ElfFiles {
             if !todo.is_empty() {
                 let mut elf = Elf::new(path);
                 elf.debug_syms = !own_exe && file.no_debug_info.is_none();
-                let blaze = self.blaze.get_or_insert_with(new_blaze);
+                let (blaze, used) = file.parser.get_or_insert_with(|| (new_blaze(), Instant::now()));
+                *used = Instant::now();
                 let results = blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&todo));
                 for (offset, frames) in todo.iter().zip(collect(results, todo.len())) {
                     file.frames.insert(*offset, frames);
@@ -121,7 +129,28 @@ impl ElfFiles {
     /// Closes blazesym's files (their mapped pages and parsed debug info), keeping every
     /// symbol found.
     pub fn close_files(&mut self) {
-        self.blaze = None;
+        for file in self.files.values_mut() {
+            file.parser = None;
+        }
+    }
+
+    /// Closes the files not asked for new addresses for `idle`, keeping their symbols found.
+    /// Returns how many were closed.
+    pub fn close_idle(&mut self, idle: Duration) -> usize {
+        let mut closed = 0;
+        for file in self.files.values_mut() {
+            if file.parser.as_ref().is_some_and(|(_, used)| used.elapsed() >= idle) {
+                file.parser = None;
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// How many files are open and parsed.
+    #[cfg(test)]
+    fn open_files(&self) -> usize {
+        self.files.values().filter(|file| file.parser.is_some()).count()
     }
 
     fn own_exe(&mut self, opened: Option<&(PathBuf, (u64, i64))>) -> bool {
@@ -175,7 +204,19 @@ mod tests {
         let answer = files.symbolize(&request);
         assert!(answer.frames[0].iter().any(|f| f.function.ends_with("marker_for_elf_files_test")), "{answer:?}");
         assert!(answer.build_id.is_some());
+        assert_eq!(files.open_files(), 1);
+        assert_eq!(files.close_idle(Duration::from_secs(3600)), 0, "used just now");
+        assert_eq!(files.open_files(), 1);
+        assert_eq!(files.close_idle(Duration::ZERO), 1);
+        assert_eq!(files.open_files(), 0);
+        assert_eq!(files.symbolize(&request).frames, answer.frames, "kept after closing");
+        assert_eq!(files.open_files(), 0, "a known offset needs no parser");
+        // A new offset opens the file again.
+        let other = ElfRequest { offsets: vec![map.file_offset(addr) + 1], ..request.clone() };
+        assert!(!files.symbolize(&other).frames[0].is_empty());
+        assert_eq!(files.open_files(), 1);
         files.close_files();
+        assert_eq!(files.open_files(), 0);
         assert_eq!(files.symbolize(&request).frames, answer.frames, "kept after closing");
         // Another file at the mapped path (a container's file of the same name): not used.
         let elsewhere = MapEntry { inode: map.inode + 1, ..map.clone() };

@@ -103,6 +103,15 @@ impl Symbolizer {
         let _ = self.files.call("closing the symbolizer's files", None, |state| state.get::<ElfFiles>().close_files());
     }
 
+    /// Closes the ELF files not asked for new addresses for `idle` (their symbols found are
+    /// kept): what a program that ran once, or a process that found all its addresses long
+    /// ago, had parsed goes back to the system. Returns how many were closed.
+    pub fn close_idle_files(&mut self, idle: std::time::Duration) -> usize {
+        self.files
+            .call("closing the symbolizer's idle files", None, move |state| state.get::<ElfFiles>().close_idle(idle))
+            .unwrap_or(0)
+    }
+
     /// Forgets every symbol found in files (memory over budget); the next profiles read
     /// what they need again.
     pub fn forget_files(&mut self) {
