@@ -19,7 +19,11 @@ use crate::{
     output, preflight,
     profiles::{heap::attachment_comment, Context, Counts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
-    sideband::{latency::BOUNDS_US, FollowLatency},
+    sideband::{
+        latency::BOUNDS_US,
+        pace::{STORM_EVENTS_PER_S, STORM_GAP},
+        FollowLatency, SidebandStats,
+    },
     sink::SnapshotFiles,
     unwind::UnwinderStats,
 };
@@ -123,12 +127,16 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     }
     let unwind_stats = capture.unwinder_stats();
     let follow_latency = capture.follow_latency();
+    let process_events = capture.sideband_stats().0;
     let written = write(&capture, &counts, &args.profiles, settings, Window { start, duration }, &counters, args)?;
     // Detaches every program (uprobes take ~100 ms each) before the summary is printed.
     drop(capture);
     print_summary(&written, &counters, &args.output);
     print_unwind_summary(&unwind_stats);
     print_follow_latency(&follow_latency);
+    if let Some(events) = process_events {
+        print_process_events(&events);
+    }
     Ok(Report { written, counters, interrupted })
 }
 
@@ -389,6 +397,19 @@ fn print_follow_latency(l: &FollowLatency) {
         buckets.join(", "),
         l.max_us as f64 / 1e3,
         l.exited_unregistered
+    );
+}
+
+/// What the side band delivered: a lost record is a process or mapping not followed, and
+/// under storm pacing new processes wait up to a couple of milliseconds for registration.
+fn print_process_events(events: &SidebandStats) {
+    println!(
+        "process events: {} read, {} lost (rings full); {:.1} s at over {} a second (read every {} ms)",
+        events.events,
+        events.lost,
+        events.storm_time.as_secs_f64(),
+        STORM_EVENTS_PER_S,
+        STORM_GAP.as_millis()
     );
 }
 

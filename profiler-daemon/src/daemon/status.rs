@@ -165,6 +165,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             // Records came so fast lately that they are read every couple of milliseconds,
             // not as each comes.
             "storm": s.process_events.map(|e| e.storm),
+            "storm_ms": s.process_events.map(|e| e.storm_time.as_millis() as u64),
             "error": s.process_events_error,
             // Until registered, a new program is walked with frame pointers only.
             "registered_after_exec": follow_latency(&s.follow_latency),

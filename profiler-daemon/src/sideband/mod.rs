@@ -53,6 +53,8 @@ pub struct SidebandStats {
     /// Whether records came faster than [`pace::STORM_EVENTS_PER_S`] lately (the rings are
     /// then read at most every [`pace::STORM_GAP`]).
     pub storm: bool,
+    /// How long, since start, records came that fast (and were read at that pace).
+    pub storm_time: Duration,
 }
 
 /// Every CPU's side-band ring.
@@ -130,7 +132,7 @@ impl Sideband {
     }
 
     pub fn stats(&self) -> SidebandStats {
-        SidebandStats { storm: self.pace.storm(), ..self.stats }
+        SidebandStats { storm: self.pace.storm(), storm_time: self.pace.storm_time(), ..self.stats }
     }
 }
 

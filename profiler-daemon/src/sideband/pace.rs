@@ -26,12 +26,14 @@ pub struct Pace {
     window_start: Instant,
     window_events: u64,
     storm: bool,
+    /// Windows that ended at a storm's rate, since start.
+    storm_windows: u64,
     last_read: Option<Instant>,
 }
 
 impl Default for Pace {
     fn default() -> Self {
-        Self { window_start: Instant::now(), window_events: 0, storm: false, last_read: None }
+        Self { window_start: Instant::now(), window_events: 0, storm: false, storm_windows: 0, last_read: None }
     }
 }
 
@@ -44,6 +46,7 @@ impl Pace {
             // counted few records for its length: no storm).
             let rate = self.window_events as u128 * 1_000_000_000 / elapsed.as_nanos().max(1);
             self.storm = rate >= u128::from(STORM_EVENTS_PER_S);
+            self.storm_windows += u64::from(self.storm);
             self.window_start = now;
             self.window_events = 0;
         }
@@ -64,6 +67,11 @@ impl Pace {
     /// Whether the records came faster than [`STORM_EVENTS_PER_S`] in the last window.
     pub fn storm(&self) -> bool {
         self.storm
+    }
+
+    /// How long the records came at a storm's rate since start (whole windows).
+    pub fn storm_time(&self) -> Duration {
+        WINDOW * self.storm_windows.min(u64::from(u32::MAX)) as u32
     }
 }
 
