@@ -90,6 +90,7 @@ mod tests {
             assert_eq!(pace.hold(now), None, "read {i}");
         }
         assert!(!pace.storm());
+        assert_eq!(pace.storm_time(), Duration::ZERO);
     }
 
     #[test]
@@ -103,6 +104,8 @@ mod tests {
             pace.read(now, 5);
         }
         assert!(pace.storm());
+        // 120 ms of records: one whole window ended at a storm's rate.
+        assert_eq!(pace.storm_time(), WINDOW);
         assert_eq!(pace.hold(now), Some(STORM_GAP));
         assert_eq!(pace.hold(now + Duration::from_millis(1)), Some(Duration::from_millis(1)));
         assert_eq!(pace.hold(now + STORM_GAP), None, "the gap over, the rings are watched again");
@@ -111,5 +114,6 @@ mod tests {
         pace.read(now, 1);
         assert!(!pace.storm());
         assert_eq!(pace.hold(now), None);
+        assert_eq!(pace.storm_time(), WINDOW, "the quiet window is not counted");
     }
 }
