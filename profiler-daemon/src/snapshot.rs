@@ -298,9 +298,10 @@ fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
     for program in names {
         let stats = capture.program_stats(program).map_err(CaptureError::Counters)?;
         eprintln!(
-            "bpf-stats: program={program} run_count={} run_time_ns={}",
+            "bpf-stats: program={program} run_count={} run_time_ns={} verified_insns={}",
             stats.run_count,
-            stats.run_time.as_nanos()
+            stats.run_time.as_nanos(),
+            stats.verified_insns.map_or_else(|| "unknown".to_string(), |n| n.to_string())
         );
     }
     Ok(())

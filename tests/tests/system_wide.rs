@@ -2,6 +2,7 @@
 //! `<comm>-<pid>/cpu.pb.gz`, every directory written holds a profile that decodes, and the
 //! fixtures' profiles hold only their own thread and their hot function. And one with a
 //! program running from a file system that stops answering: every profile is still written.
+//! And every BPF program of every kind loads with room under the verifier's limit.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -100,4 +101,71 @@ fn a_snapshot_writes_every_profile_past_a_file_system_that_stops_answering() {
         panic!("the snapshot did not exit after the server died")
     });
     assert!(status.success(), "snapshot exited with {status}");
+}
+
+/// Ground truth: the kernel verifier's limit of 1,000,000 instructions per program. A snapshot
+/// of every kind (`--bpf-stats` prints what the verifier processed for each program) loads
+/// them all, each within three quarters of the limit, so a change that makes a stack walk
+/// cost the verifier more is seen here, with the figures, before a program fails to load.
+/// (0507c48 pushed `futex_exit` to 952,000 and the next change past the limit: the block and
+/// mutex profiles stopped loading.)
+#[test]
+fn every_program_loads_with_room_under_the_verifiers_limit() {
+    if !preflight() {
+        return;
+    }
+    const LIMIT: u64 = 1_000_000;
+    // A process of its own for the heap probes, which attach per process.
+    let target = Fixture::spawn(FixtureKind::CpuSplitC, 10);
+    let out = TempDir::new("verifier");
+    let output = run_profiler(&[
+        "snapshot",
+        "--duration",
+        "1s",
+        "--pid",
+        &target.pid().to_string(),
+        "--profiles",
+        "cpu,heap,block,mutex,threadcreate,threads,offcpu",
+        "--bpf-stats",
+        "--output",
+        &out.path_arg(),
+    ]);
+    assert_success(&output, "snapshot of every kind with --bpf-stats");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let field = |line: &str, key: &str| {
+        line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')).map(str::to_string)
+    };
+    let verified: Vec<(String, Option<u64>)> = stderr
+        .lines()
+        .filter_map(|l| l.find("bpf-stats: ").map(|at| &l[at..]))
+        .filter_map(|l| Some((field(l, "program")?, field(l, "verified_insns")?.parse().ok())))
+        .collect();
+    for (program, insns) in &verified {
+        println!("{program:>22}: {insns:?} instructions verified");
+    }
+    for wanted in [
+        "cpu_sample",
+        "malloc_enter",
+        "alloc_exit",
+        "futex_enter",
+        "futex_exit",
+        "thread_create",
+        "thread_dump",
+        "offcpu_switch",
+        "offcpu_switch_in",
+    ] {
+        assert!(verified.iter().any(|(p, _)| p == wanted), "no --bpf-stats line for {wanted}:\n{stderr}");
+    }
+    if verified.iter().all(|(_, insns)| insns.is_none()) {
+        println!("skipped the check: this kernel does not report verified instructions (needs 5.16)");
+        return;
+    }
+    for (program, insns) in &verified {
+        let insns = insns.unwrap_or_else(|| panic!("{program}: no verified instruction count beside the others"));
+        assert!(
+            insns <= LIMIT * 3 / 4,
+            "{program}: {insns} instructions verified, past 3/4 of the verifier's {LIMIT}: a little more and it \
+             will not load (see docs/unwinding.md on keeping the walks verifiable)"
+        );
+    }
 }

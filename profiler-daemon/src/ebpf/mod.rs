@@ -92,6 +92,9 @@ pub struct SessionConfig {
 pub struct ProgramStats {
     pub run_count: u64,
     pub run_time: Duration,
+    /// Instructions the verifier processed to load it (its limit is 1,000,000), when the
+    /// kernel says.
+    pub verified_insns: Option<u32>,
 }
 
 /// All counters of the kernel side, summed over CPUs.
@@ -369,7 +372,11 @@ impl Session {
     pub fn program_stats(&self, program: &'static str) -> Result<ProgramStats> {
         let prog = self.ebpf.program(program).ok_or_else(|| missing(program))?;
         let info = prog.info().map_err(program_error("query", program))?;
-        Ok(ProgramStats { run_count: info.run_count(), run_time: info.run_time() })
+        Ok(ProgramStats {
+            run_count: info.run_count(),
+            run_time: info.run_time(),
+            verified_insns: info.verified_instruction_count(),
+        })
     }
 
     /// One record per thread of process `pid`, as its threads are now (thread dumps must
