@@ -18,19 +18,17 @@ where
     K: Eq + Hash + Copy,
     V: Default,
 {
-    let stale: Vec<K> = map
+    // (old key, new key), each key rewritten once.
+    let stale: Vec<(K, K)> = map
         .keys()
-        .filter(|&&key| {
-            let mut key = key;
-            rewrite(&mut key)
+        .filter_map(|&key| {
+            let mut folded = key;
+            rewrite(&mut folded).then_some((key, folded))
         })
-        .copied()
         .collect();
-    for key in &stale {
+    for (key, folded) in &stale {
         let Some(value) = map.remove(key) else { continue };
-        let mut folded = *key;
-        rewrite(&mut folded);
-        merge(map.entry(folded).or_default(), value);
+        merge(map.entry(*folded).or_default(), value);
     }
     stale.len()
 }

@@ -129,9 +129,7 @@ impl ElfFiles {
     /// Closes blazesym's files (their mapped pages and parsed debug info), keeping every
     /// symbol found.
     pub fn close_files(&mut self) {
-        for file in self.files.values_mut() {
-            file.parser = None;
-        }
+        self.close_idle(Duration::ZERO);
     }
 
     /// Closes the files not asked for new addresses for `idle`, keeping their symbols found.
