@@ -3,7 +3,6 @@
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
-    helpers::bpf_get_current_comm,
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray},
     programs::PerfEventContext,
@@ -12,7 +11,7 @@ use aya_ebpf::{
 use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, wanted, Scratch},
+    maps::{active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch},
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -45,7 +44,6 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
         return Err(());
     }
     let set = active_set();
-    let counts = pick_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1);
 
     let mut truncated = false;
     let user_stack =
@@ -60,8 +58,8 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
         stack_or_count(capture_kernel(ctx.as_ptr(), set, Scratch::Interrupt, tgid), CpuCounter::KernelStackFailed)
     };
 
-    let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]) };
-    if !add_or_insert(counts, &key, &1) {
+    let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: current_comm() };
+    if !add_or_insert_in_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1, &key, &1) {
         count(CpuCounter::CountsMapFull);
         return Err(());
     }

@@ -45,8 +45,7 @@ use profiler_common::{
 
 use crate::{
     maps::{
-        active_set, add_or_insert, atomic_add, bump, current_task_of, pick_set, wanted_task, Scratch, Task,
-        STACK_HASH_KEY,
+        active_set, add_or_insert_in_set, atomic_add, bump, current_task_of, wanted_task, Scratch, Task, STACK_HASH_KEY,
     },
     stack::capture_user,
     tracepoint::read_field,
@@ -304,14 +303,18 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     let delay_ns = unsafe { bpf_ktime_get_ns() }.wrapping_sub(wait.start_ns);
     let tgid = task.tgid;
     let set = active_set();
-    let (block, mutex) =
-        (pick_set(set, &BLOCK_COUNTS_0, &BLOCK_COUNTS_1), pick_set(set, &MUTEX_COUNTS_0, &MUTEX_COUNTS_1));
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let mut key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack: NO_STACK };
     match block_weight(delay_ns) {
         Some((weight, delay)) => {
             key.stack = user_stack(set, tgid);
-            if add_wait(block, &key, weight, delay) {
+            if add_or_insert_in_set(
+                set,
+                &BLOCK_COUNTS_0,
+                &BLOCK_COUNTS_1,
+                &key,
+                &WaitTotals { count: weight, delay_ns: delay },
+            ) {
                 count(FutexCounter::Waits);
             } else {
                 count(FutexCounter::BlockMapFull);
@@ -346,7 +349,13 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         return;
     }
     let key = WaitKey { stack: waker_stack, ..key };
-    if add_wait(mutex, &key, WAIT_COUNT_ONE, delay_ns) {
+    if add_or_insert_in_set(
+        set,
+        &MUTEX_COUNTS_0,
+        &MUTEX_COUNTS_1,
+        &key,
+        &WaitTotals { count: WAIT_COUNT_ONE, delay_ns },
+    ) {
         if last.requeued_to != 0 {
             count(FutexCounter::Requeued);
         }
@@ -399,13 +408,6 @@ fn last_wake(tgid: u32, uaddr: u64, since: u64) -> Option<Waker> {
         }
         Some(waker)
     }
-}
-
-/// Adds `weight` waits (in 1/`WAIT_COUNT_ONE`) of `delay_ns` in all under `key`. False when
-/// the map is full.
-#[inline(always)]
-fn add_wait(totals: &HashMap<WaitKey, WaitTotals>, key: &WaitKey, weight: u64, delay_ns: u64) -> bool {
-    add_or_insert(totals, key, &WaitTotals { count: weight, delay_ns })
 }
 
 /// Whether a wait of `delay_ns` goes into the block profile, and as what (count in

@@ -28,7 +28,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, current_task, pick_set, Scratch, Task},
+    maps::{active_set, add_or_insert_in_set, bump, current_task, Scratch, Task},
     stack::capture_user,
 };
 
@@ -208,9 +208,22 @@ fn on_entry(ctx: &ProbeContext, size: u64, old_ptr: u64, out_ptr: u64) {
         return;
     }
     let sampled = take_sample(size);
-    let pending =
-        PendingAlloc { size, old_ptr, out_ptr, entry_sp: sp, sampled: sampled as u32, _pad: 0, entered_ns: now };
-    if HEAP_PENDING.insert(&pid_tgid, &pending, BPF_ANY as u64).is_err() {
+    // Field by field, volatile: the struct literal compiled to a call of a byte-at-a-time
+    // `memset` for its zero padding, on every allocator call.
+    let mut pending = core::mem::MaybeUninit::<PendingAlloc>::uninit();
+    let p = pending.as_mut_ptr();
+    // SAFETY: writes of every field of a local; the value is read only after all of them.
+    let pending = unsafe {
+        core::ptr::write_volatile(&raw mut (*p).size, size);
+        core::ptr::write_volatile(&raw mut (*p).old_ptr, old_ptr);
+        core::ptr::write_volatile(&raw mut (*p).out_ptr, out_ptr);
+        core::ptr::write_volatile(&raw mut (*p).entry_sp, sp);
+        core::ptr::write_volatile(&raw mut (*p).sampled, sampled as u32);
+        core::ptr::write_volatile(&raw mut (*p)._pad, 0);
+        core::ptr::write_volatile(&raw mut (*p).entered_ns, now);
+        pending.assume_init_ref()
+    };
+    if HEAP_PENDING.insert(&pid_tgid, pending, BPF_ANY as u64).is_err() {
         count(HeapCounter::PendingMapFull);
     }
 }
@@ -308,7 +321,6 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
 #[inline(always)]
 fn record(task: Task, ptr: u64, size: u64) {
     let set = active_set();
-    let totals = pick_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1);
     let mut truncated = false;
     let stack = match capture_user(set, &mut truncated, Scratch::Task, task.tgid) {
         Ok(hash) => hash,
@@ -318,7 +330,7 @@ fn record(task: Task, ptr: u64, size: u64) {
         }
     };
     let key = HeapKey { tgid: task.tgid, _pad: 0, stack };
-    if !add_or_insert(totals, &key, &HeapTotals { count: 1, bytes: size }) {
+    if !add_or_insert_in_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1, &key, &HeapTotals { count: 1, bytes: size }) {
         count(HeapCounter::TotalsMapFull);
     }
     let live = LiveAlloc { size, stack };

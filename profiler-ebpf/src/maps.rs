@@ -9,7 +9,7 @@ use aya_ebpf::{
     bindings::{bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{
         bpf_get_current_pid_tgid,
-        generated::{bpf_get_current_cgroup_id, bpf_get_ns_current_pid_tgid},
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_ns_current_pid_tgid},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -231,6 +231,32 @@ pub fn add_or_insert<K, V>(map: &HashMap<K, V>, key: &K, delta: &V) -> bool {
         }
     }
     false
+}
+
+/// [`add_or_insert`] into set `set`'s map of a pair (see [`pick_set`]). Each arm names its
+/// map as a constant, so the verifier turns the lookup into a direct call of the hash map's
+/// own lookup; a map chosen at run time goes through the generic helper's indirect call (a
+/// retpoline on these hosts).
+#[inline(always)]
+pub fn add_or_insert_in_set<K, V>(set: u32, set_0: &HashMap<K, V>, set_1: &HashMap<K, V>, key: &K, delta: &V) -> bool {
+    if set == 0 {
+        add_or_insert(set_0, key, delta)
+    } else {
+        add_or_insert(set_1, key, delta)
+    }
+}
+
+/// The current task's name. Not aya's `bpf_get_current_comm`, which zeroes its buffer
+/// first: the BPF target compiles that into a call of a byte-at-a-time `memset`, and the
+/// helper writes all 16 bytes anyway (the name zero-padded, or zeros when it fails).
+#[inline(always)]
+pub fn current_comm() -> [u8; 16] {
+    let mut comm = core::mem::MaybeUninit::<[u8; 16]>::uninit();
+    // SAFETY: the helper takes uninitialized memory and writes all 16 bytes of it.
+    unsafe {
+        bpf_get_current_comm(comm.as_mut_ptr().cast(), 16);
+        comm.assume_init()
+    }
 }
 
 /// Set `set`'s half of a pair of maps: `set_0` or `set_1`. A program reads the active set

@@ -22,7 +22,7 @@
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{bpf_get_current_comm, bpf_get_current_task, bpf_ktime_get_ns, generated::bpf_get_prandom_u32},
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns, generated::bpf_get_prandom_u32},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
@@ -35,7 +35,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, cgroup_wanted, current_task, pick_set, wanted, Scratch},
+    maps::{active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch},
     stack::{capture_kernel_skipping, capture_user_inline},
 };
 
@@ -144,14 +144,19 @@ fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpu
             count(OffCpuCounter::StackLost);
             NO_STACK
         });
-    Some(OffCpuKey { user_stack, kernel_stack, comm: bpf_get_current_comm().unwrap_or([0; 16]), ..key })
+    Some(OffCpuKey { user_stack, kernel_stack, comm: current_comm(), ..key })
 }
 
 /// Adds one switch of `off_ns` to `key` in set `set`.
 #[inline(always)]
 fn add(set: u32, key: &OffCpuKey, off_ns: u64) {
-    let counts = pick_set(set, &OFFCPU_COUNTS_0, &OFFCPU_COUNTS_1);
-    if add_or_insert(counts, key, &OffCpuTotals { switches: 1, off_cpu_ns: off_ns }) {
+    if add_or_insert_in_set(
+        set,
+        &OFFCPU_COUNTS_0,
+        &OFFCPU_COUNTS_1,
+        key,
+        &OffCpuTotals { switches: 1, off_cpu_ns: off_ns },
+    ) {
         count(OffCpuCounter::Charged);
     } else {
         count(OffCpuCounter::CountsMapFull);

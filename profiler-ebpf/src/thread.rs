@@ -11,7 +11,7 @@ use aya_ebpf::{
 use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert, bump, pick_set, wanted_task, Scratch},
+    maps::{active_set, add_or_insert_in_set, bump, wanted_task, Scratch},
     stack::capture_user,
     tracepoint::read_field,
 };
@@ -48,7 +48,7 @@ fn try_thread_create(ctx: &TracePointContext) -> Result<(), ()> {
         NO_STACK
     });
     let key = ThreadKey { tgid, _pad: 0, stack };
-    if !add_or_insert(pick_set(set, &THREAD_COUNTS_0, &THREAD_COUNTS_1), &key, &1) {
+    if !add_or_insert_in_set(set, &THREAD_COUNTS_0, &THREAD_COUNTS_1, &key, &1) {
         count(ThreadCounter::MapFull);
         return Err(());
     }

@@ -167,24 +167,26 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     let state = UNWIND_STATE.get_ptr_mut(slot)?;
     // SAFETY: this CPU's scratch entry for the caller's context, see `Scratch`.
     let state = unsafe { &mut *state };
-    *state = WalkState {
-        pc,
-        sp,
-        bp,
-        stack_top: sp.saturating_add(MAX_STACK_SPAN),
-        window_base: 0,
-        window_len: 0,
-        lo: 0,
-        hi: 0,
-        mapping_start: 0,
-        mapping_end: 0,
-        mapping_bias: 0,
-        mapping_table: NO_TABLE,
-        tgid,
-        exact: 1,
-        slot,
-        hash: hash_start(STACK_HASH_KEY.load()),
-    };
+    // Field by field, the zeros as volatile stores: a whole-struct write compiles to a call
+    // of a byte-at-a-time `memset` for its run of zero fields. (`lo` and `hi` are set before
+    // each search.)
+    state.pc = pc;
+    state.sp = sp;
+    state.bp = bp;
+    state.stack_top = sp.saturating_add(MAX_STACK_SPAN);
+    // SAFETY: plain writes to this CPU's state slot.
+    unsafe {
+        ptr::write_volatile(&mut state.window_base, 0);
+        ptr::write_volatile(&mut state.window_len, 0);
+        ptr::write_volatile(&mut state.mapping_start, 0);
+        ptr::write_volatile(&mut state.mapping_end, 0);
+        ptr::write_volatile(&mut state.mapping_bias, 0);
+    }
+    state.mapping_table = NO_TABLE;
+    state.tgid = tgid;
+    state.exact = 1;
+    state.slot = slot;
+    state.hash = hash_start(STACK_HASH_KEY.load());
     let out = STACK_SCRATCH.get_ptr_mut(slot * STACK_CHUNKS as u32)?;
     // SAFETY: as above.
     let out: &mut Stack = unsafe { &mut *out };
