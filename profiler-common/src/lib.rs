@@ -199,6 +199,13 @@ pub mod maps {
     /// Hash of tgid (`u32`) → `u8`: processes that called `execve` since userspace last
     /// looked; the kernel has already forgotten their mappings.
     pub const UNWIND_EXECS: &str = "UNWIND_EXECS";
+    /// Ring buffer of tgids (`u32`): processes a walker met unregistered, each told once (see
+    /// `REGISTER_ASKED`); a record wakes userspace, which then reads the side band at once
+    /// even while it paces a storm of process events.
+    pub const REGISTER_ASKS: &str = "REGISTER_ASKS";
+    /// LRU hash of tgid (`u32`) → `u8`: the processes already told through `REGISTER_ASKS`
+    /// (an exec clears its process's entry: the new image asks again).
+    pub const REGISTER_ASKED: &str = "REGISTER_ASKED";
 
     /// Default rows of `UNWIND_ROWS`: 32 MiB, 1,024 shards.
     pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
@@ -211,6 +218,10 @@ pub mod maps {
     pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 768;
     /// Execs remembered between two looks.
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
+    /// Bytes of `REGISTER_ASKS` (one page): 256 asks of 16 bytes between two reads.
+    pub const REGISTER_ASKS_BYTES: u32 = 4_096;
+    /// Processes remembered as asked.
+    pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 4_096;
 
     /// Hash of tgid (`u32`) → [`crate::PythonProcess`]: the CPython processes whose Python
     /// frames the walker adds to their user stacks.
@@ -327,7 +338,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 53] = [
+    pub const ALL: [&str; 55] = [
         CGROUP_FILTER,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
@@ -358,6 +369,8 @@ pub mod maps {
         UNWIND_COUNTERS,
         UNWIND_STATE,
         UNWIND_EXECS,
+        REGISTER_ASKS,
+        REGISTER_ASKED,
         PYTHON_PROCESSES,
         PYTHON_COUNTERS,
         PYTHON_STATE,

@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    os::fd::BorrowedFd,
+    os::fd::{AsFd, BorrowedFd},
     time::{Duration, Instant},
 };
 
@@ -180,6 +180,11 @@ pub struct Capture {
     sideband: Option<Sideband>,
     /// Why the side band is not open, if it is not.
     sideband_error: Option<String>,
+    /// The walkers' asks to register a process they met unregistered: the side band is read
+    /// at once when one comes, even while a storm of records is read at a slower pace.
+    asks: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    /// Asks read since start.
+    asks_read: u64,
     /// What the kernel filters by cgroup (from `selection`).
     cgroup_filter: CgroupFilter,
     /// Pids reused while a drain followed events after taking its batch: reported with the
@@ -245,6 +250,17 @@ impl Capture {
                 (None, Some(reason))
             }
         };
+        // Without it a walker's ask goes unheard: the process is registered at the next drain.
+        let asks = match session.take_register_asks() {
+            Ok(asks) => Some(asks),
+            Err(err) => {
+                tracing::warn!(
+                    "processes first sampled during a storm of process events may be registered late: {}",
+                    crate::error::chain(&err)
+                );
+                None
+            }
+        };
         let mut catalog = Catalog::with_limits(config.max_stacks, config.max_frames);
         if sideband.is_some() {
             catalog.follow_exits();
@@ -262,6 +278,8 @@ impl Capture {
             files,
             sideband,
             sideband_error,
+            asks,
+            asks_read: 0,
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
             python: PythonReader::default(),
@@ -356,13 +374,36 @@ impl Capture {
     /// Waits until process events arrive (then [`Capture::follow`] them), `other` is
     /// readable, or `timeout` passes. Without a side band (it failed to open) only `other`
     /// and the timeout end the wait; events are then read from `/proc` at drains.
-    pub fn wait(&self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> sideband::Woken {
-        match &self.sideband {
-            Some(sideband) => sideband.wait(other, timeout),
+    pub fn wait(&mut self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> sideband::Woken {
+        let urgent = self.asks.as_ref().map(AsFd::as_fd);
+        let woken = match &self.sideband {
+            Some(sideband) => sideband.wait(other, urgent, timeout),
             None => {
-                let ready = sideband::poll(&other.into_iter().collect::<Vec<_>>(), timeout);
-                sideband::Woken { records: false, other: ready.first().copied().unwrap_or(false) }
+                let fds: Vec<BorrowedFd<'_>> = other.into_iter().chain(urgent).collect();
+                let ready = sideband::poll(&fds, timeout);
+                let urgent_at = usize::from(other.is_some());
+                sideband::Woken {
+                    records: false,
+                    other: other.is_some() && ready[0],
+                    urgent: urgent.is_some() && ready[urgent_at],
+                }
             }
+        };
+        if woken.urgent {
+            self.read_asks();
+        }
+        woken
+    }
+
+    /// Empties the walkers' asks: what they ask for (the side band read now) is the caller's
+    /// next step; the ring must be empty for the next ask to wake the loop again.
+    fn read_asks(&mut self) {
+        let Some(asks) = &mut self.asks else { return };
+        while let Some(ask) = asks.next() {
+            if let Some(tgid) = ask.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) {
+                tracing::trace!(pid = tgid, "a walker asked for a registration");
+            }
+            self.asks_read += 1;
         }
     }
 
@@ -484,7 +525,8 @@ impl Capture {
 
     /// What the side band delivered, and why it is closed if it is.
     pub fn sideband_stats(&self) -> (Option<SidebandStats>, Option<&str>) {
-        (self.sideband.as_ref().map(Sideband::stats), self.sideband_error.as_deref())
+        let stats = self.sideband.as_ref().map(|s| SidebandStats { asks: self.asks_read, ..s.stats() });
+        (stats, self.sideband_error.as_deref())
     }
 
     /// Flips the map sets and drains the idle one: learns the processes and stacks it names,

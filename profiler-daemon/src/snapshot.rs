@@ -402,15 +402,18 @@ fn print_follow_latency(l: &FollowLatency) {
 }
 
 /// What the side band delivered: a lost record is a process or mapping not followed, and
-/// under storm pacing new processes wait up to a couple of milliseconds for registration.
+/// under storm pacing a new process waits for its registration until it is first walked
+/// (the walker asks for it) or the gap is over.
 fn print_process_events(events: &SidebandStats) {
     println!(
-        "process events: {} read, {} lost (rings full); {:.1} s at over {} a second (read every {} ms)",
+        "process events: {} read, {} lost (rings full); {:.1} s at over {} a second (read every {} ms); \
+         {} registrations asked by walkers",
         events.events,
         events.lost,
         events.storm_time.as_secs_f64(),
         STORM_EVENTS_PER_S,
-        STORM_GAP.as_millis()
+        STORM_GAP.as_millis(),
+        events.asks
     );
 }
 

@@ -33,7 +33,7 @@ use crate::{
     maps::current_task,
     python::PYTHON_PROCESSES,
     tracepoint::read_field,
-    user_stack::{UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
+    user_stack::{REGISTER_ASKED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
 
 /// `sys_exit_*` has `ret` at 16.
@@ -59,6 +59,8 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     } else if unsafe { UNWIND_PROCESSES_LARGE.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES_LARGE.remove(&tgid);
     }
+    // Unregistered now: its next walk asks for the new image's registration.
+    let _ = REGISTER_ASKED.remove(&tgid);
     // The new image is another program: its interpreter, if any, is registered anew.
     // SAFETY: only checks for presence.
     if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_some() {

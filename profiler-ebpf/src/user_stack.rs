@@ -21,12 +21,13 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
     maps::{
-        ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES,
-        UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
+        REGISTER_ASKED_MAX_ENTRIES, REGISTER_ASKS_BYTES, ROW_CACHE_MAX_SLOT_ENTRIES,
+        UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
+        UNWIND_TABLES_MAX_ENTRIES,
     },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
@@ -59,6 +60,35 @@ pub static UNWIND_PROCESSES: HashMap<u32, SmallUnwindProcess> =
 #[map]
 pub static UNWIND_PROCESSES_LARGE: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(UNWIND_PROCESSES_LARGE_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// The processes a walk found unregistered, told to userspace to register now (see
+/// [`ask_registration`]).
+#[map]
+pub static REGISTER_ASKS: RingBuf = RingBuf::with_byte_size(REGISTER_ASKS_BYTES, 0);
+
+#[map]
+pub static REGISTER_ASKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(REGISTER_ASKED_MAX_ENTRIES, 0);
+
+/// Tells userspace, once per process (until its next exec), that a walk met process `tgid`
+/// unregistered. Userspace reads the side band's records at once and registers it, so a
+/// process is registered when it is first sampled or waits, even while userspace reads the
+/// records of a storm of short-lived programs only every few tens of milliseconds: the
+/// processes nothing samples cost it no wake-up.
+#[inline(always)]
+fn ask_registration(tgid: u32) {
+    // SAFETY: only checks for presence.
+    if unsafe { REGISTER_ASKED.get(&tgid) }.is_some() {
+        return;
+    }
+    if REGISTER_ASKED.insert(&tgid, &1, 0).is_err() {
+        return;
+    }
+    // Default wake-up: the reader is woken when it has read everything before this record.
+    if REGISTER_ASKS.output::<u32>(&tgid, 0).is_err() {
+        // Full: asked again at the next walk, not forgotten.
+        let _ = REGISTER_ASKED.remove(&tgid);
+    }
+}
 
 #[map]
 pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
@@ -419,7 +449,10 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
     }
     match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
         Some(process) => search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS),
-        None => Err(UnwindCounter::NoProcess),
+        None => {
+            ask_registration(state.tgid);
+            Err(UnwindCounter::NoProcess)
+        }
     }
 }
 

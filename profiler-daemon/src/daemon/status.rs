@@ -162,10 +162,11 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
         "process_events": {
             "read": s.process_events.map(|e| e.events),
             "lost": s.process_events.map(|e| e.lost),
-            // Records came so fast lately that they are read every couple of milliseconds,
-            // not as each comes.
+            // Records came so fast lately that they are read every 20 ms (and when a walker
+            // asks for a process's registration), not as each comes.
             "storm": s.process_events.map(|e| e.storm),
             "storm_ms": s.process_events.map(|e| e.storm_time.as_millis() as u64),
+            "registration_asks": s.process_events.map(|e| e.asks),
             "error": s.process_events_error,
             // Until registered, a new program is walked with frame pointers only.
             "registered_after_exec": follow_latency(&s.follow_latency),

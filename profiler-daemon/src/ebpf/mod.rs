@@ -24,7 +24,7 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     Ebpf, EbpfLoader,
 };
 pub use cpu::{CpuCounters, RawCpuSample};
@@ -298,6 +298,14 @@ impl Session {
             return Ok(());
         }
         unwind::attach_exec_done(&mut self.ebpf)
+    }
+
+    /// The walkers' asks to register a process they met unregistered (a ring of tgids):
+    /// taken once, by the owner of the wait loop, which reads the side band at once when
+    /// one comes.
+    pub fn take_register_asks(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.ebpf.take_map(maps::REGISTER_ASKS).ok_or_else(|| missing(maps::REGISTER_ASKS))?;
+        RingBuf::try_from(map).map_err(map_error("open", maps::REGISTER_ASKS))
     }
 
     /// Why execs are not tracked, if they are not.

@@ -7,7 +7,8 @@
 //! of one process can land on several CPUs). The owner waits on the rings itself
 //! ([`Sideband::wait`], beside its own descriptor such as a command bell) and reads a batch
 //! as soon as it wakes: no relay thread between the rings and their reader. Under a storm
-//! of records the rings are read at most every couple of milliseconds ([`pace`]).
+//! of records the rings are read at most every [`pace::STORM_GAP`], and at once when a
+//! walker asks for the registration of a process it met unregistered ([`pace`]).
 
 pub mod latency;
 pub mod pace;
@@ -55,6 +56,9 @@ pub struct SidebandStats {
     pub storm: bool,
     /// How long, since start, records came that fast (and were read at that pace).
     pub storm_time: Duration,
+    /// Walkers' asks to register a process they met unregistered, each of which had the
+    /// rings read at once (filled in by the owner of the asks).
+    pub asks: u64,
 }
 
 /// Every CPU's side-band ring.
@@ -71,6 +75,8 @@ pub struct Woken {
     pub records: bool,
     /// The caller's other descriptor is readable.
     pub other: bool,
+    /// The caller's urgent descriptor is readable.
+    pub urgent: bool,
 }
 
 impl Sideband {
@@ -87,26 +93,37 @@ impl Sideband {
         Ok(Self { rings, stats: SidebandStats::default(), pace: Pace::default() })
     }
 
-    /// Waits until a ring holds records, `other` is readable, or `timeout` passes. Returns
-    /// at once when records are already waiting (the kernel wakes a poller once per write,
-    /// so records left from an earlier wake-up would not wake it again). A wake-up for
-    /// records read meanwhile returns with nothing ready; the caller just waits again.
-    /// Under a storm ([`pace`]), records are not waited for until the gap since the last
-    /// read is over: only `other` and the timeout end the wait before then.
-    pub fn wait(&self, other: Option<BorrowedFd<'_>>, timeout: Duration) -> Woken {
+    /// Waits until a ring holds records, `other` or `urgent` is readable, or `timeout`
+    /// passes. Returns at once when records are already waiting (the kernel wakes a poller
+    /// once per write, so records left from an earlier wake-up would not wake it again). A
+    /// wake-up for records read meanwhile returns with nothing ready; the caller just waits
+    /// again. Under a storm ([`pace`]), records are not waited for until the gap since the
+    /// last read is over: only `other`, `urgent` and the timeout end the wait before then,
+    /// and `urgent` (a walker asking for a process's registration) has the records read at
+    /// once. The caller empties `urgent` when it is readable.
+    pub fn wait(&self, other: Option<BorrowedFd<'_>>, urgent: Option<BorrowedFd<'_>>, timeout: Duration) -> Woken {
+        let callers: Vec<BorrowedFd<'_>> = other.into_iter().chain(urgent).collect();
+        // Where each of the caller's descriptors is in a poll's results.
+        let (other_at, urgent_at) = (other.map(|_| 0), urgent.map(|_| usize::from(other.is_some())));
+        let woken = |ready: &[bool], records: bool| Woken {
+            records,
+            other: other_at.is_some_and(|i| ready[i]),
+            urgent: urgent_at.is_some_and(|i| ready[i]),
+        };
         if let Some(hold) = self.pace.hold(Instant::now()) {
-            let ready = poll(&other.into_iter().collect::<Vec<_>>(), timeout.min(hold));
-            let other_ready = ready.first().copied().unwrap_or(false);
-            // Records are read once the gap is over, not before.
-            let records = timeout >= hold && !other_ready && self.has_records();
-            return Woken { records, other: other_ready };
+            let ready = poll(&callers, timeout.min(hold));
+            let (other_ready, urgent_ready) = (other_at.is_some_and(|i| ready[i]), urgent_at.is_some_and(|i| ready[i]));
+            // Records are read once the gap is over, or at once for an ask, not before.
+            let records = (urgent_ready || (timeout >= hold && !other_ready)) && self.has_records();
+            return woken(&ready, records);
         }
         if self.has_records() {
-            return Woken { records: true, other: other.is_some_and(readable_now) };
+            let ready = if callers.is_empty() { Vec::new() } else { poll(&callers, Duration::ZERO) };
+            return woken(&ready, true);
         }
-        let fds: Vec<BorrowedFd<'_>> = other.into_iter().chain(self.rings.iter().map(Ring::fd)).collect();
+        let fds: Vec<BorrowedFd<'_>> = callers.iter().copied().chain(self.rings.iter().map(Ring::fd)).collect();
         let ready = poll(&fds, timeout);
-        Woken { records: self.has_records(), other: other.is_some() && ready[0] }
+        woken(&ready, self.has_records())
     }
 
     /// Whether records wait to be read (no system call).
@@ -150,10 +167,6 @@ pub fn poll(fds: &[BorrowedFd<'_>], timeout: Duration) -> Vec<bool> {
     // duration of the call; no signal mask is passed.
     let n = unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &timeout, std::ptr::null()) };
     polls.iter().map(|p| n > 0 && p.revents & libc::POLLIN != 0).collect()
-}
-
-fn readable_now(fd: BorrowedFd<'_>) -> bool {
-    poll(&[fd], Duration::ZERO)[0]
 }
 
 /// Now on the clock the records carry (`CLOCK_MONOTONIC`, ns): how long an event waited.
@@ -204,7 +217,7 @@ mod tests {
         let child = std::process::Command::new("true").spawn().unwrap();
         let pid = crate::ids::Pid(child.id());
         let _ = child.wait_with_output();
-        assert!(sideband.wait(None, Duration::from_secs(5)).records, "records wake the waiter");
+        assert!(sideband.wait(None, None, Duration::from_secs(5)).records, "records wake the waiter");
         let mut events = Vec::new();
         // Records of one process may still be on their way from another CPU.
         for _ in 0..20 {

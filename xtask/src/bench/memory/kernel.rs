@@ -14,6 +14,8 @@ const PERCPU_HASH: u32 = 5;
 const PERCPU_ARRAY: u32 = 6;
 const LRU_HASH: u32 = 9;
 const LRU_PERCPU_HASH: u32 = 10;
+/// Its memory is its pages, whatever the CPUs: the measured figure stands for every count.
+const RINGBUF: u32 = 27;
 
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -55,6 +57,7 @@ impl Shape {
             PERCPU_ARRAY => "percpu_array",
             LRU_HASH => "lru_hash",
             LRU_PERCPU_HASH => "lru_percpu_hash",
+            RINGBUF => "ringbuf",
             _ => "other",
         }
     }
