@@ -220,8 +220,9 @@ pub mod maps {
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
     /// Bytes of `REGISTER_ASKS` (one page): 256 asks of 16 bytes between two reads.
     pub const REGISTER_ASKS_BYTES: u32 = 4_096;
-    /// Processes remembered as asked.
-    pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 4_096;
+    /// Processes remembered as asked (80 KiB whatever the CPUs). One evicted asks again at its
+    /// next walk: an extra read of the side band, no more.
+    pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 1_024;
 
     /// Hash of tgid (`u32`) → [`crate::PythonProcess`]: the CPython processes whose Python
     /// frames the walker adds to their user stacks.
