@@ -528,6 +528,14 @@ impl Collector {
         }
         self.bound_symbol_caches();
         self.prune();
+        // Give back what the interval's counts, the encoders and the pruned processes freed:
+        // glibc keeps freed heap, so resident memory would stay at the highest any interval
+        // reached (one with a burst of short-lived processes, say) instead of following what
+        // the daemon holds. A few milliseconds a dump.
+        let started = Instant::now();
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        log_slow("dump: give freed memory back", started);
     }
 
     /// Forgets the processes gone for a while and the stacks nothing references any more.
@@ -580,15 +588,12 @@ impl Collector {
             self.symbol_file_closes += 1;
         } else {
             let closed = self.sym.close_idle_files(SYMBOLIZER_IDLE_FILE);
-            if closed == 0 {
-                return;
+            if closed > 0 {
+                tracing::debug!("closed {closed} idle files of the symbolizer");
+                self.symbol_idle_file_closes += closed as u64;
             }
-            tracing::debug!("closed {closed} idle files of the symbolizer");
-            self.symbol_idle_file_closes += closed as u64;
         }
-        // Give the freed parsers (and caches) back to the system.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
+        // The freed parsers (and caches) go back to the system at the end of the dump.
     }
 
     /// The kinds served now, and the processes with heap probes.
