@@ -1,5 +1,6 @@
 //! `cargo xtask bench exec`: what following a machine that runs hundreds of short programs a
-//! second costs. A pacer runs `/bin/true` at a fixed rate (500 a second by default) while,
+//! second costs. A pacer (a small C program) runs `/bin/true` at a fixed rate (500 a second
+//! by default) while,
 //! in interleaved rounds of the same length, `profiler run` (19 Hz, every process selected)
 //! and `perf record -a -e dummy` (perf's own side band: the same fork, exec, mmap and exit
 //! records, written to a file) follow it. Reports each one's CPU per second, the daemon's RSS
@@ -8,8 +9,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -46,6 +46,7 @@ pub fn run(args: &ExecArgs) -> Result<()> {
     workspace::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/exec");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let pacer = workload::compile_c(&dir, "exec_pacer", PACER_C, &["-O2"])?;
     workload::catch_interrupt();
     let (mut ours, mut perf) = (Vec::new(), Vec::new());
     let mut rss_thirds = Vec::new();
@@ -56,13 +57,13 @@ pub fn run(args: &ExecArgs) -> Result<()> {
             args.warmup + args.seconds,
             args.rate
         ));
-        let (result, thirds, round_lost) = daemon_round(&dir, args)?;
+        let (result, thirds, round_lost) = daemon_round(&dir, &pacer, args)?;
         ours.push(result);
         rss_thirds.push(thirds);
         lost += round_lost;
         bail_if_interrupted()?;
         workspace::stage(&format!("round {round}: perf record -a -e dummy for {} s", args.warmup + args.seconds));
-        perf.push(perf_round(&dir, args)?);
+        perf.push(perf_round(&dir, &pacer, args)?);
         bail_if_interrupted()?;
     }
     print(&ours, &perf, &rss_thirds, lost, args);
@@ -70,13 +71,18 @@ pub fn run(args: &ExecArgs) -> Result<()> {
 }
 
 /// The daemon following the load: its CPU over the window, its RSS in thirds, lost records.
-fn daemon_round(dir: &Path, args: &ExecArgs) -> Result<(Round, (u64, u64), u64)> {
+fn daemon_round(dir: &Path, pacer: &Path, args: &ExecArgs) -> Result<(Round, (u64, u64), u64)> {
     let out = dir.join("out");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
-    let daemon = Daemon::start(dir, &out, 19, "")?;
+    // This debug-built xtask is the bench's driver, not its load: unexcluded, the daemon took
+    // in its 12-14 MiB of mapped debug info at whichever dump first named its frames (it
+    // mostly sleeps), and the RSS line measured when that happened.
+    let xtask = std::env::current_exe().context("failed to find the xtask binary")?;
+    let exclude = format!("\n[processes]\nexclude = [{{ exe = {:?} }}]\n", xtask.display().to_string());
+    let daemon = Daemon::start(dir, &out, 19, &exclude)?;
     let pid = daemon.pid();
-    let load = Pacer::start(args.rate);
+    let load = Pacer::start(pacer, args.rate)?;
     let started = Instant::now();
     let cpu_before = sample::cpu_time(pid)?;
     let (warmup, length) = (Duration::from_secs(args.warmup), Duration::from_secs(args.warmup + args.seconds));
@@ -90,7 +96,7 @@ fn daemon_round(dir: &Path, args: &ExecArgs) -> Result<(Round, (u64, u64), u64)>
     }
     let cpu = sample::cpu_time(pid)? - cpu_before;
     let wall = started.elapsed();
-    let execs = load.stop();
+    let execs = load.stop()?;
     let status = sample::get(&daemon.socket, "/status")?;
     let lost = sample::json_number_in(&status, &["process_events", "lost"]).unwrap_or(0);
     daemon.stop()?;
@@ -101,53 +107,82 @@ fn daemon_round(dir: &Path, args: &ExecArgs) -> Result<(Round, (u64, u64), u64)>
 }
 
 /// `perf record` recording only the side band (a dummy event) for the same window.
-fn perf_round(dir: &Path, args: &ExecArgs) -> Result<Round> {
+fn perf_round(dir: &Path, pacer: &Path, args: &ExecArgs) -> Result<Round> {
     let mut cmd = Command::new("perf");
     cmd.args(["record", "-a", "-e", "dummy", "-o"]).arg(dir.join("perf.data")).args([
         "--",
         "sleep",
         &(args.warmup + args.seconds).to_string(),
     ]);
-    let load = Pacer::start(args.rate);
+    let load = Pacer::start(pacer, args.rate)?;
     let run = measure::run(cmd).context("perf record (cargo xtask setup installs linux-perf)")?;
-    let execs = load.stop();
+    let execs = load.stop()?;
     // The `sleep` perf waits for is reaped by perf and counted in its rusage: a millisecond.
     Ok(Round { cpu_per_s: run.cpu.as_secs_f64() / run.wall.as_secs_f64(), execs })
 }
 
-/// Runs `/bin/true` `rate` times a second on a thread until stopped.
-struct Pacer {
-    stop: Arc<AtomicBool>,
-    started: Arc<AtomicU64>,
-    thread: std::thread::JoinHandle<()>,
+/// Runs `/bin/true` RATE times a second (`posix_spawn` and wait, on a fixed schedule)
+/// until SIGTERM, then prints how many it started.
+const PACER_C: &str = r#"
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+
+extern char **environ;
+static volatile sig_atomic_t stop;
+
+static void on_term(int sig) { (void)sig; stop = 1; }
+
+int main(int argc, char **argv) {
+    if (argc != 2)
+        return 2;
+    long period_ns = 1000000000L / atol(argv[1]);
+    signal(SIGTERM, on_term);
+    char *args[] = {"/bin/true", NULL};
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    long started = 0;
+    while (!stop) {
+        pid_t pid;
+        if (posix_spawn(&pid, "/bin/true", NULL, NULL, args, environ) == 0) {
+            waitpid(pid, NULL, 0);
+            started++;
+        }
+        next.tv_nsec += period_ns;
+        while (next.tv_nsec >= 1000000000L) {
+            next.tv_nsec -= 1000000000L;
+            next.tv_sec++;
+        }
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+    }
+    printf("%ld\n", started);
+    return 0;
 }
+"#;
+
+/// The pacer process, running until stopped.
+struct Pacer(Child);
 
 impl Pacer {
-    fn start(rate: u32) -> Self {
-        let (stop, started) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-        let (thread_stop, thread_started) = (Arc::clone(&stop), Arc::clone(&started));
-        let thread = std::thread::spawn(move || {
-            let period = Duration::from_secs(1) / rate.max(1);
-            let mut next = Instant::now();
-            while !thread_stop.load(Ordering::Relaxed) {
-                if let Ok(mut child) = Command::new("/bin/true").spawn() {
-                    let _ = child.wait();
-                    thread_started.fetch_add(1, Ordering::Relaxed);
-                }
-                next += period;
-                if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        });
-        Self { stop, started, thread }
+    fn start(bin: &Path, rate: u32) -> Result<Self> {
+        let child = Command::new(bin)
+            .arg(rate.max(1).to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("failed to start {}", bin.display()))?;
+        Ok(Self(child))
     }
 
-    /// Stops it; returns how many programs ran.
-    fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        self.started.load(Ordering::Relaxed)
+    /// Stops it; returns how many programs it ran.
+    fn stop(self) -> Result<u64> {
+        // SAFETY: kill(2) on our own child, which has not been waited for yet.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let output = self.0.wait_with_output().context("failed to wait for the pacer")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.trim().parse().with_context(|| format!("the pacer printed {text:?}, not a count ({})", output.status))
     }
 }
 
