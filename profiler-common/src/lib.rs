@@ -550,7 +550,8 @@ mod tests {
     #[test]
     fn small_process_entries_round_trip() {
         let mut large =
-            UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
+            UnwindProcess { len: 0, flags: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
+        large.flags = unwind::PROCESS_MAYBE_PYTHON;
         for (i, m) in large.mappings.iter_mut().take(unwind::SMALL_PROCESS_MAPPINGS).enumerate() {
             *m = UnwindMapping::new(i as u64 * 4096, i as u64 * 4096 + 100, 7, i as u32);
         }
@@ -558,6 +559,7 @@ mod tests {
         let small = large.small().expect("32 mappings fit a small entry");
         let back = small.large();
         assert_eq!(back.len, large.len);
+        assert_eq!(back.flags, large.flags, "the flags go with the list");
         assert_eq!(back.mappings[..], large.mappings[..]);
         large.len += 1;
         assert!(large.small().is_none(), "33 mappings do not fit");

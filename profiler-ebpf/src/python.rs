@@ -123,8 +123,9 @@ fn byte_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u8 {
 /// end.
 #[inline(always)]
 pub fn walk(slot: u32, tgid: u32) {
-    // Most processes are not Python: one lookup, not a loop, tells them apart. `start` looks
-    // the process up again inside the loop and copies what it needs from there.
+    // Most processes are not Python: the walker calls this only when the process's unwind
+    // entry may have an interpreter (or it has none), and one lookup, not a loop, tells them
+    // apart. `start` looks the process up again inside the loop and copies what it needs.
     // SAFETY: only checks for presence.
     if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_none() {
         return;

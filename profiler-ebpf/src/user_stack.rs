@@ -31,7 +31,7 @@ use profiler_common::{
     },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
-        sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT,
+        sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS, SHARD_ROWS_SHIFT,
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
     SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow,
@@ -164,6 +164,10 @@ pub struct WalkState {
     exact: u32,
     /// The [`Scratch`] slot of the walking program: which `STACK_WINDOW` entry is its own.
     slot: u32,
+    /// 0 once the process's entry said it has no interpreter to walk
+    /// ([`PROCESS_MAYBE_PYTHON`] clear); 1 until then, so an unregistered process is still
+    /// looked up in `PYTHON_PROCESSES`.
+    python: u32,
     /// The frames so far folded into the stack's hash (`profiler_common::stack`).
     hash: u64,
 }
@@ -216,6 +220,7 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     state.tgid = tgid;
     state.exact = 1;
     state.slot = slot;
+    state.python = 1;
     state.hash = hash_start(STACK_HASH_KEY.load());
     let out = STACK_SCRATCH.get_ptr_mut(slot * STACK_CHUNKS as u32)?;
     // SAFETY: as above.
@@ -232,9 +237,12 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
             0,
         );
     }
-    // An interpreter's frames go after the native ones (see `crate::python`).
-    crate::python::walk(slot, tgid);
-    // The callbacks wrote both through their own lookups: read them again, not a cached copy.
+    // An interpreter's frames go after the native ones (see `crate::python`). The callbacks
+    // wrote the state through their own lookups: read it again, not a cached copy.
+    // SAFETY: a plain read of this CPU's live scratch entry.
+    if unsafe { ptr::read_volatile(&state.python) } != 0 {
+        crate::python::walk(slot, tgid);
+    }
     // SAFETY: plain reads of this CPU's live scratch entries.
     let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
     Some(finish_hash(hash, len))
@@ -445,10 +453,14 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
     // SAFETY (both lookups): the value is plain data that only userspace writes, by
     // whole-value updates.
     if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.tgid) } {
+        state.python = process.flags & PROCESS_MAYBE_PYTHON;
         return search_mappings(state, pc, &process.mappings, process.len, SMALL_MAPPING_SEARCH_STEPS);
     }
     match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
-        Some(process) => search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS),
+        Some(process) => {
+            state.python = process.flags & PROCESS_MAYBE_PYTHON;
+            search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS)
+        }
         None => {
             ask_registration(state.tgid);
             Err(UnwindCounter::NoProcess)

@@ -16,7 +16,7 @@ use std::{
 
 use profiler_common::{
     maps::UNWIND_TABLES_MAX_ENTRIES,
-    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS},
+    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS},
     PythonProcess, UnwindMapping, UnwindProcess, UnwindTableInfo,
 };
 
@@ -276,7 +276,7 @@ impl Unwinder {
 
     fn register(&mut self, session: &mut Session, pid: Pid, version: u32, maps: &[MapEntry]) -> Result<()> {
         let mut process =
-            Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
+            Box::new(UnwindProcess { len: 0, flags: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         let mut keys = Vec::new();
         let mut len = 0;
         // The mappings the process has now: one unmapped since cannot be opened, and its
@@ -304,9 +304,17 @@ impl Unwinder {
         }
         process.len = len as u32;
         let written = process.mappings[..len].to_vec();
+        // The interpreter is found before the list is written and given to the walker after
+        // it: the list's flag tells the walker whether to look for one.
+        let python = self.find_python(pid, maps);
+        if python.is_some() {
+            process.flags = PROCESS_MAYBE_PYTHON;
+        }
         let old = self.processes.get(&pid);
         let (written_ns, map) = match old {
-            Some(old) if old.written == written => (old.written_ns, old.map),
+            Some(old) if old.written == written && old.python.is_some() == python.is_some() => {
+                (old.written_ns, old.map)
+            }
             _ => {
                 let now = crate::sideband::now_ns();
                 let Some(map) = session.set_unwind_process(pid, &process, old.map(|o| o.map))? else {
@@ -317,7 +325,10 @@ impl Unwinder {
                 (now, map)
             }
         };
-        let python = self.python(session, pid, maps)?;
+        let python = match python {
+            Some(found) => self.give_python(session, pid, found)?,
+            None => None,
+        };
         // Released after the new references are taken, so shared tables stay loaded.
         if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map, python }) {
             self.release(&old.keys);
@@ -325,15 +336,15 @@ impl Unwinder {
         Ok(())
     }
 
-    /// The interpreter of `pid` given to the walker: the one it was given already (an
-    /// image's interpreter stays where it is until an exec, which ends the registration),
-    /// else looked for when a mapped file is named like CPython's, and written.
-    fn python(&mut self, session: &mut Session, pid: Pid, maps: &[MapEntry]) -> Result<Option<PythonProcess>> {
+    /// The interpreter of `pid`: the one the walker was given already (an image's
+    /// interpreter stays where it is until an exec, which ends the registration), else
+    /// looked for when a mapped file is named like CPython's. `(interpreter, new)`.
+    fn find_python(&mut self, pid: Pid, maps: &[MapEntry]) -> Option<(PythonProcess, bool)> {
         if let Some(known) = self.processes.get(&pid).and_then(|r| r.python) {
-            return Ok(Some(known));
+            return Some((known, false));
         }
         if !crate::python::kernel::candidate(maps) {
-            return Ok(None);
+            return None;
         }
         let owned = maps.to_vec();
         let found = self
@@ -341,17 +352,27 @@ impl Unwinder {
             .run(&format!("CPython of pid {pid}"), None, move || crate::python::kernel::find(pid, &owned))
             .map_err(|stall| stall.to_string())
             .and_then(|found| found);
-        let process = match found {
-            Ok(Some(process)) => process,
-            Ok(None) => return Ok(None),
+        match found {
+            Ok(Some(process)) => Some((process, true)),
+            Ok(None) => None,
             Err(why) => {
                 tracing::debug!(%pid, reason = %why, "no Python frames from the kernel walker");
                 self.stats.python_unsupported += 1;
                 self.stats.python_unsupported_reason = Some(why);
-                return Ok(None);
+                None
             }
-        };
-        if !session.set_python_process(pid, Some(&process))? {
+        }
+    }
+
+    /// Writes `pid`'s interpreter found by [`Self::find_python`] for the walker, if it is
+    /// new. Returns it, or `None` when the map is full (counted).
+    fn give_python(
+        &mut self,
+        session: &mut Session,
+        pid: Pid,
+        (process, new): (PythonProcess, bool),
+    ) -> Result<Option<PythonProcess>> {
+        if new && !session.set_python_process(pid, Some(&process))? {
             self.stats.python_map_full += 1;
             return Ok(None);
         }
@@ -387,9 +408,12 @@ impl Unwinder {
         };
         let (keys, written, parent_python) = (from.keys.clone(), from.written.clone(), from.python);
         let mut process =
-            Box::new(UnwindProcess { len: 0, _pad: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
+            Box::new(UnwindProcess { len: 0, flags: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         process.mappings[..written.len()].copy_from_slice(&written);
         process.len = written.len() as u32;
+        if parent_python.is_some() {
+            process.flags = PROCESS_MAYBE_PYTHON;
+        }
         let written_ns = crate::sideband::now_ns();
         let was = self.processes.get(&child).map(|old| old.map);
         let Some(map) = session.set_unwind_process(child, &process, was)? else {
