@@ -59,8 +59,13 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     } else if unsafe { UNWIND_PROCESSES_LARGE.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES_LARGE.remove(&tgid);
     }
-    // Unregistered now: its next walk asks for the new image's registration.
-    let _ = REGISTER_ASKED.remove(&tgid);
+    // Unregistered now: its next walk asks for the new image's registration. Looked up
+    // first, as above: most execs are of processes that never asked, and a delete takes the
+    // bucket's lock even when it finds nothing.
+    // SAFETY: only checks for presence.
+    if unsafe { REGISTER_ASKED.get(&tgid) }.is_some() {
+        let _ = REGISTER_ASKED.remove(&tgid);
+    }
     // The new image is another program: its interpreter, if any, is registered anew.
     // SAFETY: only checks for presence.
     if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_some() {
