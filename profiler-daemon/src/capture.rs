@@ -379,14 +379,8 @@ impl Capture {
         let woken = match &self.sideband {
             Some(sideband) => sideband.wait(other, urgent, timeout),
             None => {
-                let fds: Vec<BorrowedFd<'_>> = other.into_iter().chain(urgent).collect();
-                let ready = sideband::poll(&fds, timeout);
-                let urgent_at = usize::from(other.is_some());
-                sideband::Woken {
-                    records: false,
-                    other: other.is_some() && ready[0],
-                    urgent: urgent.is_some() && ready[urgent_at],
-                }
+                let callers = sideband::Callers::new(other, urgent);
+                callers.woken(&sideband::poll(callers.fds(), timeout), false)
             }
         };
         if woken.urgent {

@@ -102,28 +102,20 @@ impl Sideband {
     /// and `urgent` (a walker asking for a process's registration) has the records read at
     /// once. The caller empties `urgent` when it is readable.
     pub fn wait(&self, other: Option<BorrowedFd<'_>>, urgent: Option<BorrowedFd<'_>>, timeout: Duration) -> Woken {
-        let callers: Vec<BorrowedFd<'_>> = other.into_iter().chain(urgent).collect();
-        // Where each of the caller's descriptors is in a poll's results.
-        let (other_at, urgent_at) = (other.map(|_| 0), urgent.map(|_| usize::from(other.is_some())));
-        let woken = |ready: &[bool], records: bool| Woken {
-            records,
-            other: other_at.is_some_and(|i| ready[i]),
-            urgent: urgent_at.is_some_and(|i| ready[i]),
-        };
+        let callers = Callers::new(other, urgent);
         if let Some(hold) = self.pace.hold(Instant::now()) {
-            let ready = poll(&callers, timeout.min(hold));
-            let (other_ready, urgent_ready) = (other_at.is_some_and(|i| ready[i]), urgent_at.is_some_and(|i| ready[i]));
+            let ready = callers.woken(&poll(callers.fds(), timeout.min(hold)), false);
             // Records are read once the gap is over, or at once for an ask, not before.
-            let records = (urgent_ready || (timeout >= hold && !other_ready)) && self.has_records();
-            return woken(&ready, records);
+            let records = (ready.urgent || (timeout >= hold && !ready.other)) && self.has_records();
+            return Woken { records, ..ready };
         }
         if self.has_records() {
-            let ready = if callers.is_empty() { Vec::new() } else { poll(&callers, Duration::ZERO) };
-            return woken(&ready, true);
+            let ready = if callers.fds().is_empty() { Vec::new() } else { poll(callers.fds(), Duration::ZERO) };
+            return callers.woken(&ready, true);
         }
-        let fds: Vec<BorrowedFd<'_>> = callers.iter().copied().chain(self.rings.iter().map(Ring::fd)).collect();
+        let fds: Vec<BorrowedFd<'_>> = callers.fds().iter().copied().chain(self.rings.iter().map(Ring::fd)).collect();
         let ready = poll(&fds, timeout);
-        woken(&ready, self.has_records())
+        callers.woken(&ready, self.has_records())
     }
 
     /// Whether records wait to be read (no system call).
@@ -150,6 +142,32 @@ impl Sideband {
 
     pub fn stats(&self) -> SidebandStats {
         SidebandStats { storm: self.pace.storm(), storm_time: self.pace.storm_time(), ..self.stats }
+    }
+}
+
+/// The caller's descriptors of a wait (`other`, then `urgent`, those given), polled first,
+/// so a poll's results start with theirs.
+pub struct Callers<'a> {
+    fds: Vec<BorrowedFd<'a>>,
+    other: bool,
+    urgent: bool,
+}
+
+impl<'a> Callers<'a> {
+    pub fn new(other: Option<BorrowedFd<'a>>, urgent: Option<BorrowedFd<'a>>) -> Self {
+        Self { fds: other.into_iter().chain(urgent).collect(), other: other.is_some(), urgent: urgent.is_some() }
+    }
+
+    /// The descriptors to poll, in order.
+    pub fn fds(&self) -> &[BorrowedFd<'a>] {
+        &self.fds
+    }
+
+    /// What woke the wait, from `ready` (a poll's results of [`Self::fds`] first; empty
+    /// when nothing was polled) and whether records wait.
+    pub fn woken(&self, ready: &[bool], records: bool) -> Woken {
+        let at = |i: usize| ready.get(i).copied().unwrap_or(false);
+        Woken { records, other: self.other && at(0), urgent: self.urgent && at(usize::from(self.other)) }
     }
 }
 
@@ -199,6 +217,23 @@ mod tests {
         let cpus = online_cpus().unwrap();
         assert!(!cpus.is_empty());
         assert_eq!(cpus[0], 0);
+    }
+
+    /// Each of the caller's descriptors is found where it was polled, whichever are given,
+    /// and a poll of nothing (records already waiting) wakes neither.
+    #[test]
+    fn callers_find_their_descriptors_in_the_poll_results() {
+        let (a, b) = (std::io::stdin(), std::io::stdout());
+        let (a, b) = (std::os::fd::AsFd::as_fd(&a), std::os::fd::AsFd::as_fd(&b));
+        let both = Callers::new(Some(a), Some(b));
+        assert_eq!(both.fds().len(), 2);
+        assert_eq!(both.woken(&[false, true], false), Woken { records: false, other: false, urgent: true });
+        assert_eq!(both.woken(&[true, false, true], true), Woken { records: true, other: true, urgent: false });
+        let urgent_only = Callers::new(None, Some(b));
+        assert_eq!(urgent_only.woken(&[true], false), Woken { records: false, other: false, urgent: true });
+        let other_only = Callers::new(Some(a), None);
+        assert_eq!(other_only.woken(&[true, true], false), Woken { records: false, other: true, urgent: false });
+        assert_eq!(both.woken(&[], true), Woken { records: true, other: false, urgent: false });
     }
 
     /// Ground truth: this test forks a child that execs `true`; the side band reports the
