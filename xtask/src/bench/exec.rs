@@ -163,8 +163,9 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The pacer process, running until stopped.
-struct Pacer(Child);
+/// The pacer process, running until stopped; killed and reaped on drop if never stopped
+/// (a round that fails midway must not leave it spawning programs after the bench ends).
+struct Pacer(Option<Child>);
 
 impl Pacer {
     fn start(bin: &Path, rate: u32) -> Result<Self> {
@@ -173,16 +174,26 @@ impl Pacer {
             .stdout(Stdio::piped())
             .spawn()
             .with_context(|| format!("failed to start {}", bin.display()))?;
-        Ok(Self(child))
+        Ok(Self(Some(child)))
     }
 
     /// Stops it; returns how many programs it ran.
-    fn stop(self) -> Result<u64> {
+    fn stop(mut self) -> Result<u64> {
+        let child = self.0.take().context("the pacer was stopped already")?;
         // SAFETY: kill(2) on our own child, which has not been waited for yet.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let output = self.0.wait_with_output().context("failed to wait for the pacer")?;
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let output = child.wait_with_output().context("failed to wait for the pacer")?;
         let text = String::from_utf8_lossy(&output.stdout);
         text.trim().parse().with_context(|| format!("the pacer printed {text:?}, not a count ({})", output.status))
+    }
+}
+
+impl Drop for Pacer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
