@@ -1,15 +1,13 @@
 //! `cargo xtask bench exec`: what following a machine that runs hundreds of short programs a
 //! second costs. A pacer (a small C program) runs `/bin/true` at a fixed rate (500 a second
-//! by default) while,
-//! in interleaved rounds of the same length, `profiler run` (19 Hz, every process selected)
-//! and `perf record -a -e dummy` (perf's own side band: the same fork, exec, mmap and exit
-//! records, written to a file) follow it. Reports each one's CPU per second, the daemon's RSS
-//! over the run (first third vs last third, after a warm-up) and the records the daemon's
-//! rings lost.
+//! by default) while, in interleaved rounds of the same length, `profiler run` (19 Hz, every
+//! process selected) and `perf record -a -e dummy` (perf's own side band: the same fork,
+//! exec, mmap and exit records, written to a file) follow it. Reports each one's CPU per
+//! second, the daemon's RSS over the run (first third vs last third, after a warm-up) and the
+//! records the daemon's rings lost.
 
 use std::path::Path;
-use std::process::Command;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
