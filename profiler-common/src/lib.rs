@@ -27,7 +27,7 @@ pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
 pub use frame::{FrameKind, InterpretedFrame, PythonCounter, PythonProcess};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
-pub use offcpu::{Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
+pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
 pub use share::{ShareCaps, ShareUse};
 pub use stack::{
     Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
@@ -327,15 +327,19 @@ pub mod maps {
     pub const OFFCPU_COUNTS_1: &str = "OFFCPU_COUNTS_1";
     /// Sampled switch-outs not yet switched back in, by `task_struct` address.
     pub const OFFCPU_PENDING: &str = "OFFCPU_PENDING";
-    /// Per CPU, the sampled switch whose thread this CPU just switched in: handed from
-    /// `sched_switch` to the same CPU's `sched_exit_tp`, where the thread's stacks are walked.
-    pub const OFFCPU_ARRIVING: &str = "OFFCPU_ARRIVING";
+    /// Counts of `OFFCPU_PENDING` entries by a hash of their key
+    /// (`crate::offcpu::maybe_pending_slot`): a switch-in whose slot is 0 has no entry, and
+    /// skips the hash lookup that every switch would otherwise pay.
+    pub const OFFCPU_MAYBE_PENDING: &str = "OFFCPU_MAYBE_PENDING";
     /// Array of one `crate::offcpu::OffCpuConfig`, written after load.
     pub const OFFCPU_CONFIG: &str = "OFFCPU_CONFIG";
     pub const OFFCPU_COUNTERS: &str = "OFFCPU_COUNTERS";
     pub const OFFCPU_COUNTS_MAX_ENTRIES: u32 = 16_384;
     /// One entry per thread switched out on a sampled switch and not yet back.
     pub const OFFCPU_PENDING_MAX_ENTRIES: u32 = 16_384;
+    /// Slots of `OFFCPU_MAYBE_PENDING` (a power of two): with n entries pending, a switch-in
+    /// still looks up with probability about n / slots.
+    pub const OFFCPU_MAYBE_PENDING_SLOTS: u32 = 1 << crate::offcpu::MAYBE_PENDING_SLOT_BITS;
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
@@ -391,7 +395,7 @@ pub mod maps {
         OFFCPU_COUNTS_0,
         OFFCPU_COUNTS_1,
         OFFCPU_PENDING,
-        OFFCPU_ARRIVING,
+        OFFCPU_MAYBE_PENDING,
         OFFCPU_CONFIG,
         OFFCPU_COUNTERS,
         FUTEX_CONFIG,

@@ -1,6 +1,17 @@
 //! The off-CPU profile's map layout: time threads spent switched out, by (thread, state at
 //! the switch, user stack, kernel stack), from sampled switches of `sched_switch`.
 
+/// log2 of `maps::OFFCPU_MAYBE_PENDING_SLOTS`: 8,192 counters, 64 KiB.
+pub const MAYBE_PENDING_SLOT_BITS: u32 = 13;
+
+/// The `OFFCPU_MAYBE_PENDING` slot of the task at `task_struct` address `task`: the top bits
+/// of a multiplicative hash (the addresses are slab objects a few KiB apart, so their low
+/// bits alone would crowd a few slots).
+#[inline(always)]
+pub fn maybe_pending_slot(task: u64) -> u32 {
+    (task.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MAYBE_PENDING_SLOT_BITS)) as u32
+}
+
 /// Why a sampled thread left the CPU, as the switch-out saw it.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,18 +82,6 @@ pub struct SwitchedOut {
 }
 
 const _: () = assert!(core::mem::size_of::<SwitchedOut>() == 56);
-
-/// A sampled switch whose thread was just switched in on this CPU (`OFFCPU_ARRIVING`): its
-/// time is charged when the thread's `__schedule` returns, after its stacks are walked.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Arriving {
-    /// The thread's `task_struct` address; 0: none.
-    pub task: u64,
-    /// `bpf_ktime_get_ns` at the switch-in.
-    pub in_ns: u64,
-    pub out: SwitchedOut,
-}
 
 /// The off-CPU knobs, `OFFCPU_CONFIG`'s one entry: one lookup per switch reads them all.
 #[repr(C)]

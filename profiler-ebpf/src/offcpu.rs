@@ -4,20 +4,23 @@
 //!
 //! A switch-out is sampled with probability 1 / `OFFCPU_CONFIG[SAMPLE_EVERY]`, decided
 //! first (random, not a countdown: two threads ping-ponging on one CPU would alias with any
-//! even period); an unsampled switch costs a random number and, at its switch-in, one failed
-//! lookup. A sampled one notes the time, the thread and its state in `OFFCPU_PENDING` under
-//! the `task_struct` address. When that task is switched back in (`next` of a later
-//! `sched_switch`, on any CPU) the time is taken and the entry handed to that CPU's
-//! `OFFCPU_ARRIVING`; the same CPU's next `sched_exit_tp` runs in the thread's own context,
-//! walks its user and kernel stacks (unchanged: it has not run) and adds the time between the
-//! two switches to that key in the active set. Userspace scales counts and times by the
-//! sampling period.
+//! even period). A sampled one notes the time, the thread and its state in `OFFCPU_PENDING`
+//! under the `task_struct` address, and counts the entry in its slot of
+//! `OFFCPU_MAYBE_PENDING`. When that task is back on a CPU, `sched_exit_tp` runs in its own
+//! context: it takes the time, walks the thread's user and kernel stacks (unchanged: it has
+//! not run) and adds the time between the two to that key in the active set. Userspace
+//! scales counts and times by the sampling period. An unsampled switch costs a random number
+//! and, at its `sched_exit_tp`, one array read: the slot of a task with no entry is nearly
+//! always 0, and only a non-zero one pays the hash lookup.
 //!
 //! Why the walk waits for the switch-in: walked at the switch-out, it ran on the thread's
 //! clock while its wake-up (a timer, another thread's write) did not move, so each sampled
 //! wait was shorter than the unsampled ones it stands for: at 1 in 50, nanosleeps of 160 µs
-//! read 10-22% low. Both times come from `sched_switch`, as the scheduler's own clock for the
-//! thread stops and starts there.
+//! read 10-22% low. The time off CPU runs from `sched_switch` to the end of the `__schedule`
+//! that brings the thread back, which includes that context switch (about a microsecond).
+//!
+//! On a kernel without `sched_exit_tp` (before 6.16) the stacks are walked at the
+//! switch-out, and `sched_switch` charges the time when the task is `next` of a later switch.
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
@@ -29,13 +32,15 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    maps::{OFFCPU_COUNTS_MAX_ENTRIES, OFFCPU_PENDING_MAX_ENTRIES},
-    offcpu::OffCpuConfig,
-    Arriving, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut, NO_STACK,
+    maps::{OFFCPU_COUNTS_MAX_ENTRIES, OFFCPU_MAYBE_PENDING_SLOTS, OFFCPU_PENDING_MAX_ENTRIES},
+    offcpu::{maybe_pending_slot, OffCpuConfig},
+    OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut, NO_STACK,
 };
 
 use crate::{
-    maps::{active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch},
+    maps::{
+        active_set, add_or_insert_in_set, atomic_add, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch,
+    },
     stack::{capture_kernel_skipping, capture_user_inline},
 };
 
@@ -47,11 +52,12 @@ pub static OFFCPU_COUNTS_1: HashMap<OffCpuKey, OffCpuTotals> = HashMap::with_max
 #[map]
 pub static OFFCPU_PENDING: HashMap<u64, SwitchedOut> = HashMap::with_max_entries(OFFCPU_PENDING_MAX_ENTRIES, 0);
 
-/// Per CPU: the sampled switch just switched in here, until the thread's `__schedule` returns
-/// (`sched_switch` and the following `sched_exit_tp` of a CPU run back to back, with the run
-/// queue locked and interrupts off in between).
+/// How many `OFFCPU_PENDING` entries each slot's keys have (see `maybe_pending_slot`),
+/// added to after an insert and taken from after a delete, so a slot at 0 has none: the
+/// switch-in of nearly every switch reads one array word where it would look a hash up.
+/// A count left high (an entry replaced in place) only costs its slot's switches that lookup.
 #[map]
-pub static OFFCPU_ARRIVING: PerCpuArray<Arriving> = PerCpuArray::with_max_entries(1, 0);
+pub static OFFCPU_MAYBE_PENDING: Array<u64> = Array::with_max_entries(OFFCPU_MAYBE_PENDING_SLOTS, 0);
 
 /// Knobs written by userspace after load (a map rather than a load-time global: a global
 /// can be folded into a constant by the compiler).
@@ -69,37 +75,32 @@ const TASK_DEAD: u64 = 0x80;
 const OWN_FRAMES: u64 = 2;
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
-/// unsigned int prev_state)`: hands on `next`'s sampled switch-out, notes a sampled one of
-/// `prev`.
+/// unsigned int prev_state)`: notes a sampled switch-out of `prev`; stacks walked at the
+/// switch-out, also charges `next`'s.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn offcpu_switch(ctx: BtfTracePointContext) -> i32 {
     let preempt = ctx.arg::<u64>(0) & 1 != 0;
     let prev: u64 = ctx.arg(1);
-    let next: u64 = ctx.arg(2);
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
     let config = OFFCPU_CONFIG.get(0).copied().unwrap_or_default();
     let walk_out = config.walk_at_switch_out != 0;
-    switch_in(next, walk_out);
+    if walk_out {
+        charge_walked(ctx.arg(2));
+    }
     let _ = switch_out(&ctx, prev, preempt, prev_state, config.sample_every, walk_out);
     0
 }
 
-/// If `next`'s switch-out was sampled, hands it to this CPU's [`OFFCPU_ARRIVING`] with the
-/// time; or, its stacks walked at the switch-out (`walked`), charges it here.
+/// Stacks walked at the switch-out: if `next`'s switch-out was sampled, charges it. (The
+/// verifier keeps `next` a pointer it cannot hash, so this path looks up every switch.)
 #[inline(always)]
-fn switch_in(next: u64, walked: bool) {
+fn charge_walked(next: u64) {
     // SAFETY: the value is copied out before the entry is deleted.
     let Some(out) = (unsafe { OFFCPU_PENDING.get(&next) }).copied() else { return };
     // SAFETY: a helper without arguments.
     let in_ns = unsafe { bpf_ktime_get_ns() };
     let _ = OFFCPU_PENDING.remove(&next);
-    if walked {
-        add(active_set(), &out.key, in_ns.saturating_sub(out.out_ns));
-        return;
-    }
-    let Some(arriving) = OFFCPU_ARRIVING.get_ptr_mut(0) else { return };
-    // SAFETY: this CPU's entry; nothing else runs on this CPU until its `sched_exit_tp`.
-    unsafe { *arriving = Arriving { task: next, in_ns, out } };
+    add(active_set(), &out.key, in_ns.saturating_sub(out.out_ns));
 }
 
 /// `sched_exit_tp(bool is_switch)`, the end of `__schedule` in the context of the task now on
@@ -110,18 +111,25 @@ pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
     if ctx.arg::<u64>(0) & 1 == 0 {
         return 0;
     }
-    let Some(arriving) = OFFCPU_ARRIVING.get_ptr_mut(0) else { return 0 };
-    // SAFETY: this CPU's entry, see `switch_in`.
-    let arriving = unsafe { &mut *arriving };
-    // SAFETY: a helper without arguments.
-    if arriving.task == 0 || arriving.task != unsafe { bpf_get_current_task() } {
+    // SAFETY: a helper without arguments; the address as a number, which can be hashed.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(maybe) = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(task)) else { return 0 };
+    // SAFETY: a live array value, changed only by atomic adds. This task's own entry, if any,
+    // was counted before it could be switched in anywhere: its switch-out's program ran
+    // before the switch, and a wake-up waits for that to finish (`p->on_cpu`).
+    if unsafe { core::ptr::read_volatile(maybe) } == 0 {
         return 0;
     }
-    arriving.task = 0;
-    let off_ns = arriving.in_ns.saturating_sub(arriving.out.out_ns);
+    // SAFETY: the value is copied out before the entry is deleted.
+    let Some(out) = (unsafe { OFFCPU_PENDING.get(&task) }).copied() else { return 0 };
+    // SAFETY: a helper without arguments.
+    let in_ns = unsafe { bpf_ktime_get_ns() };
+    if OFFCPU_PENDING.remove(&task).is_ok() {
+        atomic_add(maybe, u64::MAX);
+    }
     let set = active_set();
-    if let Some(key) = walked(&ctx, set, arriving.out.key) {
-        add(set, &key, off_ns);
+    if let Some(key) = walked(&ctx, set, out.key) {
+        add(set, &key, in_ns.saturating_sub(out.out_ns));
     }
     0
 }
@@ -174,8 +182,10 @@ fn switch_out(
     every: u32,
     walk: bool,
 ) -> Result<(), ()> {
+    // 1 in `every`: a 32-bit draw r is below 2^32 / every with that probability (to within
+    // 2^-32), tested with a multiply rather than a division.
     // SAFETY: a helper without arguments.
-    if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
+    if every > 1 && (u64::from(unsafe { bpf_get_prandom_u32() }) * u64::from(every)) >> 32 != 0 {
         return Err(());
     }
     if prev_state & TASK_DEAD != 0 {
@@ -209,6 +219,14 @@ fn switch_out(
     if OFFCPU_PENDING.insert(&prev, &SwitchedOut { out_ns, key }, BPF_ANY as u64).is_err() {
         count(OffCpuCounter::PendingMapFull);
         return Err(());
+    }
+    // Counted for `sched_exit_tp`, which walks when the stacks were not. `prev` is the
+    // current task here, whose address the helper gives as a number.
+    // SAFETY: a helper without arguments.
+    if !walk {
+        if let Some(maybe) = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(unsafe { bpf_get_current_task() })) {
+            atomic_add(maybe, 1);
+        }
     }
     Ok(())
 }

@@ -16,7 +16,8 @@ use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_e
 use crate::ids::{Pid, StackId, Tid};
 
 /// The maps only the off-CPU program uses (created with one entry when it is off).
-pub(super) const MAPS: [&str; 3] = [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1, maps::OFFCPU_PENDING];
+pub(super) const MAPS: [&str; 4] =
+    [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1, maps::OFFCPU_PENDING, maps::OFFCPU_MAYBE_PENDING];
 
 const COUNTS: [&str; 2] = [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1];
 
