@@ -441,6 +441,10 @@ pub mod programs {
     /// BTF tracepoint `sched_exit_tp` (the end of `__schedule`): the off-CPU profile's
     /// switch-ins, where a sampled switch's stacks are walked and its time charged.
     pub const OFFCPU_SWITCH_IN: &str = "offcpu_switch_in";
+    /// Empty programs on the same two tracepoints, attached instead of the two above for a
+    /// benchmark's floor (`PROFILER_BENCH_OFFCPU_EMPTY`).
+    pub const OFFCPU_EMPTY_SWITCH: &str = "offcpu_empty_switch";
+    pub const OFFCPU_EMPTY_SWITCH_IN: &str = "offcpu_empty_switch_in";
 
     /// The heap profile's programs.
     pub const HEAP: [&str; 9] = [
@@ -466,7 +470,7 @@ pub mod programs {
     ];
 
     /// Every program of the object.
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 25] = [
         CPU_SAMPLE,
         MALLOC_ENTER,
         CALLOC_ENTER,
@@ -489,6 +493,8 @@ pub mod programs {
         UNWIND_EXEC_DONE,
         THREAD_DUMP,
         OFFCPU_SWITCH,
+        OFFCPU_EMPTY_SWITCH,
+        OFFCPU_EMPTY_SWITCH_IN,
         OFFCPU_SWITCH_IN,
     ];
 }

@@ -813,8 +813,9 @@ impl Capture {
         self.futex.as_ref()
     }
 
-    /// The kernel's run-time statistics of a program (with `enable_stats`).
-    pub fn program_stats(&self, program: &'static str) -> ebpf::Result<ProgramStats> {
+    /// The kernel's run-time statistics of a program (with `enable_stats`); `None` if it was
+    /// not loaded.
+    pub fn program_stats(&self, program: &'static str) -> ebpf::Result<Option<ProgramStats>> {
         self.session.program_stats(program)
     }
 }

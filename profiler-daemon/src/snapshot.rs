@@ -292,11 +292,16 @@ fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
             Source::FutexWaits => names.extend(programs::FUTEX),
             Source::ThreadCreation => names.push(programs::THREAD_CREATE),
             Source::TaskIterator => names.push(programs::THREAD_DUMP),
-            Source::Switches => names.extend([programs::OFFCPU_SWITCH, programs::OFFCPU_SWITCH_IN]),
+            Source::Switches => names.extend([
+                programs::OFFCPU_SWITCH,
+                programs::OFFCPU_SWITCH_IN,
+                programs::OFFCPU_EMPTY_SWITCH,
+                programs::OFFCPU_EMPTY_SWITCH_IN,
+            ]),
         }
     }
     for program in names {
-        let stats = capture.program_stats(program).map_err(CaptureError::Counters)?;
+        let Some(stats) = capture.program_stats(program).map_err(CaptureError::Counters)? else { continue };
         eprintln!(
             "bpf-stats: program={program} run_count={} run_time_ns={} verified_insns={}",
             stats.run_count,

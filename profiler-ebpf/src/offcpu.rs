@@ -134,6 +134,21 @@ pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// An empty program on `sched_switch`, for the floor of `cargo xtask bench offcpu`: the
+/// profiler attaches it and [`offcpu_empty_switch_in`] in place of the real two when
+/// `PROFILER_BENCH_OFFCPU_EMPTY` is set (what attaching to these tracepoints costs before any
+/// work; bpftrace 0.17 cannot attach to `sched_exit_tp`).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn offcpu_empty_switch(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+/// The floor's empty program on `sched_exit_tp` (see [`offcpu_empty_switch`]).
+#[btf_tracepoint(function = "sched_exit_tp")]
+pub fn offcpu_empty_switch_in(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
 /// `key` with the current thread's stacks (stored in `set`) and name; `None` for a kernel
 /// thread, whose sleeps are the kernel's business.
 #[inline(always)]

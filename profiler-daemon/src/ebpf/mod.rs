@@ -376,15 +376,20 @@ impl Session {
         })
     }
 
-    /// Run count and time of a program, if the kernel has stats on.
-    pub fn program_stats(&self, program: &'static str) -> Result<ProgramStats> {
+    /// Run count and time of a program, if the kernel has stats on; `None` if it was not
+    /// loaded (one of two alternatives, such as the off-CPU programs and their empty
+    /// stand-ins for a benchmark's floor).
+    pub fn program_stats(&self, program: &'static str) -> Result<Option<ProgramStats>> {
         let prog = self.ebpf.program(program).ok_or_else(|| missing(program))?;
+        if prog.fd().is_err() {
+            return Ok(None);
+        }
         let info = prog.info().map_err(program_error("query", program))?;
-        Ok(ProgramStats {
+        Ok(Some(ProgramStats {
             run_count: info.run_count(),
             run_time: info.run_time(),
             verified_insns: info.verified_instruction_count(),
-        })
+        }))
     }
 
     /// One record per thread of process `pid`, as its threads are now (thread dumps must

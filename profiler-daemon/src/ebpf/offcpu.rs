@@ -53,6 +53,10 @@ pub struct RawOffCpu {
 /// Makes a test take the path of kernels without `sched_exit_tp` on one that has it.
 const FORCE_WALK_AT_SWITCH_OUT: &str = "PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT";
 
+/// Makes `cargo xtask bench offcpu`'s floor: empty programs on the same two tracepoints, and
+/// no off-CPU profile.
+const BENCH_EMPTY: &str = "PROFILER_BENCH_OFFCPU_EMPTY";
+
 /// Sets the sampling period and attaches the programs to `sched_switch` and, where the kernel
 /// has it (Linux 6.16+), `sched_exit_tp`. Without it a sampled switch's stacks are walked as
 /// the thread leaves the CPU, which perturbs the waits sampled; a warning says so. Returns
@@ -63,6 +67,12 @@ pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<bool> {
         detail: err.to_string(),
     })?;
     let has_exit_tp = btf.id_by_type_name_kind("btf_trace_sched_exit_tp", BtfKind::Typedef).is_ok();
+    if has_exit_tp && std::env::var_os(BENCH_EMPTY).is_some() {
+        tracing::warn!("{BENCH_EMPTY} is set: empty programs on sched_switch and sched_exit_tp, no off-CPU profile");
+        attach_one(ebpf, &btf, programs::OFFCPU_EMPTY_SWITCH_IN, "sched_exit_tp")?;
+        attach_one(ebpf, &btf, programs::OFFCPU_EMPTY_SWITCH, "sched_switch")?;
+        return Ok(false);
+    }
     let walk_at_switch_out = !has_exit_tp || std::env::var_os(FORCE_WALK_AT_SWITCH_OUT).is_some();
     let mut config: Array<&mut MapData, OffCpuConfig> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
     let knobs = OffCpuConfig { sample_every, walk_at_switch_out: u32::from(walk_at_switch_out) };
