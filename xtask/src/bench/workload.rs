@@ -159,6 +159,15 @@ impl BpfStats {
     /// Without it the kernel keeps no run_time_ns; failing only costs the ns/sample column.
     pub fn enable() -> Option<BpfStats> {
         let previous = std::fs::read_to_string(STATS_SYSCTL).ok()?;
+        if previous.trim() != "0" {
+            // Found on, it stays on after the bench, and every BPF program on the machine has
+            // been paying two clock reads a run: not the machine users have.
+            eprintln!(
+                "warning: {STATS_SYSCTL} was already {} before this bench (something left it on); \
+                 it is restored to that at the end: `sysctl kernel.bpf_stats_enabled=0` turns it off",
+                previous.trim()
+            );
+        }
         match std::fs::write(STATS_SYSCTL, "1") {
             Ok(()) => Some(BpfStats { previous }),
             Err(err) => {
