@@ -89,14 +89,24 @@ pub mod maps {
     /// the number of flips so far, whose low bit is the map set (0 or 1) the kernel programs
     /// write to now (userspace flips it, lets in-flight programs finish, then drains and
     /// clears the other set, so draining never races with the kernel's writes); at
-    /// [`CONTROL_CGROUP_MODE`] how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]).
+    /// [`CONTROL_CGROUP_MODE`] how [`CGROUP_FILTER`] applies ([`crate::CgroupFilterMode`]);
+    /// at [`CONTROL_UNWIND_EPOCH`] and [`CONTROL_EXEC_EPOCH`] the unwind epochs.
     pub const CONTROL: &str = "CONTROL";
     /// Index of the active-set slot in [`CONTROL`].
     pub const CONTROL_ACTIVE_SET: u32 = 0;
     /// Index of the cgroup filter's mode in [`CONTROL`].
     pub const CONTROL_CGROUP_MODE: u32 = 1;
+    /// Index in [`CONTROL`] of the number of changes userspace has made to the unwinder's
+    /// processes and tables ([`UNWIND_PROCESSES`], [`UNWIND_PROCESSES_LARGE`],
+    /// [`UNWIND_TABLES`]), counted after each change. The walker keeps the mappings it found
+    /// from one walk to the next, each under the epochs it read before reading the process:
+    /// a kept mapping is used only while both epochs are unchanged.
+    pub const CONTROL_UNWIND_EPOCH: u32 = 2;
+    /// Index in [`CONTROL`] of the number of processes the exec program unregistered (the
+    /// kernel's own count, beside userspace's so that neither overwrites the other's).
+    pub const CONTROL_EXEC_EPOCH: u32 = 3;
     /// Entries of [`CONTROL`].
-    pub const CONTROL_SLOTS: u32 = 2;
+    pub const CONTROL_SLOTS: u32 = 4;
     /// Per-CPU array of `u64` event and drop counters, indexed by [`crate::CpuCounter`].
     pub const CPU_COUNTERS: &str = "CPU_COUNTERS";
     /// Hash of tgid (`u32`) → `u8`: the processes sampled when `FILTER_PIDS` is set.

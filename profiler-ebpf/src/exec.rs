@@ -26,11 +26,11 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use profiler_common::maps::UNWIND_EXECS_MAX_ENTRIES;
+use profiler_common::maps::{CONTROL_EXEC_EPOCH, UNWIND_EXECS_MAX_ENTRIES};
 
 use crate::{
     futex::forget_thread,
-    maps::current_task,
+    maps::{atomic_add_u32, current_task, CONTROL},
     python::PYTHON_PROCESSES,
     tracepoint::read_field,
     user_stack::{REGISTER_ASKED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
@@ -54,10 +54,21 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     let Some(task) = current_task() else { return 0 };
     let tgid = task.tgid;
     // SAFETY: only checks for presence.
-    if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
+    let registered = if unsafe { UNWIND_PROCESSES.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES.remove(&tgid);
+        true
     } else if unsafe { UNWIND_PROCESSES_LARGE.get(&tgid) }.is_some() {
         let _ = UNWIND_PROCESSES_LARGE.remove(&tgid);
+        true
+    } else {
+        false
+    };
+    // The walkers' kept mappings of the old image are stale from now (see
+    // `user_stack::KeptMapping`).
+    if registered {
+        if let Some(epoch) = CONTROL.get_ptr_mut(CONTROL_EXEC_EPOCH) {
+            atomic_add_u32(epoch, 1);
+        }
     }
     // Unregistered now: its next walk asks for the new image's registration. Looked up
     // first, as above: most execs are of processes that never asked, and a delete takes the

@@ -184,6 +184,15 @@ pub fn bump(counters: &PerCpuArray<u64>, index: u32) {
     }
 }
 
+/// Adds `n` to slot `index` of a per-CPU counter array, as [`bump`] adds one.
+#[inline(always)]
+pub fn bump_by(counters: &PerCpuArray<u64>, index: u32, n: u64) {
+    if let Some(slot) = counters.get_ptr_mut(index) {
+        // SAFETY: as in `bump`.
+        unsafe { *slot += n };
+    }
+}
+
 /// Adds `n` to the counter at `counter` with one atomic instruction (`lock xadd`): every
 /// CPU writes the counts maps. The BPF target has atomic adds but no compare-and-swap, so
 /// `core`'s `AtomicU64::fetch_add` does not exist there; the intrinsic does, and with its
@@ -199,6 +208,19 @@ pub fn atomic_add(counter: *mut u64, n: u64) {
     #[cfg(not(target_arch = "bpf"))]
     // SAFETY: as above; no other access to this word is non-atomic.
     unsafe { core::sync::atomic::AtomicU64::from_ptr(counter) }.fetch_add(n, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// [`atomic_add`] for a `u32` (one `lock xadd` of 32 bits).
+#[inline(always)]
+pub fn atomic_add_u32(counter: *mut u32, n: u32) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: callers pass a pointer into a live map value, 4-byte aligned.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, n)
+    };
+    #[cfg(not(target_arch = "bpf"))]
+    // SAFETY: as above; no other access to this word is non-atomic.
+    unsafe { core::sync::atomic::AtomicU32::from_ptr(counter) }.fetch_add(n, core::sync::atomic::Ordering::Relaxed);
 }
 
 /// Adds `delta` to `key`'s value word by word with atomic adds, or inserts `delta` when the

@@ -25,9 +25,9 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{
-        REGISTER_ASKED_MAX_ENTRIES, REGISTER_ASKS_BYTES, ROW_CACHE_MAX_SLOT_ENTRIES,
-        UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES,
-        UNWIND_TABLES_MAX_ENTRIES,
+        CONTROL_EXEC_EPOCH, CONTROL_UNWIND_EPOCH, REGISTER_ASKED_MAX_ENTRIES, REGISTER_ASKS_BYTES,
+        ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES,
+        UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
     },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
@@ -39,8 +39,8 @@ use profiler_common::{
 };
 
 use crate::maps::{
-    bump, Scratch, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW,
-    STACK_WINDOW_WORDS,
+    bump, bump_by, Scratch, CONTROL, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH,
+    STACK_WINDOW, STACK_WINDOW_WORDS,
 };
 
 /// Every loaded unwind table's rows (resized at load time to the memory budget).
@@ -168,8 +168,51 @@ pub struct WalkState {
     /// ([`PROCESS_MAYBE_PYTHON`] clear); 1 until then, so an unregistered process is still
     /// looked up in `PYTHON_PROCESSES`.
     python: u32,
+    /// Frames stepped by a table row and by frame pointers, added to `UNWIND_COUNTERS` once
+    /// per walk: a counter bump per frame was a per-CPU lookup and a store in every step.
+    cfi_frames: u32,
+    fp_frames: u32,
+    /// The rows, load id and base address of `mapping_table`'s table, read with the mapping
+    /// (rows 0: none): a frame whose row is cached needs no lookup of the table.
+    table_rows: u32,
+    table_id: u32,
     /// The frames so far folded into the stack's hash (`profiler_common::stack`).
     hash: u64,
+    table_base: u64,
+    /// `CONTROL`'s unwind epochs when the walk began (see [`KeptMapping`]).
+    epoch: u32,
+    exec_epoch: u32,
+    /// Mappings found by earlier walks of this context on this CPU, by a hash of the
+    /// process and the address's 2 MiB region. Not reset by a walk. Used only by the
+    /// contexts that cannot be preempted mid-walk (see [`find_mapping`]).
+    kept: [KeptMapping; KEPT_MAPPINGS],
+}
+
+/// Entries of [`WalkState::kept`] (a power of two).
+const KEPT_MAPPINGS: usize = 4;
+
+/// A mapping a walk found, kept for the next walks on the CPU: a sample usually repeats the
+/// process and files of the one before, and finding a mapping again (the process's hash
+/// entry, a binary search through its list, the table's entry) touched about ten cache
+/// lines that the 10 ms between samples leave cold. Valid while `CONTROL`'s epochs equal
+/// those read before the process was: userspace counts each change of a process's list or a
+/// table after making it, the exec program each unregistration.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KeptMapping {
+    /// 0: empty (no process has tgid 0).
+    tgid: u32,
+    epoch: u32,
+    exec_epoch: u32,
+    table: u32,
+    start: u64,
+    end: u64,
+    bias: u64,
+    table_base: u64,
+    table_rows: u32,
+    table_id: u32,
+    python: u32,
+    _pad: u32,
 }
 
 /// The current thread's saved user pc, sp and bp.
@@ -215,6 +258,8 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
         ptr::write_volatile(&mut state.mapping_start, 0);
         ptr::write_volatile(&mut state.mapping_end, 0);
         ptr::write_volatile(&mut state.mapping_bias, 0);
+        ptr::write_volatile(&mut state.cfi_frames, 0);
+        ptr::write_volatile(&mut state.fp_frames, 0);
     }
     state.mapping_table = NO_TABLE;
     state.tgid = tgid;
@@ -222,6 +267,9 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     state.slot = slot;
     state.python = 1;
     state.hash = hash_start(STACK_HASH_KEY.load());
+    // Before any read of the process's entry (see `KeptMapping`).
+    state.epoch = control(CONTROL_UNWIND_EPOCH);
+    state.exec_epoch = control(CONTROL_EXEC_EPOCH);
     let out = STACK_SCRATCH.get_ptr_mut(slot * STACK_CHUNKS as u32)?;
     // SAFETY: as above.
     let out: &mut Stack = unsafe { &mut *out };
@@ -237,9 +285,15 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
             0,
         );
     }
-    // An interpreter's frames go after the native ones (see `crate::python`). The callbacks
-    // wrote the state through their own lookups: read it again, not a cached copy.
-    // SAFETY: a plain read of this CPU's live scratch entry.
+    // The callbacks wrote the state through their own lookups: read it again, not a cached
+    // copy.
+    // SAFETY: plain reads of this CPU's live scratch entry.
+    let (cfi_frames, fp_frames) =
+        unsafe { (ptr::read_volatile(&state.cfi_frames), ptr::read_volatile(&state.fp_frames)) };
+    bump_by(&UNWIND_COUNTERS, UnwindCounter::CfiFrames as u32, cfi_frames as u64);
+    bump_by(&UNWIND_COUNTERS, UnwindCounter::FramePointerFrames as u32, fp_frames as u64);
+    // An interpreter's frames go after the native ones (see `crate::python`).
+    // SAFETY: as above.
     if unsafe { ptr::read_volatile(&state.python) } != 0 {
         crate::python::walk(slot, tgid);
     }
@@ -279,7 +333,13 @@ pub fn push_word(slot: u32, word: u64, hash: &mut u64) -> bool {
     let at = len % STACK_PIECE_FRAMES;
     // SAFETY: a read of a local.
     let at = unsafe { ptr::read_volatile(&at) };
-    if let Some(piece) = STACK_SCRATCH.get_ptr_mut(first + (len / STACK_PIECE_FRAMES) as u32) {
+    // Most stacks fit the first piece, already at hand: no second lookup.
+    let piece = if len < STACK_PIECE_FRAMES {
+        Some(head)
+    } else {
+        STACK_SCRATCH.get_ptr_mut(first + (len / STACK_PIECE_FRAMES) as u32)
+    };
+    if let Some(piece) = piece {
         // SAFETY: as above.
         if let Some(ip) = unsafe { (*piece).ips.get_mut(at) } {
             *ip = word;
@@ -359,7 +419,7 @@ fn step(state: &mut WalkState) -> bool {
         };
         state.bp = bp;
     }
-    count(UnwindCounter::CfiFrames as u32);
+    state.cfi_frames += 1;
     state.sp = cfa;
     next_pc(state, ra)
 }
@@ -441,31 +501,84 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
         count(UnwindCounter::BadRead as u32);
         return false;
     };
-    count(UnwindCounter::FramePointerFrames as u32);
+    state.fp_frames += 1;
     state.sp = bp + 16;
     state.bp = next_bp;
     next_pc(state, ra)
 }
 
-/// Finds the mapping holding `pc` in the process's list and caches it in `state`.
+/// `CONTROL`'s slot `index`, 0 if missing.
+#[inline(always)]
+fn control(index: u32) -> u32 {
+    // SAFETY: a plain read of a live array element (userspace or an atomic add writes it).
+    CONTROL.get_ptr(index).map_or(0, |value| unsafe { ptr::read_volatile(value) })
+}
+
+/// Finds the mapping holding `pc` in the process's list (or kept from an earlier walk) and
+/// caches it in `state`.
+///
+/// The kept mappings serve only the interrupt and switch contexts, which run with
+/// preemption off. A task-context walk (uprobes, syscall tracepoints) can be preempted by
+/// another task's walk on the same CPU, which shares its slot: an entry torn by that would
+/// outlive the walk, where a torn walk state spoils only the one sample.
 #[inline(always)]
 fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
+    let keep = state.slot != Scratch::Task as u32;
+    let region = pc >> 21;
+    let at = ((region ^ (region >> 7) ^ state.tgid as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 62) as usize;
+    let kept = &state.kept[at & (KEPT_MAPPINGS - 1)];
+    if keep
+        && kept.tgid == state.tgid
+        && kept.epoch == state.epoch
+        && kept.exec_epoch == state.exec_epoch
+        && kept.start <= pc
+        && pc < kept.end
+    {
+        let kept = *kept;
+        state.python = kept.python;
+        state.mapping_start = kept.start;
+        state.mapping_end = kept.end;
+        state.mapping_bias = kept.bias;
+        state.mapping_table = kept.table;
+        state.table_rows = kept.table_rows;
+        state.table_id = kept.table_id;
+        state.table_base = kept.table_base;
+        return Ok(());
+    }
     // SAFETY (both lookups): the value is plain data that only userspace writes, by
     // whole-value updates.
-    if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.tgid) } {
+    let found = if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.tgid) } {
         state.python = process.flags & PROCESS_MAYBE_PYTHON;
-        return search_mappings(state, pc, &process.mappings, process.len, SMALL_MAPPING_SEARCH_STEPS);
-    }
-    match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
-        Some(process) => {
-            state.python = process.flags & PROCESS_MAYBE_PYTHON;
-            search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS)
+        search_mappings(state, pc, &process.mappings, process.len, SMALL_MAPPING_SEARCH_STEPS)
+    } else {
+        match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
+            Some(process) => {
+                state.python = process.flags & PROCESS_MAYBE_PYTHON;
+                search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS)
+            }
+            None => {
+                ask_registration(state.tgid);
+                Err(UnwindCounter::NoProcess)
+            }
         }
-        None => {
-            ask_registration(state.tgid);
-            Err(UnwindCounter::NoProcess)
-        }
+    };
+    if keep && found.is_ok() {
+        state.kept[at & (KEPT_MAPPINGS - 1)] = KeptMapping {
+            tgid: state.tgid,
+            epoch: state.epoch,
+            exec_epoch: state.exec_epoch,
+            table: state.mapping_table,
+            start: state.mapping_start,
+            end: state.mapping_end,
+            bias: state.mapping_bias,
+            table_base: state.table_base,
+            table_rows: state.table_rows,
+            table_id: state.table_id,
+            python: state.python,
+            _pad: 0,
+        };
     }
+    found
 }
 
 /// The last of the first `len` of `mappings` starting at or before `pc`, if it holds `pc`,
@@ -505,6 +618,13 @@ fn search_mappings<const N: usize>(
     state.mapping_end = end;
     state.mapping_bias = mapping.bias;
     state.mapping_table = mapping.table;
+    let (rows, id, base) = match UNWIND_TABLES.get(mapping.table) {
+        Some(table) if mapping.table != NO_TABLE => (table.rows, table.id, table.base_address),
+        _ => (0, 0, 0),
+    };
+    state.table_rows = rows;
+    state.table_id = id;
+    state.table_base = base;
     Ok(())
 }
 
@@ -522,31 +642,33 @@ fn find_row(state: &mut WalkState) -> Found {
             return Found::Fallback(reason);
         }
     }
-    let (bias, slot) = (state.mapping_bias, state.mapping_table);
-    if slot == NO_TABLE {
+    if state.table_rows == 0 {
         return Found::Fallback(UnwindCounter::NoTable);
     }
-    let Some(table) = UNWIND_TABLES.get(slot) else {
-        return Found::Fallback(UnwindCounter::NoTable);
-    };
-    if table.rows == 0 {
-        return Found::Fallback(UnwindCounter::NoTable);
-    }
-    let offset = pc.wrapping_sub(bias).wrapping_sub(table.base_address);
+    let id = state.table_id;
+    let offset = pc.wrapping_sub(state.mapping_bias).wrapping_sub(state.table_base);
     if offset > u32::MAX as u64 {
         return Found::Fallback(UnwindCounter::NoCfi);
     }
     let offset = offset as u32;
-    let key = (table.id as u64) << 32 | offset as u64;
+    let key = (id as u64) << 32 | offset as u64;
     let entries = ROW_CACHE_SLOT_ENTRIES.load();
-    let cache_index = state.slot * entries
-        + ((offset ^ (offset >> 9) ^ table.id.wrapping_mul(0x9e37_79b1)) & entries.wrapping_sub(1));
-    if table.id != 0 {
+    let cache_index =
+        state.slot * entries + ((offset ^ (offset >> 9) ^ id.wrapping_mul(0x9e37_79b1)) & entries.wrapping_sub(1));
+    if id != 0 {
         if let Some(cached) = ROW_CACHE.get(cache_index) {
             if cached.key == key {
                 return Found::Row(cached.row);
             }
         }
+    }
+    // Not cached: the table itself, as it is now. A slot reloaded since the mapping was read
+    // has another load id; its rows are not this mapping's.
+    let Some(table) = UNWIND_TABLES.get(state.mapping_table) else {
+        return Found::Fallback(UnwindCounter::NoTable);
+    };
+    if table.id != id || table.rows == 0 {
+        return Found::Fallback(UnwindCounter::NoTable);
     }
 
     // The last row with pc_offset <= offset.

@@ -127,6 +127,8 @@ pub struct Session {
     /// [`Session::remove_unwind_process`]), and when the first of them was queued.
     unwind_removals: Vec<(Pid, UnwindMap)>,
     removals_since: Option<std::time::Instant>,
+    /// Changes made to the walker's processes and tables, as last written to `CONTROL`.
+    unwind_epoch: u32,
     _stats: Option<OwnedFd>,
 }
 
@@ -205,6 +207,7 @@ impl Session {
             offcpu_walks_at_switch_out: false,
             unwind_removals: Vec::new(),
             removals_since: None,
+            unwind_epoch: 0,
             _stats: stats,
         })
     }
@@ -221,7 +224,9 @@ impl Session {
 
     /// Points table slot `slot` at its rows (or empties it with `rows = 0`).
     pub fn set_unwind_table(&mut self, slot: u32, info: &UnwindTableInfo) -> Result<()> {
-        unwind::set_table(&mut self.ebpf, slot, info)
+        let result = unwind::set_table(&mut self.ebpf, slot, info);
+        self.unwind_changed()?;
+        result
     }
 
     /// Gives the walker the mappings of process `pid`, whose previous entry (if any) is in map
@@ -236,7 +241,9 @@ impl Session {
         if self.unwind_removals.iter().any(|&(queued, _)| queued == pid) {
             self.flush_unwind_removals()?;
         }
-        unwind::set_process(&mut self.ebpf, pid.0, process, was)
+        let result = unwind::set_process(&mut self.ebpf, pid.0, process, was);
+        self.unwind_changed()?;
+        result
     }
 
     /// Gives the walker process `pid`'s CPython interpreter, so that its stacks get Python
@@ -282,7 +289,20 @@ impl Session {
                 result = result.and(removed);
             }
         }
+        if !queued.is_empty() {
+            self.unwind_changed()?;
+        }
         result
+    }
+
+    /// Counts a change to the walker's processes or tables, made just before, in `CONTROL`:
+    /// the walkers keep mappings they found from one sample to the next only while the count
+    /// is unchanged (see `profiler-ebpf`'s `user_stack::KeptMapping`). Called after every
+    /// change, also one that failed part way.
+    fn unwind_changed(&mut self) -> Result<()> {
+        self.unwind_epoch = self.unwind_epoch.wrapping_add(1);
+        let mut control: Array<&mut MapData, u32> = map_mut(&mut self.ebpf, maps::CONTROL)?;
+        control.set(maps::CONTROL_UNWIND_EPOCH, self.unwind_epoch, 0).map_err(map_error("write", maps::CONTROL))
     }
 
     /// Processes that called `execve` since the last call, with the time of the exec
