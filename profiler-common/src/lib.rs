@@ -37,7 +37,7 @@ pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
     SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindProcessOf,
-    UnwindRow, UnwindTableInfo,
+    UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
 };
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
@@ -202,9 +202,11 @@ pub mod maps {
     /// Hash of tgid (`u32`) → [`crate::UnwindProcess`]: the processes with more mappings.
     /// A process is in at most one of the two maps.
     pub const UNWIND_PROCESSES_LARGE: &str = "UNWIND_PROCESSES_LARGE";
-    /// Per-CPU array of `u64`, indexed by [`crate::UnwindCounter`].
+    /// Per-CPU array of `u64`, indexed by [`crate::UnwindCounter`] (the frame counters get
+    /// the [`crate::WalkTotals`] in `UNWIND_STATE` added).
     pub const UNWIND_COUNTERS: &str = "UNWIND_COUNTERS";
-    /// Per-CPU scratch: the registers of the frame being unwound.
+    /// Per-CPU scratch: the registers of the frame being unwound, one entry per context, each
+    /// [`crate::WALK_STATE_BYTES`] long and starting with the context's [`crate::WalkTotals`].
     pub const UNWIND_STATE: &str = "UNWIND_STATE";
     /// Hash of tgid (`u32`) → `u8`: processes that called `execve` since userspace last
     /// looked; the kernel has already forgotten their mappings.

@@ -222,6 +222,23 @@ impl SmallUnwindProcess {
     }
 }
 
+/// The first field of each `UNWIND_STATE` entry (the walker's per-CPU state of one context):
+/// frames that context stepped on that CPU since load, by a table row and by frame pointers.
+/// Kept there, in the cache line every walk touches anyway, rather than in
+/// `UNWIND_COUNTERS`; userspace adds them to [`UnwindCounter::CfiFrames`] and
+/// [`UnwindCounter::FramePointerFrames`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkTotals {
+    pub by_table: u64,
+    pub by_frame_pointer: u64,
+}
+
+/// Bytes of an `UNWIND_STATE` entry, which userspace reads as words to find the
+/// [`WalkTotals`] at its start (the walker's state itself is private to the kernel side,
+/// which checks this size when it builds).
+pub const WALK_STATE_BYTES: usize = 408;
+
 /// Indices into the `UNWIND_COUNTERS` per-CPU array: what happened to each user frame the
 /// walker stepped from, and how walks ended.
 #[repr(u32)]

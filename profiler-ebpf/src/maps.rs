@@ -184,15 +184,6 @@ pub fn bump(counters: &PerCpuArray<u64>, index: u32) {
     }
 }
 
-/// Adds `n` to slot `index` of a per-CPU counter array, as [`bump`] adds one.
-#[inline(always)]
-pub fn bump_by(counters: &PerCpuArray<u64>, index: u32, n: u64) {
-    if let Some(slot) = counters.get_ptr_mut(index) {
-        // SAFETY: as in `bump`.
-        unsafe { *slot += n };
-    }
-}
-
 /// Adds `n` to the counter at `counter` with one atomic instruction (`lock xadd`): every
 /// CPU writes the counts maps. The BPF target has atomic adds but no compare-and-swap, so
 /// `core`'s `AtomicU64::fetch_add` does not exist there; the intrinsic does, and with its

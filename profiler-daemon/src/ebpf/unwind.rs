@@ -6,7 +6,7 @@
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{
-    maps::{Array, HashMap, MapData},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::TracePoint,
     Ebpf,
 };
@@ -14,10 +14,10 @@ use profiler_common::{
     maps, programs,
     unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT},
     PythonCounter, PythonProcess, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess,
-    UnwindRow, UnwindTableInfo,
+    UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
 };
 
-use super::{map_error, map_mut, missing, program_error, sum_counters, Error, Result};
+use super::{map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::Pid;
 
 const EXEC_PROGRAM: &str = programs::UNWIND_EXEC;
@@ -292,7 +292,28 @@ impl UnwindCounters {
 }
 
 pub(super) fn counters(ebpf: &Ebpf) -> Result<UnwindCounters> {
-    Ok(UnwindCounters(sum_counters(ebpf, maps::UNWIND_COUNTERS)?))
+    let mut counters = UnwindCounters(sum_counters(ebpf, maps::UNWIND_COUNTERS)?);
+    let totals = walk_totals(ebpf)?;
+    counters.0[UnwindCounter::CfiFrames as usize] += totals.by_table;
+    counters.0[UnwindCounter::FramePointerFrames as usize] += totals.by_frame_pointer;
+    Ok(counters)
+}
+
+/// The frames the walkers stepped, summed over CPUs and contexts: each `UNWIND_STATE` entry
+/// starts with its [`WalkTotals`].
+fn walk_totals(ebpf: &Ebpf) -> Result<WalkTotals> {
+    const WORDS: usize = WALK_STATE_BYTES / 8;
+    let name = maps::UNWIND_STATE;
+    let states: PerCpuArray<&MapData, [u64; WORDS]> = map_ref(ebpf, name)?;
+    let mut totals = WalkTotals::default();
+    for slot in 0..states.len() {
+        let values = states.get(&slot, 0).map_err(map_error("read", name))?;
+        for state in values.iter() {
+            totals.by_table += state[0];
+            totals.by_frame_pointer += state[1];
+        }
+    }
+    Ok(totals)
 }
 
 /// What the kernel walker knows of one process, read from its maps: the process's mapping
