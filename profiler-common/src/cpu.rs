@@ -38,11 +38,15 @@ pub enum CpuCounter {
     UserStackTruncated = 5,
     /// Samples of processes in cgroups the configuration does not select (not walked).
     CgroupFiltered = 6,
+    /// Ticks of a CPU that was idle, or running a process a `--pid` list leaves out: not
+    /// samples, but counted so that the ticks the program ran for add up (see the daemon's
+    /// `CpuCounters::ticks_missed`).
+    NotSampled = 7,
 }
 
 impl CpuCounter {
     /// Number of counters (the length of the `CPU_COUNTERS` array).
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
     /// All counters, in index order.
     pub const ALL: [CpuCounter; Self::COUNT as usize] = [
         CpuCounter::Samples,
@@ -52,6 +56,7 @@ impl CpuCounter {
         CpuCounter::CountsMapFull,
         CpuCounter::UserStackTruncated,
         CpuCounter::CgroupFiltered,
+        CpuCounter::NotSampled,
     ];
 }
 

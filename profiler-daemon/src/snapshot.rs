@@ -365,6 +365,16 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         counters.heap.sampled,
         counters.heap.live_map_full
     );
+    let cpu = &counters.cpu;
+    if cpu.ticks_due > 0 {
+        println!(
+            "cpu clock: {} of {} ticks missed ({:.1}%: the sampler never ran, because another BPF program or a \
+             bpf() call was running on that CPU, or the timer ran late)",
+            cpu.ticks_missed,
+            cpu.ticks_due,
+            100.0 * cpu.ticks_missed as f64 / cpu.ticks_due as f64
+        );
+    }
 }
 
 fn print_unwind_summary(s: &UnwinderStats) {

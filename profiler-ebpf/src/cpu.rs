@@ -37,6 +37,8 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
     let (tgid, tid) = (task.tgid, task.tid);
     // Kernel-wide tid 0 is the idle task: the CPU was not running anything.
     if task.pid_tgid as u32 == 0 || !wanted(tgid) {
+        // Off the sampled path: an idle CPU, or a process nobody asked for.
+        count(CpuCounter::NotSampled);
         return Err(());
     }
     if !cgroup_wanted() {

@@ -118,6 +118,10 @@ pub enum FixtureKind {
     /// waiting for its core by a spinner; after a delay (argv[1]) prints the measured times
     /// (see the source), `done`, lingers argv[2] seconds.
     OffCpuSleeper,
+    /// `bpf_calls.c`: main → copy_loop reads a 1 MiB BPF array value with `bpf()` for
+    /// argv[1] ms of its CPU time (BPF instrumentation off on its CPU for much of it);
+    /// prints `ready`, then `cpu_ms N`.
+    BpfCalls,
 }
 
 impl FixtureKind {
@@ -150,6 +154,7 @@ impl FixtureKind {
             Self::DlSpinLibrary => "libdl_spin.so",
             Self::StackChurn => "stack_churn",
             Self::OffCpuSleeper => "offcpu_sleeper",
+            Self::BpfCalls => "bpf_calls",
         }
     }
 
@@ -178,6 +183,7 @@ impl FixtureKind {
             Self::DlSpinLibrary => "dl_spin.c",
             Self::StackChurn => "stack_churn.c",
             Self::OffCpuSleeper => "offcpu_sleeper.c",
+            Self::BpfCalls => "bpf_calls.c",
         }
     }
 

@@ -112,7 +112,8 @@ fn short_lived_processes_are_unwound_under_a_storm_of_process_events() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no registration asks in {events:?}"));
     let latency = stdout.lines().find(|l| l.starts_with("exec'd processes")).unwrap_or("no latency line");
-    println!("{events}\n{latency}");
+    let ticks = stdout.lines().find(|l| l.starts_with("cpu clock:")).unwrap_or("no cpu clock line");
+    println!("{events}\n{latency}\n{ticks}");
     // The loop takes at least COUNT × MS of CPU time; the storm ran through all of it.
     let looped_s = (COUNT * MS) as f64 / 1e3;
     assert!(
@@ -128,8 +129,8 @@ fn short_lived_processes_are_unwound_under_a_storm_of_process_events() {
     // programs got 48% of their CPU time in samples, every drop counter at 0, while the
     // profiler spent 5× the CPU per process event it spends here, as if the VM ran slow;
     // alone here, and with bpftrace's `profile:hz:999` counting beside it, they get 99%.
-    // The cause is not proven, so the share of CPU time sampled and the CPU time the
-    // hypervisor stole are printed.
+    // The cause is not proven, so the share of CPU time sampled, the CPU time the
+    // hypervisor stole and the clock ticks the sampler missed are printed.
     let needed = min_samples_for_share(0.98, MIN_CHAINED_SHARE);
     let stolen = stolen_ms.map_or("unknown".to_string(), |ms| format!("{ms} ms"));
     println!(

@@ -169,3 +169,54 @@ fn every_program_loads_with_room_under_the_verifiers_limit() {
         );
     }
 }
+
+/// Ground truth: `bpf_calls` spends its CPU time in `bpf()` reads of a 1 MiB map value,
+/// which the kernel copies with BPF instrumentation off on that CPU, and measures that time.
+/// A perf_event program's tick that comes meanwhile is skipped, and the kernel counts it
+/// nowhere; the profiler must. Each of the fixture's ticks (its CPU time at 999 Hz) is a
+/// sample of it or a tick missed: the two add up to its ticks within 5% (ticks are a
+/// timer's, not random; the profiler's own map calls miss a few more), and the missed ones
+/// are a real share (the fixture does what it claims: about half here).
+#[test]
+fn ticks_the_kernel_skips_during_bpf_calls_are_counted_missed() {
+    if !preflight() {
+        return;
+    }
+    const MS: u64 = 2000;
+    let out = TempDir::new("bpf-calls");
+    let mut profiler = profiler_tests::run::Running::start(&[
+        "snapshot",
+        "--duration",
+        "60s",
+        "--frequency",
+        "999",
+        "--output",
+        &out.path_arg(),
+    ]);
+    profiler.wait_capturing();
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::BpfCalls, &[&MS.to_string()]);
+    let cpu_ms = fixture.read_value("cpu_ms");
+    profiler.interrupt();
+    let output = profiler.finish();
+    assert_success(&output, "system-wide snapshot of bpf() calls");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line =
+        stdout.lines().find(|l| l.starts_with("cpu clock:")).unwrap_or_else(|| panic!("no cpu clock line:\n{stdout}"));
+    let numbers: Vec<u64> =
+        line.trim_start_matches("cpu clock:").split_whitespace().take(3).filter_map(|w| w.parse().ok()).collect();
+    let [missed, due] = numbers[..] else { panic!("no `M of D ticks missed` in {line:?}") };
+    let path = expect::profile_written(out.path(), fixture.comm(), fixture.pid());
+    let samples = Profile::decode(&path).total("samples") as u64;
+    let ticks = cpu_ms as f64 * 0.999;
+    println!("bpf_calls: {cpu_ms} ms of CPU ({ticks:.0} ticks): {samples} samples; {line}");
+    assert!(
+        missed as f64 >= 0.1 * ticks,
+        "only {missed} ticks missed of the fixture's {ticks:.0}: its bpf() calls did not keep the sampler out"
+    );
+    let accounted = (samples + missed) as f64;
+    assert!(
+        (accounted - ticks).abs() <= 0.05 * ticks,
+        "{samples} samples + {missed} missed ticks = {accounted}, not the fixture's {ticks:.0} ticks within 5% \
+         ({due} due machine-wide)"
+    );
+}

@@ -1,6 +1,8 @@
 //! The CPU sampler's side of the session: attach the perf_event program to every online
 //! CPU's clock, read its counters, and drain its counts.
 
+use std::time::Instant;
+
 use aya::{
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -25,9 +27,32 @@ pub struct CpuCounters {
     pub user_stack_truncated: u64,
     /// Samples of tasks in cgroups the configuration does not select: not walked.
     pub cgroup_filtered: u64,
-    /// Samples the kernel did not run the program for because another BPF program was
-    /// running on that CPU (the program's `recursion_misses`); 0 before it is attached.
-    pub recursion_misses: u64,
+    /// Ticks of idle CPUs, or of processes a pid list leaves out: not samples.
+    pub not_sampled: u64,
+    /// Ticks of the CPU clock the program never ran for, of `ticks_due`: the kernel skips
+    /// a tick that comes while another BPF program, or a `bpf()` call, runs on that CPU
+    /// (uprobes, syscall tracepoints, map updates: perf_event programs have no miss count),
+    /// and a timer held up past its next tick (a busy hypervisor) fires once for both.
+    pub ticks_missed: u64,
+    /// Ticks due on all CPUs since the clock was attached (0 before).
+    pub ticks_due: u64,
+}
+
+/// The CPU clock as attached: since when, on how many CPUs, and its period (the kernel
+/// turns a frequency into a fixed period for this software event, `NSEC_PER_SEC / hz`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Clock {
+    attached: Instant,
+    cpus: u64,
+    period_ns: u64,
+}
+
+impl Clock {
+    /// Ticks due on all CPUs from the attach to `now`.
+    fn ticks_due(&self, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(self.attached).as_nanos() as u64;
+        self.cpus * (elapsed / self.period_ns.max(1))
+    }
 }
 
 /// A (process, thread, stacks) entry with the number of samples it got.
@@ -44,13 +69,14 @@ pub struct RawCpuSample {
 
 pub(super) const COUNTS: [&str; 2] = [maps::CPU_COUNTS_0, maps::CPU_COUNTS_1];
 
-pub(super) fn attach(ebpf: &mut Ebpf, frequency_hz: u32) -> Result<()> {
+pub(super) fn attach(ebpf: &mut Ebpf, frequency_hz: u32) -> Result<Clock> {
     let name = programs::CPU_SAMPLE;
     let program: &mut PerfEvent =
         ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
     program.load().map_err(program_error("load", name))?;
     let cpus = online_cpus()
         .map_err(|(path, source)| Error::Io { action: format!("read the online CPUs from {path}"), source })?;
+    let attached = cpus.len() as u64;
     for cpu in cpus {
         program
             .attach(
@@ -61,43 +87,21 @@ pub(super) fn attach(ebpf: &mut Ebpf, frequency_hz: u32) -> Result<()> {
             )
             .map_err(program_error("attach (perf event on a cpu)", name))?;
     }
-    Ok(())
+    // After the last attach: the ticks due are counted short by at most the attach time.
+    Ok(Clock { attached: Instant::now(), cpus: attached, period_ns: 1_000_000_000 / u64::from(frequency_hz.max(1)) })
 }
 
-/// Offset of `recursion_misses` in the kernel's `struct bpf_prog_info` (uapi, stable: after
-/// `run_time_ns` at 192 and `run_cnt` at 200).
-const RECURSION_MISSES_OFFSET: usize = 208;
-/// `BPF_OBJ_GET_INFO_BY_FD`.
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-
-/// The CPU program's `recursion_misses`: aya 0.14's `ProgramInfo` does not expose it, so
-/// `bpf_prog_info` is read here (the kernel fills as much as it has of the buffer given).
-fn recursion_misses(ebpf: &Ebpf) -> u64 {
-    use std::os::fd::{AsFd, AsRawFd};
-    let Some(program) = ebpf.program(programs::CPU_SAMPLE) else { return 0 };
-    let Ok(fd) = program.fd() else { return 0 };
-    let mut info = [0u8; 256];
-    #[repr(C)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
-    let mut attr =
-        InfoAttr { bpf_fd: fd.as_fd().as_raw_fd() as u32, info_len: info.len() as u32, info: info.as_mut_ptr() as u64 };
-    // SAFETY: `attr` names a writable buffer of `info_len` bytes that outlives the call; the
-    // kernel writes at most that many.
-    let ret = unsafe { super::bpf_call(BPF_OBJ_GET_INFO_BY_FD, &mut attr) };
-    if ret.is_err() || (attr.info_len as usize) < RECURSION_MISSES_OFFSET + 8 {
-        return 0;
-    }
-    let bytes: [u8; 8] = info[RECURSION_MISSES_OFFSET..RECURSION_MISSES_OFFSET + 8].try_into().unwrap_or_default();
-    u64::from_ne_bytes(bytes)
-}
-
-pub(super) fn counters(ebpf: &Ebpf) -> Result<CpuCounters> {
+/// The counters, and the ticks `clock` (if attached) was due that the program never ran for.
+pub(super) fn counters(ebpf: &Ebpf, clock: Option<Clock>) -> Result<CpuCounters> {
+    // Before the counters are read, so that a tick counted after `now` is not missing.
+    let ticks_due = clock.map_or(0, |clock| clock.ticks_due(Instant::now()));
     let c: [u64; CpuCounter::COUNT as usize] = sum_counters(ebpf, maps::CPU_COUNTERS)?;
     let get = |counter: CpuCounter| c[counter as usize];
+    // Every tick the program runs for ends in exactly one of these.
+    let ran = get(CpuCounter::Samples)
+        + get(CpuCounter::CountsMapFull)
+        + get(CpuCounter::CgroupFiltered)
+        + get(CpuCounter::NotSampled);
     Ok(CpuCounters {
         samples: get(CpuCounter::Samples),
         user_stack_failed: get(CpuCounter::UserStackFailed),
@@ -106,7 +110,9 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<CpuCounters> {
         counts_map_full: get(CpuCounter::CountsMapFull),
         user_stack_truncated: get(CpuCounter::UserStackTruncated),
         cgroup_filtered: get(CpuCounter::CgroupFiltered),
-        recursion_misses: recursion_misses(ebpf),
+        not_sampled: get(CpuCounter::NotSampled),
+        ticks_missed: ticks_due.saturating_sub(ran),
+        ticks_due,
     })
 }
 
@@ -125,5 +131,21 @@ fn raw_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {
         user_stack: StackId(key.user_stack),
         kernel_stack: StackId(key.kernel_stack),
         count,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn ticks_due_are_whole_periods_on_every_cpu() {
+        let now = Instant::now();
+        // 999 Hz: the kernel's period is 1,001,001 ns, so a second holds 999 whole ticks.
+        let clock = Clock { attached: now - Duration::from_secs(1), cpus: 2, period_ns: 1_000_000_000 / 999 };
+        assert_eq!(clock.ticks_due(now), 2 * 999);
+        assert_eq!(clock.ticks_due(now - Duration::from_secs(5)), 0, "a read before the attach is due nothing");
     }
 }

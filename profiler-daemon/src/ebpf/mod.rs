@@ -123,6 +123,8 @@ pub struct Session {
     /// The off-CPU program walks a sampled switch's stacks at the switch-out (no
     /// `sched_exit_tp`), as its attach decided.
     offcpu_walks_at_switch_out: bool,
+    /// The CPU clock, once attached: what the ticks it missed are counted against.
+    cpu_clock: Option<cpu::Clock>,
     /// Registrations of exited processes not deleted from the walker's maps yet (see
     /// [`Session::remove_unwind_process`]), and when the first of them was queued.
     unwind_removals: Vec<(Pid, UnwindMap)>,
@@ -205,6 +207,7 @@ impl Session {
             unwind_rows: config.unwind_rows,
             exec_tracking_error,
             offcpu_walks_at_switch_out: false,
+            cpu_clock: None,
             unwind_removals: Vec::new(),
             removals_since: None,
             unwind_epoch: 0,
@@ -335,7 +338,8 @@ impl Session {
 
     /// Samples the CPU clock of every online CPU at `frequency_hz`.
     pub fn attach_cpu(&mut self, frequency_hz: u32) -> Result<()> {
-        cpu::attach(&mut self.ebpf, frequency_hz)
+        self.cpu_clock = Some(cpu::attach(&mut self.ebpf, frequency_hz)?);
+        Ok(())
     }
 
     /// Probes the allocator functions of `target`'s C library, for that process only.
@@ -386,7 +390,7 @@ impl Session {
     /// Sums the per-CPU counters.
     pub fn counters(&self) -> Result<Counters> {
         Ok(Counters {
-            cpu: cpu::counters(&self.ebpf)?,
+            cpu: cpu::counters(&self.ebpf, self.cpu_clock)?,
             heap: heap::counters(&self.ebpf)?,
             futex: waits::counters(&self.ebpf)?,
             threads: threads::counters(&self.ebpf)?,

@@ -107,8 +107,9 @@ pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
         format!(
             "dropped samples (whole machine): counts map full {}; stacks without frames: stack not stored \
              (map full or kernel allocation failed) {}, user stack unreadable {}, kernel stack unreadable {}; \
-             user stacks cut at {} frames {}; samples of cgroups not selected (not walked) {}; samples the \
-             kernel skipped because another BPF program was running on that CPU {}",
+             user stacks cut at {} frames {}; samples of cgroups not selected (not walked) {}; ticks of the \
+             CPU clock the sampler never ran for (another BPF program or a bpf() call was running on that \
+             CPU, or the timer ran late) {} of {}",
             c.counts_map_full,
             c.stacks_map_full,
             c.user_stack_failed,
@@ -116,7 +117,8 @@ pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
             profiler_common::MAX_USER_STACK_DEPTH,
             c.user_stack_truncated,
             c.cgroup_filtered,
-            c.recursion_misses
+            c.ticks_missed,
+            c.ticks_due
         ),
         unwind_comment(counters),
     ]
