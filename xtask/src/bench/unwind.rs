@@ -155,6 +155,9 @@ fn at_twelve_frames(
     let depth = DEPTHS[0];
     let seconds = args.seconds.min(10);
     let mut runs: [Vec<f64>; 7] = Default::default();
+    // Each round's (ours with tables, ours with frame pointers, bpftrace) side by side: a
+    // ratio within one round leaves out the drift between rounds.
+    let mut paired: Vec<[Option<f64>; 3]> = Vec::new();
     let hz = args.frequency_hz;
     let rounds = args.rounds.max(1);
     for round in 1..=rounds {
@@ -172,6 +175,7 @@ fn at_twelve_frames(
             // The floor as earlier runs of this bench took it: on idle CPUs.
             super::peer::bpftrace_floor_ns(hz, seconds).1,
         ];
+        paired.push([measured[0], measured[1], measured[2]]);
         for (list, ns) in runs.iter_mut().zip(measured) {
             list.extend(ns);
         }
@@ -217,6 +221,19 @@ fn at_twelve_frames(
     }
     verdict("unwind tables vs bpftrace's frame-pointer ustack", tables, peer, 1.0, true);
     verdict("frame pointers vs bpftrace's frame-pointer ustack", pointers, peer, 1.0, true);
+    for (what, ours) in [("unwind tables", 0), ("frame pointers", 1)] {
+        let mut ratios: Vec<f64> = paired.iter().filter_map(|round| Some(round[ours]? / round[2]?)).collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" ");
+        let below = ratios.iter().filter(|&&r| r < 1.0).count();
+        let n = ratios.len();
+        let mid = median(&mut ratios).unwrap_or(f64::NAN);
+        println!(
+            "  {what} vs bpftrace's ustack, round by round: {listed}; median {mid:.2}x, below 1x in {below} of {n}"
+        );
+    }
     Ok(())
 }
 
