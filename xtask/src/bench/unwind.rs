@@ -154,10 +154,9 @@ fn at_twelve_frames(
 ) -> Result<()> {
     let depth = DEPTHS[0];
     let seconds = args.seconds.min(10);
-    let mut runs: [Vec<f64>; 7] = Default::default();
-    // Each round's (ours with tables, ours with frame pointers, bpftrace) side by side: a
-    // ratio within one round leaves out the drift between rounds.
-    let mut paired: Vec<[Option<f64>; 3]> = Vec::new();
+    // Each round's figures side by side: medians are taken per column, and a ratio within
+    // one round leaves out the drift between rounds.
+    let mut by_round: Vec<[Option<f64>; 7]> = Vec::new();
     let hz = args.frequency_hz;
     let rounds = args.rounds.max(1);
     for round in 1..=rounds {
@@ -175,13 +174,11 @@ fn at_twelve_frames(
             // The floor as earlier runs of this bench took it: on idle CPUs.
             super::peer::bpftrace_floor_ns(hz, seconds).1,
         ];
-        paired.push([measured[0], measured[1], measured[2]]);
-        for (list, ns) in runs.iter_mut().zip(measured) {
-            list.extend(ns);
-        }
+        by_round.push(measured);
         bail_if_interrupted()?;
     }
-    let [tables, pointers, peer, floor, read_floor, walk_floor, idle_floor] = runs.map(|mut v| median(&mut v));
+    let column = |i: usize| median(&mut by_round.iter().filter_map(|round| round[i]).collect::<Vec<_>>());
+    let [tables, pointers, peer, floor, read_floor, walk_floor, idle_floor] = std::array::from_fn(column);
     println!();
     println!("{} frames, medians of {rounds} interleaved rounds (ns per sample):", depth + 4);
     let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
@@ -222,7 +219,7 @@ fn at_twelve_frames(
     verdict("unwind tables vs bpftrace's frame-pointer ustack", tables, peer, 1.0, true);
     verdict("frame pointers vs bpftrace's frame-pointer ustack", pointers, peer, 1.0, true);
     for (what, ours) in [("unwind tables", 0), ("frame pointers", 1)] {
-        let mut ratios: Vec<f64> = paired.iter().filter_map(|round| Some(round[ours]? / round[2]?)).collect();
+        let mut ratios: Vec<f64> = by_round.iter().filter_map(|round| Some(round[ours]? / round[2]?)).collect();
         if ratios.is_empty() {
             continue;
         }
