@@ -58,8 +58,9 @@ pub enum FixtureKind {
     /// prints `requeue_wait_ns N`, `done`, lingers argv[2] seconds.
     FutexRequeue,
     /// `thread_churn.c`: two child processes in turn, each 20,032 threads, 64 at a time, each
-    /// one FUTEX_WAIT (timing out) in churn_wait; after a delay (argv[1]) prints `waits N` (all
-    /// children's), `done`, lingers argv[2] seconds.
+    /// spinning argv[3] us of its CPU time (none by default) in churn_spin and making one
+    /// FUTEX_WAIT (timing out) in churn_wait; after a delay (argv[1]) prints `waits N` (all
+    /// children's), `worker_cpu_ms A B` (each child's workers'), `done`, lingers argv[2] s.
     ThreadChurn,
     /// `stack_flood.c`: 8 threads making FUTEX_WAITs of 150 us from 65,536 distinct stacks
     /// (flood_step → go_left/go_right … → flood_wait) for argv[1] seconds; then prints

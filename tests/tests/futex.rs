@@ -273,6 +273,9 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
     let args = ["snapshot", "--duration", "30s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
     assert_success(&run_profiler(&args), "snapshot --profiles block (thread churn, system-wide)");
     let truth = fixture.read_value("waits") as i64;
+    let mut cpu = String::new();
+    fixture.read_line(&mut cpu);
+    assert!(cpu.starts_with("worker_cpu_ms"), "thread_churn printed {cpu:?}, not `worker_cpu_ms A B`");
     fixture.expect_line("done");
     let children: Vec<PathBuf> = std::fs::read_dir(out.path())
         .expect("output dir")

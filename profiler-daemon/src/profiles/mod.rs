@@ -8,7 +8,7 @@ mod block;
 mod counts;
 mod cpu;
 mod evicted;
-mod exited;
+pub mod exited;
 pub mod heap;
 mod kind;
 mod mutex;
