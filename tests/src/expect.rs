@@ -126,3 +126,17 @@ pub fn check_within(got: i64, truth: i64, tolerance: f64, what: &str) -> Result<
         100.0 * off / (truth as f64).max(1.0)
     ))
 }
+
+/// The fewest samples with which a share of `min` is 3.5σ below an expected share of
+/// `expected` (binomial: σ = √(p(1−p)/n) at p = `min`).
+pub fn min_samples_for_share(expected: f64, min: f64) -> i64 {
+    (3.5f64.powi(2) * min * (1.0 - min) / (expected - min).powi(2)).ceil() as i64
+}
+
+/// The machine's CPU time stolen by its hypervisor so far (`/proc/stat`'s steal column, in
+/// 10 ms ticks), if the kernel reports it.
+pub fn steal_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: u64 = stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()?;
+    Some(ticks * 10)
+}

@@ -174,9 +174,12 @@ fn every_program_loads_with_room_under_the_verifiers_limit() {
 /// which the kernel copies with BPF instrumentation off on that CPU, and measures that time.
 /// A perf_event program's tick that comes meanwhile is skipped, and the kernel counts it
 /// nowhere; the profiler must. Each of the fixture's ticks (its CPU time at 999 Hz) is a
-/// sample of it or a tick missed: the two add up to its ticks within 5% (ticks are a
-/// timer's, not random; the profiler's own map calls miss a few more), and the missed ones
-/// are a real share (the fixture does what it claims: about half here).
+/// sample of it or a tick missed: its samples are at most its ticks, and samples plus
+/// missed ticks at least 95% of them (ticks are a timer's, not random). The missed count is
+/// machine-wide, so it also holds ticks the profiler's own map calls made the kernel skip
+/// on the other CPU: the sum may pass the fixture's ticks by that much (a few percent here,
+/// printed), but not by a quarter, which only counting a miss twice would give. The missed
+/// ones are a real share (the fixture does what it claims: about half here).
 #[test]
 fn ticks_the_kernel_skips_during_bpf_calls_are_counted_missed() {
     if !preflight() {
@@ -194,6 +197,7 @@ fn ticks_the_kernel_skips_during_bpf_calls_are_counted_missed() {
         &out.path_arg(),
     ]);
     profiler.wait_capturing();
+    let steal_before = expect::steal_ms();
     let mut fixture = Fixture::spawn_with_args(FixtureKind::BpfCalls, &[&MS.to_string()]);
     let cpu_ms = fixture.read_value("cpu_ms");
     profiler.interrupt();
@@ -214,9 +218,26 @@ fn ticks_the_kernel_skips_during_bpf_calls_are_counted_missed() {
         "only {missed} ticks missed of the fixture's {ticks:.0}: its bpf() calls did not keep the sampler out"
     );
     let accounted = (samples + missed) as f64;
+    let stolen = match (steal_before, expect::steal_ms()) {
+        (Some(before), Some(after)) => format!("{} ms", after.saturating_sub(before)),
+        _ => "unknown".to_string(),
+    };
+    println!(
+        "bpf_calls: samples + missed = {:.3} × its ticks; CPU time stolen by the hypervisor meanwhile: {stolen}",
+        accounted / ticks
+    );
     assert!(
-        (accounted - ticks).abs() <= 0.05 * ticks,
-        "{samples} samples + {missed} missed ticks = {accounted}, not the fixture's {ticks:.0} ticks within 5% \
-         ({due} due machine-wide)"
+        samples as f64 <= 1.05 * ticks,
+        "{samples} samples of a fixture with {ticks:.0} ticks: samples counted twice"
+    );
+    assert!(
+        accounted >= 0.95 * ticks,
+        "{samples} samples + {missed} missed ticks = {accounted}, under 95% of the fixture's {ticks:.0} ticks: \
+         ticks lost uncounted ({due} due machine-wide)"
+    );
+    assert!(
+        accounted <= 1.25 * ticks,
+        "{samples} samples + {missed} missed ticks = {accounted}, past 125% of the fixture's {ticks:.0} ticks: \
+         misses counted twice? ({due} due machine-wide)"
     );
 }
