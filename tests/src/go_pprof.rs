@@ -63,12 +63,17 @@ fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
 fn require_go() {
     match Command::new("go").arg("version").output() {
         Ok(out) if out.status.success() => {}
-        Ok(out) => panic!("`go version` failed ({}): install golang-go (cargo xtask setup does)", out.status),
+        Ok(out) => panic!(
+            "`go version` failed ({}): install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)",
+            out.status
+        ),
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            panic!("`go` is not on PATH: install golang-go (cargo xtask setup does)")
+            panic!(
+                "`go` is not on PATH: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)"
+            )
         }
         Err(e) => {
-            panic!("failed to run `go version`: {e}: install golang-go (cargo xtask setup does)")
+            panic!("failed to run `go version`: {e}: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)")
         }
     }
 }

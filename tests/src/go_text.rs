@@ -43,7 +43,9 @@ pub fn reference(dir: &Path) -> BTreeMap<&'static str, String> {
         .env("GOFLAGS", "-mod=mod")
         .env("GOPROXY", "off")
         .output()
-        .expect("failed to run `go` (cargo xtask test installs golang-go)");
+        .expect(
+            "failed to run `go`: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)",
+        );
     assert!(output.status.success(), "go run {}: {}", source.display(), String::from_utf8_lossy(&output.stderr));
     ["heap", "block", "mutex", "threadcreate"]
         .into_iter()

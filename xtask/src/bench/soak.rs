@@ -194,7 +194,7 @@ fn hot_samples(file: &Path) -> Result<(f64, f64)> {
         .arg(file)
         .stderr(Stdio::null())
         .output()
-        .context("failed to run go tool pprof; run `cargo xtask setup --test` to install golang-go")?;
+        .context("failed to run go tool pprof; run `cargo xtask setup --for-test` to install golang-go")?;
     if !output.status.success() {
         bail!("go tool pprof could not read {} ({})", file.display(), output.status);
     }
