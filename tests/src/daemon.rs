@@ -236,6 +236,15 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("/status is not JSON ({e}):\n{}", String::from_utf8_lossy(&body)))
     }
 
+    /// The pids whose heap probes are attached (`/status`'s `programs.heap_processes`).
+    pub fn heap_processes(&self) -> Vec<u64> {
+        let status = self.status();
+        status["programs"]["heap_processes"]
+            .as_array()
+            .map(|pids| pids.iter().filter_map(serde_json::Value::as_u64).collect())
+            .unwrap_or_default()
+    }
+
     /// The number at JSON pointer `pointer` of `/status` (`/output/files_written`).
     pub fn status_u64(&self, pointer: &str) -> u64 {
         let status = self.status();

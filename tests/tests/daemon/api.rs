@@ -3,14 +3,13 @@
 //! client may see.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use profiler_tests::daemon::{self, wait_for, Daemon, DaemonConfig};
 use profiler_tests::http::{curl, raw_exchange};
 use profiler_tests::{expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{Fixture, FixtureKind, Profile};
 
-use super::{assert_split, index_pids, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ, HEAP_SITES, SOON};
+use super::{assert_split, index_pids, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ, HEAP_SCAN, HEAP_SITES, SOON};
 
 /// Ground truth: the fixtures' own stacks, served on demand. The index lists both fixtures;
 /// `profile?pid&seconds=2` is a CPU profile in which `go tool pprof -top` finds hot_a;
@@ -29,10 +28,12 @@ fn every_endpoint_answers_and_go_pprof_reads_it() {
     config.sample_bytes = Some("1B".into());
     let daemon = Daemon::start(&config);
     let cpu = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
-    // 8 s: the daemon looks for new heap targets every 5 s.
-    let mut heap = Fixture::spawn_with_args(FixtureKind::HeapSites, &["8", "120"]);
-    let attached = wait_for(Duration::from_secs(7), || heap_processes(&daemon).contains(&u64::from(heap.pid())));
-    assert!(attached, "heap probes not attached to heap_sites within 7 s: {:#}", daemon.status());
+    // It allocates when told (SIGUSR1), once its probes are on: the daemon looks for new
+    // heap targets every 5 s, and a loaded machine may take a scan or two longer.
+    let mut heap = Fixture::spawn_with_args(FixtureKind::HeapSites, &["usr1", "120"]);
+    let attached = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(heap.pid())));
+    assert!(attached, "heap probes not attached to heap_sites within {HEAP_SCAN:?}: {:#}", daemon.status());
+    heap.signal(libc::SIGUSR1);
     heap.expect_line("allocated");
     let listed = wait_for(SOON, || {
         let pids = index_pids(&daemon.get_ok("/debug/pprof/"));
@@ -238,14 +239,6 @@ fn find_text(doc: &serde_json::Value, at: &str, found: &mut Vec<String>) {
         }
         _ => {}
     }
-}
-
-fn heap_processes(daemon: &Daemon) -> Vec<u64> {
-    let status = daemon.status();
-    status["programs"]["heap_processes"]
-        .as_array()
-        .map(|pids| pids.iter().filter_map(serde_json::Value::as_u64).collect())
-        .unwrap_or_default()
 }
 
 /// Saves a response body next to the daemon's config, for the decoders.

@@ -46,6 +46,10 @@ const HOT_A_SHARE: f64 = 0.75;
 const SHARE_TOLERANCE: f64 = 0.10;
 /// How long a test waits for something that should happen within an interval or two.
 const SOON: Duration = Duration::from_secs(15);
+
+/// How long a new heap target may wait for its probes: the daemon looks every 5 s, and a
+/// loaded machine may take a scan or two longer.
+const HEAP_SCAN: Duration = Duration::from_secs(13);
 const CPU_SPLIT: &str = "cpu_split";
 const HEAP_SITES: &str = "heap_sites";
 

@@ -8,7 +8,7 @@ use std::process::Command;
 use profiler_tests::daemon::{profile_files, wait_for, Daemon, DaemonConfig};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
-use super::{assert_split, wait_for_files, FIXTURE_S, SOON};
+use super::{assert_split, wait_for_files, FIXTURE_S, HEAP_SCAN, SOON};
 
 /// Of the samples in a process's own code, the share unwound to main and named (see
 /// `tests/processes.rs`).
@@ -185,11 +185,12 @@ fn a_reused_pid_never_shows_the_old_process() {
     config.heap_include = vec!["heap_sites"];
     config.sample_bytes = Some("1B".into());
     let daemon = Daemon::start(&config);
-    // It allocates after 8 s: the daemon looks for heap targets every 5 s.
-    let mut old = Fixture::spawn_with_args(FixtureKind::HeapSites, &["8", "60"]);
+    // It allocates when told, once its probes are on (the daemon looks every 5 s).
+    let mut old = Fixture::spawn_with_args(FixtureKind::HeapSites, &["usr1", "60"]);
     let pid = old.pid();
-    let probed = wait_for(SOON, || heap_processes(&daemon).contains(&u64::from(pid)));
+    let probed = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(pid)));
     assert!(probed, "heap_sites was never probed");
+    old.signal(libc::SIGUSR1);
     old.expect_line("allocated");
     assert!(wait_for(SOON, || !daemon.profiles("heap_sites", pid, "heap").is_empty()), "no heap profile of it");
     drop(old);
@@ -202,7 +203,7 @@ fn a_reused_pid_never_shows_the_old_process() {
     let names = last.function_names();
     assert!(names.contains(&"hot_a"), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("site_")), "the old process's functions: {names:?}");
-    assert!(!heap_processes(&daemon).contains(&u64::from(pid)), "the old process's heap probes are kept");
+    assert!(!daemon.heap_processes().contains(&u64::from(pid)), "the old process's heap probes are kept");
     assert!(daemon.profiles("cpu_split", pid, "heap").is_empty(), "a heap profile of the new process");
     let (status, body) = daemon.get(&format!("/debug/pprof/heap?pid={pid}&debug=1"));
     assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
@@ -219,10 +220,4 @@ fn spawn_with_pid(pid: u32) -> Option<Fixture> {
         }
     }
     None
-}
-
-fn heap_processes(daemon: &Daemon) -> Vec<u64> {
-    let status = daemon.status();
-    let pids = status["programs"]["heap_processes"].as_array().cloned().unwrap_or_default();
-    pids.iter().filter_map(serde_json::Value::as_u64).collect()
 }

@@ -40,7 +40,7 @@ fn heap_probes_are_released_when_their_process_exits() {
         let pids: Vec<u64> = workers.iter().map(|w| u64::from(w.pid())).collect();
         // The daemon looks for new heap targets every 5 s.
         let attached = wait_for(SOON, || {
-            let probed = heap_processes(&daemon);
+            let probed = daemon.heap_processes();
             pids.iter().all(|p| probed.contains(p))
         });
         assert!(attached, "round {round}: not every worker was probed: {:#}", daemon.status());
@@ -73,12 +73,4 @@ fn fds(pid: u32) -> usize {
             target == "anon_inode:[perf_event]" || target == "anon_inode:bpf_link"
         })
         .count()
-}
-
-fn heap_processes(daemon: &Daemon) -> Vec<u64> {
-    let status = daemon.status();
-    status["programs"]["heap_processes"]
-        .as_array()
-        .map(|pids| pids.iter().filter_map(serde_json::Value::as_u64).collect())
-        .unwrap_or_default()
 }
