@@ -67,7 +67,18 @@ pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<bool> {
         detail: err.to_string(),
     })?;
     let has_exit_tp = btf.id_by_type_name_kind("btf_trace_sched_exit_tp", BtfKind::Typedef).is_ok();
-    if has_exit_tp && std::env::var_os(BENCH_EMPTY).is_some() {
+    if std::env::var_os(BENCH_EMPTY).is_some() {
+        // The floor is the two tracepoints the real programs use; attaching the real ones
+        // instead would make a bench call the profiler its own floor.
+        if !has_exit_tp {
+            return Err(Error::KernelFeature {
+                feature: "the sched_exit_tp tracepoint (Linux 6.16 and later)",
+                detail: format!(
+                    "{BENCH_EMPTY} asks for empty programs on sched_switch and sched_exit_tp; unset it \
+                     (`cargo xtask bench offcpu` cannot measure its floor on this kernel)"
+                ),
+            });
+        }
         tracing::warn!("{BENCH_EMPTY} is set: empty programs on sched_switch and sched_exit_tp, no off-CPU profile");
         attach_one(ebpf, &btf, programs::OFFCPU_EMPTY_SWITCH_IN, "sched_exit_tp")?;
         attach_one(ebpf, &btf, programs::OFFCPU_EMPTY_SWITCH, "sched_switch")?;
