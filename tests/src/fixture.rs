@@ -409,6 +409,32 @@ impl Fixture {
         assert_eq!(sent, 0, "failed to signal fixture {}", self.kind.comm());
     }
 
+    /// Continues a fixture started with `stop` for its delay (the waiting fixtures stop
+    /// themselves after `ready`), once it has stopped: a SIGCONT sent before would be lost.
+    /// So its work starts when the test says, after the profiler attached, not after a
+    /// delay that a slow start could outlast.
+    pub fn resume(&self) {
+        let stat = format!("/proc/{}/stat", self.pid());
+        // The state is the field after the command name, which may itself hold ") ".
+        let stopped = || {
+            std::fs::read_to_string(&stat)
+                .ok()
+                .and_then(|line| line.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                .unwrap_or(false)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !stopped() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fixture {} (pid {}) did not stop itself within 10 s of `ready`",
+                self.kind.comm(),
+                self.pid()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.signal(libc::SIGCONT);
+    }
+
     /// The fixture's process name, as the profiler names its output directory.
     pub fn comm(&self) -> &'static str {
         self.kind.comm()

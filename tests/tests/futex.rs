@@ -11,15 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use profiler_tests::pprof::Sample;
+use profiler_tests::run::Running;
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
 
-/// The fixtures wait this long after `ready` before they start: the profiler loads and
-/// verifies its programs and attaches the tracepoints within ~1.5 s of starting.
-const DELAY_S: &str = "3";
+/// The fixtures stop themselves after `ready` and start their work when continued, once the
+/// profiler says it is capturing (see `snapshot_for`).
+const DELAY_S: &str = "stop";
 /// Long enough to outlast the capture; the guard kills it after.
 const LINGER_S: &str = "30";
-/// The fixtures' work takes under 2 s after the delay.
+/// The fixtures' work takes under 2 s once they are continued.
 const CAPTURE: &str = "7s";
 /// The block profile's delay under the locking function against the program's own total.
 const DELAY_TOLERANCE: f64 = 0.15;
@@ -204,7 +205,7 @@ fn flood_beside_locks(extra: &[&str]) -> ((Profile, (i64, i64)), Profile) {
     let mut args = vec!["snapshot", "--pid", &pid, "--pid", &flood_pid, "--duration", CAPTURE, "--profiles", "block"];
     args.extend_from_slice(&["--output", &dir]);
     args.extend_from_slice(extra);
-    let output = run_profiler(&args);
+    let output = capture_from_the_start(&args, &fixture);
     assert_success(&output, &format!("snapshot of the flood and the locks {extra:?}"));
     let lock_truth = fixture.read_value("lock_wait_ns") as i64;
     let cond_truth = fixture.read_value("cond_wait_ns") as i64;
@@ -375,12 +376,21 @@ fn snapshot_with(fixture: &Fixture, out: &TempDir, kinds: &str, extra: &[&str]) 
     snapshot_for(fixture, out, kinds, CAPTURE, extra)
 }
 
-/// The same, for `duration`.
+/// The same, for `duration`: the fixture (started with [`DELAY_S`]) is continued once the
+/// profiler is capturing, so none of its waits comes before.
 fn snapshot_for(fixture: &Fixture, out: &TempDir, kinds: &str, duration: &str, extra: &[&str]) -> Output {
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
     let mut args = vec!["snapshot", "--pid", &pid, "--duration", duration, "--profiles", kinds, "--output", &dir];
     args.extend_from_slice(extra);
-    run_profiler(&args)
+    capture_from_the_start(&args, fixture)
+}
+
+/// Runs `profiler ARGS` and continues `fixture` once it is capturing; returns its output.
+fn capture_from_the_start(args: &[&str], fixture: &Fixture) -> Output {
+    let mut profiler = Running::start(args);
+    profiler.wait_capturing();
+    fixture.resume();
+    profiler.finish()
 }
 
 /// `DIR/<comm>-<pid>/<kind>.pb.gz` exists; returns it.

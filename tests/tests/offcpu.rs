@@ -9,14 +9,15 @@
 use std::path::{Path, PathBuf};
 
 use profiler_tests::pprof::Sample;
+use profiler_tests::run::Running;
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
-use profiler_tests::{run_profiler_with_env, Fixture, FixtureKind, Profile, TempDir};
+use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
-/// The fixture waits this long after `ready` before its threads start: the profiler loads and
-/// attaches within ~1.5 s.
-const DELAY_S: &str = "3";
+/// The fixture stops itself after `ready`; its threads start when it is continued, once the
+/// profiler says it is capturing.
+const DELAY_S: &str = "stop";
 const LINGER_S: &str = "30";
-/// The threads' work takes under 4 s after the delay.
+/// The threads' work takes under 4 s once started.
 const CAPTURE: &str = "8s";
 /// Every switch recorded: the only error is the fixture's own time on the CPU around the
 /// blocking calls, well under this.
@@ -48,7 +49,7 @@ fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, 
     let out = TempDir::new("offcpu");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::OffCpuSleeper, &[DELAY_S, LINGER_S]);
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let output = run_profiler_with_env(
+    let mut profiler = Running::start_with_env(
         &[
             "snapshot",
             "--pid",
@@ -64,6 +65,9 @@ fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, 
         ],
         env,
     );
+    profiler.wait_capturing();
+    fixture.resume();
+    let output = profiler.finish();
     assert_success(&output, "snapshot --profiles offcpu");
     let truth = Truth {
         sleep_long: fixture.read_value("sleep_long_ns") as i64,
