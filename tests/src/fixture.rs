@@ -426,7 +426,7 @@ impl Fixture {
         while !stopped() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "fixture {} (pid {}) did not stop itself within 10 s of `ready`",
+                "fixture {} (pid {}) did not stop itself (started with `stop`?) within 10 s of being resumed",
                 self.kind.comm(),
                 self.pid()
             );

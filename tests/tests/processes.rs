@@ -182,8 +182,8 @@ impl Drop for Storm {
 /// Ground truth: a process registered with the kernel walker is removed from the kernel's
 /// process maps when it is gone, whatever the order of its exec's events and the kernel's
 /// own exec hook. 14,000 runs of `/bin/true` (more than the maps' 8,192 + 1,024 entries) go
-/// by under one snapshot, then, 2 s later, 20 runs of `short_lived` (60 ms of spin ← work ←
-/// main each, enough samples to measure the share at 3.5σ):
+/// by under one snapshot, then, 2 s later, 30 runs of `short_lived` (60 ms of spin ← work ←
+/// main each: ~1,800 samples, where measuring the share at 3.5σ needs 647):
 /// those are still registered and unwound (≥95% of their samples chained), and no
 /// registration was refused for a full map. (Before the fix, four execs in five left an entry
 /// behind, and the maps filled after about 11,000.)
@@ -193,7 +193,7 @@ fn exited_processes_leave_the_kernel_process_maps() {
         return;
     }
     const EXECS: usize = 14_000;
-    const RUNS: usize = 20;
+    const RUNS: usize = 30;
     let out = TempDir::new("many-execs");
     let program = FixtureKind::ShortLived.build();
     let mut profiler =

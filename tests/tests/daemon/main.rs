@@ -48,9 +48,9 @@ const SHARE_TOLERANCE: f64 = 0.10;
 /// How long a test waits for something that should happen within an interval or two.
 const SOON: Duration = Duration::from_secs(15);
 
-/// How long a new heap target may wait for its probes: the daemon looks every 5 s, and a
-/// loaded machine may take a scan or two longer.
-const HEAP_SCAN: Duration = Duration::from_secs(13);
+/// How long a new heap target may wait for its probes: the daemon looks every 5 s, so three
+/// of its scans.
+const HEAP_SCAN: Duration = Duration::from_secs(15);
 const CPU_SPLIT: &str = "cpu_split";
 const HEAP_SITES: &str = "heap_sites";
 
@@ -90,7 +90,8 @@ fn file_size(file: &Path) -> u64 {
 
 /// hot_a / (hot_a + hot_b) by sample count is 0.75 ± 0.10, or ± 3.5σ of the binomial share
 /// when the file has fewer than the 230 samples that make 0.10 that wide (a short first
-/// interval, a 1 s one). 50 samples at least: 3.5σ is then 0.21, still far from an even split.
+/// interval, a 1 s one). 50 samples at least: 3.5σ is then 0.21, so the check is weaker
+/// there (hot_a and hot_b swapped still fail it; an even split does not always).
 fn assert_split(profile: &Profile, file: &Path) {
     let in_fn = |f: &str| profile.value_where("samples", |s| s.contains(f)) as f64;
     let (a, b) = (in_fn("hot_a"), in_fn("hot_b"));
