@@ -140,3 +140,12 @@ pub fn steal_ms() -> Option<u64> {
     let ticks: u64 = stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()?;
     Some(ticks * 10)
 }
+
+/// The CPU time the hypervisor stole since [`steal_ms`] gave `before`, for a message:
+/// "N ms", or "unknown" where the kernel does not report it.
+pub fn stolen_since(before: Option<u64>) -> String {
+    match (before, steal_ms()) {
+        (Some(before), Some(after)) => format!("{} ms", after.saturating_sub(before)),
+        _ => "unknown".to_string(),
+    }
+}

@@ -60,21 +60,16 @@ fn go_tool_pprof(flags: &[&str], profile: &Path) -> String {
     String::from_utf8(output.stdout).expect("go tool pprof prints UTF-8")
 }
 
+/// What to do when Go is missing.
+pub(crate) const INSTALL_GO: &str =
+    "install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)";
+
 fn require_go() {
     match Command::new("go").arg("version").output() {
         Ok(out) if out.status.success() => {}
-        Ok(out) => panic!(
-            "`go version` failed ({}): install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)",
-            out.status
-        ),
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            panic!(
-                "`go` is not on PATH: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)"
-            )
-        }
-        Err(e) => {
-            panic!("failed to run `go version`: {e}: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)")
-        }
+        Ok(out) => panic!("`go version` failed ({}): {INSTALL_GO}", out.status),
+        Err(e) if e.kind() == ErrorKind::NotFound => panic!("`go` is not on PATH: {INSTALL_GO}"),
+        Err(e) => panic!("failed to run `go version`: {e}: {INSTALL_GO}"),
     }
 }
 

@@ -43,9 +43,7 @@ pub fn reference(dir: &Path) -> BTreeMap<&'static str, String> {
         .env("GOFLAGS", "-mod=mod")
         .env("GOPROXY", "off")
         .output()
-        .expect(
-            "failed to run `go`: install golang-go (`cargo xtask setup --for-test` does, as `cargo xtask test` does)",
-        );
+        .unwrap_or_else(|e| panic!("failed to run `go` ({e}): {}", crate::go_pprof::INSTALL_GO));
     assert!(output.status.success(), "go run {}: {}", source.display(), String::from_utf8_lossy(&output.stderr));
     ["heap", "block", "mutex", "threadcreate"]
         .into_iter()

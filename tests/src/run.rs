@@ -96,6 +96,16 @@ impl Running {
     }
 }
 
+/// Runs `profiler ARGS...` (with `env` added), and continues `fixture`, started with `stop`
+/// for its delay, once the profiler is capturing (see [`crate::Fixture::resume`]): none of
+/// the fixture's work comes before. Returns all the profiler printed.
+pub fn run_profiler_resuming(args: &[&str], env: &[(&str, &str)], fixture: &crate::Fixture) -> Output {
+    let mut profiler = Running::start_with_env(args, env);
+    profiler.wait_capturing();
+    fixture.resume();
+    profiler.finish()
+}
+
 /// Runs `profiler ARGS...` as the unprivileged user `nobody` (uid/gid 65534, no groups, no
 /// capabilities), from a copy of the binary in `scratch` so directory permissions on the
 /// workspace cannot make the exec itself fail.

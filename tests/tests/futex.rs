@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use profiler_tests::pprof::Sample;
-use profiler_tests::run::Running;
+use profiler_tests::run::run_profiler_resuming;
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
 
@@ -205,7 +205,7 @@ fn flood_beside_locks(extra: &[&str]) -> ((Profile, (i64, i64)), Profile) {
     let mut args = vec!["snapshot", "--pid", &pid, "--pid", &flood_pid, "--duration", CAPTURE, "--profiles", "block"];
     args.extend_from_slice(&["--output", &dir]);
     args.extend_from_slice(extra);
-    let output = capture_from_the_start(&args, &fixture);
+    let output = run_profiler_resuming(&args, &[], &fixture);
     assert_success(&output, &format!("snapshot of the flood and the locks {extra:?}"));
     let lock_truth = fixture.read_value("lock_wait_ns") as i64;
     let cond_truth = fixture.read_value("cond_wait_ns") as i64;
@@ -382,15 +382,7 @@ fn snapshot_for(fixture: &Fixture, out: &TempDir, kinds: &str, duration: &str, e
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
     let mut args = vec!["snapshot", "--pid", &pid, "--duration", duration, "--profiles", kinds, "--output", &dir];
     args.extend_from_slice(extra);
-    capture_from_the_start(&args, fixture)
-}
-
-/// Runs `profiler ARGS` and continues `fixture` once it is capturing; returns its output.
-fn capture_from_the_start(args: &[&str], fixture: &Fixture) -> Output {
-    let mut profiler = Running::start(args);
-    profiler.wait_capturing();
-    fixture.resume();
-    profiler.finish()
+    run_profiler_resuming(&args, &[], fixture)
 }
 
 /// `DIR/<comm>-<pid>/<kind>.pb.gz` exists; returns it.

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use profiler_tests::pprof::Sample;
-use profiler_tests::run::Running;
+use profiler_tests::run::run_profiler_resuming;
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
@@ -49,7 +49,7 @@ fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, 
     let out = TempDir::new("offcpu");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::OffCpuSleeper, &[DELAY_S, LINGER_S]);
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let mut profiler = Running::start_with_env(
+    let output = run_profiler_resuming(
         &[
             "snapshot",
             "--pid",
@@ -64,10 +64,8 @@ fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, 
             &dir,
         ],
         env,
+        &fixture,
     );
-    profiler.wait_capturing();
-    fixture.resume();
-    let output = profiler.finish();
     assert_success(&output, "snapshot --profiles offcpu");
     let truth = Truth {
         sleep_long: fixture.read_value("sleep_long_ns") as i64,

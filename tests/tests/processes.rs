@@ -97,7 +97,7 @@ fn short_lived_processes_are_unwound_under_a_storm_of_process_events() {
     let script = format!("for i in $(seq {COUNT}); do \"$0\" {MS}; done");
     let steal_before = expect::steal_ms();
     let output = loop_then_stop(profiler, &script, &program, Some(storm), "short-lived processes under a storm");
-    let stolen_ms = expect::steal_ms().zip(steal_before).map(|(after, before)| after.saturating_sub(before));
+    let stolen = expect::stolen_since(steal_before);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let events = stdout
         .lines()
@@ -139,7 +139,6 @@ fn short_lived_processes_are_unwound_under_a_storm_of_process_events() {
     // The cause is not proven, so the share of CPU time sampled, the CPU time the
     // hypervisor stole and the clock ticks the sampler missed are printed.
     let needed = expect::min_samples_for_share(0.98, MIN_CHAINED_SHARE);
-    let stolen = stolen_ms.map_or("unknown".to_string(), |ms| format!("{ms} ms"));
     println!(
         "under a storm: {total} samples of {COUNT} × {MS} ms of CPU time ({:.0}%); CPU time stolen by the \
          hypervisor meanwhile: {stolen}",

@@ -220,10 +220,7 @@ fn ticks_the_kernel_skips_during_bpf_calls_are_counted_missed() {
         "only {missed} ticks missed of the fixture's {ticks:.0}: its bpf() calls did not keep the sampler out"
     );
     let accounted = (samples + missed) as f64;
-    let stolen = match (steal_before, expect::steal_ms()) {
-        (Some(before), Some(after)) => format!("{} ms", after.saturating_sub(before)),
-        _ => "unknown".to_string(),
-    };
+    let stolen = expect::stolen_since(steal_before);
     println!(
         "bpf_calls: samples + missed = {:.3} × its ticks; CPU time stolen by the hypervisor meanwhile: {stolen}",
         accounted / ticks

@@ -9,7 +9,7 @@ use profiler_tests::http::{curl, raw_exchange};
 use profiler_tests::{expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{Fixture, FixtureKind, Profile};
 
-use super::{assert_split, index_pids, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ, HEAP_SCAN, HEAP_SITES, SOON};
+use super::{allocate_once_probed, assert_split, index_pids, CPU_SPLIT, FIXTURE_S, FREQUENCY_HZ, HEAP_SITES, SOON};
 
 /// Ground truth: the fixtures' own stacks, served on demand. The index lists both fixtures;
 /// `profile?pid&seconds=2` is a CPU profile in which `go tool pprof -top` finds hot_a;
@@ -31,9 +31,7 @@ fn every_endpoint_answers_and_go_pprof_reads_it() {
     // It allocates when told (SIGUSR1), once its probes are on: the daemon looks for new
     // heap targets every 5 s, and a loaded machine may take a scan or two longer.
     let mut heap = Fixture::spawn_with_args(FixtureKind::HeapSites, &["usr1", "120"]);
-    let attached = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(heap.pid())));
-    assert!(attached, "heap probes not attached to heap_sites within {HEAP_SCAN:?}: {:#}", daemon.status());
-    heap.signal(libc::SIGUSR1);
+    allocate_once_probed(&daemon, &heap);
     heap.expect_line("allocated");
     let listed = wait_for(SOON, || {
         let pids = index_pids(&daemon.get_ok("/debug/pprof/"));

@@ -10,7 +10,7 @@ use profiler_tests::daemon::{wait_for, Daemon, DaemonConfig};
 use profiler_tests::go_text::{self, Layout};
 use profiler_tests::{go_pprof, preflight, Fixture, FixtureKind, TempDir};
 
-use super::{HEAP_SCAN, HEAP_SITES, SOON};
+use super::{allocate_once_probed, HEAP_SITES, SOON};
 
 const LOCK_CONTENTION: &str = "lock_contention";
 const THREAD_SPAWNER: &str = "thread_spawner";
@@ -48,9 +48,7 @@ fn debug1_texts_follow_gos_grammar_and_read_back_as_the_served_profiles() {
     let mut heap = Fixture::spawn_with_args(FixtureKind::HeapSites, &["usr1", "120"]);
     let mut locks = Fixture::spawn_with_args(FixtureKind::LockContention, &["2", "120"]);
     let mut threads = Fixture::spawn_with_args(FixtureKind::ThreadSpawner, &["2", "120"]);
-    let probed = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(heap.pid())));
-    assert!(probed, "heap probes not attached to heap_sites within {HEAP_SCAN:?}: {:#}", daemon.status());
-    heap.signal(libc::SIGUSR1);
+    allocate_once_probed(&daemon, &heap);
     heap.expect_line("allocated");
     locks.read_value("lock_wait_ns");
     locks.read_value("cond_wait_ns");

@@ -54,6 +54,15 @@ const HEAP_SCAN: Duration = Duration::from_secs(15);
 const CPU_SPLIT: &str = "cpu_split";
 const HEAP_SITES: &str = "heap_sites";
 
+/// Waits (up to [`HEAP_SCAN`]) until the daemon has put heap probes on `heap_sites`, started
+/// with `usr1` for its delay, then tells it to allocate (SIGUSR1): none of its allocations
+/// comes before the probes.
+fn allocate_once_probed(daemon: &Daemon, heap: &Fixture) {
+    let probed = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(heap.pid())));
+    assert!(probed, "heap probes not attached to heap_sites within {HEAP_SCAN:?}: {:#}", daemon.status());
+    heap.signal(libc::SIGUSR1);
+}
+
 /// Waits until the fixture's directory holds at least `n` CPU profiles; returns them.
 fn wait_for_files(daemon: &Daemon, fixture: &Fixture, n: usize) -> Vec<PathBuf> {
     let enough = wait_for(SOON, || daemon.profiles(fixture.comm(), fixture.pid(), "cpu").len() >= n);

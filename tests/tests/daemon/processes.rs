@@ -8,7 +8,7 @@ use std::process::Command;
 use profiler_tests::daemon::{profile_files, wait_for, Daemon, DaemonConfig};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
-use super::{assert_split, wait_for_files, FIXTURE_S, HEAP_SCAN, SOON};
+use super::{allocate_once_probed, assert_split, wait_for_files, FIXTURE_S, SOON};
 
 /// Of the samples in a process's own code, the share unwound to main and named (see
 /// `tests/processes.rs`).
@@ -188,9 +188,7 @@ fn a_reused_pid_never_shows_the_old_process() {
     // It allocates when told, once its probes are on (the daemon looks every 5 s).
     let mut old = Fixture::spawn_with_args(FixtureKind::HeapSites, &["usr1", "60"]);
     let pid = old.pid();
-    let probed = wait_for(HEAP_SCAN, || daemon.heap_processes().contains(&u64::from(pid)));
-    assert!(probed, "heap_sites was never probed");
-    old.signal(libc::SIGUSR1);
+    allocate_once_probed(&daemon, &old);
     old.expect_line("allocated");
     assert!(wait_for(SOON, || !daemon.profiles("heap_sites", pid, "heap").is_empty()), "no heap profile of it");
     drop(old);
