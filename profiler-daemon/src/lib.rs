@@ -25,6 +25,7 @@ pub mod error;
 pub mod flame;
 pub mod ids;
 pub mod offload;
+pub mod opened;
 pub mod output;
 pub mod pprof;
 pub mod preflight;

@@ -13,10 +13,19 @@
 //! blocked in a FUSE request its server has read cannot be interrupted, not even killed), its
 //! device is marked stalled, and later jobs on that device are refused at once, until the
 //! thread left behind comes back (the server answered or died). A job that keeps working (a
-//! large file's debug info being parsed) is waited for up to [`BUSY_LIMIT`]. At most
-//! [`MAX_ABANDONED`] threads are left behind; past that every job is refused until one
-//! returns. Everything given up or refused is counted ([`OffloadStats`]) and the callers name
-//! it where it costs something (the profile's comment).
+//! large file's debug info being parsed) is waited for up to [`BUSY_LIMIT`]; one that takes
+//! longer is given up as that file's failure, not its device's. At most [`MAX_ABANDONED`]
+//! threads are left behind on files, and [`MAX_ABANDONED_PERF_MAPS`] more on perf maps (a
+//! lane of their own: any user writes a perf map); past that every job of the lane is
+//! refused until one returns. No one user can use the whole budget: a job for a process
+//! whose owner already has [`MAX_ABANDONED_PER_OWNER`] threads left behind is refused, and
+//! only that owner's jobs are. Everything given up or refused is counted ([`OffloadStats`])
+//! and the callers name it where it costs something (the profile's comment).
+//!
+//! A stall is charged where the stuck call is: a job says, as it goes, which device it is
+//! working on ([`Charger::charge_to`]). A job that is still walking a path (which any
+//! user can lead into a mount that never answers) is charged to no device, so a symlink
+//! planted by one user cannot make every process's files on `/` be skipped.
 //!
 //! Handles made with [`Offload::sibling`] share the stalled devices and the counts but each
 //! has its own worker, so a stall seen by the unwinder spares the symbolizer the wait.
@@ -32,14 +41,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::procs::Device;
+use crate::{ids::Pid, procs::Device};
 
 /// A job that has used no CPU for this long is taken to be stuck in the kernel.
 pub const STALL_AFTER: Duration = Duration::from_secs(5);
 /// The longest a job is waited for, even while it works.
 pub const BUSY_LIMIT: Duration = Duration::from_secs(120);
-/// Threads left blocked at most; past it every job is refused until one returns.
+/// Threads left blocked on files at most; past it every file job is refused until one
+/// returns.
 pub const MAX_ABANDONED: usize = 8;
+/// Threads left blocked on perf maps at most, apart from the files' budget.
+pub const MAX_ABANDONED_PERF_MAPS: usize = 4;
+/// Threads left blocked for the processes of one owner (uid) at most: past it only that
+/// owner's jobs are refused.
+pub const MAX_ABANDONED_PER_OWNER: usize = 2;
 /// How often a waiting caller looks at the worker (and beats the heartbeat).
 const POLL: Duration = Duration::from_millis(100);
 
@@ -52,8 +67,10 @@ pub enum Stall {
     TooLong { what: String },
     #[error("device {device} is stalled (an earlier read never returned): {what} was skipped")]
     DeviceStalled { what: String, device: DeviceName },
-    #[error("{MAX_ABANDONED} reads are already stuck on unresponsive file systems: {what} was skipped")]
-    TooManyStuck { what: String },
+    #[error("{stuck} reads are already stuck on unresponsive file systems: {what} was skipped")]
+    TooManyStuck { what: String, stuck: usize },
+    #[error("{MAX_ABANDONED_PER_OWNER} reads for uid {uid}'s processes are already stuck: {what} was skipped")]
+    OwnerStuck { what: String, uid: u32 },
     #[error("the worker thread for {what} failed")]
     WorkerFailed { what: String },
 }
@@ -84,8 +101,83 @@ pub struct OffloadStats {
     pub recovered: u64,
     /// Threads left behind that are still stuck now.
     pub stuck_threads: usize,
+    /// Of those, threads stuck on perf maps.
+    pub stuck_perf_map_threads: usize,
     /// The devices skipped now.
     pub stalled_devices: Vec<Device>,
+}
+
+/// Which budget of stuck threads a job draws on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lane {
+    /// Mapped files (executables, libraries) and the daemon's own work.
+    #[default]
+    Files,
+    /// Perf maps (`/tmp/perf-PID.map`), which any user writes.
+    PerfMaps,
+}
+
+/// What a job's stall is charged to: the device it starts on (it may say another as it
+/// goes: [`Charger::charge_to`]), the process it works for (whose owner's share it
+/// uses), and its lane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Charge {
+    pub device: Option<Device>,
+    pub pid: Option<Pid>,
+    pub lane: Lane,
+}
+
+impl Charge {
+    /// Work on a file of `device` for process `pid`.
+    pub fn file(device: Device, pid: Pid) -> Self {
+        Self { device: Some(device), pid: Some(pid), lane: Lane::Files }
+    }
+
+    /// Work for process `pid` on no known device yet (a path still to be walked).
+    pub fn path(pid: Pid) -> Self {
+        Self { device: None, pid: Some(pid), lane: Lane::Files }
+    }
+
+    /// A perf map of process `pid`.
+    pub fn perf_map(pid: Pid) -> Self {
+        Self { device: None, pid: Some(pid), lane: Lane::PerfMaps }
+    }
+
+    /// The daemon's own work (closing files): no device, no process.
+    pub fn internal() -> Self {
+        Self::default()
+    }
+}
+
+impl From<Option<Device>> for Charge {
+    fn from(device: Option<Device>) -> Self {
+        Self { device, ..Self::default() }
+    }
+}
+
+/// A job's way to say where it works.
+#[derive(Clone, Debug, Default)]
+pub struct Charger(CurrentDevice);
+
+impl Charger {
+    /// Says which device the job works on from now on (`None`: a path walk, which may lead
+    /// anywhere): a stall from here on is charged to it.
+    pub fn charge_to(&self, device: Option<Device>) {
+        self.0.store(encode(device), Ordering::Release);
+    }
+}
+
+/// The device a worker's current job says it is working on, shared with its caller: a
+/// device's `major << 32 | minor`, or [`NO_DEVICE`].
+type CurrentDevice = Arc<AtomicU64>;
+const NO_DEVICE: u64 = u64::MAX;
+
+fn encode(device: Option<Device>) -> u64 {
+    device.map_or(NO_DEVICE, |d| (u64::from(d.major) << 32) | u64::from(d.minor))
+}
+
+fn decode(word: u64) -> Option<Device> {
+    (word != NO_DEVICE).then_some(Device { major: (word >> 32) as u32, minor: word as u32 })
 }
 
 /// When the daemon last showed it was alive. The collector beats it once per loop and a
@@ -125,9 +217,15 @@ impl Heartbeat {
 #[derive(Default)]
 pub struct WorkerState {
     values: HashMap<TypeId, Box<dyn Any>>,
+    current: CurrentDevice,
 }
 
 impl WorkerState {
+    /// What the job uses to say which device it works on (see [`Charger::charge_to`]).
+    pub fn charger(&self) -> Charger {
+        Charger(Arc::clone(&self.current))
+    }
+
     /// The worker's value of type `T`, created on first use.
     pub fn get<T: Default + 'static>(&mut self) -> &mut T {
         self.values
@@ -147,6 +245,8 @@ struct Worker {
     tid: Arc<AtomicI32>,
     /// Cleared when the thread ends.
     alive: Arc<AtomicBool>,
+    /// The device its job works on now.
+    current: CurrentDevice,
 }
 
 impl Worker {
@@ -154,23 +254,29 @@ impl Worker {
         let (jobs, queue) = mpsc::channel::<Job>();
         let tid = Arc::new(AtomicI32::new(0));
         let alive = Arc::new(AtomicBool::new(true));
+        let current: CurrentDevice = Arc::new(AtomicU64::new(NO_DEVICE));
         let (thread_tid, thread_alive) = (Arc::clone(&tid), Arc::clone(&alive));
+        let thread_current = Arc::clone(&current);
         std::thread::Builder::new().name(name.to_string()).spawn(move || {
             // SAFETY: gettid has no preconditions.
             thread_tid.store(unsafe { libc::gettid() }, Ordering::Release);
-            let mut state = WorkerState::default();
+            let mut state = WorkerState { current: thread_current, ..WorkerState::default() };
             while let Ok(job) = queue.recv() {
                 job(&mut state);
             }
             thread_alive.store(false, Ordering::Release);
         })?;
-        Ok(Self { jobs, tid, alive })
+        Ok(Self { jobs, tid, alive, current })
     }
 }
 
 /// A thread given up on, still blocked.
 struct Abandoned {
+    /// The device it is stuck on; `None` for a path walk, or a job that was only slow.
     device: Option<Device>,
+    /// The owner of the process it worked for, when known.
+    owner: Option<u32>,
+    lane: Lane,
     alive: Arc<AtomicBool>,
 }
 
@@ -192,6 +298,37 @@ impl Shared {
     fn is_stalled(&self, device: Device) -> bool {
         self.abandoned.iter().any(|a| a.device == Some(device))
     }
+
+    /// Why a job with `charge` must not run now, if it must not.
+    fn refusal(&self, what: &str, charge: Charge) -> Option<Stall> {
+        let what = what.to_string();
+        if charge.lane == Lane::Files {
+            if let Some(device) = charge.device.filter(|&d| self.is_stalled(d)) {
+                return Some(Stall::DeviceStalled { what, device: DeviceName(Some(device)) });
+            }
+        }
+        let cap = match charge.lane {
+            Lane::Files => MAX_ABANDONED,
+            Lane::PerfMaps => MAX_ABANDONED_PERF_MAPS,
+        };
+        let stuck = self.abandoned.iter().filter(|a| a.lane == charge.lane).count();
+        if stuck >= cap {
+            return Some(Stall::TooManyStuck { what, stuck });
+        }
+        // The owner is read only when something is stuck: most calls find nothing.
+        if self.abandoned.is_empty() {
+            return None;
+        }
+        let uid = charge.pid.and_then(owner_of)?;
+        let owned = self.abandoned.iter().filter(|a| a.owner == Some(uid)).count();
+        (owned >= MAX_ABANDONED_PER_OWNER).then_some(Stall::OwnerStuck { what, uid })
+    }
+}
+
+/// The real uid of process `pid` (`/proc/PID/status`: the directory's owner would be root
+/// for a process that made itself undumpable).
+fn owner_of(pid: Pid) -> Option<u32> {
+    crate::procs::read_credentials(pid.0).ok().map(|c| c.uids[0])
 }
 
 /// A handle on a worker thread for jobs on files, and on the stall state its siblings share.
@@ -220,25 +357,19 @@ impl Offload {
     }
 
     /// Runs `job` on the worker and returns its result; `what` names the work (a file) and
-    /// `device` the file system it touches, for refusals and messages. See the module docs
-    /// for when it gives up.
+    /// `charge` what a stall is charged to (the file system it touches, the process it works
+    /// for), for refusals and messages. See the module docs for when it gives up.
     pub fn call<T: Send + 'static>(
         &mut self,
         what: &str,
-        device: Option<Device>,
+        charge: impl Into<Charge>,
         job: impl FnOnce(&mut WorkerState) -> T + Send + 'static,
     ) -> Result<T, Stall> {
+        let charge = charge.into();
         {
             let mut shared = self.shared();
             shared.reap();
-            let refusal = if device.is_some_and(|d| shared.is_stalled(d)) {
-                Some(Stall::DeviceStalled { what: what.to_string(), device: DeviceName(device) })
-            } else if shared.abandoned.len() >= MAX_ABANDONED {
-                Some(Stall::TooManyStuck { what: what.to_string() })
-            } else {
-                None
-            };
-            if let Some(refusal) = refusal {
+            if let Some(refusal) = shared.refusal(what, charge) {
                 shared.stats.refused += 1;
                 return Err(refusal);
             }
@@ -248,6 +379,7 @@ impl Offload {
             self.worker = Some(Worker::spawn(&self.name).map_err(|_| failed())?);
         }
         let worker = self.worker.as_ref().expect("spawned above");
+        worker.current.store(encode(charge.device), Ordering::Release);
         let (tx, rx) = mpsc::channel();
         let sent = worker.jobs.send(Box::new(move |state: &mut WorkerState| {
             // The caller may have given up and gone: then nobody wants the answer.
@@ -279,8 +411,12 @@ impl Offload {
             let stuck = progress.idle_for(tid) >= STALL_AFTER;
             if stuck || started.elapsed() >= BUSY_LIMIT {
                 let worker = self.worker.take().expect("waited on it");
+                // Only a job asleep in the kernel says its device does not answer; a slow one
+                // is its file's failure.
+                let device = if stuck { decode(worker.current.load(Ordering::Acquire)) } else { None };
+                let owner = charge.pid.and_then(owner_of);
                 let mut shared = self.shared();
-                shared.abandoned.push(Abandoned { device, alive: worker.alive });
+                shared.abandoned.push(Abandoned { device, owner, lane: charge.lane, alive: worker.alive });
                 shared.stats.stalls += 1;
                 let what = what.to_string();
                 let err =
@@ -291,23 +427,24 @@ impl Offload {
         }
     }
 
-    /// Like [`Offload::call`], for work that keeps no state between jobs: run on the calling
-    /// thread when the file lives on a block device (a major number other than 0: a disk's
-    /// file system, which no user can make stop answering), on the worker otherwise (FUSE,
-    /// NFS, overlay and other anonymous devices). Saves a thread hand-off per job for the
-    /// common case.
-    pub fn run<T: Send + 'static>(
+    /// Like [`Offload::call`], for work on a file already opened and checked (see
+    /// [`crate::opened`]): run on the calling thread when it lives on a block device (a
+    /// major number other than 0: a disk's file system, which no user can make stop
+    /// answering, and the descriptor leaves no path to redirect), on the worker otherwise
+    /// (FUSE, NFS, overlay and other anonymous devices). Saves a thread hand-off per job for
+    /// the common case. A job that would open a path must use [`Offload::call`].
+    pub fn run_on_opened<T: Send + 'static>(
         &mut self,
         what: &str,
-        device: Option<Device>,
+        charge: Charge,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Stall> {
-        match device {
+        match charge.device {
             Some(device) if device.major != 0 => {
                 self.shared().stats.jobs += 1;
                 Ok(job())
             }
-            _ => self.call(what, device, move |_| job()),
+            _ => self.call(what, charge, move |_| job()),
         }
     }
 
@@ -317,6 +454,7 @@ impl Offload {
         shared.reap();
         let mut stats = shared.stats.clone();
         stats.stuck_threads = shared.abandoned.len();
+        stats.stuck_perf_map_threads = shared.abandoned.iter().filter(|a| a.lane == Lane::PerfMaps).count();
         stats.stalled_devices = shared.abandoned.iter().filter_map(|a| a.device).collect();
         stats.stalled_devices.sort_unstable();
         stats.stalled_devices.dedup();
@@ -430,6 +568,50 @@ mod tests {
         assert!(freed);
         assert_eq!(offload.call("read again", Some(DEVICE), |_| 1).unwrap(), 1);
         assert_eq!(offload.stats().recovered, 1);
+    }
+
+    /// A job stuck while walking a path (it said so) leaves its device usable; a perf map's
+    /// stall is counted in its own lane; an owner with two threads stuck gets no third
+    /// while others still get theirs.
+    #[test]
+    fn stalls_are_charged_where_they_are_and_to_whom() {
+        let own = Pid(std::process::id());
+        let offload = Offload::new("offload-test", None);
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        // Both stalls at once, on two siblings: one STALL_AFTER in all.
+        let stalls: Vec<_> = [Charge::file(DEVICE, own), Charge::perf_map(own)]
+            .into_iter()
+            .map(|charge| {
+                let mut sibling = offload.sibling("offload-test");
+                let released = Arc::clone(&released);
+                std::thread::spawn(move || {
+                    sibling.call("a hung walk", charge, move |state| {
+                        state.charger().charge_to(None);
+                        let _ = released.lock().unwrap().recv();
+                    })
+                })
+            })
+            .collect();
+        for stall in stalls {
+            let err = stall.join().unwrap().unwrap_err();
+            assert!(matches!(err, Stall::Stalled { device: DeviceName(None), .. }), "{err}");
+        }
+        let mut other = offload.sibling("offload-test");
+        let stats = other.stats();
+        assert_eq!((stats.stuck_threads, stats.stuck_perf_map_threads), (2, 1));
+        assert!(stats.stalled_devices.is_empty(), "a path walk names no device");
+        let refused = other.call("a third read", Charge::file(DEVICE, own), |_| ()).unwrap_err();
+        assert!(matches!(refused, Stall::OwnerStuck { .. }), "{refused}");
+        assert_eq!(other.call("the daemon's own work", None, |_| 3).unwrap(), 3, "others still run");
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        let freed = (0..50).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            other.stats().stuck_threads == 0
+        });
+        assert!(freed);
+        assert_eq!(other.call("after", Charge::file(DEVICE, own), |_| 4).unwrap(), 4);
     }
 
     #[test]

@@ -132,39 +132,6 @@ impl ProcessInfo {
     }
 }
 
-/// Where the file a process maps opens here, with its (size, mtime): the path it mapped when
-/// that path here is the same file (device and inode as in its maps: the common case, one
-/// path for every process), else the mapping itself (`/proc/PID/map_files`: another mount
-/// namespace, a deleted file), else through the process's root. `None` when it cannot be
-/// found any more (the process exited and the path no longer names the same file): a
-/// container's file is never read from the host's file that happens to have its path.
-pub fn locate(pid: crate::ids::Pid, map: &MapEntry) -> Option<(PathBuf, (u64, i64))> {
-    let same_file = |meta: &std::fs::Metadata| {
-        let dev = meta.dev();
-        (libc::major(dev), libc::minor(dev), meta.ino()) == (map.device.major, map.device.minor, map.inode)
-    };
-    let version = |meta: &std::fs::Metadata| (meta.size(), meta.mtime());
-    let direct = std::path::Path::new(&*map.path);
-    if !map.path.ends_with(" (deleted)") {
-        if let Ok(meta) = fs::metadata(direct) {
-            if same_file(&meta) {
-                return Some((direct.to_path_buf(), version(&meta)));
-            }
-        }
-    }
-    let mapping = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", map.start, map.end));
-    match fs::metadata(&mapping) {
-        // The inode checks that the pid is still the process whose mapping this is.
-        Ok(meta) if meta.ino() == map.inode => return Some((mapping, version(&meta))),
-        _ => {}
-    }
-    let rooted = PathBuf::from(format!("/proc/{pid}/root{}", map.path));
-    match fs::metadata(&rooted) {
-        Ok(meta) if meta.ino() == map.inode => Some((rooted, version(&meta))),
-        _ => None,
-    }
-}
-
 /// A pid namespace, as the kernel's BPF helpers name it: the device (as the kernel's
 /// `dev_t`) and inode of its `/proc/PID/ns/pid`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

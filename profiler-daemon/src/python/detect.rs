@@ -17,7 +17,8 @@ use super::{
 };
 use crate::{
     ids::Pid,
-    procs::{self, MapEntry},
+    opened::OpenedFile,
+    procs::MapEntry,
     symbolize::{self, SymbolAddress},
 };
 
@@ -47,8 +48,15 @@ pub enum Detection {
 
 const SYMBOLS: [&str; 4] = ["_PyRuntime", "_PyEval_EvalFrameDefault", "Py_Version", "PyCode_Type"];
 
-/// Looks for CPython in `maps` (the process's executable mappings) and `exe`.
-pub fn detect(pid: Pid, maps: &[MapEntry], exe: Option<&Path>) -> Result<Detection, ReadFailure> {
+/// Looks for CPython in `maps` (the process's executable mappings) and `exe`, reading each
+/// candidate file as `open` opens it (once, checked: see [`crate::opened`]; the caller
+/// decides where that may block).
+pub fn detect(
+    pid: Pid,
+    maps: &[MapEntry],
+    exe: Option<&Path>,
+    open: &dyn Fn(&MapEntry) -> Option<OpenedFile>,
+) -> Result<Detection, ReadFailure> {
     let remote = Remote { pid };
     let mut seen = Vec::new();
     for map in maps.iter().filter(|m| !m.unmapped && m.is_file()) {
@@ -56,8 +64,8 @@ pub fn detect(pid: Pid, maps: &[MapEntry], exe: Option<&Path>) -> Result<Detecti
             continue;
         }
         seen.push((map.device, map.inode));
-        let Some((path, _)) = procs::locate(pid, map) else { continue };
-        let found = symbolize::symbol_addresses(&path, &SYMBOLS);
+        let Some(file) = open(map) else { continue };
+        let found = symbolize::symbol_addresses(&file.fd_path(), &SYMBOLS);
         let (Some(runtime), Some(eval)) = (found[0], found[1]) else { continue };
         return interpreter(&remote, maps, map, runtime, eval, found[2], found[3]).map(|found| match found {
             Ok(interpreter) => Detection::Python(Box::new(interpreter)),

@@ -32,8 +32,12 @@ pub fn candidate(maps: &[MapEntry]) -> bool {
 /// The walker's entry for process `pid`: `None` when no mapped file exports `_PyRuntime`,
 /// an error saying why for a CPython the walker cannot read (a version or build it does not
 /// know). A process in another pid namespace than the profiler's gets that namespace.
-pub fn find(pid: Pid, maps: &[MapEntry]) -> Result<Option<PythonProcess>, String> {
-    let mut process = match detect::detect(pid, maps, None) {
+pub fn find(
+    pid: Pid,
+    maps: &[MapEntry],
+    open: &dyn Fn(&MapEntry) -> Option<crate::opened::OpenedFile>,
+) -> Result<Option<PythonProcess>, String> {
+    let mut process = match detect::detect(pid, maps, None, open) {
         Ok(Detection::Python(interp)) => entry(&interp)?,
         // A shared build's executable is named like CPython's; its library may not be
         // mapped yet (the process registers again when it is).

@@ -34,6 +34,7 @@ use memory::{ReadError, Remote};
 use crate::{
     catalog::KnownProcess,
     ids::Pid,
+    procs::MapEntry,
     threads::{StackSource, ThreadDump},
 };
 
@@ -112,7 +113,13 @@ impl PythonReader {
         self.forget_exited();
         let detection = match self.detections.get(&(key, process.maps_version)) {
             Some(known) => Ok(known.clone()),
-            None => detect::detect(process.pid, process.maps(), info.exe.as_deref()).inspect(|found| {
+            // On the collector's thread: only files that open without blocking are looked
+            // at (through the mapping, on a disk); a CPython elsewhere is found by the
+            // unwinder's worker when the process is sampled.
+            None => detect::detect(process.pid, process.maps(), info.exe.as_deref(), &|map: &MapEntry| {
+                crate::opened::open_inline(process.pid, map)
+            })
+            .inspect(|found| {
                 self.detections.insert((key, process.maps_version), found.clone());
             }),
         };

@@ -4,12 +4,13 @@
 //! A file is known by its identity as `/proc/PID/maps` gives it (device, inode), checked
 //! against its size and modification time whenever it is opened again, so a binary rebuilt or
 //! upgraded in place gets its own symbols, and one process's file never names another's. It
-//! is opened as the process sees it: the path it mapped, when that path here is the same file
-//! (the common case, and one blazesym parses once for every process); else through
-//! `/proc/PID/map_files`, the mapping itself (another mount namespace, a deleted file); else
-//! through `/proc/PID/root`. A container's library is never read from the host's file that
-//! happens to have its path. Once its process has exited, a file is named from what was
-//! found while it lived.
+//! is opened once per request and checked on the descriptor (see [`crate::opened`]): through
+//! `/proc/PID/map_files`, the mapping itself, while the process lives; by its path (with no
+//! symlink followed, else inside the process's root) once it is gone. A container's library
+//! is never read from the host's file that happens to have its path, and no path is looked up
+//! twice. blazesym parses the open descriptor (`/proc/self/fd/N`), which its parser keeps
+//! open. Once its process has exited and its path names another file, a file is named from
+//! what was found while it lived.
 //!
 //! Each file has a blazesym parser of its own, so one file can be closed without the others:
 //! a program that ran once (a script's interpreter with its debug info: 14 MiB here) gives its
@@ -19,7 +20,6 @@
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -31,7 +31,9 @@ use blazesym::symbolize::{
 use super::{collect, new_blaze, Frames};
 use crate::{
     ids::Pid,
-    procs::{self, Device, MapEntry},
+    offload::Charger,
+    opened::{self, OpenedFile},
+    procs::{Device, MapEntry},
     unwind::{unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
 };
 
@@ -67,8 +69,9 @@ struct FileSymbols {
     no_debug_info: Option<String>,
     /// Whether `no_debug_info` was decided.
     checked: bool,
-    /// The file open and parsed, with when it was last asked for addresses not yet found.
-    parser: Option<(Blaze, Instant)>,
+    /// The file open and parsed, with when it was last asked for addresses not yet found
+    /// and the descriptor it parses (its path names that descriptor).
+    parser: Option<(Blaze, Instant, OpenedFile)>,
 }
 
 /// The worker's state: blazesym's open files and everything found so far.
@@ -80,17 +83,18 @@ pub struct ElfFiles {
 }
 
 impl ElfFiles {
-    /// Symbolizes `request`: cached offsets from memory, the rest from the file.
-    pub fn symbolize(&mut self, request: &ElfRequest) -> ElfAnswer {
+    /// Symbolizes `request`: cached offsets from memory, the rest from the file, opened on
+    /// this worker (a stall charged as `charger` is told: see [`opened::open_on_worker`]).
+    pub fn symbolize(&mut self, request: &ElfRequest, charger: &Charger) -> ElfAnswer {
         let map = &request.map;
         let key = (map.device, map.inode);
-        let opened = procs::locate(request.pid, map);
+        let opened = opened::open_on_worker(charger, request.pid, map);
         let own_exe = self.own_exe(opened.as_ref());
         let file = self.files.entry(key).or_default();
         let mut note = None;
         match &opened {
-            Some((_, version)) if *version != file.version || !file.checked => {
-                *file = FileSymbols { version: *version, ..FileSymbols::default() };
+            Some(opened) if opened.version() != file.version || !file.checked => {
+                *file = FileSymbols { version: opened.version(), ..FileSymbols::default() };
             }
             Some(_) => {}
             None => {
@@ -101,17 +105,20 @@ impl ElfFiles {
             }
         }
         let todo: Vec<u64> = request.offsets.iter().copied().filter(|off| !file.frames.contains_key(off)).collect();
-        if let Some((path, _)) = &opened {
+        if let Some(opened) = opened {
             if !file.checked {
                 file.checked = true;
-                file.no_debug_info = if own_exe { None } else { debug_info_refusal(path) };
-                file.build_id = super::build_id(path);
+                file.no_debug_info = if own_exe { None } else { debug_info_refusal(&opened, &map.path) };
+                file.build_id = super::build_id(&opened.fd_path());
             }
             if !todo.is_empty() {
-                let mut elf = Elf::new(path);
-                elf.debug_syms = !own_exe && file.no_debug_info.is_none();
-                let (blaze, used) = file.parser.get_or_insert_with(|| (new_blaze(), Instant::now()));
+                let debug_syms = !own_exe && file.no_debug_info.is_none();
+                // A parser kept from before parses the descriptor it was made with (the same
+                // file: the version matched).
+                let (blaze, used, parsed) = file.parser.get_or_insert_with(|| (new_blaze(), Instant::now(), opened));
                 *used = Instant::now();
+                let mut elf = Elf::new(parsed.fd_path());
+                elf.debug_syms = debug_syms;
                 let results = blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&todo));
                 for (offset, frames) in todo.iter().zip(collect(results, todo.len())) {
                     file.frames.insert(*offset, frames);
@@ -137,7 +144,7 @@ impl ElfFiles {
     pub fn close_idle(&mut self, idle: Duration) -> usize {
         let mut closed = 0;
         for file in self.files.values_mut() {
-            if file.parser.as_ref().is_some_and(|(_, used)| used.elapsed() >= idle) {
+            if file.parser.as_ref().is_some_and(|(_, used, _)| used.elapsed() >= idle) {
                 file.parser = None;
                 closed += 1;
             }
@@ -151,29 +158,25 @@ impl ElfFiles {
         self.files.values().filter(|file| file.parser.is_some()).count()
     }
 
-    fn own_exe(&mut self, opened: Option<&(PathBuf, (u64, i64))>) -> bool {
+    fn own_exe(&mut self, opened: Option<&OpenedFile>) -> bool {
         let own =
             *self.own_exe.get_or_insert_with(|| std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino())));
         match (own, opened) {
-            (Some(own), Some((path, _))) => std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == own),
+            (Some(own), Some(opened)) => opened.file().metadata().is_ok_and(|m| (m.dev(), m.ino()) == own),
             _ => false,
         }
     }
 }
 
-/// Why the debug info of the file at `path` must not be read, if it must not: blazesym
-/// inflates a compressed debug section whole, and a file any user can write may declare (or
-/// hold) gigabytes, or use a compression it cannot read (and then names nothing). Such a
-/// file is named from its symbol table.
-fn debug_info_refusal(path: &Path) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
-    let mapped = MappedFile::map(&file).ok()?;
+/// Why the debug info of `opened` (mapped at `path`) must not be read, if it must not:
+/// blazesym inflates a compressed debug section whole, and a file any user can write may
+/// declare (or hold) gigabytes, or use a compression it cannot read (and then names
+/// nothing). Such a file is named from its symbol table.
+fn debug_info_refusal(opened: &OpenedFile, path: &str) -> Option<String> {
+    let mapped = MappedFile::map(opened.file()).ok()?;
     let refused = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?;
     let (name, why) = refused.first()?;
-    Some(format!(
-        "{}: compressed section {name} {why}: named from its symbol table, without source lines",
-        path.display()
-    ))
+    Some(format!("{path}: compressed section {name} {why}: named from its symbol table, without source lines"))
 }
 
 #[cfg(test)]
@@ -195,11 +198,10 @@ mod tests {
         let addr = marker_for_elf_files_test as fn() -> u64 as usize as u64;
         let map = own_mapping_of(addr);
         let pid = Pid(std::process::id());
-        let (path, _) = procs::locate(pid, &map).unwrap();
-        assert_eq!(path, PathBuf::from(&*map.path), "the path it mapped is the same file here");
+        let charger = Charger::default();
         let mut files = ElfFiles::default();
         let request = ElfRequest { pid, map: map.clone(), offsets: vec![map.file_offset(addr)] };
-        let answer = files.symbolize(&request);
+        let answer = files.symbolize(&request, &charger);
         assert!(answer.frames[0].iter().any(|f| f.function.ends_with("marker_for_elf_files_test")), "{answer:?}");
         assert!(answer.build_id.is_some());
         assert_eq!(files.open_files(), 1);
@@ -207,17 +209,17 @@ mod tests {
         assert_eq!(files.open_files(), 1);
         assert_eq!(files.close_idle(Duration::ZERO), 1);
         assert_eq!(files.open_files(), 0);
-        assert_eq!(files.symbolize(&request).frames, answer.frames, "kept after closing");
+        assert_eq!(files.symbolize(&request, &charger).frames, answer.frames, "kept after closing");
         assert_eq!(files.open_files(), 0, "a known offset needs no parser");
         // A new offset opens the file again.
         let other = ElfRequest { offsets: vec![map.file_offset(addr) + 1], ..request.clone() };
-        assert!(!files.symbolize(&other).frames[0].is_empty());
+        assert!(!files.symbolize(&other, &charger).frames[0].is_empty());
         assert_eq!(files.open_files(), 1);
         files.close_files();
         assert_eq!(files.open_files(), 0);
-        assert_eq!(files.symbolize(&request).frames, answer.frames, "kept after closing");
+        assert_eq!(files.symbolize(&request, &charger).frames, answer.frames, "kept after closing");
         // Another file at the mapped path (a container's file of the same name): not used.
         let elsewhere = MapEntry { inode: map.inode + 1, ..map.clone() };
-        assert_eq!(procs::locate(Pid(0x7fff_fff0), &elsewhere), None);
+        assert!(opened::open_by_path(Pid(0x7fff_fff0), &elsewhere).is_err());
     }
 }

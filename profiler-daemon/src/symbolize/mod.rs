@@ -19,7 +19,11 @@ mod perf_map;
 
 use std::{collections::HashMap, ffi::OsStr, path::Path};
 
-use crate::{ids::Pid, offload::Offload, procs::MapEntry};
+use crate::{
+    ids::Pid,
+    offload::{Charge, Offload},
+    procs::MapEntry,
+};
 
 use blazesym::{
     symbolize::{source::Kernel, source::Source, CodeInfo, Input, Symbolized, Symbolizer as Blaze},
@@ -125,7 +129,10 @@ impl Symbolizer {
         let request = ElfRequest { pid, map: map.clone(), offsets: offsets.to_vec() };
         let what = format!("{} (pid {pid})", map.path);
         self.files
-            .call(&what, Some(map.device), move |state| state.get::<ElfFiles>().symbolize(&request))
+            .call(&what, Charge::file(map.device, pid), move |state| {
+                let charger = state.charger();
+                state.get::<ElfFiles>().symbolize(&request, &charger)
+            })
             .map_err(|stall| stall.to_string())
     }
 
@@ -191,7 +198,7 @@ impl Symbolizer {
         let what = format!("{} of pid {pid}", path.display());
         let (found, read) = self
             .files
-            .call(&what, None, move |_| perf_map::read(pid, &path, &owners, &wanted))
+            .call(&what, Charge::perf_map(pid), move |_| perf_map::read(pid, &path, &owners, &wanted))
             .map_err(|stall| stall.to_string())??;
         self.perf_map_bytes += read;
         Ok(found)

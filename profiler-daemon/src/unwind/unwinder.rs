@@ -28,8 +28,9 @@ use super::{
 use crate::{
     ebpf::{Result, Session, UnwindMap},
     ids::Pid,
-    offload::Offload,
-    procs::{self, Device, MapEntry},
+    offload::{Charge, Offload},
+    opened::{self, OpenedFile},
+    procs::{Device, MapEntry},
 };
 
 /// Tables from this many rows on are large enough to trim the heap after building.
@@ -281,11 +282,11 @@ impl Unwinder {
         let mut len = 0;
         // The mappings the process has now: one unmapped since cannot be opened, and its
         // addresses cannot be sampled any more.
-        for entry in maps.iter().filter(|m| !m.unmapped && (m.is_file() || &*m.path == "[vdso]")) {
-            if len == MAX_PROCESS_MAPPINGS {
-                self.stats.mappings_over_limit += 1;
-                continue;
-            }
+        let current: Vec<&MapEntry> =
+            maps.iter().filter(|m| !m.unmapped && (m.is_file() || &*m.path == "[vdso]")).collect();
+        let kept = kept_mappings(&current, MAX_PROCESS_MAPPINGS);
+        self.stats.mappings_over_limit += (current.len() - kept.len()) as u64;
+        for entry in kept {
             let Some(file) = self.file_info(pid, entry) else { continue };
             let Some(bias) = bias(entry, &file.segments) else {
                 self.stats.unreadable_files += 1;
@@ -349,7 +350,10 @@ impl Unwinder {
         let owned = maps.to_vec();
         let found = self
             .offload
-            .run(&format!("CPython of pid {pid}"), None, move || crate::python::kernel::find(pid, &owned))
+            .call(&format!("CPython of pid {pid}"), Charge::path(pid), move |state| {
+                let charger = state.charger();
+                crate::python::kernel::find(pid, &owned, &|map: &MapEntry| opened::open_on_worker(&charger, pid, map))
+            })
             .map_err(|stall| stall.to_string())
             .and_then(|found| found);
         match found {
@@ -487,8 +491,7 @@ impl Unwinder {
         if let Some(info) = self.files.get(&identity) {
             return Some(info.clone());
         }
-        let map = entry.clone();
-        let opened = self.on_file(pid, entry, move || procs::locate(pid, &map).and_then(|(p, _)| open_file_info(&p)));
+        let opened = self.on_file(pid, entry, open_file_info);
         let Some(info) = opened? else {
             self.stats.unreadable_files += 1;
             return None;
@@ -509,8 +512,7 @@ impl Unwinder {
                 return Some(version);
             }
         }
-        let map = entry.clone();
-        let (_, version) = self.on_file(pid, entry, move || procs::locate(pid, &map))??;
+        let version = self.on_file(pid, entry, |file| file.version())?;
         if self.recent_stats.len() >= RECENT_STATS_KEPT {
             self.recent_stats.retain(|_, (at, _)| at.elapsed() < STAT_FRESH);
         }
@@ -518,17 +520,33 @@ impl Unwinder {
         Some(version)
     }
 
-    /// Runs `work` on the file of `entry` on the offload worker; `None` when it stalled or
-    /// was refused for a stalled device (counted).
+    /// Runs `work` on the file of `entry`, opened once and checked (see [`crate::opened`]):
+    /// on this thread when it opens here without blocking (through the mapping, on a disk),
+    /// else on the offload worker. `None` when it could not be opened (counted unreadable),
+    /// stalled or was refused for a stalled device (counted).
     fn on_file<T: Send + 'static>(
         &mut self,
         pid: Pid,
         entry: &MapEntry,
-        work: impl FnOnce() -> T + Send + 'static,
+        work: impl FnOnce(&OpenedFile) -> T + Send + 'static,
     ) -> Option<T> {
         let what = format!("{} (pid {pid})", entry.path);
-        match self.offload.run(&what, Some(entry.device), work) {
-            Ok(value) => Some(value),
+        let charge = Charge::file(entry.device, pid);
+        let done = match opened::open_inline(pid, entry) {
+            Some(file) => self.offload.run_on_opened(&what, charge, move || Some(work(&file))),
+            None => {
+                let map = entry.clone();
+                self.offload.call(&what, charge, move |state| {
+                    opened::open_on_worker(&state.charger(), pid, &map).map(|file| work(&file))
+                })
+            }
+        };
+        match done {
+            Ok(Some(value)) => Some(value),
+            Ok(None) => {
+                self.stats.unreadable_files += 1;
+                None
+            }
             Err(stall) => {
                 tracing::debug!("no unwind table: {stall}");
                 self.stats.stalled_files += 1;
@@ -553,10 +571,8 @@ impl Unwinder {
         let built = if &*entry.path == "[vdso]" {
             read_vdso(pid, entry).map(|bytes| super::build(&bytes))
         } else {
-            let map = entry.clone();
-            let build = move || {
-                let (path, _) = procs::locate(pid, &map)?;
-                let mapped = File::open(path).and_then(|f| MappedFile::map(&f)).ok()?;
+            let build = |file: &OpenedFile| {
+                let mapped = MappedFile::map(file.file()).ok()?;
                 Some(super::build(mapped.bytes()))
             };
             match self.on_file(pid, entry, build) {
@@ -637,16 +653,42 @@ enum FileIdentity {
     Stat { device: Device, inode: u64, size: u64, mtime: i64 },
 }
 
-fn open_file_info(path: &std::path::Path) -> Option<FileInfo> {
-    let file = File::open(path).ok()?;
+fn open_file_info(opened: &OpenedFile) -> Option<FileInfo> {
+    let file = opened.file();
     let meta = file.metadata().ok()?;
-    let mapped = MappedFile::map(&file).ok()?;
+    let mapped = MappedFile::map(file).ok()?;
     let segments = load_segments(mapped.bytes()).ok()?;
     let key = match elf::build_id(mapped.bytes()) {
         Some(id) => format!("build-id:{id}"),
         None => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), meta.mtime()),
     };
     Some(FileInfo { key, segments })
+}
+
+/// File names every process's stacks run through (the C library, the dynamic loader, the
+/// vDSO, the C++ and unwinding runtimes, CPython's library): kept first when a process maps
+/// more files than the walker's list holds.
+const RUNTIME_FILES: [&str; 8] =
+    ["libc.so", "ld-linux", "[vdso]", "libpthread.so", "libstdc++.so", "libgcc_s.so", "libm.so", "libpython3"];
+
+/// Which of `maps` (sorted by address) the walker's list of `cap` holds: all when they fit,
+/// else the runtime's files ([`RUNTIME_FILES`]) and then the lowest addresses (the
+/// executable's, below the libraries'), in address order. A process with hundreds of
+/// libraries (a plugin host) loses the last ones it loaded, not the C library every stack
+/// runs through.
+fn kept_mappings<'a>(maps: &[&'a MapEntry], cap: usize) -> Vec<&'a MapEntry> {
+    if maps.len() <= cap {
+        return maps.to_vec();
+    }
+    let is_runtime = |m: &MapEntry| {
+        let name = m.path.rsplit('/').next().unwrap_or("");
+        RUNTIME_FILES.iter().any(|runtime| name.starts_with(runtime))
+    };
+    let mut chosen: Vec<usize> = (0..maps.len()).filter(|&i| is_runtime(maps[i])).take(cap).collect();
+    let rest: Vec<usize> = (0..maps.len()).filter(|&i| !is_runtime(maps[i])).take(cap - chosen.len()).collect();
+    chosen.extend(rest);
+    chosen.sort_unstable();
+    chosen.into_iter().map(|i| maps[i]).collect()
 }
 
 /// The bias of an executable mapping: address − bias is the file's virtual address.
@@ -694,6 +736,31 @@ mod tests {
             generation: 0,
             unmapped: false,
         }
+    }
+
+    /// Past the walker's list, the C library, the loader and the vDSO stay (the review's
+    /// F25: the highest addresses, theirs, were the ones dropped), then the lowest.
+    #[test]
+    fn a_process_with_too_many_files_keeps_the_runtime_and_the_lowest() {
+        let named = |start: u64, path: &str| MapEntry { path: path.into(), ..entry(start, 0) };
+        let mut maps = vec![named(0x5555_0000_0000, "/usr/bin/host")];
+        maps.extend((0..10).map(|i| named(0x7f00_0000_0000 + i * 0x10000, &format!("/plugins/p{i}.so"))));
+        maps.push(named(0x7f10_0000_0000, "/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        maps.push(named(0x7f20_0000_0000, "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"));
+        maps.push(named(0x7fff_0000_0000, "[vdso]"));
+        let all: Vec<&MapEntry> = maps.iter().collect();
+        assert_eq!(kept_mappings(&all, 20).len(), all.len(), "all fit");
+        let kept: Vec<&str> = kept_mappings(&all, 5).iter().map(|m| &*m.path).collect();
+        assert_eq!(
+            kept,
+            [
+                "/usr/bin/host",
+                "/plugins/p0.so",
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+                "[vdso]"
+            ]
+        );
     }
 
     #[test]
