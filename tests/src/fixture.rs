@@ -62,6 +62,10 @@ pub enum FixtureKind {
     /// FUTEX_WAIT (timing out) in churn_wait; after a delay (argv[1]) prints `waits N` (all
     /// children's), `worker_cpu_ms A B` (each child's workers'), `done`, lingers argv[2] s.
     ThreadChurn,
+    /// `fifo_swap.c`: maps argv[3] fresh copies of the ELF argv[2] executable from
+    /// directories under argv[1], each swapped with a FIFO for 30 ms as it is mapped (the
+    /// review's N1 attack); prints `attempts N`, `done`, then sleeps until killed.
+    FifoSwap,
     /// `stack_flood.c`: 8 threads making FUTEX_WAITs of 150 us from 65,536 distinct stacks
     /// (flood_step → go_left/go_right … → flood_wait) for argv[1] seconds; then prints
     /// `waits N`, `done`.
@@ -136,6 +140,7 @@ impl FixtureKind {
             Self::LockContention => "lock_contention",
             Self::FutexRequeue => "futex_requeue",
             Self::ThreadChurn => "thread_churn",
+            Self::FifoSwap => "fifo_swap",
             Self::StackFlood => "stack_flood",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
@@ -167,6 +172,7 @@ impl FixtureKind {
             Self::LockContention => "lock_contention.c",
             Self::FutexRequeue => "futex_requeue.c",
             Self::ThreadChurn => "thread_churn.c",
+            Self::FifoSwap => "fifo_swap.c",
             Self::StackFlood => "stack_flood.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
@@ -251,6 +257,7 @@ impl FixtureKind {
                 Self::LockContention
                     | Self::FutexRequeue
                     | Self::ThreadChurn
+                    | Self::FifoSwap
                     | Self::StackFlood
                     | Self::ThreadSpawner
                     | Self::ThreadDumpC

@@ -12,6 +12,7 @@
 //! daemon samples all of them.
 
 mod api;
+mod attacks;
 mod capabilities;
 mod cgroups;
 mod disk;

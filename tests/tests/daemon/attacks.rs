@@ -1,0 +1,135 @@
+//! Local users attacking the daemon through the files their processes map (security review
+//! 3, N1 and N4): each attack runs as `nobody`, with no privilege, beside a root process whose
+//! profiles must stay right. The daemon must keep collecting (its collector's uptime in
+//! `/status` keeps pace with the clock, dumps go on), stay under the unit's `MemoryHigh`,
+//! and keep naming the root process's functions.
+
+use std::time::{Duration, Instant};
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+
+use profiler_tests::daemon::{Daemon, DaemonConfig};
+use profiler_tests::fuse::HungFs;
+use profiler_tests::{preflight, Fixture, FixtureKind, Profile, TempDir};
+
+use super::{assert_split, new_files, CPU_SPLIT, FIXTURE_S};
+
+/// The unit's `MemoryHigh=` (config/profiler.service).
+const MEMORY_HIGH_BYTES: u64 = 384 << 20;
+/// How long the daemon is watched after an attack: past the offload's 5 s stall limit, and
+/// several 2 s dumps.
+const WATCH: Duration = Duration::from_secs(12);
+
+/// N1: a file swapped for a FIFO between the daemon's look at a mapped path and its open
+/// of it. The daemon opens each mapped file once, through the mapping itself, so it never
+/// opens the FIFO (an open of a FIFO for reading waits for a writer for ever).
+#[test]
+fn a_fifo_swapped_in_for_a_mapped_file_does_not_stop_the_collector() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("fifo-swap");
+    let home = scratch.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT, "fifo_swap"]));
+    let split = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    // An ELF file any user can read, copied and mapped by the attacker.
+    let elf = FixtureKind::CpuSplitC.build();
+    let (home_arg, elf_arg) = (home.to_string_lossy().into_owned(), elf.to_string_lossy().into_owned());
+    let mut attacker =
+        Fixture::spawn_as_nobody_with_args(FixtureKind::FifoSwap, &[&home_arg, &elf_arg, "100"], scratch.path());
+    let attempts = attacker.read_value("attempts");
+    attacker.expect_line("done");
+    assert_eq!(attempts, 100);
+    watch_collector(&daemon, WATCH);
+    for file in new_files(&daemon, &split, 2) {
+        let profile = Profile::decode(&file);
+        assert_split(&profile, &file);
+        assert!(profile.function_names().contains(&"hot_a"), "root's functions unnamed in {file:?}");
+    }
+}
+
+/// N4: a user swaps the directory of a running program of theirs for a symlink into a
+/// FUSE mount that never answers. Whoever looks the program's path up again sleeps for
+/// ever; the daemon does not look it up while the program lives (it opens the file through
+/// the mapping), and once it has exited a walk that hangs is charged to no device: the
+/// root file system, where the path began and where every other process's files are, is
+/// never skipped.
+#[test]
+fn a_symlink_into_a_hung_mount_does_not_blind_the_root_file_system() {
+    if !preflight() {
+        return;
+    }
+    let fs = HungFs::start(FixtureKind::CpuSplitNoFp, &[&FIXTURE_S.to_string()], None);
+    fs.hang();
+    let scratch = TempDir::new("symlink-swap");
+    let home = scratch.path().join("nobody");
+    let dir = home.join("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = dir.join("cpu_split");
+    std::fs::copy(FixtureKind::CpuSplitC.build(), &program).unwrap();
+    for path in [&home, &dir, &program] {
+        std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+    }
+    let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
+    let split = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&program).arg(FIXTURE_S.to_string());
+    let attacker = Fixture::from_command(FixtureKind::CpuSplitC, cmd);
+    // The attacker's own profile, written once: its files were read while the path held.
+    new_files(&daemon, &attacker, 1);
+    let swap = format!("mv d d.old && ln -s {} d", fs.mountpoint().display());
+    let swapped = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", &swap])
+        .current_dir(&home)
+        .status()
+        .unwrap();
+    assert!(swapped.success(), "the swap failed");
+    watch_collector(&daemon, WATCH);
+    // Gone: from now on only its path leads to its file, into the hung mount.
+    drop(attacker);
+    watch_collector(&daemon, WATCH);
+    let root_fs = std::fs::metadata(FixtureKind::CpuSplitC.build()).unwrap().dev();
+    let root_fs = format!("{}:{}", libc::major(root_fs), libc::minor(root_fs));
+    let status = daemon.status();
+    let skipped = status["stalled"]["devices_skipped_now"].as_array().cloned().unwrap_or_default();
+    assert!(!skipped.iter().any(|d| d == &*root_fs), "the root file system {root_fs} is skipped: {status:#}");
+    for file in new_files(&daemon, &split, 2) {
+        let profile = Profile::decode(&file);
+        assert_split(&profile, &file);
+        assert!(profile.function_names().contains(&"hot_a"), "root's functions unnamed in {file:?}");
+    }
+}
+
+/// For `watch`: `/status` answers, the collector's uptime there keeps pace with the clock
+/// (the board is the collector's: a stuck collector freezes it), dumps go on, and the
+/// daemon's resident memory stays under the unit's `MemoryHigh`.
+pub fn watch_collector(daemon: &Daemon, watch: Duration) {
+    let started = Instant::now();
+    let (uptime_before, dumps_before) = (daemon.status_u64("/uptime_seconds"), daemon.status_u64("/output/dumps"));
+    let mut peak_rss = 0;
+    while started.elapsed() < watch {
+        peak_rss = peak_rss.max(rss_bytes(daemon.pid()));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let status = daemon.status();
+    let uptime = status["uptime_seconds"].as_u64().unwrap_or(0);
+    let advanced = uptime.saturating_sub(uptime_before);
+    assert!(
+        advanced + 3 >= watch.as_secs(),
+        "the collector's uptime advanced {advanced} s in {watch:?}: it stopped; {status:#}"
+    );
+    let dumps = status["output"]["dumps"].as_u64().unwrap_or(0);
+    assert!(dumps >= dumps_before + 3, "dumps stopped ({dumps_before} → {dumps}): {status:#}");
+    assert!(peak_rss < MEMORY_HIGH_BYTES, "the daemon's RSS reached {} MiB", peak_rss >> 20);
+    assert!(!daemon.log().contains("panicked"), "{}", daemon.log());
+}
+
+/// A process's resident set (`VmRSS`), 0 when unreadable.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next());
+    kib.and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) * 1024
+}
