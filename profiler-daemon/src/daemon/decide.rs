@@ -172,7 +172,7 @@ pub fn check_query(
 
 /// The keys of a reload from `old` to `new` that take effect only after a restart, with the
 /// programs `loaded` at start: the CPU frequency and heap sampling rate are load-time
-/// settings; a kind turned on needs its programs loaded; a source all of whose kinds are
+/// settings; the socket is bound at start; a kind turned on needs its programs loaded; a source all of whose kinds are
 /// turned off stops being written now, but keeps running (and costing) until a restart.
 pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'static str> {
     let mut keys = Vec::new();
@@ -196,6 +196,13 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     }
     if new.limits.uid_percent != old.limits.uid_percent {
         keys.push("limits.uid_share_percent");
+    }
+    // The socket is bound once, at start, with its owner and mode.
+    if new.socket.path != old.socket.path {
+        keys.push("socket.path");
+    }
+    if new.socket.group != old.socket.group {
+        keys.push("socket.group");
     }
     for kind in ProfileKind::ALL {
         let source = kind.source();
@@ -339,6 +346,11 @@ mod tests {
         let mut faster = old.clone();
         faster.cpu.frequency_hz = 99;
         assert_eq!(restart_needed(&old, &faster, &loaded), ["cpu.frequency_hz"]);
+        // The socket is bound at start (F27: a change was dropped without a word).
+        let mut moved = old.clone();
+        moved.socket.path = "/run/elsewhere.sock".into();
+        moved.socket.group = Some("adm".into());
+        assert_eq!(restart_needed(&old, &moved, &loaded), ["socket.path", "socket.group"]);
     }
 
     #[test]
