@@ -36,8 +36,8 @@ pub use stack::{
 pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
-    SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindProcessOf,
-    UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
+    RegisterAsk, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
+    UnwindProcessOf, UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
 };
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
@@ -211,8 +211,8 @@ pub mod maps {
     /// Hash of tgid (`u32`) → `u8`: processes that called `execve` since userspace last
     /// looked; the kernel has already forgotten their mappings.
     pub const UNWIND_EXECS: &str = "UNWIND_EXECS";
-    /// Ring buffer of tgids (`u32`): processes a walker met unregistered, each told once (see
-    /// `REGISTER_ASKED`); a record wakes userspace, which then reads the side band at once
+    /// Ring buffer of [`crate::RegisterAsk`]: processes a walker met unregistered, each told
+    /// once (see `REGISTER_ASKED`), with the name of the thread met; a record wakes userspace, which then reads the side band at once
     /// even while it paces a storm of process events.
     pub const REGISTER_ASKS: &str = "REGISTER_ASKS";
     /// LRU hash of tgid (`u32`) → `u8`: the processes already told through `REGISTER_ASKS`
@@ -230,8 +230,9 @@ pub mod maps {
     pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 768;
     /// Execs remembered between two looks.
     pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
-    /// Bytes of `REGISTER_ASKS` (one page): 256 asks of 16 bytes between two reads.
-    pub const REGISTER_ASKS_BYTES: u32 = 4_096;
+    /// Bytes of `REGISTER_ASKS` (two pages): 256 asks of 24 bytes (and the ring's 8-byte
+    /// headers) between two reads.
+    pub const REGISTER_ASKS_BYTES: u32 = 8_192;
     /// Processes remembered as asked (80 KiB whatever the CPUs). One evicted asks again at its
     /// next walk: an extra read of the side band, no more.
     pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 1_024;

@@ -83,6 +83,10 @@ pub struct UnwindRow {
 const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
 
 #[cfg(feature = "user")]
+// SAFETY: repr(C), integers and a byte array, no padding (size asserted).
+unsafe impl aya::Pod for RegisterAsk {}
+
+#[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding bytes (size asserted above).
 unsafe impl aya::Pod for UnwindRow {}
 
@@ -221,6 +225,20 @@ impl SmallUnwindProcess {
         large
     }
 }
+
+/// One record of `REGISTER_ASKS`: a process a walker met unregistered, with the name of
+/// the thread it met (`comm`, NUL-padded). The name is what userspace calls the process by
+/// when it learnt nothing else of it: its fork's record was lost (a ring overflowed under a
+/// storm of thread events) and it exited before `/proc` was read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegisterAsk {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<RegisterAsk>() == 24);
 
 /// The first field of each `UNWIND_STATE` entry (the walker's per-CPU state of one context):
 /// frames that context stepped on that CPU since load, by a table row and by frame pointers.

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::maps::STACKS_MAX_ENTRIES;
+use profiler_common::{maps::STACKS_MAX_ENTRIES, RegisterAsk};
 
 use crate::{
     catalog::{Catalog, Sighting},
@@ -34,6 +34,21 @@ use crate::{
 /// Time per drain spent registering newly seen processes with the unwinder (building their
 /// tables); the rest wait for the next drain.
 const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
+/// Names from the walkers' asks kept at most until a drain uses them (an ask is made once
+/// per process, and its samples come at the next drain or two).
+const ASKED_NAMES_KEPT: usize = 4_096;
+
+/// (tgid, thread name) of one `REGISTER_ASKS` record.
+fn parse_ask(bytes: &[u8]) -> Option<(Pid, String)> {
+    if bytes.len() < size_of::<RegisterAsk>() {
+        return None;
+    }
+    // SAFETY: at least a record's bytes, read unaligned; every bit pattern is a valid record.
+    let ask: RegisterAsk = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let len = ask.comm.iter().position(|&b| b == 0).unwrap_or(ask.comm.len());
+    Some((Pid(ask.tgid), String::from_utf8_lossy(&ask.comm[..len]).into_owned()))
+}
+
 /// How long a drain registers backlog processes before it follows new ones again.
 const UNWIND_SYNC_SLICE: Duration = Duration::from_millis(10);
 
@@ -185,6 +200,9 @@ pub struct Capture {
     asks: Option<aya::maps::RingBuf<aya::maps::MapData>>,
     /// Asks read since start.
     asks_read: u64,
+    /// The names the walkers' asks gave (see [`RegisterAsk`]), for processes nothing else
+    /// names; applied at each drain, bounded by [`ASKED_NAMES_KEPT`].
+    asked_names: HashMap<Pid, String>,
     /// What the kernel filters by cgroup (from `selection`).
     cgroup_filter: CgroupFilter,
     /// Pids reused while a drain followed events after taking its batch: reported with the
@@ -280,6 +298,7 @@ impl Capture {
             sideband_error,
             asks,
             asks_read: 0,
+            asked_names: HashMap::new(),
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
             python: PythonReader::default(),
@@ -394,8 +413,14 @@ impl Capture {
     fn read_asks(&mut self) {
         let Some(asks) = &mut self.asks else { return };
         while let Some(ask) = asks.next() {
-            if let Some(tgid) = ask.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) {
-                tracing::trace!(pid = tgid, "a walker asked for a registration");
+            if let Some((pid, name)) = parse_ask(&ask) {
+                tracing::trace!(%pid, name, "a walker asked for a registration");
+                if self.asked_names.len() >= ASKED_NAMES_KEPT {
+                    self.asked_names.clear();
+                }
+                if !name.is_empty() {
+                    self.asked_names.insert(pid, name);
+                }
             }
             self.asks_read += 1;
         }
@@ -541,7 +566,12 @@ impl Capture {
         }
         let batch = self.session.drain_flipped().map_err(CaptureError::Drain)?;
         log_slow("drain: read the maps", started);
+        self.read_asks();
         let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
+        // A process whose fork's record was lost (the side band's rings overflow under a
+        // storm of thread events while this thread is busy) and that exited before `/proc`
+        // was read has no name but the one its walker's ask gave.
+        self.asked_names.retain(|&pid, name| !self.catalog.name_if_unnamed(pid, name));
         self.catalog.note_over_share(&batch.over_share);
         let mut problems = Vec::new();
         match self.unwinder.take_execs(&mut self.session) {

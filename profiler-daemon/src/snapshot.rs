@@ -108,6 +108,9 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     // One line on stderr once everything is attached: what is measured starts here (a
     // script can start its workload on it).
     let whom = if pids.is_empty() { "every process".to_string() } else { format!("{} process(es)", pids.len()) };
+    // Before the line: a Ctrl-C sent once it is seen ends the capture, it does not kill it.
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     eprintln!("capturing {whom} for {:?}", args.duration);
     let start = SystemTime::now();
     let mut counts = Counts::default();
@@ -227,10 +230,9 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 }
 
 /// Drains every [`DRAIN_INTERVAL`] until `duration` has passed or Ctrl-C is pressed (which
-/// ends the capture early and still writes what was captured). True when interrupted.
+/// ends the capture early and still writes what was captured; its handler is installed
+/// before `capturing` is printed). True when interrupted.
 fn capture_for(capture: &mut Capture, counts: &mut Counts, duration: Duration) -> Result<bool> {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + duration;
     let mut interval = FIRST_DRAIN;

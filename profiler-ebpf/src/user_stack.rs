@@ -34,8 +34,8 @@ use profiler_common::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS, SHARD_ROWS_SHIFT,
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
-    SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess, UnwindRow,
-    UnwindTableInfo, WalkTotals, MAX_USER_STACK_DEPTH, STACK_CHUNKS, STACK_PIECE_FRAMES, WALK_STATE_BYTES,
+    RegisterAsk, SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
+    UnwindRow, UnwindTableInfo, WalkTotals, MAX_USER_STACK_DEPTH, STACK_CHUNKS, STACK_PIECE_FRAMES, WALK_STATE_BYTES,
 };
 
 use crate::maps::{
@@ -83,8 +83,9 @@ fn ask_registration(tgid: u32) {
     if REGISTER_ASKED.insert(&tgid, &1, 0).is_err() {
         return;
     }
+    let ask = RegisterAsk { tgid, _pad: 0, comm: crate::maps::current_comm() };
     // Default wake-up: the reader is woken when it has read everything before this record.
-    if REGISTER_ASKS.output::<u32>(&tgid, 0).is_err() {
+    if REGISTER_ASKS.output::<RegisterAsk>(&ask, 0).is_err() {
         // Full: asked again at the next walk, not forgotten.
         let _ = REGISTER_ASKED.remove(&tgid);
     }

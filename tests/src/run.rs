@@ -81,8 +81,14 @@ impl Running {
 
     /// Sends SIGINT (Ctrl-C): a snapshot ends its capture early and writes what it has.
     pub fn interrupt(&self) {
+        self.signal(libc::SIGINT);
+    }
+
+    /// Sends `signal` (SIGSTOP and SIGCONT hold the profiler's userspace while the kernel
+    /// goes on counting).
+    pub fn signal(&self, signal: i32) {
         // SAFETY: kill has no memory effects; the child is ours and not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
     }
 
     /// Waits for the end (within [`PROFILER_TIMEOUT`]) and returns all it printed.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use profiler_tests::pprof::Sample;
-use profiler_tests::run::run_profiler_resuming;
+use profiler_tests::run::{run_profiler_resuming, Running};
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
 
@@ -273,11 +273,60 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
     let dir = out.path_arg();
     let args = ["snapshot", "--duration", "30s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
     assert_success(&run_profiler(&args), "snapshot --profiles block (thread churn, system-wide)");
+    let truth = churned(&mut fixture);
+    assert_children_counted(&out, &fixture, truth, true);
+}
+
+/// The fork-only children of the test above, their fork records lost for certain: the
+/// profiler's userspace is stopped (SIGSTOP) while both children run, so the side band's
+/// rings overflow with their 80,000 thread records, and both children exit before anything
+/// is read. Each is still named (from the name its walker's ask carries) and its waits are
+/// all counted. The test above met this by chance on a loaded machine (issue #42).
+#[test]
+fn children_whose_fork_records_were_lost_are_still_named() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("futex-lost-forks");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &["stop", LINGER_S]);
+    let dir = out.path_arg();
+    let args = ["snapshot", "--duration", "60s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
+    let mut profiler = Running::start(&args);
+    profiler.wait_capturing();
+    profiler.signal(libc::SIGSTOP);
+    fixture.resume();
+    let truth = churned(&mut fixture);
+    profiler.signal(libc::SIGCONT);
+    profiler.interrupt();
+    let output = profiler.finish();
+    assert_success(&output, "snapshot --profiles block (thread churn, profiler stopped)");
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let lost = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("process events: "))
+        .and_then(|l| l.split(" read, ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(lost.is_some_and(|n| n > 0), "no side-band record was lost, so nothing was tested:\n{printed}");
+    // Not their chains: a child whose fork record was lost is never registered while it
+    // lives (its registration is inherited at the record), and its waits in libc's
+    // `syscall` are walked with frame pointers alone.
+    assert_children_counted(&out, &fixture, truth, false);
+}
+
+/// Reads thread_churn's report: the FUTEX_WAITs that timed out in all its children.
+fn churned(fixture: &mut Fixture) -> i64 {
     let truth = fixture.read_value("waits") as i64;
     let mut cpu = String::new();
     fixture.read_line(&mut cpu);
     assert!(cpu.starts_with("worker_cpu_ms"), "thread_churn printed {cpu:?}, not `worker_cpu_ms A B`");
     fixture.expect_line("done");
+    truth
+}
+
+/// Both children of thread_churn have a block profile under their own name, and their
+/// timed-out waits add up to `truth` (nearly all under churn_wait ← worker, if `chains`).
+fn assert_children_counted(out: &TempDir, fixture: &Fixture, truth: i64, chains: bool) {
     let children: Vec<PathBuf> = std::fs::read_dir(out.path())
         .expect("output dir")
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -304,7 +353,7 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
         chained += block.value_where("contentions", |s| churned(s) && s.has_chain(&["churn_wait", "worker"]));
     }
     assert_eq!(counted, truth, "timed-out FUTEX_WAITs in {children:?}");
-    assert!(chained * 100 >= truth * 99, "only {chained} of {truth} waits under churn_wait ← worker");
+    assert!(!chains || chained * 100 >= truth * 99, "only {chained} of {truth} waits under churn_wait ← worker");
 }
 
 /// A Rust program contending for a `std::sync::Mutex` (futex FUTEX_WAIT_BITSET): its waits

@@ -314,6 +314,20 @@ impl Catalog {
         self.track(pid);
     }
 
+    /// Names `pid` `name` if it is known without a name (nothing told it: no fork record,
+    /// no `/proc` read, no main-thread sample). Returns whether the name is settled (it had
+    /// one, or got this one); `false` while the process is not known yet.
+    pub fn name_if_unnamed(&mut self, pid: Pid, name: &str) -> bool {
+        let Some(process) = self.processes.get_mut(&pid) else { return false };
+        if process.name.is_empty() {
+            process.name = name.to_string();
+            if let Some(info) = process.info.as_mut().filter(|info| info.name.is_empty()) {
+                info.name = name.to_string();
+            }
+        }
+        true
+    }
+
     /// A known process.
     pub fn process(&self, pid: Pid) -> Option<&KnownProcess> {
         self.processes.get(&pid)
