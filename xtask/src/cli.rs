@@ -22,6 +22,9 @@ pub enum Cli {
     },
     /// Build in release mode and run all tests; ARGS go to the test harness.
     Test {
+        /// Only the unit tests (no set-up, no root, no end-to-end binaries), in parallel.
+        #[arg(long)]
+        unit: bool,
         /// Passed to the test harness after `--test-threads=1`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             setup::run(setup::Needs { go: for_test, bench: false, privileges: false }).map(|()| ExitCode::SUCCESS)
         }
         Cli::Snapshot { args } => snapshot::run(&args),
-        Cli::Test { args } => test::run(&args),
+        Cli::Test { unit, args } => test::run(unit, &args),
         Cli::Bench(bench) => bench::run(bench),
     };
     result.unwrap_or_else(|err| {

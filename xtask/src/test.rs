@@ -1,6 +1,12 @@
-//! `cargo xtask test [ARGS…]`, the README's test command: setup (with `go tool pprof`), the
-//! format and lint checks, the release build, then every test in the workspace against the
-//! release `profiler` binary.
+//! `cargo xtask test [--unit] [ARGS…]`, the README's test command: setup (with `go tool
+//! pprof`), the format and lint checks, the release build, then every test in the workspace
+//! against the release `profiler` binary, one test binary after another, with each binary's
+//! wall time and the slowest tests printed at the end ([`timing`]).
+//!
+//! `--unit` is the quick tier: the unit tests of every crate (no end-to-end binaries, no
+//! root, no set-up beyond the build), in parallel.
+
+mod timing;
 
 use std::process::{Command, ExitCode};
 
@@ -9,7 +15,10 @@ use anyhow::{bail, Context, Result};
 use crate::workspace;
 
 /// ARGS go to the test harness (after `--`), e.g. a test name filter.
-pub fn run(args: &[String]) -> Result<ExitCode> {
+pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
+    if unit {
+        return run_unit(args);
+    }
     workspace::prepare(true)?;
     check(
         "cargo fmt --all -- --check",
@@ -22,18 +31,28 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         workspace::cargo().args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]),
         "fix the lints above",
     )?;
+    let binaries = timing::test_binaries(&["--workspace", "--exclude", "profiler-ebpf"])?;
+    // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
+    // system-wide, so running them in parallel would let them see each other.
+    let mut harness = vec!["--test-threads=1".to_string()];
+    harness.extend(args.iter().cloned());
+    let report = timing::run_all(&binaries, &harness, &[("PROFILER_BIN", workspace::profiler_bin())])?;
+    report.print();
+    if report.failed_binaries() > 0 {
+        eprintln!("error: tests failed; rerun one with `cargo xtask test <name>`");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The unit tier: every crate's library and binary tests, in parallel, as whoever runs it.
+fn run_unit(args: &[String]) -> Result<ExitCode> {
+    workspace::stage("unit tests (no set-up, no root; end-to-end binaries left out)");
     let mut cmd = workspace::cargo();
-    cmd.args(["test", "--release", "--no-fail-fast", "--workspace", "--exclude", "profiler-ebpf", "--"])
-        // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
-        // system-wide, so running them in parallel would let them see each other.
-        .arg("--test-threads=1")
-        .args(args)
-        .env("PROFILER_BIN", workspace::profiler_bin());
+    cmd.args(["test", "--release", "--workspace", "--exclude", "profiler-ebpf", "--lib", "--bins", "--"]);
+    cmd.args(args);
     workspace::stage(&workspace::shell_line(&cmd));
     let status = cmd.status().context("failed to run cargo test")?;
-    if !status.success() {
-        eprintln!("error: tests failed ({status}); rerun one with `cargo xtask test <name>`");
-    }
     Ok(workspace::exit_code(status))
 }
 
