@@ -31,16 +31,113 @@ pub(crate) struct SectionCfi {
     pub unparsed_fdes: u64,
 }
 
-/// Reads every FDE of `section`. Fails only when the section itself cannot be walked. An FDE
+/// What reading one file's CFI may cost, checked before the work and memory it bounds:
+/// a file is the process's to write, and a few hundred KiB of zlib can hold a `.debug_frame`
+/// whose rows would fill the machine's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// CFI rows in all the file's sections ([`super::table::MAX_ROWS`]).
+    pub rows: usize,
+    /// CFI program bytes evaluated for one FDE: its entry plus its CIE's (gimli runs the
+    /// CIE's initial instructions again for each FDE). An FDE yields at most one row per
+    /// byte, so this bounds what one FDE holds in memory before the row budget sees it.
+    pub fde_program_bytes: usize,
+    /// CFI program bytes evaluated for the whole file, each FDE's counted as above: bounds
+    /// the CPU time, which rows alone do not (most instructions make no row, and a CIE is
+    /// evaluated once per FDE).
+    pub program_bytes: usize,
+}
+
+impl Limits {
+    /// The limits every file is built under. Measured on this machine's largest files
+    /// (`readelf --debug-dump=frames`): the largest FDE entry is 33,676 bytes (nightly
+    /// `librustc_driver`; 11,596 on stable, 10,892 in `libclang-cpp`, 2,880 in `libLLVM`,
+    /// 192 in glibc's `libc.so.6`) and CIE entries are at most 32 bytes, so 1 MiB per FDE
+    /// is 30 times what a compiler emits. The largest file's program in all is about
+    /// 9.4 MiB (`librustc_driver`: 5.8 MiB of FDEs plus 106 k × 32 bytes of CIE), so 256 MiB
+    /// (the most a compressed section may inflate to) is 27 times that, and evaluates in
+    /// about a second.
+    pub const FILE: Limits =
+        Limits { rows: super::table::MAX_ROWS, fde_program_bytes: 1 << 20, program_bytes: 256 << 20 };
+}
+
+/// A limit of [`Limits`] that reading a file would have exceeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exceeded {
+    pub what: &'static str,
+    pub cap: u64,
+}
+
+/// What reading one file's CFI has cost so far, against its [`Limits`]. Shared by the
+/// file's sections.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limits: Limits,
+    rows: usize,
+    program_bytes: usize,
+}
+
+impl Budget {
+    pub fn new(limits: Limits) -> Self {
+        Self { limits, rows: 0, program_bytes: 0 }
+    }
+
+    /// Charges one FDE's program before it is evaluated.
+    fn charge_program(&mut self, bytes: usize) -> Result<(), Exceeded> {
+        if bytes > self.limits.fde_program_bytes {
+            let cap = self.limits.fde_program_bytes as u64;
+            return Err(Exceeded { what: "the CFI program (bytes) of one FDE", cap });
+        }
+        self.program_bytes = self.program_bytes.saturating_add(bytes);
+        if self.program_bytes > self.limits.program_bytes {
+            return Err(Exceeded {
+                what: "the CFI program (bytes) of the file",
+                cap: self.limits.program_bytes as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Charges one row before it is stored.
+    fn charge_row(&mut self) -> Result<(), Exceeded> {
+        if self.rows >= self.limits.rows {
+            return Err(Exceeded { what: "the CFI row count", cap: self.limits.rows as u64 });
+        }
+        self.rows += 1;
+        Ok(())
+    }
+}
+
+/// Why a section could not be read.
+#[derive(Debug)]
+pub(crate) enum SectionError {
+    /// The section itself cannot be walked.
+    Parse(gimli::Error),
+    /// Reading it would exceed the file's [`Limits`]; nothing more is read.
+    OverBudget(Exceeded),
+}
+
+/// Why one FDE's program was not turned into rows.
+enum FdeError {
+    Parse,
+    OverBudget(Exceeded),
+}
+
+/// Reads every FDE of `section`, charging `budget` before each FDE is evaluated and each row
+/// stored. Fails when the section itself cannot be walked or the budget runs out. An FDE
 /// whose program fails to evaluate becomes one [`Unsupported::BadCfi`] row over its range.
-pub(crate) fn read_section<'a, S>(section: &S, bases: &BaseAddresses) -> gimli::Result<SectionCfi>
+pub(crate) fn read_section<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    budget: &mut Budget,
+) -> Result<SectionCfi, SectionError>
 where
     S: UnwindSection<Slice<'a>>,
 {
     let mut out = SectionCfi::default();
     let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
-    while let Some(entry) = entries.next()? {
+    while let Some(entry) = entries.next().map_err(SectionError::Parse)? {
         let CieOrFde::Fde(partial) = entry else { continue };
         let Ok(fde) = partial.parse(S::cie_from_offset) else {
             out.unparsed_fdes += 1;
@@ -49,27 +146,37 @@ where
         if fde.len() == 0 {
             continue;
         }
-        let rows = evaluate(section, bases, &mut ctx, &fde)
-            .unwrap_or_else(|_| vec![(fde.initial_address(), Rule::Unsupported(Unsupported::BadCfi))]);
+        budget.charge_program(fde.entry_len() + fde.cie().entry_len()).map_err(SectionError::OverBudget)?;
+        let rows = match evaluate(section, bases, &mut ctx, &fde, budget) {
+            Ok(rows) => rows,
+            Err(FdeError::OverBudget(exceeded)) => return Err(SectionError::OverBudget(exceeded)),
+            Err(FdeError::Parse) => {
+                budget.charge_row().map_err(SectionError::OverBudget)?;
+                vec![(fde.initial_address(), Rule::Unsupported(Unsupported::BadCfi))]
+            }
+        };
         out.fdes.push(FdeRows { start: fde.initial_address(), end: fde.end_address(), rows });
     }
     Ok(out)
 }
 
-/// Runs one FDE's CFI program and classifies each non-empty row.
+/// Runs one FDE's CFI program and classifies each non-empty row, charging each to `budget`
+/// before it is stored.
 fn evaluate<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     ctx: &mut UnwindContext<usize>,
     fde: &FrameDescriptionEntry<Slice<'a>>,
-) -> gimli::Result<Vec<(u64, Rule)>>
+    budget: &mut Budget,
+) -> Result<Vec<(u64, Rule)>, FdeError>
 where
     S: UnwindSection<Slice<'a>>,
 {
-    let mut table = fde.rows(section, bases, ctx)?;
+    let mut table = fde.rows(section, bases, ctx).map_err(|_| FdeError::Parse)?;
     let mut rows = Vec::new();
-    while let Some(row) = table.next_row()? {
+    while let Some(row) = table.next_row().map_err(|_| FdeError::Parse)? {
         if row.start_address() < row.end_address() {
+            budget.charge_row().map_err(FdeError::OverBudget)?;
             rows.push((row.start_address(), classify(row, section)));
         }
     }

@@ -299,7 +299,7 @@ fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], BuildErr
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// An `Elf64_Chdr` declaring `size` bytes, then `stream`.
@@ -328,7 +328,12 @@ mod tests {
 
     /// A minimal ELF file with one compressed section `.debug_x` holding `raw`.
     fn elf_with_compressed_section(raw: &[u8]) -> Vec<u8> {
-        let names = b"\0.debug_x\0.shstrtab\0";
+        elf_with_section(".debug_x", SHF_COMPRESSED, raw)
+    }
+
+    /// A minimal x86_64 ELF file with one section `name` (with `flags`) holding `raw`.
+    pub(in crate::unwind) fn elf_with_section(name: &str, flags: u64, raw: &[u8]) -> Vec<u8> {
+        let names = [b"\0", name.as_bytes(), b"\0.shstrtab\0"].concat();
         let mut bytes = vec![0u8; 64];
         bytes[..4].copy_from_slice(ELF_MAGIC);
         (bytes[4], bytes[5]) = (ELFCLASS64, ELFDATA2LSB);
@@ -336,7 +341,7 @@ mod tests {
         let data_at = bytes.len() as u64;
         bytes.extend(raw);
         let names_at = bytes.len() as u64;
-        bytes.extend(names);
+        bytes.extend(&names);
         let shoff = bytes.len() as u64;
         let header = |name: u32, kind: u32, flags: u64, offset: u64, size: u64| {
             let mut h = vec![0u8; SECTION_HEADER_LEN];
@@ -348,8 +353,8 @@ mod tests {
             h
         };
         bytes.extend(header(0, 0, 0, 0, 0));
-        bytes.extend(header(1, 1, SHF_COMPRESSED, data_at, raw.len() as u64));
-        bytes.extend(header(10, 3, 0, names_at, names.len() as u64));
+        bytes.extend(header(1, 1, flags, data_at, raw.len() as u64));
+        bytes.extend(header(name.len() as u32 + 2, 3, 0, names_at, names.len() as u64));
         bytes[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
         bytes[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
         bytes[0x3e..0x40].copy_from_slice(&2u16.to_le_bytes());

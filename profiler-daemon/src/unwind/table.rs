@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use profiler_common::UnwindRow;
 
-use super::cfi::{self, FdeRows, SectionCfi};
+use super::cfi::{self, Budget, FdeRows, Limits, SectionCfi, SectionError};
 use super::elf::{Elf, Section};
 use super::rule::{gap_row, ReasonCounts, Rule};
 
@@ -38,6 +38,18 @@ pub enum BuildError {
     /// A cap that bounds what one (possibly hostile) file can cost to build.
     #[error("{what} is {size}, over the cap of {cap}")]
     OverCap { what: &'static str, size: u64, cap: u64 },
+    /// A cap that bounds what reading one (possibly hostile) file's CFI can cost, reached
+    /// while reading it: the rest is not read, nor is the file built again.
+    #[error("{what} would pass the cap of {cap}: refused, as a file built to exhaust the profiler's memory or time")]
+    OverBudget { what: &'static str, cap: u64 },
+}
+
+impl BuildError {
+    /// Whether the file was refused for what building it would cost (not for what it is):
+    /// such a refusal is remembered across restarts, so a hostile file is paid for once.
+    pub fn is_over_budget(&self) -> bool {
+        matches!(self, BuildError::OverCap { .. } | BuildError::OverBudget { .. })
+    }
 }
 
 /// The most CFI rows one file may produce before merging: libLLVM, among the largest
@@ -100,15 +112,21 @@ impl UnwindTable {
 
 /// Builds the unwind table of the ELF file `elf_bytes`.
 pub fn build(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
+    build_with(elf_bytes, Limits::FILE)
+}
+
+/// [`build`] under `limits` (the tests' small ones).
+pub(crate) fn build_with(elf_bytes: &[u8], limits: Limits) -> Result<UnwindTable, BuildError> {
     let started = Instant::now();
     let elf = Elf::parse(elf_bytes)?;
+    let mut budget = Budget::new(limits);
     // .eh_frame first: at equal starts the earlier section wins (see `assemble`).
     let mut sections = Vec::new();
     if let Some(header) = elf.section(".eh_frame") {
-        sections.push(read_eh_frame(&elf, &header)?);
+        sections.push(read_eh_frame(&elf, &header, &mut budget)?);
     }
     if let Some(header) = elf.section(".debug_frame") {
-        sections.push(read_debug_frame(&elf, &header)?);
+        sections.push(read_debug_frame(&elf, &header, &mut budget)?);
     }
     if sections.is_empty() {
         return Err(BuildError::NoCfi);
@@ -118,7 +136,7 @@ pub fn build(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
     Ok(table)
 }
 
-fn read_eh_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildError> {
+fn read_eh_frame(elf: &Elf<'_>, header: &Section, budget: &mut Budget) -> Result<SectionCfi, BuildError> {
     let data = elf.data(header)?;
     let mut section = EhFrame::new(&data, LittleEndian);
     section.set_address_size(8);
@@ -130,15 +148,21 @@ fn read_eh_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildErr
     if let Some(got) = elf.section(".got") {
         bases = bases.set_got(got.addr);
     }
-    cfi::read_section(&section, &bases).map_err(|source| BuildError::Cfi { section: ".eh_frame", source })
+    cfi::read_section(&section, &bases, budget).map_err(|err| section_error(".eh_frame", err))
 }
 
-fn read_debug_frame(elf: &Elf<'_>, header: &Section) -> Result<SectionCfi, BuildError> {
+fn read_debug_frame(elf: &Elf<'_>, header: &Section, budget: &mut Budget) -> Result<SectionCfi, BuildError> {
     let data = elf.data(header)?;
     let mut section = DebugFrame::new(&data, LittleEndian);
     section.set_address_size(8);
-    cfi::read_section(&section, &BaseAddresses::default())
-        .map_err(|source| BuildError::Cfi { section: ".debug_frame", source })
+    cfi::read_section(&section, &BaseAddresses::default(), budget).map_err(|err| section_error(".debug_frame", err))
+}
+
+fn section_error(section: &'static str, err: SectionError) -> BuildError {
+    match err {
+        SectionError::Parse(source) => BuildError::Cfi { section, source },
+        SectionError::OverBudget(exceeded) => BuildError::OverBudget { what: exceeded.what, cap: exceeded.cap },
+    }
 }
 
 /// Lays the FDEs of all sections out by address and encodes them. An FDE that starts inside
@@ -303,5 +327,105 @@ mod tests {
         header[4] = 1; // ELFCLASS32
         header[5] = 1;
         assert!(matches!(build(&header), Err(BuildError::UnsupportedElf { class: 1, .. })));
+    }
+
+    /// A `.debug_frame` (32-bit DWARF, version 1) of one CIE (CFA = rsp + 8, return address
+    /// at CFA − 8) and one FDE from 0x1000 whose program is `advances` one-byte
+    /// `DW_CFA_advance_loc 1`: `advances + 1` rows of one byte each. Also the length of
+    /// each entry, as the budget counts them.
+    fn debug_frame(advances: usize) -> (Vec<u8>, usize) {
+        let mut cie = u32::MAX.to_le_bytes().to_vec(); // the CIE id
+        cie.extend([1, 0, 1, 0x78, 16]); // version, no augmentation, code ×1, data ×−8, RA = r16
+        cie.extend([0x0c, 7, 8, 0x90, 1]); // DW_CFA_def_cfa rsp 8; DW_CFA_offset r16 cfa−8
+        let mut fde = 0u32.to_le_bytes().to_vec(); // its CIE, at offset 0
+        fde.extend(0x1000u64.to_le_bytes());
+        fde.extend((advances as u64 + 1).to_le_bytes());
+        fde.resize(fde.len() + advances, 0x41);
+        let program = cie.len() + fde.len();
+        let mut section = Vec::with_capacity(program + 8);
+        for entry in [cie, fde] {
+            section.extend((entry.len() as u32).to_le_bytes());
+            section.extend(entry);
+        }
+        (section, program)
+    }
+
+    fn elf_with_debug_frame(advances: usize) -> (Vec<u8>, usize) {
+        let (section, program) = debug_frame(advances);
+        (crate::unwind::elf::tests::elf_with_section(".debug_frame", 0, &section), program)
+    }
+
+    fn status_kib(field: &str) -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// N2 of security review 3: one FDE of 10 M `DW_CFA_advance_loc` bytes (a 10 MB
+    /// section; zlib makes it 10 KB) is refused, and refusing it costs little memory. Run in
+    /// a process of its own ([`one_huge_fde_in_its_own_process`]), whose peak RSS no other
+    /// test moves.
+    #[test]
+    fn one_huge_fde_is_refused_before_its_rows_are_built() {
+        let exe = std::env::current_exe().unwrap();
+        let child = "unwind::table::tests::one_huge_fde_in_its_own_process";
+        let out = std::process::Command::new(exe)
+            .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
+            .env("PROFILER_TEST_HUGE_FDE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+    }
+
+    #[test]
+    #[ignore = "run by one_huge_fde_is_refused_before_its_rows_are_built in a process of its own"]
+    fn one_huge_fde_in_its_own_process() {
+        if std::env::var_os("PROFILER_TEST_HUGE_FDE").is_none() {
+            return;
+        }
+        const MIB: u64 = 1024;
+        let (elf, _) = elf_with_debug_frame(10_000_000);
+        let before = status_kib("VmHWM:");
+        let started = Instant::now();
+        let built = build(&elf);
+        let grown = status_kib("VmHWM:").saturating_sub(before);
+        eprintln!("peak RSS grew by {grown} KiB in {:?}", started.elapsed());
+        assert!(matches!(built, Err(BuildError::OverBudget { .. })), "{built:?}");
+        assert!(grown < 64 * MIB, "peak RSS grew by {grown} KiB building a refused table");
+    }
+
+    #[test]
+    fn a_file_just_under_the_row_budget_builds_and_one_row_more_is_refused() {
+        let (elf, _) = elf_with_debug_frame(999);
+        let limits = |rows| Limits { rows, ..Limits::FILE };
+        let table = build_with(&elf, limits(1000)).expect("1000 rows fit a budget of 1000");
+        assert_eq!(table.stats().rows_before_merge, 1001, "1000 CFI rows and the gap after them");
+        assert_eq!(table.lookup(0x1000 + 999), Some(rsp(8)));
+        match build_with(&elf, limits(999)) {
+            Err(err @ BuildError::OverBudget { cap: 999, .. }) => {
+                assert!(err.to_string().contains("row count"), "{err}");
+                assert!(err.is_over_budget());
+            }
+            other => panic!("1000 rows built under a budget of 999: {other:?}"),
+        }
+        // The same file under the limits every file is built under.
+        assert_eq!(build(&elf).expect("builds").stats().rows_before_merge, 1001);
+    }
+
+    #[test]
+    fn the_program_bytes_of_one_fde_and_of_the_file_are_bounded() {
+        let (elf, program) = elf_with_debug_frame(999);
+        let fde = |fde_program_bytes| Limits { fde_program_bytes, ..Limits::FILE };
+        let file = |program_bytes| Limits { program_bytes, ..Limits::FILE };
+        assert!(build_with(&elf, fde(program)).is_ok());
+        assert!(build_with(&elf, file(program)).is_ok());
+        let refused = |limits, what: &str| match build_with(&elf, limits) {
+            Err(err @ BuildError::OverBudget { .. }) => assert!(err.to_string().contains(what), "{err}"),
+            other => panic!("a program of {program} bytes built under {limits:?}: {other:?}"),
+        };
+        refused(fde(program - 1), "of one FDE");
+        refused(file(program - 1), "of the file");
     }
 }
