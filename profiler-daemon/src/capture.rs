@@ -103,6 +103,9 @@ pub struct CaptureConfig {
     /// Each process's and uid's share of the kernel's stack table. Not applied when one
     /// process is chosen: it has the table to itself.
     pub shares: StackShares,
+    /// Where the unwinder remembers files refused for their cost across restarts (the
+    /// daemon's output directory); `None`: in memory only.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Why capturing failed, or what went wrong in a drain without stopping it.
@@ -252,7 +255,7 @@ impl Capture {
         })
         .map_err(CaptureError::Load)?;
         let files = Offload::new("offload-unwind", config.heartbeat.clone());
-        let unwinder = Unwinder::new(&session, files.sibling("offload-unwind"));
+        let unwinder = Unwinder::new(&session, files.sibling("offload-unwind"), config.state_dir.as_deref());
         // Opened before `/proc` is read: a process started meanwhile is in one or the other.
         let (sideband, sideband_error) = match Sideband::open() {
             Ok(sideband) => {

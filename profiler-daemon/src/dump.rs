@@ -56,6 +56,7 @@ pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
         heartbeat: None,
         selection: Default::default(),
         shares: StackShares::NONE,
+        state_dir: None,
     })?;
     let dump = Arc::new(capture.thread_dump(pid)?);
     let counters = capture.counters()?;

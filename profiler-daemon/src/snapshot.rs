@@ -98,6 +98,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
         heartbeat: None,
         selection: Default::default(),
         shares: StackShares { process_percent: args.process_share, uid_percent: args.uid_share },
+        state_dir: None,
     })?;
     if capture.has(Source::HeapProbes) {
         for &pid in &pids {

@@ -183,6 +183,7 @@ impl Collector {
             heartbeat: Some(heartbeat.clone()),
             selection: config.processes.clone(),
             shares: config.limits,
+            state_dir: Some(config.output_dir.clone()),
         })?;
         capture.select(&config.processes);
         capture.set_process_share(config.limits.process_percent);

@@ -10,6 +10,7 @@
 mod cfi;
 mod elf;
 mod mapped;
+mod refused;
 mod registry;
 mod report;
 mod rule;

@@ -23,6 +23,7 @@ use profiler_common::{
 use super::{
     elf::{self, load_segments, LoadSegment},
     mapped::MappedFile,
+    refused::Refused,
     registry::{FileKey, NoRoom, Registry},
 };
 use crate::{
@@ -145,6 +146,8 @@ pub struct Unwinder {
     vdso: HashMap<u64, FileInfo>,
     /// Files whose table will never be built, with the reason.
     failed: HashMap<FileKey, String>,
+    /// Those of them refused for what building them would cost, kept across restarts.
+    refused: Refused,
     /// Files whose table was built but did not fit the memory, by its rows: not built again
     /// until the registry has room for that many (building one can take a second).
     no_room: HashMap<FileKey, u32>,
@@ -157,16 +160,23 @@ pub struct Unwinder {
 }
 
 impl Unwinder {
-    /// An unwinder over the session's row memory, reading files on `offload`.
-    pub fn new(session: &Session, offload: Offload) -> Self {
+    /// An unwinder over the session's row memory, reading files on `offload`, and keeping
+    /// the files refused for their cost in `state_dir` (in memory only without one).
+    pub fn new(session: &Session, offload: Offload, state_dir: Option<&std::path::Path>) -> Self {
         let shards = session.unwind_rows() / SHARD_ROWS;
+        let refused = Refused::load(state_dir);
+        let failed: HashMap<FileKey, String> = refused
+            .entries()
+            .map(|(key, reason)| (key.clone(), format!("refused before a restart: {reason}")))
+            .collect();
         Self {
             registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
             offload,
             files: HashMap::new(),
             recent_stats: HashMap::new(),
             vdso: HashMap::new(),
-            failed: HashMap::new(),
+            failed,
+            refused,
             no_room: HashMap::new(),
             processes: HashMap::new(),
             stats: UnwinderStats::default(),
@@ -587,6 +597,10 @@ impl Unwinder {
             Some(Err(err)) => {
                 tracing::debug!(file = %entry.path, error = %err, "no unwind table");
                 self.stats.build_failures += 1;
+                if err.is_over_budget() {
+                    tracing::warn!(file = %entry.path, error = %err, "no unwind table; not read again, even after a restart");
+                    self.refused.add(key, &err.to_string());
+                }
                 self.failed.insert(key.clone(), err.to_string());
                 return Ok(None);
             }
