@@ -55,8 +55,9 @@ impl Limits {
     /// 192 in glibc's `libc.so.6`) and CIE entries are at most 32 bytes, so 1 MiB per FDE
     /// is 30 times what a compiler emits. The largest file's program in all is about
     /// 9.4 MiB (`librustc_driver`: 5.8 MiB of FDEs plus 106 k × 32 bytes of CIE), so 256 MiB
-    /// (the most a compressed section may inflate to) is 27 times that, and evaluates in
-    /// about a second.
+    /// (the most a compressed section may inflate to) is 27 times that. A release build
+    /// refuses a file at either cap in about 0.3 s (a CIE of 1 MiB of `DW_CFA_nop` run for
+    /// each of its FDEs: 0.34 s), while librustc_driver and libLLVM build in under 0.2 s.
     pub const FILE: Limits =
         Limits { rows: super::table::MAX_ROWS, fde_program_bytes: 1 << 20, program_bytes: 256 << 20 };
 }
