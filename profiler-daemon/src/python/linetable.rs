@@ -89,7 +89,7 @@ impl Reader<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// CPython 3.12.1's table for this function, defined at line 1 of a file:
@@ -106,9 +106,9 @@ mod tests {
     /// ```
     ///
     /// with the lines `co_positions()` gives per code unit (`None` for a unit without one).
-    const TABLE: &[u8] =
+    pub(crate) const TABLE: &[u8] =
         &[128, 0, 216, 8, 9, 128, 65, 217, 7, 8, 216, 12, 13, 136, 1, 240, 6, 0, 16, 17, 136, 8, 216, 11, 12, 128, 72];
-    const LINES: &[Option<u32>] =
+    pub(crate) const LINES: &[Option<u32>] =
         &[Some(1), Some(2), Some(2), Some(3), Some(3), Some(4), Some(4), Some(7), Some(7), Some(8), Some(8)];
 
     #[test]

@@ -27,9 +27,10 @@ pub mod offsets;
 
 use std::collections::HashMap;
 
-use code::{CodeCache, CodeStats, ProcessKey};
+use code::{CodeCache, CodeStats, ProcessKey, ReadBudget, DUMP_READ_BYTES};
 use detect::Detection;
 use memory::{ReadError, Remote};
+use profiler_common::InterpretedFrame;
 
 use crate::{
     catalog::KnownProcess,
@@ -46,6 +47,9 @@ pub enum ReadFailure {
     /// What was read is not what the version's layout says it should be.
     #[error("{0}")]
     Layout(String),
+    /// The dump's bytes to read for naming code objects are spent ([`DUMP_READ_BYTES`]).
+    #[error("this dump's budget of {DUMP_READ_BYTES} bytes read to name code objects is spent")]
+    OverBudget,
 }
 
 /// One Python frame of a thread, named.
@@ -84,6 +88,9 @@ pub struct PythonSummary {
     pub frames: u64,
     /// Frames whose code object could not be read (named `?`).
     pub unnamed: u64,
+    /// Frames left unnamed (`?`) because the dump's read budget ([`DUMP_READ_BYTES`]) was
+    /// spent.
+    pub over_budget: u64,
     /// Thread states of threads not walked now (on a CPU, moving, or no frames): native
     /// frames only.
     pub not_walked: u64,
@@ -139,6 +146,7 @@ impl PythonReader {
             interp,
             summary: summary(status),
             states: HashMap::new(),
+            reads: ReadBudget::new(DUMP_READ_BYTES),
         })
     }
 
@@ -163,8 +171,19 @@ pub struct PythonDump<'a> {
     /// `None` when the interpreter cannot be read (the status says why).
     interp: Option<Box<detect::Interpreter>>,
     summary: PythonSummary,
-    /// The latest read's thread states: tid → whether its chain was cut.
-    states: HashMap<u32, bool>,
+    /// The latest read's thread states, by tid.
+    states: HashMap<u32, ThreadRead>,
+    /// Bytes this dump may still read to name code objects (all rounds together).
+    reads: ReadBudget,
+}
+
+/// What the latest read of one thread state gave.
+#[derive(Clone, Copy, Debug, Default)]
+struct ThreadRead {
+    /// Its chain was cut: outermost frames missing.
+    truncated: bool,
+    /// Frames left unnamed because the dump's read budget was spent.
+    over_budget: u64,
 }
 
 impl PythonDump<'_> {
@@ -176,26 +195,36 @@ impl PythonDump<'_> {
             Ok(threads) => threads,
             Err(err) => return self.fail(&err),
         };
-        self.states = threads.iter().map(|t| (t.tid, t.truncated)).collect();
+        self.states = threads.iter().map(|t| (t.tid, ThreadRead { truncated: t.truncated, over_budget: 0 })).collect();
         let mut named = HashMap::new();
         for thread in threads.iter().filter(|t| tids.contains(&t.tid)) {
             let mut out = Vec::with_capacity(thread.frames.len());
+            let mut over_budget = 0;
             for frame in &thread.frames {
-                let code = self.codes.get(&self.remote, interp, self.key, frame.code_object, &mut self.summary.codes);
+                let code = self.codes.name(
+                    &self.remote,
+                    interp,
+                    self.key,
+                    (frame.code_object, frame.instr_offset),
+                    &mut self.reads,
+                    &mut self.summary.codes,
+                );
                 out.push(match code {
-                    Ok(code) => PythonFrame {
-                        qualname: code.qualname.clone(),
-                        filename: code.filename.clone(),
-                        line: code.line(frame.instr_offset),
-                        entry: frame.is_entry(),
-                    },
+                    Ok((code, line)) => named_frame(&code, line, frame),
                     Err(ReadFailure::Read(ReadError::Exited)) => return self.fail(&ReadError::Exited.into()),
+                    Err(ReadFailure::OverBudget) => {
+                        over_budget += 1;
+                        unnamed_frame(frame)
+                    }
                     Err(_) => {
                         self.summary.unnamed += 1;
-                        PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+                        unnamed_frame(frame)
                     }
                 });
             }
+            // Counted per thread, and summed in `finish` for the threads whose frames are
+            // kept: a thread read again in a later round is not counted twice.
+            self.states.entry(thread.tid).or_default().over_budget = over_budget;
             named.insert(thread.tid, out);
         }
         named
@@ -213,21 +242,27 @@ impl PythonDump<'_> {
             if named.contains_key(&word) {
                 continue;
             }
-            let code = self.codes.get(&self.remote, interp, self.key, frame.code_object, &mut self.summary.codes);
+            let code = self.codes.name(
+                &self.remote,
+                interp,
+                self.key,
+                (frame.code_object, frame.instr_offset),
+                &mut self.reads,
+                &mut self.summary.codes,
+            );
             let name = match code {
-                Ok(code) => PythonFrame {
-                    qualname: code.qualname.clone(),
-                    filename: code.filename.clone(),
-                    line: code.line(frame.instr_offset),
-                    entry: frame.is_entry(),
-                },
+                Ok((code, line)) => named_frame(&code, line, &frame),
                 Err(ReadFailure::Read(ReadError::Exited)) => {
                     self.fail(&ReadError::Exited.into());
                     return HashMap::new();
                 }
+                Err(ReadFailure::OverBudget) => {
+                    self.summary.over_budget += 1;
+                    unnamed_frame(&frame)
+                }
                 Err(_) => {
                     self.summary.unnamed += 1;
-                    PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+                    unnamed_frame(&frame)
                 }
             };
             self.summary.frames += 1;
@@ -244,8 +279,12 @@ impl PythonDump<'_> {
             PythonStatus::Read { version: (major, minor), path } => format!(
                 "python: CPython {major}.{minor} ({path}): Python frames walked in the kernel, in place of \
                  _PyEval_EvalFrameDefault in {placed} of {samples} samples with any; {} distinct frames named, {} \
-                 unnamed (code object unreadable); code objects read {}, cached {}, replaced at a reused address {}",
-                s.frames, s.unnamed, s.codes.read, s.codes.cached, s.codes.replaced,
+                 unnamed (code object unreadable), {} unnamed past the {} MiB read for naming them; {}",
+                s.frames,
+                s.unnamed,
+                s.over_budget,
+                DUMP_READ_BYTES >> 20,
+                s.codes.describe(),
             ),
             _ => format!("{} ({samples} samples keep _PyEval_EvalFrameDefault)", s.describe()),
         }
@@ -277,10 +316,11 @@ impl PythonDump<'_> {
             }
             match self.states.get(&thread.tid.0) {
                 Some(_) if thread.python.is_empty() => s.not_walked += 1,
-                Some(&truncated) => {
+                Some(read) => {
                     s.threads += 1;
                     s.frames += thread.python.len() as u64;
-                    s.truncated += u64::from(truncated);
+                    s.truncated += u64::from(read.truncated);
+                    s.over_budget += read.over_budget;
                 }
                 None => {}
             }
@@ -290,12 +330,23 @@ impl PythonDump<'_> {
     }
 }
 
+/// A frame named from its code object, at `line`.
+fn named_frame(code: &code::CodeInfo, line: u32, frame: &InterpretedFrame) -> PythonFrame {
+    PythonFrame { qualname: code.qualname.clone(), filename: code.filename.clone(), line, entry: frame.is_entry() }
+}
+
+/// A frame whose code object was not read: `?`.
+fn unnamed_frame(frame: &InterpretedFrame) -> PythonFrame {
+    PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
+}
+
 fn summary(status: PythonStatus) -> PythonSummary {
     PythonSummary {
         status,
         threads: 0,
         frames: 0,
         unnamed: 0,
+        over_budget: 0,
         not_walked: 0,
         unmatched: 0,
         truncated: 0,
@@ -316,20 +367,21 @@ impl PythonSummary {
         match &self.status {
             PythonStatus::Read { version: (major, minor), path } => format!(
                 "python: CPython {major}.{minor} ({path}): {} threads with {} Python frames in place of \
-                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable); {} threads without Python \
+                 _PyEval_EvalFrameDefault; {} frames unnamed (code object unreadable), {} unnamed past the {} MiB \
+                 a dump reads to name them; {} threads without Python \
                  frames now (on a CPU, moving, or in no Python code); {} thread states without a dumped thread; {} chains cut at {} frames a thread \
-                 or {} a dump; code objects read {}, cached {}, replaced at a reused address {}",
+                 or {} a dump; {}",
                 self.threads,
                 self.frames,
                 self.unnamed,
+                self.over_budget,
+                DUMP_READ_BYTES >> 20,
                 self.not_walked,
                 self.unmatched,
                 self.truncated,
                 frames::MAX_FRAMES,
                 frames::MAX_FRAMES_PER_DUMP,
-                self.codes.read,
-                self.codes.cached,
-                self.codes.replaced,
+                self.codes.describe(),
             ),
             PythonStatus::Unsupported(why) => format!("python: native frames only: {why}"),
             PythonStatus::Failed(why) => format!("python: native frames only: reading the interpreter failed: {why}"),
@@ -368,6 +420,7 @@ mod tests {
             interp: Some(Box::new(interp)),
             summary: summary(PythonStatus::Read { version: (3, 12), path: "libpython3.12.so".into() }),
             states: HashMap::new(),
+            reads: ReadBudget::new(DUMP_READ_BYTES),
         };
         assert!(reading.read(&[7]).is_empty());
         let frame = PythonFrame { qualname: "f".into(), filename: "a.py".into(), line: 1, entry: true };
