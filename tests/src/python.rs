@@ -106,6 +106,16 @@ impl PythonFixture {
         Self::start(cmd, false)
     }
 
+    /// [`PythonFixture::spawn`] as the unprivileged user `nobody` (uid/gid 65534, no
+    /// groups); `setpriv` execs the interpreter, so the pid is its own. `python` and
+    /// `script` must be readable by nobody (a script copied to a 0755 directory, an
+    /// interpreter outside `/root`).
+    pub fn spawn_as_nobody(python: &Path, script: &Path, args: &[&str]) -> Self {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(python).arg(script).args(args);
+        Self::start(cmd, false)
+    }
+
     /// [`PythonFixture::spawn`] in a new pid namespace (`unshare --pid --fork`), as in a
     /// container: the interpreter is pid 1 there and knows its threads by the ids they have
     /// there. [`PythonFixture::pid`] is its pid as the host sees it.

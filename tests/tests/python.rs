@@ -341,3 +341,49 @@ fn gdb_values<'a>(file: &Path, exprs: impl Iterator<Item = &'a str>) -> Vec<Opti
     }
     values
 }
+
+/// Security review N3: 3,600 code objects (4 threads, 900 each) that share one 256 KiB
+/// location table, made by nobody. A thread dump of them once took the profiler from 75 MB
+/// to 995 MB; with the cache bounded in bytes and lines kept instead of tables, its peak RSS
+/// stays under the unit's `MemoryHigh` (384 MiB), read from the kernel's own count for
+/// the `profiler threads` process (`wait4`'s `ru_maxrss`).
+#[test]
+fn code_objects_sharing_a_huge_line_table_do_not_blow_up_a_thread_dump() {
+    use std::os::unix::fs::PermissionsExt;
+    preflight();
+    // Debian's static build: nobody can run it (pyenv's are under /root).
+    let python = PathBuf::from("/usr/bin/python3.11");
+    assert!(python.exists(), "this test needs {}", python.display());
+    let scratch = TempDir::new("python-codes");
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = scratch.path().join("py_codes.py");
+    std::fs::copy(fixture_path("py_codes.py"), &script).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let fixture = PythonFixture::spawn_as_nobody(&python, &script, &[FIXTURE_S]);
+    let file = scratch.path().join("threads.pb.gz");
+    // Reaped by `wait4` below, for its `rusage`, which `Child::wait` does not give.
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(profiler_tests::run::profiler_bin())
+        .args(["threads", &fixture.pid().to_string(), "--debug", "0", "--output", file.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("failed to start profiler threads");
+    // SAFETY: `rusage` is plain integers, for which zero is a valid value.
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for our own child (not waited for elsewhere), writing to the two locals.
+    let waited = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(waited, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "profiler threads failed: status {status:#x}");
+    let peak_kib = usage.ru_maxrss;
+    assert!(peak_kib < 384 * 1024, "profiler threads peaked at {peak_kib} KiB, over 384 MiB");
+    // And it did name the attack's frames (up to its budgets), so the bound is not from
+    // reading nothing.
+    let profile = Profile::decode(&file);
+    let named = profile
+        .samples
+        .iter()
+        .flat_map(|s| s.user_frames())
+        .filter(|f| is_python(f) && f.function.starts_with("s0_"))
+        .count();
+    assert!(named > 0, "no frame of the chains was named; comments {:?}", profile.comments);
+}
