@@ -33,7 +33,7 @@ pub fn run(args: &ThreadsArgs) -> Result<(), SnapshotError> {
     preflight::check_pids(&[args.pid])?;
     let bytes = dump(Pid(args.pid), args.debug)?;
     match &args.output {
-        Some(path) => output::write_atomic(path, &bytes)?,
+        Some(path) => output::write_atomic(output::parent_dir(path), path, &bytes)?,
         None => std::io::stdout()
             .write_all(&bytes)
             .map_err(|source| Error::Io { action: "write to stdout".into(), source })?,

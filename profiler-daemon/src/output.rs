@@ -2,16 +2,41 @@
 //! temporary file in the same directory, made durable, then renamed) so no reader sees a
 //! partial file, even after a crash. One file is [`write_atomic`]; a dump's many files are a
 //! [`Batch`], made durable together.
+//!
+//! The output directory `DIR` is trusted as configured (a symbolic link in its path is the
+//! operator's choice). Below it, the daemon trusts nothing it did not create itself: it
+//! opens `DIR` once, then creates and opens each component below it relative to the open
+//! directory (`mkdirat`, `openat` with `O_NOFOLLOW`), so a symbolic link planted at a
+//! process directory or at a file name (e.g. `DIR/bash-1234 -> /etc` in a shared
+//! directory) is refused, never followed. Temporary names are random and created with
+//! `O_CREAT|O_EXCL`, so nobody can plant one in advance. Modes are explicit, not left to
+//! the umask: directories [`DIR_MODE`], files [`FILE_MODE`] (a stricter umask narrows them
+//! further).
 
 use std::{
     collections::BTreeMap,
+    ffi::{CString, OsStr, OsString},
     fs,
-    io::Write,
-    os::unix::{fs::MetadataExt, io::AsRawFd},
-    path::{Path, PathBuf},
+    io::{self, Write},
+    os::unix::{
+        ffi::OsStrExt,
+        fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+        io::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    },
+    path::{Component, Path, PathBuf},
+    sync::Arc,
 };
 
 use crate::error::{Error, Result};
+
+/// The mode of every directory the daemon creates for profiles: owner and group may list
+/// it, nobody else (profiles name every process's functions, executables and units).
+pub const DIR_MODE: u32 = 0o750;
+/// The mode of every profile file: owner writes, group reads, nobody else.
+pub const FILE_MODE: u32 = 0o640;
+/// Attempts at a free random temporary name before giving up (a collision of 64 random
+/// bits means something else is wrong).
+const TEMP_ATTEMPTS: usize = 4;
 
 /// The directory name of a process: its name (with `/`, whitespace and control characters
 /// replaced by `_`) and its pid.
@@ -22,42 +47,226 @@ pub fn process_dir_name(name: &str, pid: u32) -> String {
     format!("{clean}-{pid}")
 }
 
-/// Creates `dir` if needed and proves it is writable by creating and removing a file.
-pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
-    let fail = |cause| Error::OutputDir { path: dir.to_path_buf(), cause };
-    fs::create_dir_all(dir).map_err(fail)?;
-    let probe = dir.join(format!(".profiler-probe-{}", std::process::id()));
-    fs::write(&probe, b"").map_err(fail)?;
-    fs::remove_file(&probe).map_err(fail)
+/// The directory `path` is written in, as [`write_atomic`]'s trusted root when a single
+/// file is named on the command line: its parent, or `.` for a bare file name.
+pub fn parent_dir(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
-/// Writes `bytes` to `path` atomically, creating the parent directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Creates `dir` if needed (mode [`DIR_MODE`]) and proves it is writable by creating and
+/// removing a file.
+pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
+    let fail = |cause| Error::OutputDir { path: dir.to_path_buf(), cause };
+    let root = open_root(dir).map_err(fail)?;
+    let (_, probe) = create_temp(root.as_fd(), OsStr::new("profiler-probe"), dir).map_err(fail)?;
+    unlink_at(root.as_fd(), &probe).map_err(fail)
+}
+
+/// Writes `bytes` to `path` atomically, creating the directories between `root` (trusted,
+/// created if missing) and `path`, which must lie below `root`.
+pub fn write_atomic(root: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
     let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
-    let (file, tmp) = write_temp(path, bytes).map_err(fail)?;
-    let result = file.sync_all().and_then(|()| fs::rename(&tmp, path));
+    let (dir, name) = open_parent(root, path).map_err(fail)?;
+    let (file, tmp) = write_temp(dir.as_fd(), name, path, bytes).map_err(fail)?;
+    let result = file.sync_all().and_then(|()| install(dir.as_fd(), &tmp, name, path));
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = unlink_at(dir.as_fd(), &tmp);
     }
     result.map_err(fail)
 }
 
-/// Writes `bytes` to a new temporary file beside `path` (creating the directory), and
-/// returns it, still open, with its name; on failure nothing is left behind.
-fn write_temp(path: &Path, bytes: &[u8]) -> std::io::Result<(fs::File, PathBuf)> {
-    fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-    let tmp = temp_path(path);
-    match fs::File::create(&tmp).and_then(|mut file| file.write_all(bytes).map(|()| file)) {
-        Ok(file) => Ok((file, tmp)),
+/// Opens the directory `path` is to be written in: `root` (created with [`DIR_MODE`] if
+/// missing, followed if a symbolic link), then each component between, never following a
+/// symbolic link. Returns it with `path`'s file name.
+fn open_parent<'a>(root: &Path, path: &'a Path) -> io::Result<(OwnedFd, &'a OsStr)> {
+    let outside = || io::Error::new(io::ErrorKind::InvalidInput, format!("not a file below {}", root.display()));
+    // `a.pb.gz` lies below `.` although it does not start with it.
+    let rel = match path.strip_prefix(root) {
+        Ok(rel) => rel,
+        Err(_) if root == Path::new(".") && path.is_relative() => path,
+        Err(_) => return Err(outside()),
+    };
+    let mut parts = Vec::new();
+    for part in rel.components() {
+        match part {
+            Component::Normal(name) => parts.push(name),
+            _ => return Err(outside()),
+        }
+    }
+    let name = parts.pop().ok_or_else(outside)?;
+    let mut dir = open_root(root)?;
+    let mut shown = root.to_path_buf();
+    for part in parts {
+        shown.push(part);
+        dir = open_subdir(dir.as_fd(), part, &shown)?;
+    }
+    Ok((dir, name))
+}
+
+/// Creates `root` with [`DIR_MODE`] (and any missing parents) and opens it.
+fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(root)?;
+    let dir = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root)?;
+    Ok(dir.into())
+}
+
+/// Creates `name` in `parent` with [`DIR_MODE`] if missing and opens it, refusing a symbolic
+/// link, a non-directory, or a directory of another user. A directory of ours that others
+/// may read (an older version's 0755) is narrowed to [`DIR_MODE`]. `shown` is its path,
+/// for errors.
+fn open_subdir(parent: BorrowedFd<'_>, name: &OsStr, shown: &Path) -> io::Result<OwnedFd> {
+    let c_name = c_name(name)?;
+    // SAFETY: `parent` is an open descriptor and `c_name` a NUL-terminated string.
+    if unsafe { libc::mkdirat(parent.as_raw_fd(), c_name.as_ptr(), DIR_MODE) } != 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::AlreadyExists {
+            return Err(err);
+        }
+    }
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let dir = open_at(parent, &c_name, flags, 0).map_err(|err| match err.raw_os_error() {
+        Some(libc::ELOOP | libc::ENOTDIR) => refused(shown, "is a symbolic link or not a directory"),
+        _ => err,
+    })?;
+    let meta = fs::File::from(dir.try_clone()?).metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid {
+        return Err(refused(shown, &format!("belongs to uid {}, not to the daemon's uid {euid}", meta.uid())));
+    }
+    if meta.mode() & 0o777 & !DIR_MODE != 0 {
+        fchmod(dir.as_fd(), meta.mode() & DIR_MODE)?;
+    }
+    Ok(dir)
+}
+
+/// The error for a path the daemon will not write through, saying what to do.
+fn refused(path: &Path, what: &str) -> io::Error {
+    io::Error::other(format!("{} {what}; refusing to write through it: remove it", path.display()))
+}
+
+/// Writes `bytes` to a new temporary file beside `name` in `dir`, and returns it, still
+/// open, with its name; on failure nothing is left behind.
+fn write_temp(dir: BorrowedFd<'_>, name: &OsStr, path: &Path, bytes: &[u8]) -> io::Result<(fs::File, OsString)> {
+    let (mut file, tmp) = create_temp(dir, name, path)?;
+    match file.write_all(bytes) {
+        Ok(()) => Ok((file, tmp)),
         Err(err) => {
-            let _ = fs::remove_file(&tmp);
+            let _ = unlink_at(dir, &tmp);
             Err(err)
         }
     }
 }
 
+/// Creates `.<name>.tmp-<16 random hex digits>` in `dir` with [`FILE_MODE`], exclusively:
+/// a name that exists (whatever it is, a symbolic link too) is never opened, another
+/// random name is tried. The leading dot keeps retention from listing it.
+fn create_temp(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> io::Result<(fs::File, OsString)> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    for _ in 0..TEMP_ATTEMPTS {
+        let mut tmp = OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".tmp-{:016x}", random_u64()?));
+        match open_at(dir, &c_name(&tmp)?, flags, FILE_MODE) {
+            Ok(fd) => return Ok((fd.into(), tmp)),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("no free temporary name beside {} after {TEMP_ATTEMPTS} random tries", path.display()),
+    ))
+}
+
+/// Renames the temporary file `tmp` to `name`, both in `dir`, unless `name` is something
+/// other than a regular file. `rename` itself never follows a symbolic link at `name` (it
+/// would replace the link), so the check only turns that into a clear refusal.
+fn install(dir: BorrowedFd<'_>, tmp: &OsStr, name: &OsStr, path: &Path) -> io::Result<()> {
+    let c_target = c_name(name)?;
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is open, `c_target` NUL-terminated, `st` valid to write.
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), c_target.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc == 0 && st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(refused(path, "exists and is not a regular file (a symbolic link?)"));
+    }
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::NotFound {
+            return Err(err);
+        }
+    }
+    let c_tmp = c_name(tmp)?;
+    // SAFETY: as above; both names are relative to the same open directory.
+    let rc = unsafe { libc::renameat(dir.as_raw_fd(), c_tmp.as_ptr(), dir.as_raw_fd(), c_target.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `openat(2)`.
+fn open_at(dir: BorrowedFd<'_>, name: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `dir` is open and `name` NUL-terminated; the mode is passed as the variadic
+    // argument `openat` reads only with O_CREAT.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `unlinkat(2)` of a file.
+fn unlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let c_name = c_name(name)?;
+    // SAFETY: `dir` is open and `c_name` NUL-terminated.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c_name.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `fchmod(2)`.
+fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: `fd` is open.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn c_name(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a file name"))
+}
+
+/// 64 bits from the kernel's random pool (`getrandom(2)`), for temporary names nobody can
+/// predict.
+fn random_u64() -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    loop {
+        // SAFETY: `buf` is valid for `buf.len()` bytes.
+        let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) if n == buf.len() => return Ok(u64::from_ne_bytes(buf)),
+            Ok(_) => return Err(io::Error::other("getrandom returned fewer bytes than asked for")),
+            Err(_) => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
 /// Files open at once in a [`Batch`]: a dump of thousands of processes commits every this
-/// many files, staying well below the usual limit of 1024 descriptors.
+/// many files. With one open directory per process directory among them (at most as many
+/// again), that stays below the usual limit of 1024 descriptors.
 pub const BATCH_MAX_OPEN: usize = 256;
 
 /// Several files written atomically with one flush of the disk: each is written to a
@@ -70,15 +279,21 @@ pub const BATCH_MAX_OPEN: usize = 256;
 /// `syncfs` it blocks once. The price: `syncfs` also writes back other dirty data of the
 /// output directory's file system (as ext4's journal commit on `fsync` largely does too).
 ///
+/// Each file is renamed relative to its directory as opened when it was staged, so a
+/// directory swapped for a symbolic link in between is not followed.
+///
 /// Uncommitted temporary files are removed on drop.
 #[derive(Default)]
 pub struct Batch {
     staged: Vec<Staged>,
+    /// The directories of the staged files, opened once each (by path, until the commit).
+    dirs: BTreeMap<PathBuf, Arc<OwnedFd>>,
 }
 
 struct Staged {
     file: fs::File,
-    tmp: PathBuf,
+    dir: Arc<OwnedFd>,
+    tmp: OsString,
     path: PathBuf,
     bytes: u64,
 }
@@ -92,11 +307,23 @@ pub struct Committed {
 }
 
 impl Batch {
-    /// Writes `bytes` to a temporary file beside `path` (creating the directory); the file
-    /// appears at `path` on [`Batch::commit`].
-    pub fn stage(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
-        let (file, tmp) = write_temp(path, bytes).map_err(|cause| Error::Write { path: path.to_path_buf(), cause })?;
-        self.staged.push(Staged { file, tmp, path: path.to_path_buf(), bytes: bytes.len() as u64 });
+    /// Writes `bytes` to a temporary file beside `path`, creating the directories between
+    /// `root` and `path` as [`write_atomic`] does; the file appears at `path` on
+    /// [`Batch::commit`].
+    pub fn stage(&mut self, root: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+        let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
+        let parent = path.parent().unwrap_or(path).to_path_buf();
+        let (dir, name) = match self.dirs.get(&parent) {
+            Some(dir) => (dir.clone(), path.file_name().unwrap_or_default()),
+            None => {
+                let (dir, name) = open_parent(root, path).map_err(fail)?;
+                let dir = Arc::new(dir);
+                self.dirs.insert(parent, dir.clone());
+                (dir, name)
+            }
+        };
+        let (file, tmp) = write_temp(dir.as_fd(), name, path, bytes).map_err(fail)?;
+        self.staged.push(Staged { file, dir, tmp, path: path.to_path_buf(), bytes: bytes.len() as u64 });
         Ok(())
     }
 
@@ -111,6 +338,7 @@ impl Batch {
     pub fn commit(&mut self) -> Committed {
         let mut done = Committed::default();
         let staged = std::mem::take(&mut self.staged);
+        self.dirs.clear();
         let mut by_fs: BTreeMap<u64, Vec<Staged>> = BTreeMap::new();
         for s in staged {
             match s.file.metadata() {
@@ -134,7 +362,7 @@ impl Batch {
             };
             let fs_file = durable.first().and_then(|s| s.file.try_clone().ok());
             for s in durable {
-                match fs::rename(&s.tmp, &s.path) {
+                match install(s.dir.as_fd(), &s.tmp, s.path.file_name().unwrap_or_default(), &s.path) {
                     Ok(()) => done.written.push((s.path, s.bytes)),
                     Err(cause) => done.failed.push(abandon(s, cause)),
                 }
@@ -155,14 +383,14 @@ impl Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         for s in &self.staged {
-            let _ = fs::remove_file(&s.tmp);
+            let _ = unlink_at(s.dir.as_fd(), &s.tmp);
         }
     }
 }
 
 /// Removes a staged file's temporary file; the error names the file it was for.
 fn abandon(s: Staged, cause: std::io::Error) -> Error {
-    let _ = fs::remove_file(&s.tmp);
+    let _ = unlink_at(s.dir.as_fd(), &s.tmp);
     Error::Write { path: s.path, cause }
 }
 
@@ -198,11 +426,6 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,7 +451,7 @@ mod tests {
     fn writes_atomically_and_reports_bad_dirs() {
         let dir = std::env::temp_dir().join(format!("profiler-output-test-{}", std::process::id()));
         let file = dir.join("p-1/cpu.pb.gz");
-        write_atomic(&file, b"abc").unwrap();
+        write_atomic(&dir, &file, b"abc").unwrap();
         assert_eq!(fs::read(&file).unwrap(), b"abc");
         assert_eq!(fs::read_dir(file.parent().unwrap()).unwrap().count(), 1, "no temp left");
         let blocked = file.join("sub");
@@ -241,8 +464,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("profiler-batch-test-{}", std::process::id()));
         let (a, b) = (dir.join("p-1/cpu.pb.gz"), dir.join("q-2/heap.pb.gz"));
         let mut batch = Batch::default();
-        batch.stage(&a, b"abc").unwrap();
-        batch.stage(&b, b"hello").unwrap();
+        batch.stage(&dir, &a, b"abc").unwrap();
+        batch.stage(&dir, &b, b"hello").unwrap();
         assert!(!a.exists() && !b.exists(), "nothing visible before commit");
         let done = batch.commit();
         assert!(done.failed.is_empty(), "{:?}", done.failed);
@@ -255,14 +478,144 @@ mod tests {
 
         // Staged but dropped without a commit: neither the file nor its temporary remains.
         let c = dir.join("p-1/block.pb.gz");
-        Batch::default().stage(&c, b"x").unwrap();
+        Batch::default().stage(&dir, &c, b"x").unwrap();
         assert!(!c.exists());
         assert_eq!(fs::read_dir(dir.join("p-1")).unwrap().count(), 1);
 
         // A directory that cannot be created fails at stage time, naming the file.
         let blocked = a.join("sub/cpu.pb.gz");
-        let err = Batch::default().stage(&blocked, b"x").unwrap_err();
+        let err = Batch::default().stage(&dir, &blocked, b"x").unwrap_err();
         assert!(err.to_string().contains("sub/cpu.pb.gz"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A fresh scratch directory for `test` (not created: the code under test creates it).
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("profiler-output-{test}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// Sets the process's umask for the guard's life. The umask is process-wide: tests that
+    /// set it hold the lock, and the value they set (022, a shell's usual) only ever
+    /// narrows what concurrent tests create compared with a looser one.
+    struct Umask {
+        old: libc::mode_t,
+        _lock: std::sync::MutexGuard<'static, ()>,
+    }
+
+    impl Umask {
+        fn set(mask: libc::mode_t) -> Self {
+            static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let lock = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // SAFETY: umask has no preconditions and cannot fail.
+            let old = unsafe { libc::umask(mask) };
+            Self { old, _lock: lock }
+        }
+    }
+
+    impl Drop for Umask {
+        fn drop(&mut self) {
+            // SAFETY: as in `set`.
+            unsafe { libc::umask(self.old) };
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn files_are_0640_and_directories_0750_under_umask_022() {
+        let _umask = Umask::set(0o022);
+        let dir = scratch("modes");
+        ensure_writable_dir(&dir).unwrap();
+        let (one, two) = (dir.join("p-1/cpu.pb.gz"), dir.join("q-2/heap.pb.gz"));
+        write_atomic(&dir, &one, b"abc").unwrap();
+        let mut batch = Batch::default();
+        batch.stage(&dir, &two, b"hello").unwrap();
+        assert!(batch.commit().failed.is_empty());
+        // What the umask alone gives (0644 and 0755), for contrast: readable by everyone.
+        let loose = dir.join("loose");
+        fs::create_dir(&loose).unwrap();
+        fs::write(loose.join("f"), b"").unwrap();
+        assert_eq!((mode(&loose), mode(&loose.join("f"))), (0o755, 0o644), "the umask is 022");
+        for file in [&one, &two] {
+            assert_eq!(mode(file), FILE_MODE, "{}", file.display());
+            assert_eq!(mode(file.parent().unwrap()), DIR_MODE, "{}", file.display());
+        }
+        assert_eq!(mode(&dir), DIR_MODE, "the output directory, created by ensure_writable_dir");
+        // A process directory an older version left at 0755 is narrowed when written to.
+        write_atomic(&dir, &loose.join("cpu.pb.gz"), b"x").unwrap();
+        assert_eq!(mode(&loose), DIR_MODE);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `DIR` with a process directory `p-1` that is a symbolic link to `victim`, outside it.
+    fn planted_dir(test: &str) -> (PathBuf, PathBuf) {
+        let dir = scratch(test);
+        let victim = dir.with_extension("victim");
+        let _ = fs::remove_dir_all(&victim);
+        fs::create_dir_all(&dir).unwrap();
+        fs::create_dir_all(&victim).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("p-1")).unwrap();
+        (dir, victim)
+    }
+
+    #[test]
+    fn a_symlink_at_a_process_directory_is_refused() {
+        let (dir, victim) = planted_dir("dirlink");
+        let file = dir.join("p-1/cpu.pb.gz");
+        let err = write_atomic(&dir, &file, b"abc").unwrap_err().to_string();
+        assert!(err.contains(&format!("{} is a symbolic link", dir.join("p-1").display())), "{err}");
+        assert!(err.contains("remove it"), "{err}");
+        let err = Batch::default().stage(&dir, &file, b"abc").unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        let spool = dir.join(".spool");
+        std::os::unix::fs::symlink(&victim, &spool).unwrap();
+        assert!(write_atomic(&dir, &spool.join("1.json"), b"{}").is_err());
+        assert_eq!(fs::read_dir(&victim).unwrap().count(), 0, "nothing written through the links");
+        fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(&victim).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_at_a_file_name_is_refused_and_temp_names_are_not_predictable() {
+        let (dir, victim) = planted_dir("filelink");
+        fs::remove_file(dir.join("p-1")).unwrap();
+        fs::create_dir(dir.join("p-1")).unwrap();
+        let target = victim.join("shadow");
+        fs::write(&target, b"secret").unwrap();
+        let file = dir.join("p-1/cpu.pb.gz");
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        // The temporary name the daemon once used, planted too.
+        std::os::unix::fs::symlink(&target, dir.join(format!("p-1/.cpu.pb.gz.tmp-{}", std::process::id()))).unwrap();
+        let err = write_atomic(&dir, &file, b"abc").unwrap_err().to_string();
+        assert!(err.contains(&format!("{} exists and is not a regular file", file.display())), "{err}");
+        let mut batch = Batch::default();
+        batch.stage(&dir, &file, b"abc").unwrap();
+        let done = batch.commit();
+        assert!(done.written.is_empty() && done.failed.len() == 1, "{done:?}");
+        assert_eq!(fs::read(&target).unwrap(), b"secret", "the link's target is untouched");
+        assert!(fs::symlink_metadata(&file).unwrap().file_type().is_symlink(), "the link is left for root to see");
+        assert_eq!(fs::read_dir(dir.join("p-1")).unwrap().count(), 2, "no temporary left behind");
+        fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(&victim).unwrap();
+    }
+
+    #[test]
+    fn two_writes_never_share_a_temporary_name() {
+        let dir = scratch("tempnames");
+        let file = dir.join("p-1/cpu.pb.gz");
+        let mut batch = Batch::default();
+        batch.stage(&dir, &file, b"one").unwrap();
+        batch.stage(&dir, &file, b"two").unwrap();
+        let temps: Vec<_> = fs::read_dir(dir.join("p-1")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(temps.len(), 2, "two temporaries: {temps:?}");
+        let done = batch.commit();
+        assert!(done.failed.is_empty(), "{:?}", done.failed);
+        assert_eq!(fs::read(&file).unwrap(), b"two", "the later write wins");
+        assert_eq!(fs::read_dir(dir.join("p-1")).unwrap().count(), 1, "no temporary left behind");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

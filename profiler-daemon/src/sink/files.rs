@@ -287,7 +287,7 @@ impl IntervalDump {
         let started = Instant::now();
         let dir = self.dir.join(output::process_dir_name(&profile.name, profile.pid.0));
         let path = unused_path(&dir, profile.kind, &self.stamp);
-        match self.batch.stage(&path, &profile.encoded.gzip()) {
+        match self.batch.stage(&self.dir, &path, &profile.encoded.gzip()) {
             Ok(()) if self.exporting => {
                 let entry = spool_entry(&self.dir, &path, profile, facts);
                 self.staged.push((path, entry));

@@ -35,7 +35,7 @@ impl SnapshotFiles {
             .dir
             .join(output::process_dir_name(&profile.name, profile.pid.0))
             .join(format!("{}.pb.gz", profile.kind));
-        output::write_atomic(&path, &profile.encoded.gzip())?;
+        output::write_atomic(&self.dir, &path, &profile.encoded.gzip())?;
         Ok(path)
     }
 
@@ -57,7 +57,7 @@ impl SnapshotFiles {
                 });
             }
         };
-        output::write_atomic(&path, &svg)?;
+        output::write_atomic(&self.dir, &path, &svg)?;
         Ok(Some(path))
     }
 }

@@ -109,7 +109,7 @@ pub fn list(output_dir: &Path) -> io::Result<BTreeMap<u64, usize>> {
 pub fn write(output_dir: &Path, manifest: &Manifest) -> crate::error::Result<()> {
     let path = manifest_path(output_dir, manifest.seq);
     let json = serde_json::to_vec(manifest).expect("a manifest serializes");
-    crate::output::write_atomic(&path, &json)
+    crate::output::write_atomic(output_dir, &path, &json)
 }
 
 /// Reads manifest `seq`.
@@ -134,7 +134,7 @@ pub fn read_cursor(output_dir: &Path, sink: &str) -> io::Result<Option<Cursor>> 
 /// Records that `sink` has everything before `cursor` acknowledged.
 pub fn write_cursor(output_dir: &Path, sink: &str, cursor: Cursor) -> crate::error::Result<()> {
     let json = serde_json::to_vec(&cursor).expect("a cursor serializes");
-    crate::output::write_atomic(&cursor_path(output_dir, sink), &json)
+    crate::output::write_atomic(output_dir, &cursor_path(output_dir, sink), &json)
 }
 
 /// Deletes the manifests numbered below `seq`; returns how many went.
@@ -165,6 +165,12 @@ mod tests {
         let dir = scratch("order");
         for seq in [10, 9, 100] {
             write(&dir, &manifest(seq, seq as usize % 7)).unwrap();
+        }
+        // The spool is written as the profiles are: nothing for others, whatever the umask.
+        use std::os::unix::fs::MetadataExt;
+        for path in [spool_dir(&dir), manifest_path(&dir, 9)] {
+            let mode = fs::symlink_metadata(&path).unwrap().mode();
+            assert_eq!(mode & 0o027, 0, "{} has mode {mode:o}", path.display());
         }
         fs::write(spool_dir(&dir).join("notes.txt"), "x").unwrap();
         let listed: Vec<(u64, usize)> = list(&dir).unwrap().into_iter().collect();
