@@ -2,11 +2,13 @@
 //! and the group. Everything here runs once at start, before any client can connect.
 
 use std::{
-    ffi::CString,
-    fs::{self, DirBuilder, Permissions},
+    ffi::{CString, OsStr},
+    fs::{self, DirBuilder},
     io,
     os::unix::{
-        fs::{DirBuilderExt, FileTypeExt, PermissionsExt},
+        ffi::OsStrExt,
+        fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt},
+        io::AsRawFd,
         net::{UnixListener as StdListener, UnixStream as StdStream},
     },
     path::Path,
@@ -28,40 +30,100 @@ const GROUP_BUF_MAX: usize = 1 << 20;
 /// Binds the control socket at `config.path` with mode 0660 and group `config.group`.
 ///
 /// Creates the parent directory (0755) if needed and replaces a stale socket left by a
-/// crashed daemon, but never a live one or a file that is not a socket. Must be called inside
-/// a tokio runtime.
+/// crashed daemon, but never a live one or a file that is not a socket. Refuses a parent
+/// directory that others could write to (see [`restrict`] for why). Must be called inside a
+/// tokio runtime.
 pub fn bind(config: &SocketConfig) -> Result<UnixListener, ApiError> {
     let path = config.path.as_path();
-    if let Some(dir) = path.parent() {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(DIR_MODE)
-            .create(dir)
-            .map_err(|source| ApiError::CreateDir { path: dir.to_owned(), source })?;
-    }
+    let dir_path = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| ApiError::NotASocket { path: path.to_owned() })?;
+    DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir_path)
+        .map_err(|source| ApiError::CreateDir { path: dir_path.to_owned(), source })?;
+    let dir = open_private_dir(dir_path)?;
     remove_stale(path)?;
     let gid = config.group.as_deref().map(group_id).transpose()?;
-    // Until the chmod below the socket has the umask's mode; a umask that lets others write
-    // is unusual enough for a root daemon that the short window is accepted rather than
-    // changing the process-wide umask under other threads.
     let listener = StdListener::bind(path).map_err(|source| ApiError::Bind { path: path.to_owned(), source })?;
-    restrict(path, config.group.as_deref(), gid).and_then(|()| to_tokio(path, listener)).inspect_err(|_| {
+    restrict(&dir, name, path, config.group.as_deref(), gid).and_then(|()| to_tokio(path, listener)).inspect_err(|_| {
         // A socket with the wrong owner or mode must not stay behind for a client to find.
-        let _ = fs::remove_file(path);
+        // SAFETY: `dir` and `name` are valid for the call.
+        let _ = at(&dir, name, |dir, name| unsafe { libc::unlinkat(dir, name, 0) });
     })
 }
 
-fn restrict(path: &Path, group: Option<&str>, gid: Option<u32>) -> Result<(), ApiError> {
-    fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE))
-        .map_err(|source| ApiError::Chmod { path: path.to_owned(), source })?;
+/// Opens the socket's directory, refusing one that others could change entries of: it must
+/// belong to us or root and be writable by its owner only, unless it is sticky (as `/tmp`),
+/// where others cannot rename or remove our entries either.
+fn open_private_dir(dir_path: &Path) -> Result<fs::File, ApiError> {
+    let unsafe_dir = |problem: String| ApiError::UnsafeDir { path: dir_path.to_owned(), problem };
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir_path)
+        .map_err(|source| ApiError::CreateDir { path: dir_path.to_owned(), source })?;
+    let meta = dir.metadata().map_err(|source| ApiError::CreateDir { path: dir_path.to_owned(), source })?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(unsafe_dir(format!("belongs to uid {}, neither root nor the daemon's uid {euid}", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 && meta.mode() & libc::S_ISVTX == 0 {
+        return Err(unsafe_dir(format!("is writable by others (mode {:04o})", meta.mode() & 0o7777)));
+    }
+    Ok(dir)
+}
+
+/// Gives the socket `name`, just bound in `dir`, mode 0660 and group `gid`.
+///
+/// Why not by path, and why not on the socket's descriptor:
+/// - `chmod`/`chown` by path resolve the path again, following symbolic links: if others
+///   could write the directory, they could swap the socket for a link to `/etc/shadow`
+///   between `bind` and `chmod`, and root would give it mode 0660 and the socket's group.
+/// - `fchmod`/`fchown` on an `AF_UNIX` socket's descriptor change the socket's own (sockfs)
+///   inode, not the file `bind` created: on Linux the path keeps the umask's mode (checked
+///   on 6.x: after `fchmod(fd, 0600)`, `stat` of the path still shows 0755).
+/// - Setting the umask around `bind` would change it for every thread of the process at
+///   once (and for concurrent tests), narrowing the modes of whatever they create.
+///
+/// So: the directory is one only we can change entries of ([`open_private_dir`]), every
+/// call below is relative to its descriptor, the entry is first checked to be a socket of
+/// ours (not a link), and the owner change does not follow links either. Between `bind`
+/// and the `chmod` the socket has the umask's mode, as it always had: connecting needs
+/// write permission, which a usual umask (022, or the unit's 027) gives nobody else, and a
+/// client that connects in that instant is still judged by its credentials.
+fn restrict(dir: &fs::File, name: &OsStr, path: &Path, group: Option<&str>, gid: Option<u32>) -> Result<(), ApiError> {
+    let chmod_err = |source| ApiError::Chmod { path: path.to_owned(), source };
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` and `name` are valid for the call; `st` is valid to write.
+    at(dir, name, |dir, name| unsafe { libc::fstatat(dir, name, &mut st, libc::AT_SYMLINK_NOFOLLOW) })
+        .map_err(chmod_err)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK || st.st_uid != unsafe { libc::geteuid() } {
+        return Err(chmod_err(io::Error::other("the file there is not the socket just bound")));
+    }
+    // SAFETY: as above. The entry is a socket (not a link) in a directory only we can change.
+    at(dir, name, |dir, name| unsafe { libc::fchmodat(dir, name, SOCKET_MODE, 0) }).map_err(chmod_err)?;
     if let (Some(group), Some(gid)) = (group, gid) {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|source| ApiError::Chown {
-            path: path.to_owned(),
-            group: group.to_owned(),
-            source,
-        })?;
+        // SAFETY: as above; `uid_t::MAX` (-1) leaves the owner as it is.
+        at(dir, name, |dir, name| unsafe {
+            libc::fchownat(dir, name, libc::uid_t::MAX, gid, libc::AT_SYMLINK_NOFOLLOW)
+        })
+        .map_err(|source| ApiError::Chown { path: path.to_owned(), group: group.to_owned(), source })?;
     }
     Ok(())
+}
+
+/// Runs a `*at(2)` call on `name` relative to `dir`; its `-1` becomes the error.
+fn at(dir: &fs::File, name: &OsStr, call: impl FnOnce(i32, *const libc::c_char) -> i32) -> io::Result<()> {
+    let name = CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if call(dir.as_raw_fd(), name.as_ptr()) == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn to_tokio(path: &Path, listener: StdListener) -> Result<UnixListener, ApiError> {

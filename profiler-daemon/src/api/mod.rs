@@ -35,6 +35,10 @@ pub enum ApiError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "the socket directory {path} {problem}; make it root's and writable by its owner only, or set another [socket] path"
+    )]
+    UnsafeDir { path: PathBuf, problem: String },
     #[error("{path} exists and is not a socket; remove it or set another [socket] path")]
     NotASocket { path: PathBuf },
     #[error(

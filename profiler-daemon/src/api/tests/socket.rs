@@ -74,3 +74,21 @@ async fn a_live_socket_or_another_file_is_left_alone() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
 }
+
+#[tokio::test]
+async fn a_directory_others_can_write_is_refused_unless_sticky() {
+    let dir = TempDir::new("unsafe");
+    let config = config(&dir, None);
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = bind(&config).unwrap_err();
+    assert!(matches!(err, ApiError::UnsafeDir { .. }), "{err:?}");
+    let expected = format!("the socket directory {} is writable by others (mode 0777);", dir.0.display());
+    assert!(err.to_string().starts_with(&expected), "{err}");
+    assert!(!config.path.exists());
+
+    // Sticky, as /tmp: others can add entries but not rename or remove ours.
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let _listener = bind(&config).unwrap();
+    let meta = std::fs::symlink_metadata(&config.path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+}
