@@ -185,9 +185,45 @@ fn frame_lines(location: &LocationInfo, lines: &mut Vec<Vec<String>>) {
 }
 
 /// Symbol and file names come from files any user controls: no control characters in a
-/// line of text (a newline would forge a record, an escape would reach a terminal).
+/// line of text (a newline would forge a record, an escape would reach a terminal), and
+/// no format characters (a bidi override would reorder what a terminal shows, as in
+/// "Trojan Source", CVE-2021-42574; a zero-width one would hide a difference).
 pub(super) fn printable(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+    text.chars().map(|c| if c.is_control() || is_format(c) { '?' } else { c }).collect()
+}
+
+/// Unicode's General_Category=Cf ("Other, format"), from `DerivedGeneralCategory.txt` of
+/// Unicode 15.1, plus the line and paragraph separators U+2028 and U+2029 (Zl, Zp), which
+/// some viewers break lines at. Sorted, inclusive ranges.
+const FORMAT_CHARACTERS: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),   // soft hyphen
+    (0x0600, 0x0605),   // Arabic number signs
+    (0x061C, 0x061C),   // Arabic letter mark
+    (0x06DD, 0x06DD),   // Arabic end of ayah
+    (0x070F, 0x070F),   // Syriac abbreviation mark
+    (0x0890, 0x0891),   // Arabic pound and piastre marks above
+    (0x08E2, 0x08E2),   // Arabic disputed end of ayah
+    (0x180E, 0x180E),   // Mongolian vowel separator
+    (0x200B, 0x200F),   // zero-width space, joiners, LRM, RLM
+    (0x2028, 0x202E),   // line/paragraph separators (Zl, Zp); bidi embeddings and overrides
+    (0x2060, 0x2064),   // word joiner, invisible operators
+    (0x2066, 0x206F),   // bidi isolates, deprecated format characters
+    (0xFEFF, 0xFEFF),   // zero-width no-break space (byte order mark)
+    (0xFFF9, 0xFFFB),   // interlinear annotation
+    (0x110BD, 0x110BD), // Kaithi number sign
+    (0x110CD, 0x110CD), // Kaithi number sign above
+    (0x13430, 0x1343F), // Egyptian hieroglyph format controls
+    (0x1BCA0, 0x1BCA3), // shorthand format controls
+    (0x1D173, 0x1D17A), // musical symbol format controls
+    (0xE0001, 0xE0001), // language tag
+    (0xE0020, 0xE007F), // tag characters
+];
+
+/// Whether `c` is in [`FORMAT_CHARACTERS`].
+fn is_format(c: char) -> bool {
+    let c = u32::from(c);
+    let at = FORMAT_CHARACTERS.partition_point(|&(_, last)| last < c);
+    FORMAT_CHARACTERS.get(at).is_some_and(|&(first, _)| first <= c)
 }
 
 /// Joins each line's cells with tabs the way Go's `tabwriter.NewWriter(w, 1, 8, 1, '\t', 0)`
@@ -361,5 +397,29 @@ heap profile: 4: 2048 [10: 4196] @ heap/1048576
         let text = go_text(&p, TextFormat::Count { name: "threadcreate" });
         assert!(text.contains("evil?1 @ 0x1+0x2a"), "{text}");
         assert_eq!(text.lines().filter(|l| l.ends_with(" @ 0x1")).count(), 0);
+    }
+
+    #[test]
+    fn format_characters_are_replaced() {
+        // A name that a terminal shows as "main_sdrawkcab" reversed: U+202E reorders it.
+        assert_eq!(printable("evil\u{202E}kcab"), "evil?kcab");
+        for c in [
+            '\u{00AD}',
+            '\u{200B}',
+            '\u{200F}',
+            '\u{2028}',
+            '\u{202A}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{FEFF}',
+            '\u{E007F}',
+        ] {
+            assert_eq!(printable(&format!("a{c}b")), "a?b", "U+{:04X}", u32::from(c));
+        }
+        // Neighbours of the ranges, and ordinary non-ASCII names, pass.
+        for text in ["\u{00AC}\u{00AE}", "\u{200A}\u{2010}\u{2065}\u{2070}", "std::vec::Vec<größe>", "関数"] {
+            assert_eq!(printable(text), text);
+        }
+        assert!(FORMAT_CHARACTERS.windows(2).all(|w| w[0].1 < w[1].0), "sorted, disjoint");
     }
 }
