@@ -70,7 +70,7 @@ impl Refused {
         }
         self.push(key.clone(), reason.to_string());
         let Some(path) = &self.path else { return };
-        if let Err(err) = crate::output::write_atomic(path, self.text().as_bytes()) {
+        if let Err(err) = crate::output::write_atomic(crate::output::parent_dir(path), path, self.text().as_bytes()) {
             tracing::warn!(
                 "failed to record a refused unwind table: {}; it will be read again after a restart",
                 crate::error::chain(&err)
