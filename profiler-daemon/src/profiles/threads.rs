@@ -175,6 +175,13 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
             dump.invisible,
             dump.rewalked,
         ));
+        if dump.left_out > 0 {
+            lines.push(format!(
+                "{} threads left out: a dump walks the {} of the lowest thread ids",
+                dump.left_out,
+                crate::threads::MAX_THREADS_WALKED
+            ));
+        }
         lines.push(walk_comment(dump));
         lines.extend(dump.python.as_ref().map(|p| p.describe()));
     }
@@ -237,6 +244,7 @@ mod tests {
             exited: 1,
             rewalked: 0,
             invisible: 0,
+            left_out: 0,
             walk: WalkCounts::default(),
             duration: Duration::from_millis(2),
             python: None,

@@ -441,6 +441,7 @@ mod tests {
             exited: 0,
             rewalked: 0,
             invisible: 0,
+            left_out: 0,
             walk: WalkCounts::default(),
             duration: Duration::ZERO,
             python: None,
