@@ -821,6 +821,11 @@ impl Capture {
         self.catalog.track(pid);
     }
 
+    /// Reads the owner of a process known from events only (see [`Catalog::inspect`]).
+    pub fn inspect(&mut self, pid: Pid) {
+        self.catalog.inspect(pid);
+    }
+
     /// The kernel's counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters, CaptureError> {
         self.session.counters().map_err(CaptureError::Counters)

@@ -305,6 +305,13 @@ impl Catalog {
         process.last_seen = Instant::now();
     }
 
+    /// Reads `/proc` now for `pid` if it is known from events only (see [`inspect`]).
+    pub fn inspect(&mut self, pid: Pid) {
+        if let Some(process) = self.processes.get_mut(&pid).filter(|p| !p.inspected) {
+            inspect(process);
+        }
+    }
+
     /// A process called `execve`: its mappings are read again (or for the first time), so
     /// its new image is known before its first sample.
     pub fn exec_seen(&mut self, pid: Pid) {

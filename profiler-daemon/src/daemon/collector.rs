@@ -634,12 +634,16 @@ impl Collector {
     }
 
     fn query(&mut self, query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>>) {
-        if query.view.kind == ProfileKind::Threads && self.capture.catalog().process(query.pid).is_none() {
-            // A process whose threads all sleep has no samples and is not known yet; its
-            // credentials are read now, and `check_query` judges them as for any process.
-            if procs::exists(query.pid.0) {
-                self.capture.track(query.pid);
-            }
+        if reply.is_closed() {
+            // The client hung up while the query was queued (the front let it go): a thread
+            // dump nobody waits for would cost the collector for nothing.
+            return;
+        }
+        // Credentials read now are judged by `check_query` as for any process.
+        match decide::before_query(query.view.kind, self.capture.catalog().process(query.pid)) {
+            decide::BeforeQuery::Track if procs::exists(query.pid.0) => self.capture.track(query.pid),
+            decide::BeforeQuery::Inspect => self.capture.inspect(query.pid),
+            decide::BeforeQuery::Track | decide::BeforeQuery::Nothing => {}
         }
         let catalog = self.capture.catalog();
         if let Err(err) = decide::check_query(&self.serving(), &self.config, catalog, &query, &mut credentials_now) {

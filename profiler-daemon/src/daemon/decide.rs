@@ -34,6 +34,32 @@ pub fn visible(viewer: Viewer, process: &KnownProcess, now: &mut CredentialsNow<
     }
 }
 
+/// What the collector reads of a queried process before the query is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeforeQuery {
+    /// What the catalogue knows is what a query is judged on.
+    Nothing,
+    /// A dump of a process not known yet (its threads all sleep, so it has no samples):
+    /// register it, which reads its credentials, if it lives.
+    Track,
+    /// A process known only from the kernel's events, whose owner was never read (it has had
+    /// no sample since the profiler saw it start): read it now. Otherwise [`visible`] judges
+    /// it as no one's but root's, and an idle program's owner could not dump it until root
+    /// did.
+    Inspect,
+}
+
+/// What to read of `process` (`None`: not in the catalogue) before a query of `kind` is
+/// judged. A process whose exit was seen is not read: its pid may be a newcomer's.
+pub fn before_query(kind: ProfileKind, process: Option<&KnownProcess>) -> BeforeQuery {
+    match process {
+        None if kind == ProfileKind::Threads => BeforeQuery::Track,
+        None => BeforeQuery::Nothing,
+        Some(process) if !process.inspected && !process.exited => BeforeQuery::Inspect,
+        Some(_) => BeforeQuery::Nothing,
+    }
+}
+
 /// What the daemon serves now: the kinds enabled in the configuration whose programs are
 /// attached (a reload can turn one off; turning one on needs a restart), and the processes
 /// with heap probes (heap is per process).
@@ -289,6 +315,25 @@ mod tests {
         assert_eq!(dump_targets(&off, &all, &catalog, &counts)[1], (B, vec![ProfileKind::Block]));
         let only_a = ProcessSelection { include: vec![Matcher::Pid(A.0)], exclude: vec![] };
         assert_eq!(dump_targets(&on, &only_a, &catalog, &counts), [(A, vec![ProfileKind::Cpu])]);
+    }
+
+    #[test]
+    fn processes_known_only_from_events_are_read_before_a_query() {
+        let (catalog, _) = world();
+        let threads = ProfileKind::Threads;
+        assert_eq!(before_query(threads, None), BeforeQuery::Track, "a sleeping process unknown yet");
+        assert_eq!(before_query(ProfileKind::Cpu, None), BeforeQuery::Nothing, "no data: nothing to read");
+        // A, never alive, was never read from /proc.
+        let mut a = catalog.process(A).unwrap().clone();
+        assert!(!a.inspected);
+        for kind in [threads, ProfileKind::Cpu] {
+            assert_eq!(before_query(kind, Some(&a)), BeforeQuery::Inspect, "{kind}");
+        }
+        a.exited = true;
+        assert_eq!(before_query(threads, Some(&a)), BeforeQuery::Nothing, "its pid may be another's now");
+        a.exited = false;
+        a.inspected = true;
+        assert_eq!(before_query(threads, Some(&a)), BeforeQuery::Nothing, "its owner is known");
     }
 
     #[test]
