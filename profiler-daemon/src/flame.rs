@@ -17,6 +17,11 @@ pub enum FlameError {
     Fold(#[from] FoldError),
     #[error("nothing to draw: no sample has a positive {0} value")]
     Empty(String),
+    #[error(
+        "the profile has {frames} frames, more than the {max} a flame graph is drawn from here; download the \
+         profile and draw it with `profiler flamegraph FILE`"
+    )]
+    TooLarge { frames: usize, max: usize },
     #[error("failed to draw the flame graph")]
     Draw(#[source] std::io::Error),
     #[error("failed to write {path}")]
@@ -45,10 +50,29 @@ pub fn svg(folded: &Folded, title: &str) -> Result<Vec<u8>, FlameError> {
     Ok(out)
 }
 
-/// Draws a gzipped (or plain) pprof profile's `sample_type` (default: the profile's own).
-pub fn svg_of_pprof(bytes: &[u8], what: &str, sample_type: Option<&str>, title: &str) -> Result<Vec<u8>, FlameError> {
+/// Draws a gzipped (or plain) pprof profile's `sample_type` (default: the profile's own),
+/// unless its samples name more than `max_frames` frames: folding and drawing cost time and
+/// memory in proportion to them (5 M frames took 2.4 s and 880 MB), so they are counted first.
+pub fn svg_of_pprof(
+    bytes: &[u8],
+    what: &str,
+    sample_type: Option<&str>,
+    title: &str,
+    max_frames: usize,
+) -> Result<Vec<u8>, FlameError> {
     let profile = pprof::decode(bytes, what)?;
+    let frames = frame_count(&profile);
+    if frames > max_frames {
+        return Err(FlameError::TooLarge { frames, max: max_frames });
+    }
     svg(&pprof::fold(&profile, sample_type)?, title)
+}
+
+/// The frames the samples of `profile` name, inlined ones counted apart (as folded).
+fn frame_count(profile: &pprof::proto::Profile) -> usize {
+    let lines: std::collections::HashMap<u64, usize> =
+        profile.location.iter().map(|l| (l.id, l.line.len().max(1))).collect();
+    profile.sample.iter().flat_map(|s| &s.location_id).map(|id| lines.get(id).copied().unwrap_or(0)).sum()
 }
 
 /// `profiler flamegraph FILE`: draws the file's profile into `output` (default: next to it,
@@ -93,6 +117,31 @@ mod tests {
             svg(&empty, "x").unwrap_err().to_string(),
             "nothing to draw: no sample has a positive samples value"
         );
+    }
+
+    #[test]
+    fn profiles_over_the_frame_cap_are_refused_before_folding() {
+        use pprof::proto::{Line, Location, Profile, Sample, ValueType};
+        let line = Line { function_id: 1, line: 0 };
+        let profile = Profile {
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            string_table: vec![String::new(), "samples".into(), "count".into()],
+            // Location 2 holds an inlined frame and its caller: two frames drawn.
+            location: vec![
+                Location { id: 1, address: 0x10, ..Location::default() },
+                Location { id: 2, address: 0x20, line: vec![line.clone(), line], ..Location::default() },
+            ],
+            sample: vec![
+                Sample { location_id: vec![1, 2], value: vec![3], label: vec![] },
+                Sample { location_id: vec![2], value: vec![1], label: vec![] },
+            ],
+            ..Profile::default()
+        };
+        assert_eq!(frame_count(&profile), 5, "1 + 2 in the first sample, 2 in the second");
+        let bytes = pprof::encode_gzip(&profile);
+        assert!(svg_of_pprof(&bytes, "p", None, "t", 5).is_ok(), "at the cap it is drawn");
+        let err = svg_of_pprof(&bytes, "p", None, "t", 4).unwrap_err();
+        assert!(matches!(err, FlameError::TooLarge { frames: 5, max: 4 }), "{err}");
     }
 
     #[test]

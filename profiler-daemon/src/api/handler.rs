@@ -19,6 +19,7 @@ use crate::{
 };
 
 use super::{
+    gates::{DumpRefusal, Gates},
     page,
     request::{ApiRequest, BadRequest},
 };
@@ -32,26 +33,39 @@ const JSON: &str = "application/json";
 const PROTO: &str = "application/octet-stream";
 const SVG: &str = "image/svg+xml";
 
-/// Answers one request from `viewer`. `slack` is how long the collector may take beyond the
-/// requested window before the client gets a 503 instead of waiting forever.
-pub async fn handle<B>(
-    req: Request<B>,
-    collector: CollectorHandle,
-    viewer: Viewer,
-    slack: Duration,
-) -> Result<Response<Body>, Infallible> {
+/// The most frames a flame graph is drawn from (see [`crate::flame::svg_of_pprof`]): about
+/// a quarter of a second and 90 MB of drawing. The catalogue holds up to 4 M frames.
+pub const MAX_FLAME_FRAMES: usize = 500_000;
+
+/// What answering a request needs besides the request: the collector, the per-uid gates,
+/// and how long the collector may take beyond the requested window before the client gets
+/// a 503 instead of waiting forever.
+#[derive(Clone)]
+pub struct Front {
+    pub collector: CollectorHandle,
+    pub gates: Gates,
+    pub slack: Duration,
+}
+
+/// Answers one request from `viewer`.
+pub async fn handle<B>(req: Request<B>, front: Front, viewer: Viewer) -> Result<Response<Body>, Infallible> {
     let (method, path) = (req.method().as_str(), req.uri().path());
     let response = match ApiRequest::parse(method, path, req.uri().query()) {
-        Ok(request) => answer(request, &collector, viewer, slack).await,
+        Ok(request) => answer(request, &front, viewer).await,
         Err(bad) => refuse(&bad),
     };
     debug!(uid = viewer.uid, method, path, status = response.status().as_u16(), "api request");
     Ok(response)
 }
 
-async fn answer(request: ApiRequest, collector: &CollectorHandle, viewer: Viewer, slack: Duration) -> Response<Body> {
-    let deadline = window(request).unwrap_or_default() + slack;
-    match tokio::time::timeout(deadline, dispatch(request, collector, viewer)).await {
+async fn answer(request: ApiRequest, front: &Front, viewer: Viewer) -> Response<Body> {
+    // Checked before the collector is asked, and held until it answers.
+    let _dump = match is_dump(request).then(|| front.gates.dump(viewer)) {
+        Some(Err(refusal)) => return too_many_dumps(viewer, refusal),
+        permit => permit,
+    };
+    let deadline = window(request).unwrap_or_default() + front.slack;
+    match tokio::time::timeout(deadline, dispatch(request, front, viewer)).await {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => query_error(&err),
         Err(_) => {
@@ -62,11 +76,8 @@ async fn answer(request: ApiRequest, collector: &CollectorHandle, viewer: Viewer
     }
 }
 
-async fn dispatch(
-    request: ApiRequest,
-    collector: &CollectorHandle,
-    viewer: Viewer,
-) -> Result<Response<Body>, QueryError> {
+async fn dispatch(request: ApiRequest, front: &Front, viewer: Viewer) -> Result<Response<Body>, QueryError> {
+    let collector = &front.collector;
     let query = match request {
         ApiRequest::Index { pid: None } => {
             let entries = collector.index(viewer, None).await?;
@@ -93,20 +104,52 @@ async fn dispatch(
             ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug }
         }
         ApiRequest::Flamegraph { view, pid, seconds } => {
+            let _turn = front.gates.flame_turn(viewer).await;
             let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug: 0 };
             let body = collector.profile(query).await?;
-            let title = format!("pid {pid} {}", view.endpoint());
-            return Ok(match crate::flame::svg_of_pprof(&body.bytes, "the profile", None, &title) {
-                Ok(svg) => response(StatusCode::OK, SVG, svg),
-                Err(err @ crate::flame::FlameError::Empty(_)) => {
-                    text(StatusCode::NOT_FOUND, page::error_body(&err.to_string()))
-                }
-                Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, page::error_body(&crate::error::chain(&err))),
-            });
+            return Ok(flamegraph(body, format!("pid {pid} {}", view.endpoint())).await);
         }
     };
     let (view, pid) = (query.view, query.pid);
     Ok(profile(view, pid, collector.profile(query).await?))
+}
+
+/// Draws `body` on the blocking pool: decoding and drawing take up to a quarter of a second,
+/// which on the front would hold up `/status`, every other answer and the watchdog's ping.
+async fn flamegraph(body: ProfileBody, title: String) -> Response<Body> {
+    use crate::flame::{svg_of_pprof, FlameError};
+    let drawn =
+        tokio::task::spawn_blocking(move || svg_of_pprof(&body.bytes, "the profile", None, &title, MAX_FLAME_FRAMES));
+    match drawn.await {
+        Ok(Ok(svg)) => response(StatusCode::OK, SVG, svg),
+        Ok(Err(err @ FlameError::Empty(_))) => text(StatusCode::NOT_FOUND, page::error_body(&err.to_string())),
+        Ok(Err(err @ FlameError::TooLarge { .. })) => {
+            text(StatusCode::PAYLOAD_TOO_LARGE, page::error_body(&err.to_string()))
+        }
+        Ok(Err(err)) => text(StatusCode::INTERNAL_SERVER_ERROR, page::error_body(&crate::error::chain(&err))),
+        Err(err) => {
+            warn!(error = %err, "drawing a flame graph failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, page::error_body("drawing the flame graph failed"))
+        }
+    }
+}
+
+/// Whether answering `request` takes a thread dump (a moment: never with seconds).
+fn is_dump(request: ApiRequest) -> bool {
+    match request {
+        ApiRequest::Named { view, seconds: None, .. } | ApiRequest::Flamegraph { view, seconds: None, .. } => {
+            view.kind == ProfileKind::Threads
+        }
+        _ => false,
+    }
+}
+
+/// The 429 for a dump over `viewer`'s limits, with `Retry-After`.
+fn too_many_dumps(viewer: Viewer, refusal: DumpRefusal) -> Response<Body> {
+    debug!(uid = viewer.uid, ?refusal, "thread dump refused");
+    let mut response = text(StatusCode::TOO_MANY_REQUESTS, page::error_body(&refusal.message(viewer.uid)));
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(refusal.retry_after_secs()));
+    response
 }
 
 fn window(request: ApiRequest) -> Option<Duration> {
@@ -195,6 +238,25 @@ mod tests {
         for (err, status) in cases {
             assert_eq!(status_of(&err).as_u16(), status, "{err}");
         }
+    }
+
+    #[test]
+    fn only_thread_dumps_are_gated_as_dumps() {
+        let pid = Pid(1);
+        let threads = View::of(ProfileKind::Threads);
+        assert!(is_dump(ApiRequest::Named { view: threads, pid, seconds: None, debug: 2 }));
+        assert!(is_dump(ApiRequest::Flamegraph { view: threads, pid, seconds: None }));
+        let cpu = View::of(ProfileKind::Cpu);
+        assert!(!is_dump(ApiRequest::Named { view: cpu, pid, seconds: None, debug: 0 }));
+        assert!(!is_dump(ApiRequest::Profile { pid, seconds: 1 }));
+    }
+
+    #[test]
+    fn a_refused_dump_says_when_to_retry() {
+        let refusal = DumpRefusal::Budget { retry_after: Duration::from_millis(2_500) };
+        let response = too_many_dumps(Viewer { uid: 65534 }, refusal);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
     }
 
     #[test]

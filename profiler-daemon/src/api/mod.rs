@@ -11,6 +11,7 @@
 
 mod bind;
 mod deadline;
+mod gates;
 mod handler;
 mod page;
 mod query;

@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::control::{CollectorHandle, Refusals, Viewer};
 
-use super::{deadline::WriteDeadline, handler, page, MAX_SECONDS};
+use super::{deadline::WriteDeadline, gates::Gates, handler, page, MAX_SECONDS};
 
 /// The server's bounds. [`Limits::default`] suits the daemon; tests shorten the timeouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +95,8 @@ struct Shared {
     waiting: Arc<Semaphore>,
     /// Flips once at shutdown.
     stop: watch::Receiver<bool>,
+    /// Per-uid limits of thread dumps and flame graphs.
+    gates: Gates,
 }
 
 /// Serves HTTP/1.1 on `listener` until `shutdown` completes, then stops accepting, lets
@@ -110,7 +112,7 @@ pub async fn serve(
     let others = Arc::new(Semaphore::new(limits.max_connections.saturating_sub(limits.root_reserved)));
     let waiting = Arc::new(Semaphore::new(limits.max_connections));
     let per_uid = Arc::default();
-    let shared = Shared { collector, limits, slots, others, per_uid, waiting, stop };
+    let shared = Shared { collector, limits, slots, others, per_uid, waiting, stop, gates: Gates::default() };
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -251,9 +253,10 @@ async fn reject(mut stream: UnixStream, status: &str, why: &str, write_timeout: 
 type Slot = (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
 
 async fn serve_connection(stream: UnixStream, shared: Shared, viewer: Viewer, _slot: Slot) {
-    let Shared { collector, limits, mut stop, .. } = shared;
+    let Shared { collector, limits, mut stop, gates, .. } = shared;
     let stream = WriteDeadline::new(stream, limits.write_timeout, Arc::clone(&collector.refusals));
-    let service = service_fn(move |req| handler::handle(req, collector.clone(), viewer, limits.request_slack));
+    let front = handler::Front { collector, gates, slack: limits.request_slack };
+    let service = service_fn(move |req| handler::handle(req, front.clone(), viewer));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
