@@ -129,7 +129,7 @@ mod tests {
             // Location 2 holds an inlined frame and its caller: two frames drawn.
             location: vec![
                 Location { id: 1, address: 0x10, ..Location::default() },
-                Location { id: 2, address: 0x20, line: vec![line.clone(), line], ..Location::default() },
+                Location { id: 2, address: 0x20, line: vec![line, line], ..Location::default() },
             ],
             sample: vec![
                 Sample { location_id: vec![1, 2], value: vec![3], label: vec![] },
