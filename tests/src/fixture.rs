@@ -127,6 +127,8 @@ pub enum FixtureKind {
     /// argv[1] ms of its CPU time (BPF instrumentation off on its CPU for much of it);
     /// prints `ready`, then `cpu_ms N`.
     BpfCalls,
+    /// `many_threads SECONDS THREADS`: idle threads for the cost of thread dumps.
+    ManyThreads,
 }
 
 impl FixtureKind {
@@ -161,6 +163,7 @@ impl FixtureKind {
             Self::StackChurn => "stack_churn",
             Self::OffCpuSleeper => "offcpu_sleeper",
             Self::BpfCalls => "bpf_calls",
+            Self::ManyThreads => "many_threads",
         }
     }
 
@@ -191,6 +194,7 @@ impl FixtureKind {
             Self::StackChurn => "stack_churn.c",
             Self::OffCpuSleeper => "offcpu_sleeper.c",
             Self::BpfCalls => "bpf_calls.c",
+            Self::ManyThreads => "many_threads.c",
         }
     }
 
@@ -263,6 +267,7 @@ impl FixtureKind {
                     | Self::ThreadDumpC
                     | Self::ThreadDumpCNoFp
                     | Self::OffCpuSleeper
+                    | Self::ManyThreads
             ) {
                 cmd.arg("-pthread");
             }

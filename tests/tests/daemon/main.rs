@@ -3,7 +3,7 @@
 //! full and read-only output file systems (`disk`), the socket's endpoints, refusals and
 //! per-uid visibility (`api`), a client flooding the socket (`flood`), the block, mutex and threadcreate profiles against a program's
 //! own lock-wait clock (`waits`), perf maps planted by a process's owner (`untrusted`), SIGHUP, SIGTERM and `check-config` (`lifecycle`), processes that come and go (`processes`), cgroup matchers applied in the kernel (`cgroups`), heap probes of exited processes
-//! released (`resources`), a stack table full of history (`soak`), thread dumps on the socket and in interval dumps (`threads`),
+//! released (`resources`), a stack table full of history (`soak`), thread dumps on the socket and in interval dumps (`threads`), their per-uid budget and who may take them (`dumps`),
 //! the systemd unit's capability set (`capabilities`), and pushing profiles to Pyroscope and
 //! OTLP backends (`export`, and when they fail, `export_delivery`).
 //!
@@ -16,6 +16,7 @@ mod attacks;
 mod capabilities;
 mod cgroups;
 mod disk;
+mod dumps;
 mod export;
 mod export_delivery;
 mod files;

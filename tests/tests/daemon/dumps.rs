@@ -1,0 +1,135 @@
+//! What thread dumps cost others, and who may take them: a uid looping dumps of a process
+//! with thousands of threads gets its budget and then 429s while root's captures answer on
+//! time; a dump walks at most the daemon's thread cap and says how many it left out; and a
+//! user may dump their own idle program on the first try, though it never had a sample.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use profiler_tests::daemon::{Daemon, DaemonConfig};
+use profiler_tests::http::curl;
+use profiler_tests::{preflight, Fixture, FixtureKind, Profile};
+
+use super::{CPU_SPLIT, FIXTURE_S};
+
+const MANY_THREADS: &str = "many_threads";
+/// Threads of nobody's fixture: twice the cap a dump walks.
+const THREADS: u64 = 2000;
+/// The daemon's cap (`threads::MAX_THREADS_WALKED`) and nobody's dump budget
+/// (`api::gates`: a burst of 5, one more every 6 s).
+const MAX_THREADS_WALKED: u64 = 1000;
+const DUMP_BURST: u64 = 5;
+const DUMP_REFILL: Duration = Duration::from_secs(6);
+/// Concurrent clients of nobody looping dumps, as in the review's reproduction.
+const CLIENTS: usize = 6;
+/// How long they loop, and when root asks meanwhile.
+const LOAD: Duration = Duration::from_secs(8);
+const ROOT_ASKS_AFTER: Duration = Duration::from_secs(2);
+/// Root's 1 s capture may take this long in all: its window and one drain and render.
+const ROOT_WITHIN: Duration = Duration::from_secs(2);
+
+fn thread_dumps_supported() -> bool {
+    if !preflight() {
+        return false;
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        eprintln!("skipping: thread dumps need the kernel's BTF (/sys/kernel/btf/vmlinux)");
+        return false;
+    }
+    true
+}
+
+fn config(include: &[&'static str]) -> DaemonConfig {
+    let mut config = DaemonConfig::new(include);
+    config.profiles = vec!["cpu", "threads"];
+    config.socket_group = Some("nogroup");
+    config
+}
+
+/// Ground truth: nobody's fixture made [`THREADS`] threads (it says so) plus its main thread;
+/// the daemon walks [`MAX_THREADS_WALKED`] of them. Six clients of nobody then loop dumps
+/// for 8 s: at most the rest of the burst plus one per 6 s elapsed are taken (200), every
+/// other one is refused (429, saying when to retry), and root's 1 s capture of its own
+/// process, asked in the middle, answers within 2 s. Before the budget, the review measured
+/// 4.3 s for root's answer, and no dump was ever refused.
+#[test]
+fn dumps_are_budgeted_per_uid_and_root_is_not_held_up() {
+    if !thread_dumps_supported() {
+        return;
+    }
+    let daemon = Daemon::start(&config(&[CPU_SPLIT, MANY_THREADS]));
+    let roots = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut nobodys = Fixture::spawn_as_nobody_with_args(
+        FixtureKind::ManyThreads,
+        &[&FIXTURE_S.to_string(), &THREADS.to_string()],
+        daemon.scratch(),
+    );
+    assert_eq!(nobodys.read_value("threads"), THREADS, "the fixture made every thread");
+    let dump_path = format!("/debug/pprof/goroutine?pid={}", nobodys.pid());
+    let started = Instant::now();
+
+    let first = curl(daemon.socket(), &dump_path, true);
+    assert_eq!(first.status, 200, "nobody's first dump of its own process: {}", String::from_utf8_lossy(&first.body));
+    let raw = profiler_daemon::pprof::decode(&first.body, "nobody's dump").expect("a profile");
+    let dump = Profile::from_proto(&raw);
+    assert_eq!(dump.samples.len() as u64, MAX_THREADS_WALKED, "one sample per thread walked");
+    let left_out = format!("{} threads left out", THREADS + 1 - MAX_THREADS_WALKED);
+    assert!(dump.comments.iter().any(|c| c.starts_with(&left_out)), "no {left_out:?} in {:#?}", dump.comments);
+
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (socket, path, statuses) = (daemon.socket().to_path_buf(), dump_path.clone(), Arc::clone(&statuses));
+            std::thread::spawn(move || {
+                let until = Instant::now() + LOAD;
+                while Instant::now() < until {
+                    let reply = curl(&socket, &path, true);
+                    let body = String::from_utf8_lossy(&reply.body).into_owned();
+                    statuses.lock().unwrap().push((reply.status, body));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(ROOT_ASKS_AFTER);
+    let asked = Instant::now();
+    let (status, body) = daemon.get(&format!("/debug/pprof/profile?pid={}&seconds=1", roots.pid()));
+    let took = asked.elapsed();
+    for client in clients {
+        client.join().expect("a client thread");
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(status, 200, "root's capture: {}", String::from_utf8_lossy(&body));
+
+    let statuses = statuses.lock().unwrap();
+    let taken = statuses.iter().filter(|(s, _)| *s == 200).count() as u64;
+    let refused: Vec<&String> = statuses.iter().filter(|(s, _)| *s == 429).map(|(_, b)| b).collect();
+    let other: Vec<_> = statuses.iter().filter(|(s, _)| *s != 200 && *s != 429).collect();
+    assert!(other.is_empty(), "answers other than 200 and 429: {other:?}");
+    // The first dump took one token; one more is earned per refill period since.
+    let budget = DUMP_BURST - 1 + elapsed.as_secs() / DUMP_REFILL.as_secs() + 1;
+    assert!(taken <= budget, "{taken} dumps taken in {elapsed:?}, more than the budget of {budget}");
+    assert!(!refused.is_empty(), "none of nobody's {} dumps was refused", statuses.len());
+    assert!(refused.iter().all(|b| b.contains("retry")), "a 429 that does not say when to retry: {refused:?}");
+    assert!(took < ROOT_WITHIN, "root's 1 s capture took {took:?} while nobody looped dumps");
+}
+
+/// Ground truth: nobody starts a program after the daemon that sleeps at once (`many_threads`
+/// with no threads: its main thread in `sleep`), so the daemon knows it only from its exec
+/// event, without a sample. Nobody's first dump of it is its one thread, in
+/// `clock_nanosleep`. Before the fix, nobody got 404s until root dumped it first.
+#[test]
+fn a_user_dumps_their_own_idle_program_on_the_first_try() {
+    if !thread_dumps_supported() {
+        return;
+    }
+    let daemon = Daemon::start(&config(&[MANY_THREADS]));
+    let mut idle =
+        Fixture::spawn_as_nobody_with_args(FixtureKind::ManyThreads, &[&FIXTURE_S.to_string(), "0"], daemon.scratch());
+    assert_eq!(idle.read_value("threads"), 0);
+    // Asked at once: a sample of its start-up would have made the daemon read its owner.
+    let reply = curl(daemon.socket(), &format!("/debug/pprof/goroutine?pid={}&debug=2", idle.pid()), true);
+    let text = String::from_utf8_lossy(&reply.body);
+    assert_eq!(reply.status, 200, "nobody's first dump of its own idle program: {text}");
+    assert!(text.contains("clock_nanosleep"), "{text}");
+}
