@@ -20,6 +20,7 @@ pub mod share;
 pub mod stack;
 pub mod thread;
 pub mod threads;
+pub mod tracepoint;
 pub mod unwind;
 pub mod walk;
 

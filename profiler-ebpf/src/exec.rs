@@ -36,8 +36,8 @@ use crate::{
     user_stack::{REGISTER_ASKED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
 
-/// `sys_exit_*` has `ret` at 16.
-const RET: usize = 16;
+// `sys_exit_*`'s `ret`, checked against the kernel's `format` files before attaching.
+use profiler_common::tracepoint::SYSCALL_RET as RET;
 
 #[map]
 pub static UNWIND_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(UNWIND_EXECS_MAX_ENTRIES, 0);

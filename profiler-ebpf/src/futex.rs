@@ -86,14 +86,11 @@ pub static FUTEX_CONFIG: Array<u64> = Array::with_max_entries(FUTEX_CONFIG_SLOTS
 #[map]
 pub static FUTEX_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FutexCounter::COUNT, 0);
 
-/// Field offsets in the syscall tracepoint records (see
-/// `/sys/kernel/tracing/events/syscalls/sys_enter_futex/format`): every syscall argument is
-/// 8 bytes wide from offset 16; `sys_exit_*` has `ret` at 16.
-const ARG0: usize = 16;
-const ARG1: usize = 24;
-const ARG3: usize = 40;
-const ARG4: usize = 48;
-const RET: usize = 16;
+// Field offsets in the syscall tracepoint records, checked against the kernel's `format`
+// files by userspace before attaching (see `profiler_common::tracepoint`).
+use profiler_common::tracepoint::{
+    SYSCALL_ARG0 as ARG0, SYSCALL_ARG1 as ARG1, SYSCALL_ARG3 as ARG3, SYSCALL_ARG4 as ARG4, SYSCALL_RET as RET,
+};
 
 /// `futex(2)`: one program for every command, which tells waits from wakes.
 #[tracepoint]

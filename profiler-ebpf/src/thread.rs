@@ -24,8 +24,9 @@ pub static THREAD_COUNTS_1: HashMap<ThreadKey, u64> = HashMap::with_max_entries(
 #[map]
 pub static THREAD_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ThreadCounter::COUNT, 0);
 
-/// Offset of `u64 clone_flags` in the record (`/sys/kernel/tracing/events/task/task_newtask/format`).
-const CLONE_FLAGS: usize = 32;
+// `u64 clone_flags` in the record, checked against the kernel's `format` file before
+// attaching.
+use profiler_common::tracepoint::NEWTASK_CLONE_FLAGS as CLONE_FLAGS;
 
 #[tracepoint]
 pub fn thread_create(ctx: TracePointContext) -> u32 {

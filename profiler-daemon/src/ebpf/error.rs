@@ -39,6 +39,9 @@ pub enum Error {
     )]
     UprobePermission { pid: u32, function: &'static str },
 
+    #[error("the tracepoint records are not laid out as the profiler reads them")]
+    TracepointLayout(#[from] super::tracefs::LayoutError),
+
     #[error("failed to find task_struct's layout in the kernel's BTF (thread dumps read it)")]
     TaskLayout(#[source] super::btf::BtfError),
 

@@ -15,6 +15,7 @@ mod heap;
 mod offcpu;
 mod task_iter;
 mod threads;
+mod tracefs;
 mod unwind;
 mod waits;
 

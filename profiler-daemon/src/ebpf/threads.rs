@@ -31,6 +31,7 @@ pub(super) fn attach(ebpf: &mut Ebpf) -> Result<()> {
     let program: &mut TracePoint =
         ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(program_error("find", name))?;
     program.load().map_err(program_error("load", name))?;
+    super::tracefs::check_kernel("task", "task_newtask", profiler_common::tracepoint::NEWTASK_FIELDS)?;
     program.attach("task", "task_newtask").map_err(program_error("attach (tracepoint task:task_newtask)", name))?;
     Ok(())
 }

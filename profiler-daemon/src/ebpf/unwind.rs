@@ -79,6 +79,9 @@ fn attach_to_exec_syscalls(ebpf: &mut Ebpf, name: &'static str, side: &str) -> R
     program.load().map_err(program_error("load", name))?;
     for syscall in ["execve", "execveat"] {
         let tracepoint = format!("{side}_{syscall}");
+        if side == "sys_exit" {
+            super::tracefs::check_kernel("syscalls", &tracepoint, profiler_common::tracepoint::SYSCALL_EXIT_FIELDS)?;
+        }
         program
             .attach("syscalls", &tracepoint)
             .map_err(program_error(format!("attach (tracepoint syscalls:{tracepoint})"), name))?;

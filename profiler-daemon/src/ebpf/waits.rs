@@ -13,7 +13,7 @@ use aya::{
 };
 use profiler_common::{
     futex::{FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION},
-    maps, programs, FutexCounter, WaitKey, WaitTotals,
+    maps, programs, tracepoint as tp, FutexCounter, WaitKey, WaitTotals,
 };
 
 use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Result};
@@ -36,16 +36,17 @@ const MUTEX_COUNTS: [&str; 2] = [maps::MUTEX_COUNTS_0, maps::MUTEX_COUNTS_1];
 /// Linux 5.16 (`futex_waitv`) and 6.7 (`futex_wait`, `futex_wake`, `futex_requeue`). In this
 /// order: the programs that end a wait and free a thread's state first, so that no wait
 /// begins that nothing would end.
-const TRACEPOINTS: [(&str, &str, &str, bool); 9] = [
-    (programs::FUTEX_THREAD_EXIT, "sched", "sched_process_exit", true),
-    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex", true),
-    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_wait", false),
-    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_waitv", false),
-    (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true),
-    (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false),
-    (programs::FUTEX_WAITV_ENTER, "syscalls", "sys_enter_futex_waitv", false),
-    (programs::FUTEX_WAKE_ENTER, "syscalls", "sys_enter_futex_wake", false),
-    (programs::FUTEX_REQUEUE_ENTER, "syscalls", "sys_enter_futex_requeue", false),
+/// (program, category, tracepoint, required, the record's fields the program reads).
+const TRACEPOINTS: [(&str, &str, &str, bool, &[usize]); 9] = [
+    (programs::FUTEX_THREAD_EXIT, "sched", "sched_process_exit", true, &[]),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex", true, tp::SYSCALL_EXIT_FIELDS),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_wait", false, tp::SYSCALL_EXIT_FIELDS),
+    (programs::FUTEX_EXIT, "syscalls", "sys_exit_futex_waitv", false, tp::SYSCALL_EXIT_FIELDS),
+    (programs::FUTEX_ENTER, "syscalls", "sys_enter_futex", true, tp::FUTEX_ENTER_FIELDS),
+    (programs::FUTEX_WAIT_ENTER, "syscalls", "sys_enter_futex_wait", false, tp::FUTEX2_WAIT_FIELDS),
+    (programs::FUTEX_WAITV_ENTER, "syscalls", "sys_enter_futex_waitv", false, &[]),
+    (programs::FUTEX_WAKE_ENTER, "syscalls", "sys_enter_futex_wake", false, tp::FUTEX2_WAKE_FIELDS),
+    (programs::FUTEX_REQUEUE_ENTER, "syscalls", "sys_enter_futex_requeue", false, tp::FUTEX2_REQUEUE_FIELDS),
 ];
 
 /// Tracepoints attached, `category:name`, and the optional ones this kernel lacks.
@@ -99,13 +100,14 @@ pub(super) fn attach(ebpf: &mut Ebpf, block_rate_ns: u64, mutex_fraction: u32) -
     for name in programs::FUTEX {
         tracepoint(ebpf, name)?.load().map_err(program_error("load", name))?;
     }
-    for (program, category, name, required) in TRACEPOINTS {
+    for (program, category, name, required, fields) in TRACEPOINTS {
         let what = format!("{category}:{name}");
         if !required && !tracepoint_exists(category, name) {
             tracing::debug!(tracepoint = what, "not in this kernel; not attached");
             report.missing.push(what);
             continue;
         }
+        super::tracefs::check_kernel(category, name, fields)?;
         tracepoint(ebpf, program)?.attach(category, name).map_err(program_error("attach (tracepoint)", program))?;
         report.attached.push(what);
     }
