@@ -304,7 +304,6 @@ impl Collector {
 
     /// The last interval's files, then a moment for the exporters to send them.
     fn final_dump(&mut self) {
-        self.drain();
         self.dump();
         let Sink::Files(files) = &mut self.sink;
         files.close();
@@ -440,6 +439,8 @@ impl Collector {
     /// Writes the interval's profiles, applies retention, forgets exited processes.
     fn dump(&mut self) {
         let started = Instant::now();
+        // The cut: what was sampled until now belongs to this interval, not the next.
+        self.drain();
         self.refresh_live();
         let end = SystemTime::now();
         let window = Window {
@@ -677,13 +678,18 @@ impl Collector {
                     query.viewer.uid
                 ))));
             }
-            Some(duration) => self.windows.push(PendingWindow {
-                query,
-                start: SystemTime::now(),
-                deadline: Instant::now() + duration,
-                counts: Counts::default(),
-                reply,
-            }),
+            Some(duration) => {
+                // Samples taken before the window opens are counted before it exists, not
+                // in it (F19: up to a drain interval of them landed in a `seconds=S` window).
+                self.drain();
+                self.windows.push(PendingWindow {
+                    query,
+                    start: SystemTime::now(),
+                    deadline: Instant::now() + duration,
+                    counts: Counts::default(),
+                    reply,
+                });
+            }
             None => {
                 if query.view.kind == ProfileKind::Heap {
                     self.refresh_live();
