@@ -63,8 +63,8 @@ pub enum FixtureKind {
     /// children's), `worker_cpu_ms A B` (each child's workers'), `done`, lingers argv[2] s.
     ThreadChurn,
     /// `fifo_swap.c`: maps argv[3] fresh copies of the ELF argv[2] executable from
-    /// directories under argv[1], each swapped with a FIFO for 30 ms as it is mapped (the
-    /// review's N1 attack); prints `attempts N`, `done`, then sleeps until killed.
+    /// directories under argv[1], each swapped with a FIFO for argv[4] ms as it is mapped
+    /// (the review's N1 attack); prints `attempts N`, `done`, then sleeps until killed.
     FifoSwap,
     /// `stack_flood.c`: 8 threads making FUTEX_WAITs of 150 us from 65,536 distinct stacks
     /// (flood_step → go_left/go_right … → flood_wait) for argv[1] seconds; then prints

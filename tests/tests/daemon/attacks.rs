@@ -38,11 +38,13 @@ fn a_fifo_swapped_in_for_a_mapped_file_does_not_stop_the_collector() {
     // An ELF file any user can read, copied and mapped by the attacker.
     let elf = FixtureKind::CpuSplitC.build();
     let (home_arg, elf_arg) = (home.to_string_lossy().into_owned(), elf.to_string_lossy().into_owned());
+    // Each copy flips for 300 ms, longer than the daemon takes to see the mapping and
+    // register it, so a daemon that looks the path up twice meets the FIFO within a few.
     let mut attacker =
-        Fixture::spawn_as_nobody_with_args(FixtureKind::FifoSwap, &[&home_arg, &elf_arg, "100"], scratch.path());
+        Fixture::spawn_as_nobody_with_args(FixtureKind::FifoSwap, &[&home_arg, &elf_arg, "20", "300"], scratch.path());
     let attempts = attacker.read_value("attempts");
     attacker.expect_line("done");
-    assert_eq!(attempts, 100);
+    assert_eq!(attempts, 20);
     watch_collector(&daemon, WATCH);
     for file in new_files(&daemon, &split, 2) {
         let profile = Profile::decode(&file);
@@ -62,6 +64,9 @@ fn a_symlink_into_a_hung_mount_does_not_blind_the_root_file_system() {
     if !preflight() {
         return;
     }
+    // Declared first, so dropped last: a daemon thread stuck in the file system keeps the
+    // daemon from exiting until the server is gone.
+    let daemon;
     let fs = HungFs::start(FixtureKind::CpuSplitNoFp, &[&FIXTURE_S.to_string()], None);
     fs.hang();
     let scratch = TempDir::new("symlink-swap");
@@ -73,7 +78,7 @@ fn a_symlink_into_a_hung_mount_does_not_blind_the_root_file_system() {
     for path in [&home, &dir, &program] {
         std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
     }
-    let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
+    daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT]));
     let split = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&program).arg(FIXTURE_S.to_string());
