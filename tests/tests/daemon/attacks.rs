@@ -1,5 +1,5 @@
 //! Local users attacking the daemon through the files their processes map (security review
-//! 3, N1 and N4): each attack runs as `nobody`, with no privilege, beside a root process whose
+//! 3, N1, N2 and N4): each attack runs as `nobody`, with no privilege, beside a root process whose
 //! profiles must stay right. The daemon must keep collecting (its collector's uptime in
 //! `/status` keeps pace with the clock, dumps go on), stay under the unit's `MemoryHigh`,
 //! and keep naming the root process's functions.
@@ -46,6 +46,44 @@ fn a_fifo_swapped_in_for_a_mapped_file_does_not_stop_the_collector() {
     attacker.expect_line("done");
     assert_eq!(attempts, 20);
     watch_collector(&daemon, WATCH);
+    for file in new_files(&daemon, &split, 2) {
+        let profile = Profile::decode(&file);
+        assert_split(&profile, &file);
+        assert!(profile.function_names().contains(&"hot_a"), "root's functions unnamed in {file:?}");
+    }
+}
+
+/// N2: a user maps a 60 KB file whose compressed `.debug_frame` holds one FDE of 40 MiB of
+/// `DW_CFA_advance_loc` (40 M rows): a builder that checks its row cap after building the
+/// rows needs 2 GB for it (measured: `profiler unwind-table` peaked at 1.97 GB before the
+/// budget). The daemon refuses it while reading its CFI, stays small, and remembers the
+/// refusal in `.unwind-refused`, so a restart does not build it again.
+#[test]
+fn a_library_whose_cfi_would_take_gigabytes_is_refused_before_it_is_built() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("cfi-bomb");
+    let home = scratch.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let bomb = home.join("bomb.so");
+    let script = profiler_tests::workspace_root().join("tests/fixtures/cfi_bomb.py");
+    let base = FixtureKind::CpuSplitC.build();
+    let made = Command::new("python3").arg(&script).arg(&bomb).arg(&base).arg("40").status().unwrap();
+    assert!(made.success(), "cfi_bomb.py failed");
+    let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT, "fifo_swap"]));
+    let split = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let (home_arg, bomb_arg) = (home.to_string_lossy().into_owned(), bomb.to_string_lossy().into_owned());
+    // One copy, mapped and left so (no flipping).
+    let mut attacker =
+        Fixture::spawn_as_nobody_with_args(FixtureKind::FifoSwap, &[&home_arg, &bomb_arg, "1", "0"], scratch.path());
+    attacker.read_value("attempts");
+    attacker.expect_line("done");
+    watch_collector(&daemon, WATCH);
+    let record = daemon.output().join(".unwind-refused");
+    let refused = std::fs::read_to_string(&record).unwrap_or_default();
+    assert!(refused.contains("one FDE would pass the cap"), "no refusal in {}: {refused:?}", record.display());
     for file in new_files(&daemon, &split, 2) {
         let profile = Profile::decode(&file);
         assert_split(&profile, &file);
