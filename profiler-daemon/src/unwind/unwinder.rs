@@ -667,14 +667,18 @@ enum FileIdentity {
     Stat { device: Device, inode: u64, size: u64, mtime: i64 },
 }
 
+/// The file's segments, and the key its table is shared by: its build id when root owns it,
+/// else its identity. A build id is the file's own word, and any user can copy libc's onto
+/// a file whose CFI lies: shared by build id, that file's table would unwind every other
+/// process's libc (and a hostile file would be refused under libc's key).
 fn open_file_info(opened: &OpenedFile) -> Option<FileInfo> {
     let file = opened.file();
     let meta = file.metadata().ok()?;
     let mapped = MappedFile::map(file).ok()?;
     let segments = load_segments(mapped.bytes()).ok()?;
     let key = match elf::build_id(mapped.bytes()) {
-        Some(id) => format!("build-id:{id}"),
-        None => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), meta.mtime()),
+        Some(id) if meta.uid() == 0 => format!("build-id:{id}"),
+        _ => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), opened.version().1),
     };
     Some(FileInfo { key, segments })
 }
@@ -750,6 +754,39 @@ mod tests {
             generation: 0,
             unmapped: false,
         }
+    }
+
+    /// A build id shares a table only when root owns the file: a user's copy of a binary
+    /// (the same build id, and CFI it may have changed) gets a table of its own.
+    #[test]
+    fn only_roots_files_share_tables_by_build_id() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("giving a file to another owner needs root: not checked as this user");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("unwinder-owner-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key_of = |name: &str, owner: u32| {
+            let copy = dir.join(name);
+            std::fs::copy("/proc/self/exe", &copy).unwrap();
+            std::os::unix::fs::chown(&copy, Some(owner), Some(owner)).unwrap();
+            let meta = std::fs::metadata(&copy).unwrap();
+            let map = MapEntry {
+                path: copy.to_string_lossy().into(),
+                inode: meta.ino(),
+                device: Device { major: libc::major(meta.dev()), minor: libc::minor(meta.dev()) },
+                ..entry(0x1000, 0)
+            };
+            let opened = crate::opened::open_by_path(Pid(0x7fff_fff0), &map).unwrap();
+            open_file_info(&opened).unwrap().key
+        };
+        let roots = key_of("roots", 0);
+        let users = key_of("users", 65534);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(roots.starts_with("build-id:"), "{roots}");
+        assert!(users.starts_with("file:"), "{users}");
     }
 
     /// Past the walker's list, the C library, the loader and the vDSO stay (the review's
