@@ -37,6 +37,8 @@ const UNWIND_SYNC_BUDGET: Duration = Duration::from_millis(250);
 /// Names from the walkers' asks kept at most until a drain uses them (an ask is made once
 /// per process, and its samples come at the next drain or two).
 const ASKED_NAMES_KEPT: usize = 4_096;
+/// Drains an ask's name waits for its process at most.
+const ASKED_NAME_DRAINS: u8 = 2;
 
 /// (tgid, thread name) of one `REGISTER_ASKS` record.
 fn parse_ask(bytes: &[u8]) -> Option<(Pid, String)> {
@@ -204,8 +206,10 @@ pub struct Capture {
     /// Asks read since start.
     asks_read: u64,
     /// The names the walkers' asks gave (see [`RegisterAsk`]), for processes nothing else
-    /// names; applied at each drain, bounded by [`ASKED_NAMES_KEPT`].
-    asked_names: HashMap<Pid, String>,
+    /// names, with the drains each may still wait for its process: an ask comes with a
+    /// walk, whose sample the next drain or the one after learns; kept no longer, so a pid
+    /// reused later never takes an old name. Bounded by [`ASKED_NAMES_KEPT`].
+    asked_names: HashMap<Pid, (String, u8)>,
     /// What the kernel filters by cgroup (from `selection`).
     cgroup_filter: CgroupFilter,
     /// Pids reused while a drain followed events after taking its batch: reported with the
@@ -422,7 +426,7 @@ impl Capture {
                     self.asked_names.clear();
                 }
                 if !name.is_empty() {
-                    self.asked_names.insert(pid, name);
+                    self.asked_names.insert(pid, (name, ASKED_NAME_DRAINS));
                 }
             }
             self.asks_read += 1;
@@ -574,7 +578,10 @@ impl Capture {
         // A process whose fork's record was lost (the side band's rings overflow under a
         // storm of thread events while this thread is busy) and that exited before `/proc`
         // was read has no name but the one its walker's ask gave.
-        self.asked_names.retain(|&pid, name| !self.catalog.name_if_unnamed(pid, name));
+        self.asked_names.retain(|&pid, (name, drains)| {
+            *drains -= 1;
+            !self.catalog.name_if_unnamed(pid, name) && *drains > 0
+        });
         self.catalog.note_over_share(&batch.over_share);
         let mut problems = Vec::new();
         match self.unwinder.take_execs(&mut self.session) {

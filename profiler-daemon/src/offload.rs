@@ -69,8 +69,8 @@ pub enum Stall {
     DeviceStalled { what: String, device: DeviceName },
     #[error("{stuck} reads are already stuck on unresponsive file systems: {what} was skipped")]
     TooManyStuck { what: String, stuck: usize },
-    #[error("{MAX_ABANDONED_PER_OWNER} reads for uid {uid}'s processes are already stuck: {what} was skipped")]
-    OwnerStuck { what: String, uid: u32 },
+    #[error("{MAX_ABANDONED_PER_OWNER} reads for {whose} are already stuck: {what} was skipped")]
+    OwnerStuck { what: String, whose: String },
     #[error("the worker thread for {what} failed")]
     WorkerFailed { what: String },
 }
@@ -274,8 +274,8 @@ impl Worker {
 struct Abandoned {
     /// The device it is stuck on; `None` for a path walk, or a job that was only slow.
     device: Option<Device>,
-    /// The owner of the process it worked for, when known.
-    owner: Option<u32>,
+    /// Whose share it uses.
+    owner: Owner,
     lane: Lane,
     alive: Arc<AtomicBool>,
 }
@@ -299,8 +299,8 @@ impl Shared {
         self.abandoned.iter().any(|a| a.device == Some(device))
     }
 
-    /// Why a job with `charge` must not run now, if it must not.
-    fn refusal(&self, what: &str, charge: Charge) -> Option<Stall> {
+    /// Why a job with `charge` for `owner` must not run now, if it must not.
+    fn refusal(&self, what: &str, charge: Charge, owner: Owner) -> Option<Stall> {
         let what = what.to_string();
         if charge.lane == Lane::Files {
             if let Some(device) = charge.device.filter(|&d| self.is_stalled(d)) {
@@ -315,20 +315,43 @@ impl Shared {
         if stuck >= cap {
             return Some(Stall::TooManyStuck { what, stuck });
         }
-        // The owner is read only when something is stuck: most calls find nothing.
-        if self.abandoned.is_empty() {
-            return None;
+        let owned = self.abandoned.iter().filter(|a| a.owner == owner).count();
+        match owner {
+            Owner::Daemon => None,
+            Owner::Uid(uid) if owned >= MAX_ABANDONED_PER_OWNER => {
+                Some(Stall::OwnerStuck { what, whose: format!("uid {uid}'s processes") })
+            }
+            // Processes gone before their owner was read share one owner's share: exiting
+            // must not free a user from theirs.
+            Owner::Gone if owned >= MAX_ABANDONED_PER_OWNER => {
+                Some(Stall::OwnerStuck { what, whose: "processes gone before their owner was read".into() })
+            }
+            _ => None,
         }
-        let uid = charge.pid.and_then(owner_of)?;
-        let owned = self.abandoned.iter().filter(|a| a.owner == Some(uid)).count();
-        (owned >= MAX_ABANDONED_PER_OWNER).then_some(Stall::OwnerStuck { what, uid })
     }
 }
 
-/// The real uid of process `pid` (`/proc/PID/status`: the directory's owner would be root
-/// for a process that made itself undumpable).
-fn owner_of(pid: Pid) -> Option<u32> {
-    crate::procs::read_credentials(pid.0).ok().map(|c| c.uids[0])
+/// Whose share of stuck threads a job uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// The daemon's own work (no process).
+    Daemon,
+    /// The real uid of the process it works for.
+    Uid(u32),
+    /// A process already gone when the job was asked for.
+    Gone,
+}
+
+impl Owner {
+    /// Read when the job is asked for (by the time it stalls, its process may be gone):
+    /// the real uid from `/proc/PID/status` (the directory's owner would be root for a
+    /// process that made itself undumpable).
+    fn of(charge: Charge) -> Self {
+        match charge.pid {
+            None => Owner::Daemon,
+            Some(pid) => crate::procs::read_credentials(pid.0).map_or(Owner::Gone, |c| Owner::Uid(c.uids[0])),
+        }
+    }
 }
 
 /// A handle on a worker thread for jobs on files, and on the stall state its siblings share.
@@ -366,10 +389,11 @@ impl Offload {
         job: impl FnOnce(&mut WorkerState) -> T + Send + 'static,
     ) -> Result<T, Stall> {
         let charge = charge.into();
+        let owner = Owner::of(charge);
         {
             let mut shared = self.shared();
             shared.reap();
-            if let Some(refusal) = shared.refusal(what, charge) {
+            if let Some(refusal) = shared.refusal(what, charge, owner) {
                 shared.stats.refused += 1;
                 return Err(refusal);
             }
@@ -414,7 +438,6 @@ impl Offload {
                 // Only a job asleep in the kernel says its device does not answer; a slow one
                 // is its file's failure.
                 let device = if stuck { decode(worker.current.load(Ordering::Acquire)) } else { None };
-                let owner = charge.pid.and_then(owner_of);
                 let mut shared = self.shared();
                 shared.abandoned.push(Abandoned { device, owner, lane: charge.lane, alive: worker.alive });
                 shared.stats.stalls += 1;

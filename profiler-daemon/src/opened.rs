@@ -93,7 +93,17 @@ pub fn open_mapping(pid: Pid, map: &MapEntry) -> Result<OpenedFile, NotOpened> {
     // Not O_NOFOLLOW: the link is the kernel's own, and following it is the point.
     let handle =
         open_path_at(libc::AT_FDCWD, Path::new(&link), libc::O_PATH | libc::O_CLOEXEC, 0).map_err(NotOpened::Open)?;
-    checked(handle, map)
+    // The kernel followed the mapping to its file: the inode is checked (the mapping may have
+    // been replaced by another at the same range), not the device, which `stat` and the
+    // maps disagree on for btrfs subvolumes and (before Linux 6.8) overlayfs files.
+    checked(handle, map, Same::Inode)
+}
+
+/// What must match between an opened file and its mapping.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Same {
+    Inode,
+    DeviceAndInode,
 }
 
 /// Opens the file of `map` by its path, for a process that is gone (its mapping can no
@@ -107,7 +117,7 @@ pub fn open_by_path(pid: Pid, map: &MapEntry) -> Result<OpenedFile, NotOpened> {
     let path = Path::new(&*map.path);
     let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let direct = open_path_at(libc::AT_FDCWD, path, flags, libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS);
-    match direct.map_err(NotOpened::Open).and_then(|handle| checked(handle, map)) {
+    match direct.map_err(NotOpened::Open).and_then(|handle| checked(handle, map, Same::DeviceAndInode)) {
         Ok(opened) => Ok(opened),
         Err(direct) => in_root(pid, path, map).map_err(|_| direct),
     }
@@ -143,18 +153,22 @@ fn in_root(pid: Pid, path: &Path, map: &MapEntry) -> Result<OpenedFile, NotOpene
     let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     let handle = open_path_at(root.as_raw_fd(), relative, flags, resolve).map_err(NotOpened::Open)?;
-    checked(handle, map)
+    checked(handle, map, Same::DeviceAndInode)
 }
 
-/// `handle` (an `O_PATH` descriptor) checked to be `map`'s regular file, then opened for
-/// reading through itself and checked again.
-fn checked(handle: OwnedFd, map: &MapEntry) -> Result<OpenedFile, NotOpened> {
+/// `handle` (an `O_PATH` descriptor) checked to be `map`'s regular file (by `same`), then
+/// opened for reading through itself and checked again.
+fn checked(handle: OwnedFd, map: &MapEntry, same: Same) -> Result<OpenedFile, NotOpened> {
     let handle = File::from(handle);
     let meta = handle.metadata().map_err(NotOpened::Open)?;
     if !meta.file_type().is_file() {
         return Err(NotOpened::NotRegular);
     }
-    if !same_file(&meta, map) {
+    let matches = |meta: &std::fs::Metadata| match same {
+        Same::Inode => meta.ino() == map.inode,
+        Same::DeviceAndInode => same_file(meta, map),
+    };
+    if !matches(&meta) {
         return Err(NotOpened::Replaced);
     }
     let file = std::fs::OpenOptions::new()
@@ -163,7 +177,7 @@ fn checked(handle: OwnedFd, map: &MapEntry) -> Result<OpenedFile, NotOpened> {
         .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
         .map_err(NotOpened::Open)?;
     let meta = file.metadata().map_err(NotOpened::Open)?;
-    if !same_file(&meta, map) {
+    if !matches(&meta) {
         return Err(NotOpened::Replaced);
     }
     let version = (meta.size(), meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()));

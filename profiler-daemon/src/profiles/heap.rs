@@ -4,7 +4,7 @@
 //! interval. Also where a process is probed: its C library's allocator functions.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{unwind_comment, Context, Counts, Settings};
 use crate::{
@@ -194,7 +194,11 @@ pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
     let maps = procs::read_maps(pid.0).map_err(|source| TargetError::Maps { pid, source })?;
     let library = find_libc(&maps).ok_or(TargetError::NoAllocator(pid))?;
     let path = PathBuf::from(format!("/proc/{pid}/root{library}"));
-    let found = symbolize::symbol_offsets(Path::new(&path), &HEAP_FUNCTIONS);
+    // Its symbols are read from the mapping itself, opened once and checked (a FIFO or a
+    // symlink the process put at its library's path is never opened here).
+    let entry = maps.iter().find(|m| *m.path == *library).ok_or(TargetError::NoAllocator(pid))?;
+    let opened = crate::opened::open_mapping(pid, entry).map_err(|_| TargetError::NoAllocator(pid))?;
+    let found = symbolize::symbol_offsets(&opened.fd_path(), &HEAP_FUNCTIONS);
     let mut offsets = [None; HEAP_FUNCTIONS.len()];
     for (slot, offset) in offsets.iter_mut().zip(found) {
         *slot = offset;

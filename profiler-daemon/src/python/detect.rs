@@ -59,12 +59,16 @@ pub fn detect(
 ) -> Result<Detection, ReadFailure> {
     let remote = Remote { pid };
     let mut seen = Vec::new();
+    let mut unopened = None;
     for map in maps.iter().filter(|m| !m.unmapped && m.is_file()) {
         if seen.contains(&(map.device, map.inode)) || !candidate(map, exe) {
             continue;
         }
         seen.push((map.device, map.inode));
-        let Some(file) = open(map) else { continue };
+        let Some(file) = open(map) else {
+            unopened = Some(map.path.to_string());
+            continue;
+        };
         let found = symbolize::symbol_addresses(&file.fd_path(), &SYMBOLS);
         let (Some(runtime), Some(eval)) = (found[0], found[1]) else { continue };
         return interpreter(&remote, maps, map, runtime, eval, found[2], found[3]).map(|found| match found {
@@ -72,7 +76,10 @@ pub fn detect(
             Err(why) => Detection::Unsupported(why),
         });
     }
-    Ok(Detection::NotPython)
+    match unopened {
+        Some(path) => Err(ReadFailure::Unopened(path)),
+        None => Ok(Detection::NotPython),
+    }
 }
 
 /// The executable, or a file named like CPython's library or interpreter (checking every

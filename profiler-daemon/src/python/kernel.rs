@@ -12,6 +12,7 @@ use profiler_common::{
 use super::{
     detect::{self, Detection, Interpreter},
     offsets::{CurrentFrame, EntryMark},
+    ReadFailure,
 };
 use crate::{
     ids::Pid,
@@ -41,7 +42,9 @@ pub fn find(
         Ok(Detection::Python(interp)) => entry(&interp)?,
         // A shared build's executable is named like CPython's; its library may not be
         // mapped yet (the process registers again when it is).
-        Ok(Detection::NotPython) => return Ok(None),
+        // A candidate that could not be opened (its process gone): the process registers
+        // again, and is looked at again, at its next mapping change.
+        Ok(Detection::NotPython) | Err(ReadFailure::Unopened(_)) => return Ok(None),
         Ok(Detection::Unsupported(why)) => return Err(why),
         Err(err) => return Err(err.to_string()),
     };

@@ -35,6 +35,7 @@ use profiler_common::InterpretedFrame;
 use crate::{
     catalog::KnownProcess,
     ids::Pid,
+    offload::{Charge, Offload},
     procs::MapEntry,
     threads::{StackSource, ThreadDump},
 };
@@ -47,6 +48,10 @@ pub enum ReadFailure {
     /// What was read is not what the version's layout says it should be.
     #[error("{0}")]
     Layout(String),
+    /// A file that may be CPython's could not be opened (gone, or replaced since it was
+    /// mapped): the process is not taken to be without Python, and is looked at again.
+    #[error("{0} could not be opened to look for CPython in it")]
+    Unopened(String),
     /// The dump's bytes to read for naming code objects are spent ([`DUMP_READ_BYTES`]).
     #[error("this dump's budget of {DUMP_READ_BYTES} bytes read to name code objects is spent")]
     OverBudget,
@@ -102,10 +107,18 @@ pub struct PythonSummary {
 }
 
 /// The reader's state across dumps: what each process is, and its code objects.
-#[derive(Default)]
 pub struct PythonReader {
     detections: HashMap<(ProcessKey, u32), Detection>,
     codes: CodeCache,
+    /// Where detection opens and reads the process's files: a worker thread, time-boxed (a
+    /// file on a file system that stops answering never holds the caller).
+    files: Offload,
+}
+
+impl Default for PythonReader {
+    fn default() -> Self {
+        Self { detections: HashMap::new(), codes: CodeCache::default(), files: Offload::new("offload-python", None) }
+    }
 }
 
 impl PythonReader {
@@ -120,13 +133,7 @@ impl PythonReader {
         self.forget_exited();
         let detection = match self.detections.get(&(key, process.maps_version)) {
             Some(known) => Ok(known.clone()),
-            // On the collector's thread: only files that open without blocking are looked
-            // at (through the mapping, on a disk); a CPython elsewhere is found by the
-            // unwinder's worker when the process is sampled.
-            None => detect::detect(process.pid, process.maps(), info.exe.as_deref(), &|map: &MapEntry| {
-                crate::opened::open_inline(process.pid, map)
-            })
-            .inspect(|found| {
+            None => self.detect(process.pid, process.maps(), info.exe.clone())?.inspect(|found| {
                 self.detections.insert((key, process.maps_version), found.clone());
             }),
         };
@@ -148,6 +155,26 @@ impl PythonReader {
             states: HashMap::new(),
             reads: ReadBudget::new(DUMP_READ_BYTES),
         })
+    }
+
+    /// Looks for CPython in `pid`'s files on the worker, each opened once and checked (see
+    /// [`crate::opened`]); `None` when the worker gave up (a stalled file system: not cached,
+    /// tried again at the next dump).
+    fn detect(
+        &mut self,
+        pid: Pid,
+        maps: &[MapEntry],
+        exe: Option<std::path::PathBuf>,
+    ) -> Option<Result<Detection, ReadFailure>> {
+        let maps = maps.to_vec();
+        let what = format!("CPython detection of pid {pid}");
+        let found = self.files.call(&what, Charge::path(pid), move |state| {
+            let charger = state.charger();
+            detect::detect(pid, &maps, exe.as_deref(), &|map: &MapEntry| {
+                crate::opened::open_on_worker(&charger, pid, map)
+            })
+        });
+        found.inspect_err(|stall| tracing::debug!("no Python frames now: {stall}")).ok()
     }
 
     /// Drops what is known of processes that exited (by pid; a reused pid has another start

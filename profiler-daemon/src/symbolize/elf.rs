@@ -34,7 +34,7 @@ use crate::{
     offload::Charger,
     opened::{self, OpenedFile},
     procs::{Device, MapEntry},
-    unwind::{unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
+    unwind::{links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
 };
 
 /// What to symbolize in one mapped file.
@@ -67,6 +67,9 @@ struct FileSymbols {
     build_id: Option<String>,
     /// Why its debug info is not read, when it is not.
     no_debug_info: Option<String>,
+    /// Its separate debug file is not looked for: a file root does not own that names one
+    /// (blazesym looks for it by the mapped path, a path its owner controls).
+    no_debug_link: bool,
     /// Whether `no_debug_info` was decided.
     checked: bool,
     /// The file open and parsed, with when it was last asked for addresses not yet found
@@ -109,10 +112,11 @@ impl ElfFiles {
             if !file.checked {
                 file.checked = true;
                 file.no_debug_info = if own_exe { None } else { debug_info_refusal(&opened, &map.path) };
+                file.no_debug_link = !owned_by_root(&opened) && names_debug_file(&opened);
                 file.build_id = super::build_id(&opened.fd_path());
             }
             if !todo.is_empty() {
-                let debug_syms = !own_exe && file.no_debug_info.is_none();
+                let debug_syms = !own_exe && file.no_debug_info.is_none() && !file.no_debug_link;
                 // A parser kept from before parses the descriptor it was made with (the same
                 // file: the version matched).
                 let (blaze, used, parsed) = file.parser.get_or_insert_with(|| (new_blaze(), Instant::now(), opened));
@@ -166,6 +170,15 @@ impl ElfFiles {
             _ => false,
         }
     }
+}
+
+fn owned_by_root(opened: &OpenedFile) -> bool {
+    opened.file().metadata().is_ok_and(|m| m.uid() == 0)
+}
+
+/// Whether `opened` names a separate debug file (see [`FileSymbols::no_debug_link`]).
+fn names_debug_file(opened: &OpenedFile) -> bool {
+    MappedFile::map(opened.file()).is_ok_and(|mapped| links_debug_file(mapped.bytes()))
 }
 
 /// Why the debug info of `opened` (mapped at `path`) must not be read, if it must not:

@@ -133,6 +133,12 @@ fn gnu_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     None
 }
 
+/// Whether the ELF file `bytes` names a separate debug file (`.gnu_debuglink` or
+/// `.gnu_debugaltlink`), which a symbolizer would look for by path.
+pub(crate) fn links_debug_file(bytes: &[u8]) -> bool {
+    Elf::parse(bytes).is_ok_and(|elf| elf.section(".gnu_debuglink").or(elf.section(".gnu_debugaltlink")).is_some())
+}
+
 /// The section header table of one ELF file.
 pub(crate) struct Elf<'a> {
     bytes: &'a [u8],

@@ -22,7 +22,7 @@ mod ground_truth;
 #[cfg(test)]
 mod readelf;
 
-pub(crate) use elf::{unreadable_compressed_sections, MAX_INFLATED_BYTES};
+pub(crate) use elf::{links_debug_file, unreadable_compressed_sections, MAX_INFLATED_BYTES};
 pub(crate) use mapped::MappedFile;
 pub use report::{report, ReportError};
 pub use rule::{CfaRegister, RbpRule, ReasonCounts, Rule, Unsupported, MAX_CFA_OFFSET};

@@ -25,8 +25,10 @@ const CLIENTS: usize = 6;
 /// How long they loop, and when root asks meanwhile.
 const LOAD: Duration = Duration::from_secs(8);
 const ROOT_ASKS_AFTER: Duration = Duration::from_secs(2);
-/// Root's 1 s capture may take this long in all: its window and one drain and render.
-const ROOT_WITHIN: Duration = Duration::from_secs(2);
+/// Root's 1 s capture may take this long in all: a drain at its start, its window, a drain
+/// and render at its end, on a 2-core machine under the dump loops (the review measured
+/// 4.27 s without the budget, with 10,000 threads).
+const ROOT_WITHIN: Duration = Duration::from_secs(4);
 
 fn thread_dumps_supported() -> bool {
     if !preflight() {
