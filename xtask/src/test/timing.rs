@@ -77,10 +77,15 @@ fn test_binary(line: &str) -> Option<TestBinary> {
     Some(TestBinary { name: format!("{package}/{target}"), executable, dir: manifest.parent()?.to_path_buf() })
 }
 
-/// `profiler-tests` from a package id (`path+file:///w/tests#profiler-tests@0.1.0`).
+/// `profiler-tests` from a package id (`path+file:///w/tests#profiler-tests@0.1.0`), or
+/// the directory's name when the id leaves the name out because it is the same
+/// (`path+file:///w/profiler-daemon#0.1.0`).
 fn package_name(id: &str) -> Option<&str> {
-    let tail = id.rsplit_once('#')?.1;
-    Some(tail.split_once('@').map_or(tail, |(name, _)| name))
+    let (url, tail) = id.rsplit_once('#')?;
+    match tail.split_once('@') {
+        Some((name, _)) => Some(name),
+        None => url.rsplit('/').next(),
+    }
 }
 
 /// Runs every binary with `harness` arguments and `envs`, echoing its output.
@@ -207,6 +212,7 @@ mod tests {
         let binary = test_binary(line).unwrap();
         assert_eq!(binary.name, "profiler-tests/futex");
         assert_eq!(binary.dir, PathBuf::from("/w/tests"));
+        assert_eq!(package_name("path+file:///w/profiler-daemon#0.1.0"), Some("profiler-daemon"));
         let not_test = line.replace(r#""test":true"#, r#""test":false"#);
         assert!(test_binary(&not_test).is_none());
     }
