@@ -166,7 +166,9 @@ fn checked(handle: OwnedFd, map: &MapEntry, same: Same) -> Result<OpenedFile, No
     }
     let matches = |meta: &std::fs::Metadata| match same {
         Same::Inode => meta.ino() == map.inode,
-        Same::DeviceAndInode => same_file(meta, map),
+        Same::DeviceAndInode => {
+            same_file(meta, map) || (meta.ino() == map.inode && reports_another_device(handle.as_raw_fd()))
+        }
     };
     if !matches(&meta) {
         return Err(NotOpened::Replaced);
@@ -184,14 +186,31 @@ fn checked(handle: OwnedFd, map: &MapEntry, same: Same) -> Result<OpenedFile, No
     Ok(OpenedFile { file, version })
 }
 
+/// Whether the file system of `fd` is one whose files `stat` with another device than the
+/// mappings and the kernel's events name (overlayfs: the layer's device or the overlay's;
+/// btrfs: the subvolume's or the file system's): there, the inode alone is compared.
+fn reports_another_device(fd: i32) -> bool {
+    const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+    const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
+    // SAFETY: `statfs` is plain integers; all-zero is a valid value to be overwritten.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a live descriptor and a valid out pointer; the result is checked.
+    if unsafe { libc::fstatfs(fd, &mut fs) } != 0 {
+        return false;
+    }
+    matches!(fs.f_type as i64, OVERLAYFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC)
+}
+
 fn same_file(meta: &std::fs::Metadata, map: &MapEntry) -> bool {
     let dev = meta.dev();
     (libc::major(dev), libc::minor(dev), meta.ino()) == (map.device.major, map.device.minor, map.inode)
 }
 
-/// `openat2(dir, path, flags, resolve)`.
+/// `openat2(dir, path, flags, resolve)`; where `openat2` is refused (a kernel before 5.6,
+/// or a seccomp filter that predates it, as `systemd-nspawn`'s may), `openat` with the same
+/// flags, checked afterwards as far as it can be (see [`open_path_without_openat2`]).
 fn open_path_at(dir: i32, path: &Path, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
-    let path = CString::new(path.as_os_str().as_bytes())
+    let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
     // SAFETY: `open_how` is plain integers; all-zero is valid (and what unset fields must be).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -199,12 +218,40 @@ fn open_path_at(dir: i32, path: &Path, flags: i32, resolve: u64) -> io::Result<O
     how.resolve = resolve;
     // SAFETY: openat2 with a descriptor (or AT_FDCWD), a NUL-terminated path and an
     // `open_how` of the size passed; the result is checked.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, path.as_ptr(), &how, size_of::<libc::open_how>()) };
+    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, c_path.as_ptr(), &how, size_of::<libc::open_how>()) };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::ENOSYS | libc::EPERM) => open_path_without_openat2(dir, path, &c_path, flags, resolve),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: the kernel returned a new descriptor, which we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `openat` for [`open_path_at`]: with no resolve flag, the same call; with
+/// `RESOLVE_NO_SYMLINKS` (an absolute path), the opened file's own path (`/proc/self/fd`)
+/// must be the path asked for, which it is not when a symlink was followed on the way;
+/// `RESOLVE_IN_ROOT` cannot be had without `openat2` and is refused.
+fn open_path_without_openat2(dir: i32, path: &Path, c_path: &CString, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
+    if resolve & libc::RESOLVE_IN_ROOT != 0 {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    // SAFETY: a descriptor (or AT_FDCWD) and a NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::openat(dir, c_path.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel returned a new descriptor, which we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if resolve & libc::RESOLVE_NO_SYMLINKS != 0 {
+        let opened = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        if !path.is_absolute() || opened != path {
+            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+        }
+    }
+    Ok(fd)
 }
 
 #[cfg(test)]
