@@ -50,7 +50,7 @@ pub enum FixtureKind {
     HeapSites,
     /// `lock_contention.c`: two threads taking one pthread mutex in turns, 12,000 waits of
     /// ~50 us in contend_lock, each woken by the other's release_lock, and a condvar waiter (cond_waiter_wait), each measuring its own wait;
-    /// after a delay (argv[1]) prints `lock_wait_ns N`, `cond_wait_ns N`, `done`, lingers
+    /// after a delay (argv[1]) prints `lock_wait_ns N R` (R: the lockers' run-queue delay), `cond_wait_ns N`, `done`, lingers
     /// argv[2] seconds.
     LockContention,
     /// `futex_requeue.c`: a waiter in wait_for_signal moved by FUTEX_CMP_REQUEUE (broadcast)
@@ -395,10 +395,19 @@ impl Fixture {
     /// Reads the fixture's next stdout line `KEY N` (waits for it) and returns N; panics
     /// unless the line has that key and a number.
     pub fn read_value(&mut self, key: &str) -> u64 {
+        self.read_values(key)[0]
+    }
+
+    /// Reads the fixture's next line, `KEY N [M …]`, and returns its numbers (one at least).
+    pub fn read_values(&mut self, key: &str) -> Vec<u64> {
         let mut line = String::new();
         let read = self.stdout.read_line(&mut line);
-        let value = line.trim().strip_prefix(key).and_then(|rest| rest.trim().parse().ok());
-        value.unwrap_or_else(|| {
+        let values: Option<Vec<u64>> = line
+            .trim()
+            .strip_prefix(key)
+            .and_then(|rest| rest.split_whitespace().map(|v| v.parse().ok()).collect())
+            .filter(|values: &Vec<u64>| !values.is_empty());
+        values.unwrap_or_else(|| {
             panic!("fixture {} did not print `{key} N` (read {read:?}, got {line:?})", self.kind.comm())
         })
     }
