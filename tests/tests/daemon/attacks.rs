@@ -30,9 +30,7 @@ fn a_fifo_swapped_in_for_a_mapped_file_does_not_stop_the_collector() {
         return;
     }
     let scratch = TempDir::new("fifo-swap");
-    let home = scratch.path().join("nobody");
-    std::fs::create_dir(&home).unwrap();
-    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let home = nobody_home(&scratch);
     let daemon = Daemon::start(&DaemonConfig::new(&[CPU_SPLIT, "fifo_swap"]));
     let split = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
     // An ELF file any user can read, copied and mapped by the attacker.
@@ -64,9 +62,7 @@ fn a_library_whose_cfi_would_take_gigabytes_is_refused_before_it_is_built() {
         return;
     }
     let scratch = TempDir::new("cfi-bomb");
-    let home = scratch.path().join("nobody");
-    std::fs::create_dir(&home).unwrap();
-    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let home = nobody_home(&scratch);
     let bomb = home.join("bomb.so");
     let script = profiler_tests::workspace_root().join("tests/fixtures/cfi_bomb.py");
     let base = FixtureKind::CpuSplitC.build();
@@ -168,6 +164,14 @@ pub fn watch_collector(daemon: &Daemon, watch: Duration) {
     assert!(dumps >= dumps_before + 3, "dumps stopped ({dumps_before} → {dumps}): {status:#}");
     assert!(peak_rss < MEMORY_HIGH_BYTES, "the daemon's RSS reached {} MiB", peak_rss >> 20);
     assert!(!daemon.log().contains("panicked"), "{}", daemon.log());
+}
+
+/// `SCRATCH/nobody`, a directory nobody owns: where the attacker works.
+fn nobody_home(scratch: &TempDir) -> std::path::PathBuf {
+    let home = scratch.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    home
 }
 
 /// A process's resident set as `field` of its status (`VmRSS:`, `VmHWM:`), 0 when unreadable.
