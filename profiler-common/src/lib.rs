@@ -219,6 +219,12 @@ pub mod maps {
     /// LRU hash of tgid (`u32`) → `u8`: the processes already told through `REGISTER_ASKS`
     /// (an exec clears its process's entry: the new image asks again).
     pub const REGISTER_ASKED: &str = "REGISTER_ASKED";
+    /// Hash of tgid (`u32`) → `u8`, written by userspace: processes it will not register (the
+    /// configuration's selection leaves them out), whose walks therefore do not ask. Without
+    /// it, past `REGISTER_ASKED_MAX_ENTRIES` such processes the LRU churns and every walk of
+    /// an evicted one wakes userspace again. An exec clears its process's entry (the new image
+    /// may be selected); userspace deletes those of exited processes.
+    pub const REGISTER_DECLINED: &str = "REGISTER_DECLINED";
 
     /// Default rows of `UNWIND_ROWS`: 32 MiB, 1,024 shards.
     pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
@@ -237,6 +243,9 @@ pub mod maps {
     /// Processes remembered as asked (80 KiB whatever the CPUs). One evicted asks again at its
     /// next walk: an extra read of the side band, no more.
     pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 1_024;
+    /// Processes declined at once (allocated as used); past it, an unselected process asks
+    /// through the LRU as before, and the refusals are counted.
+    pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = 32_768;
 
     /// Hash of tgid (`u32`) → [`crate::PythonProcess`]: the CPython processes whose Python
     /// frames the walker adds to their user stacks.
@@ -357,7 +366,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 55] = [
+    pub const ALL: [&str; 56] = [
         CGROUP_FILTER,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
@@ -390,6 +399,7 @@ pub mod maps {
         UNWIND_EXECS,
         REGISTER_ASKS,
         REGISTER_ASKED,
+        REGISTER_DECLINED,
         PYTHON_PROCESSES,
         PYTHON_COUNTERS,
         PYTHON_STATE,

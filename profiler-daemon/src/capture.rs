@@ -17,6 +17,7 @@ use crate::{
     catalog::{Catalog, Sighting},
     cgroups::{self, CgroupFilter},
     config::{ProcessSelection, StackShares},
+    declined::{Declined, DeclinedStats, Seen},
     ebpf::{
         self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig,
         ShareCaps,
@@ -49,6 +50,19 @@ fn parse_ask(bytes: &[u8]) -> Option<(Pid, String)> {
     let ask: RegisterAsk = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     let len = ask.comm.iter().position(|&b| b == 0).unwrap_or(ask.comm.len());
     Some((Pid(ask.tgid), String::from_utf8_lossy(&ask.comm[..len]).into_owned()))
+}
+
+/// How the catalogue, the selection and a snapshot's pid scope see process `pid`, for
+/// [`Declined`].
+fn seen(catalog: &Catalog, selection: &ProcessSelection, scope: &[Pid], pid: Pid) -> Seen {
+    match catalog.process(pid) {
+        None => Seen::Unknown,
+        Some(process) if process.exited => Seen::Exited,
+        Some(process) if (scope.is_empty() || scope.contains(&pid)) && selection.matches(&process.facts()) => {
+            Seen::Selected
+        }
+        Some(_) => Seen::LeftOut,
+    }
 }
 
 /// How long a drain registers backlog processes before it follows new ones again.
@@ -125,6 +139,8 @@ pub enum CaptureError {
     UnwindTables(#[source] ebpf::Error),
     #[error("failed to forget the kernel state of exited processes")]
     Forget(#[source] ebpf::Error),
+    #[error("failed to tell the walkers which processes the selection leaves out; they ask for them again")]
+    Decline(#[source] ebpf::Error),
     #[error("failed to read the off-CPU switches still pending; stacks of threads asleep across this dump may be left unnamed")]
     PendingStacks(#[source] ebpf::Error),
     #[error("failed to read the live heap")]
@@ -210,6 +226,9 @@ pub struct Capture {
     /// walk, whose sample the next drain or the one after learns; kept no longer, so a pid
     /// reused later never takes an old name. Bounded by [`ASKED_NAMES_KEPT`].
     asked_names: HashMap<Pid, (String, u8)>,
+    /// The processes asked for that the selection leaves out, told to the kernel so that
+    /// their walks stop asking (see [`crate::declined`]).
+    declined: Declined,
     /// What the kernel filters by cgroup (from `selection`).
     cgroup_filter: CgroupFilter,
     /// Pids reused while a drain followed events after taking its batch: reported with the
@@ -306,6 +325,7 @@ impl Capture {
             asks,
             asks_read: 0,
             asked_names: HashMap::new(),
+            declined: Declined::default(),
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
             python: PythonReader::default(),
@@ -428,6 +448,7 @@ impl Capture {
                 if !name.is_empty() {
                     self.asked_names.insert(pid, (name, ASKED_NAME_DRAINS));
                 }
+                self.declined.asked(pid);
             }
             self.asks_read += 1;
         }
@@ -513,6 +534,13 @@ impl Capture {
             }
         }
         self.count_registered_execs();
+        if self.declined.has_pending() {
+            let (catalog, selection, scope) = (&self.catalog, &self.selection, &self.scope);
+            let settled = self.declined.settle_asks(&mut self.session, |pid| seen(catalog, selection, scope, pid));
+            if let Err(err) = settled {
+                tracing::warn!("{}", crate::error::chain(&CaptureError::Decline(err)));
+            }
+        }
         applied.reused
     }
 
@@ -584,6 +612,10 @@ impl Capture {
         });
         self.catalog.note_over_share(&batch.over_share);
         let mut problems = Vec::new();
+        let (catalog, selection, scope) = (&self.catalog, &self.selection, &self.scope);
+        if let Err(err) = self.declined.settle(&mut self.session, |pid| seen(catalog, selection, scope, pid)) {
+            problems.push(CaptureError::Decline(err));
+        }
         match self.unwinder.take_execs(&mut self.session) {
             // A new image is registered now, not after its first sample: until then its
             // stacks would be walked with frame pointers only.
@@ -767,6 +799,15 @@ impl Capture {
     pub fn select(&mut self, selection: &ProcessSelection) {
         self.selection = selection.clone();
         self.filter_cgroups();
+        // Any process may be selected now: each asks again at its next walk.
+        if let Err(err) = self.declined.clear(&mut self.session) {
+            tracing::warn!("{}", crate::error::chain(&CaptureError::Decline(err)));
+        }
+    }
+
+    /// The processes whose walks were told not to ask for a registration.
+    pub fn declined_stats(&self) -> DeclinedStats {
+        self.declined.stats()
     }
 
     /// Tells the kernel which cgroups the selection's cgroup and unit matchers select, from

@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod declined;
 pub mod dump;
 pub mod ebpf;
 pub mod error;

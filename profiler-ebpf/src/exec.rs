@@ -33,7 +33,7 @@ use crate::{
     maps::{atomic_add_u32, current_task, CONTROL},
     python::PYTHON_PROCESSES,
     tracepoint::read_field,
-    user_stack::{REGISTER_ASKED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
+    user_stack::{REGISTER_ASKED, REGISTER_DECLINED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
 
 // `sys_exit_*`'s `ret`, checked against the kernel's `format` files before attaching.
@@ -76,6 +76,11 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
     // SAFETY: only checks for presence.
     if unsafe { REGISTER_ASKED.get(&tgid) }.is_some() {
         let _ = REGISTER_ASKED.remove(&tgid);
+    }
+    // A process the selection left out may be selected under its new name or executable.
+    // SAFETY: only checks for presence.
+    if unsafe { REGISTER_DECLINED.get(&tgid) }.is_some() {
+        let _ = REGISTER_DECLINED.remove(&tgid);
     }
     // The new image is another program: its interpreter, if any, is registered anew.
     // SAFETY: only checks for presence.

@@ -26,8 +26,8 @@ use aya_ebpf::{
 use profiler_common::{
     maps::{
         CONTROL_EXEC_EPOCH, CONTROL_UNWIND_EPOCH, REGISTER_ASKED_MAX_ENTRIES, REGISTER_ASKS_BYTES,
-        ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES, UNWIND_PROCESSES_MAX_ENTRIES,
-        UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
+        REGISTER_DECLINED_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES,
+        UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
     },
     stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
     unwind::{
@@ -69,6 +69,11 @@ pub static REGISTER_ASKS: RingBuf = RingBuf::with_byte_size(REGISTER_ASKS_BYTES,
 #[map]
 pub static REGISTER_ASKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(REGISTER_ASKED_MAX_ENTRIES, 0);
 
+/// The processes userspace will not register (see `profiler_common::maps::REGISTER_DECLINED`).
+#[map]
+pub static REGISTER_DECLINED: HashMap<u32, u8> =
+    HashMap::with_max_entries(REGISTER_DECLINED_MAX_ENTRIES, BPF_F_NO_PREALLOC);
+
 /// Tells userspace, once per process (until its next exec), that a walk met process `tgid`
 /// unregistered. Userspace reads the side band's records at once and registers it, so a
 /// process is registered when it is first sampled or waits, even while userspace reads the
@@ -76,8 +81,8 @@ pub static REGISTER_ASKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(RE
 /// processes nothing samples cost it no wake-up.
 #[inline(always)]
 fn ask_registration(tgid: u32) {
-    // SAFETY: only checks for presence.
-    if unsafe { REGISTER_ASKED.get(&tgid) }.is_some() {
+    // SAFETY (both): only check for presence.
+    if unsafe { REGISTER_ASKED.get(&tgid) }.is_some() || unsafe { REGISTER_DECLINED.get(&tgid) }.is_some() {
         return;
     }
     if REGISTER_ASKED.insert(&tgid, &1, 0).is_err() {

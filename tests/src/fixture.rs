@@ -66,6 +66,9 @@ pub enum FixtureKind {
     /// directories under argv[1], each swapped with a FIFO for argv[4] ms as it is mapped
     /// (the review's N1 attack); prints `attempts N`, `done`, then sleeps until killed.
     FifoSwap,
+    /// `spinner_crowd.c`: forks argv[1] children, each spinning in crowd_spin for ever (they
+    /// die with it); prints `ready` once all are forked.
+    SpinnerCrowd,
     /// `stack_flood.c`: 8 threads making FUTEX_WAITs of 150 us from 65,536 distinct stacks
     /// (flood_step → go_left/go_right … → flood_wait) for argv[1] seconds; then prints
     /// `waits N`, `done`.
@@ -143,6 +146,7 @@ impl FixtureKind {
             Self::FutexRequeue => "futex_requeue",
             Self::ThreadChurn => "thread_churn",
             Self::FifoSwap => "fifo_swap",
+            Self::SpinnerCrowd => "spinner_crowd",
             Self::StackFlood => "stack_flood",
             Self::ThreadSpawner => "thread_spawner",
             Self::RustMutex => "rust_mutex",
@@ -176,6 +180,7 @@ impl FixtureKind {
             Self::FutexRequeue => "futex_requeue.c",
             Self::ThreadChurn => "thread_churn.c",
             Self::FifoSwap => "fifo_swap.c",
+            Self::SpinnerCrowd => "spinner_crowd.c",
             Self::StackFlood => "stack_flood.c",
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",

@@ -906,6 +906,7 @@ impl Collector {
             process_events: self.capture.sideband_stats().0,
             process_events_error: self.capture.sideband_stats().1.map(str::to_string),
             follow_latency: self.capture.follow_latency(),
+            declined: self.capture.declined_stats(),
             last_error: self.last_error.clone(),
         }
     }

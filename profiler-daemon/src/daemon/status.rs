@@ -11,6 +11,7 @@ use profiler_common::{
 use serde_json::json;
 
 use crate::{
+    declined::DeclinedStats,
     ebpf::Counters,
     ids::Pid,
     offload::OffloadStats,
@@ -81,6 +82,8 @@ pub struct Status {
     pub process_events_error: Option<String>,
     /// How long after their exec processes were registered with the unwinder.
     pub follow_latency: FollowLatency,
+    /// Processes the selection leaves out whose walks were told to stop asking.
+    pub declined: DeclinedStats,
     pub last_error: Option<String>,
 }
 
@@ -168,6 +171,13 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "storm": s.process_events.map(|e| e.storm),
             "storm_ms": s.process_events.map(|e| e.storm_time.as_millis() as u64),
             "registration_asks": s.process_events.map(|e| e.asks),
+            // Processes the selection leaves out, whose walks no longer ask (`held` now;
+            // `full`: refused by a full map, so those still ask).
+            "registrations_declined": {
+                "held": s.declined.held,
+                "total": s.declined.declined,
+                "full": s.declined.full,
+            },
             "error": s.process_events_error,
             // Until registered, a new program is walked with frame pointers only.
             "registered_after_exec": follow_latency(&s.follow_latency),

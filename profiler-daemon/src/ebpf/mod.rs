@@ -332,6 +332,18 @@ impl Session {
         RingBuf::try_from(map).map_err(map_error("open", maps::REGISTER_ASKS))
     }
 
+    /// Stops the walkers asking for process `pid`'s registration: the selection leaves it
+    /// out. Returns false when the map is full (its walks then keep asking, through the LRU).
+    pub fn decline_registration(&mut self, pid: Pid) -> Result<bool> {
+        unwind::decline_registration(&mut self.ebpf, pid.0)
+    }
+
+    /// Lets process `pid`'s walks ask for its registration again (it exited, or may now be
+    /// selected).
+    pub fn undecline_registration(&mut self, pid: Pid) -> Result<()> {
+        unwind::undecline_registration(&mut self.ebpf, pid.0)
+    }
+
     /// Why execs are not tracked, if they are not.
     pub fn exec_tracking_error(&self) -> Option<&str> {
         self.exec_tracking_error.as_deref()

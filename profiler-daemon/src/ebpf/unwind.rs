@@ -148,6 +148,22 @@ pub(super) fn remove_python(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     remove_from::<PythonProcess>(ebpf, maps::PYTHON_PROCESSES, pid)
 }
 
+/// Tells the walkers that process `pid` will not be registered, so that they stop asking for
+/// it. Returns false when the map is full.
+pub(super) fn decline_registration(ebpf: &mut Ebpf, pid: u32) -> Result<bool> {
+    let mut declined: HashMap<&mut MapData, u32, u8> = map_mut(ebpf, maps::REGISTER_DECLINED)?;
+    match declined.insert(pid, 1, 0) {
+        Ok(()) => Ok(true),
+        Err(e) if is_full(&e) => Ok(false),
+        Err(e) => Err(map_error("write", maps::REGISTER_DECLINED)(e)),
+    }
+}
+
+/// Lets process `pid`'s walks ask for its registration again (a no-op if they may).
+pub(super) fn undecline_registration(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    remove_from::<u8>(ebpf, maps::REGISTER_DECLINED, pid)
+}
+
 /// The Python walk's counters since load, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonCounters(pub [u64; PythonCounter::COUNT as usize]);

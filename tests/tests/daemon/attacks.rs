@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
-use profiler_tests::daemon::{Daemon, DaemonConfig};
+use profiler_tests::daemon::{wait_for, Daemon, DaemonConfig};
 use profiler_tests::fuse::HungFs;
 use profiler_tests::{preflight, Fixture, FixtureKind, Profile, TempDir};
 
@@ -140,6 +140,48 @@ fn a_symlink_into_a_hung_mount_does_not_blind_the_root_file_system() {
         assert_split(&profile, &file);
         assert!(profile.function_names().contains(&"hot_a"), "root's functions unnamed in {file:?}");
     }
+}
+
+/// N15: a crowd of busy processes the selection leaves out, more of them than the walkers'
+/// LRU of processes already asked about holds (1,024). Each walk of one the LRU had evicted
+/// asked for its registration again and woke the collector; now each is declined once the
+/// catalogue knows it, and its walks stop asking. The window starts once 99% are declined
+/// and is counted in CPU samples (20 per member), not in time, so that a loaded machine only
+/// makes it longer. Measured here over such a window: ~1,650 asks before the declines (the
+/// members outside the LRU ask at every walk), ~60 with them (the last 1% once each, and
+/// the programs the machine started meanwhile).
+#[test]
+fn a_crowd_the_selection_leaves_out_stops_asking_for_registrations() {
+    if !preflight() {
+        return;
+    }
+    const CROWD: u64 = 1_500;
+    let scratch = TempDir::new("crowd");
+    let mut config = DaemonConfig::new(&[CPU_SPLIT]);
+    config.frequency_hz = 999;
+    let daemon = Daemon::start(&config);
+    let crowd = Fixture::spawn_as_nobody_with_args(FixtureKind::SpinnerCrowd, &[&CROWD.to_string()], scratch.path());
+    let held = || daemon.status_u64("/process_events/registrations_declined/held");
+    let declined = wait_for(Duration::from_secs(120), || held() >= CROWD * 99 / 100);
+    assert!(declined, "{} of {CROWD} left-out processes declined: {:#}", held(), daemon.status());
+    let asks = || daemon.status_u64("/process_events/registration_asks");
+    let samples = || daemon.status_u64("/samples/cpu");
+    let (asks_before, samples_before) = (asks(), samples());
+    let walked = wait_for(Duration::from_secs(120), || samples() >= samples_before + 20 * CROWD);
+    assert!(walked, "the crowd was not sampled: {:#}", daemon.status());
+    let (asked, sampled) = (asks() - asks_before, samples() - samples_before);
+    eprintln!("{asked} registration asks in {sampled} CPU samples of {CROWD} left-out processes");
+    assert!(
+        asked < CROWD / 5,
+        "{asked} registration asks in {sampled} CPU samples of {CROWD} processes the selection leaves out: {:#}",
+        daemon.status()
+    );
+    assert_eq!(daemon.status_u64("/process_events/registrations_declined/full"), 0);
+    // The crowd gone, its declines are withdrawn at the next drains.
+    drop(crowd);
+    let withdrawn = wait_for(Duration::from_secs(60), || held() < CROWD / 10);
+    assert!(withdrawn, "{} declines left after the crowd exited: {:#}", held(), daemon.status());
+    watch_collector(&daemon, Duration::from_secs(8));
 }
 
 /// For `watch`: `/status` answers, the collector's uptime there keeps pace with the clock
