@@ -21,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-pub use crate::profiles::ProfileKind;
+pub use crate::kind::ProfileKind;
 pub use export::{
     Auth, ExportConfig, ExportUrl, Protocol, Secret, Template, EXPORT_BACKOFF_RANGE, EXPORT_NAME_MAX_BYTES,
     EXPORT_TIMEOUT_RANGE, SERVICE_NAME_FIELDS,

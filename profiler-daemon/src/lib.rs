@@ -24,6 +24,7 @@ pub mod ebpf;
 pub mod error;
 pub mod flame;
 pub mod ids;
+pub mod kind;
 pub mod offload;
 pub mod opened;
 pub mod output;
