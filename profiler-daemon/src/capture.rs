@@ -672,8 +672,8 @@ impl Capture {
             .iter()
             .map(|t| Sighting {
                 pid,
-                user_stack: threads::stack_id(&t.user),
-                kernel_stack: threads::stack_id(&t.kernel),
+                user_stack: dump.stack_id(&t.user),
+                kernel_stack: dump.stack_id(&t.kernel),
                 user_leaf_is_return: false,
                 main_thread_name: None,
             })

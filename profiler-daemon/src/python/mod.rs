@@ -472,6 +472,7 @@ mod tests {
             walk: WalkCounts::default(),
             duration: Duration::ZERO,
             python: None,
+            stack_hash_key: 0,
         };
         reading.finish(&mut dump);
         assert!(dump.threads[0].python.is_empty(), "none rather than some");
