@@ -21,6 +21,7 @@ pub mod control;
 pub mod daemon;
 pub mod dump;
 pub mod ebpf;
+pub(crate) mod elf;
 pub mod error;
 pub mod flame;
 pub mod ids;
