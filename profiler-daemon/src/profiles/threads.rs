@@ -133,7 +133,7 @@ fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -
 }
 
 /// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
-/// locations (see [`crate::python::merge`]), by the sample's `tid` label.
+/// locations (see [`crate::resolve::interpreted`]), by the sample's `tid` label.
 pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
     let threads: HashMap<i64, &DumpedThread> =
@@ -152,7 +152,7 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
             tid.and_then(|tid| threads.get(&tid)).map_or(&[][..], |t| &t.python[..])
         })
         .collect();
-    crate::python::merge::merge(resolved, &per_sample);
+    crate::resolve::interpreted::merge(resolved, &per_sample);
 }
 
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
         use crate::{
-            python::merge::EVAL_FUNCTION,
+            resolve::interpreted::EVAL_FUNCTION,
             resolve::{LocationInfo, ResolvedSample, PYTHON_MAPPING},
             symbolize::Frame,
         };

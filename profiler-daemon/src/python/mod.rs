@@ -22,7 +22,6 @@ pub mod frames;
 pub mod kernel;
 pub mod linetable;
 pub mod memory;
-pub mod merge;
 pub mod offsets;
 
 use std::collections::HashMap;

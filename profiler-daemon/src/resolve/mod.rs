@@ -3,6 +3,8 @@
 //! [`crate::profiles`]); its output, [`ResolvedProfile`], is what the pprof encoder consumes.
 //! It knows nothing of BPF maps, blazesym or protobuf.
 
+pub mod interpreted;
+
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
@@ -14,9 +16,10 @@ use crate::{
     catalog::{Catalog, KnownProcess},
     ids::{Pid, StackId},
     procs::MapEntry,
-    python::{merge::merge, PythonFrame, PythonReader},
+    python::{PythonFrame, PythonReader},
     symbolize::{Frames, Symbolizer},
 };
+use interpreted::merge;
 
 /// What names a profile's frames: the symbolizer for native code, and the interpreters'
 /// readers for the frames the kernel walker puts in interpreter processes' stacks. Held
@@ -255,7 +258,7 @@ pub fn resolve(
 }
 
 /// Names the Python frames of `python` (per sample, leaf first) and puts them in place of
-/// the interpreter loop's native frames (see [`crate::python::merge`]). Returns the line
+/// the interpreter loop's native frames (see [`crate::resolve::interpreted`]). Returns the line
 /// for the profile's comment: what was named, or why nothing was (the process exited before
 /// its code objects were read: those samples keep their native frames, counted).
 fn name_python(
