@@ -663,7 +663,7 @@ impl Capture {
         let mut dump = threads::take(&self.session, pid, python.as_mut())
             .map_err(|source| CaptureError::ThreadDump { pid, source })?;
         if let Some(python) = python {
-            python.finish(&mut dump);
+            dump.apply_python(python.finish());
         }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();

@@ -26,7 +26,7 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, UnwindView},
     ids::{Pid, StackId, Tid},
-    python::{PythonDump, PythonFrame},
+    python::{PythonDump, PythonFrame, PythonRead},
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -108,6 +108,21 @@ impl ThreadDump {
         self.threads
             .iter()
             .flat_map(|t| [(self.stack_id(&t.user), &t.user[..]), (self.stack_id(&t.kernel), &t.kernel[..])])
+    }
+
+    /// Applies what reading the process's Python frames gave ([`PythonDump::finish`]): only
+    /// walked threads keep theirs, and a failed or cut-short reading takes every thread's
+    /// away (none rather than some of them).
+    pub fn apply_python(&mut self, mut read: PythonRead) {
+        let stand = read.frames_stand();
+        for thread in &mut self.threads {
+            if !stand || thread.source != StackSource::Walked {
+                thread.python.clear();
+            }
+            read.count(thread.tid.0, thread.python.len());
+        }
+        let dumped: Vec<u32> = self.threads.iter().map(|t| t.tid.0).collect();
+        self.python = Some(read.summary(&dumped));
     }
 
     /// The key of a stack: the kernel's hash of its frames (see `profiler_common::stack`), so
