@@ -7,6 +7,7 @@
 //! kept as written), and `Config::try_from(raw)` (in `config/validate.rs`) checks every value
 //! once. The documented default file is `config/profiler.toml`; an empty file means the same.
 
+mod check;
 mod export;
 pub mod raw;
 mod select;
