@@ -578,6 +578,24 @@ where
     M::try_from(map).map_err(map_error("open", name))
 }
 
+/// Reads every entry of a counts map (a hash every CPU adds to) and deletes it.
+fn drain_counts<K, V>(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<(K, V)>>
+where
+    K: aya::Pod,
+    V: aya::Pod,
+{
+    let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
+    let keys: Vec<K> = map.keys().filter_map(|k| k.ok()).collect();
+    let mut entries = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Ok(value) = map.get(&key, 0) {
+            entries.push((key, value));
+        }
+        map.remove(&key).map_err(map_error("clear", name))?;
+    }
+    Ok(entries)
+}
+
 /// Sums each per-CPU slot of the counter array `name`, `N` counters in index order.
 fn sum_counters<const N: usize>(ebpf: &Ebpf, name: &'static str) -> Result<[u64; N]> {
     let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, name)?;
