@@ -19,7 +19,7 @@ pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
     if unit {
         return run_unit(args);
     }
-    workspace::prepare(true)?;
+    crate::setup::prepare(true)?;
     check(
         "cargo fmt --all -- --check",
         workspace::cargo().args(["fmt", "--all", "--", "--check"]),
