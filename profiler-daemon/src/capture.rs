@@ -695,7 +695,7 @@ impl Capture {
         let mut dump = threads::take(&self.session, pid, python.as_mut())
             .map_err(|source| CaptureError::ThreadDump { pid, source })?;
         if let Some(python) = python {
-            python.finish(&mut dump);
+            dump.apply_python(python.finish());
         }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();
@@ -704,8 +704,8 @@ impl Capture {
             .iter()
             .map(|t| Sighting {
                 pid,
-                user_stack: threads::stack_id(&t.user),
-                kernel_stack: threads::stack_id(&t.kernel),
+                user_stack: dump.stack_id(&t.user),
+                kernel_stack: dump.stack_id(&t.kernel),
                 user_leaf_is_return: false,
                 main_thread_name: None,
             })

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     config::{
-        raw::{DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT},
+        raw::{DEFAULT_BLOCK_RATE, DEFAULT_MUTEX_FRACTION, DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT},
         ProfileKind,
     },
     units::parse_duration,
@@ -110,16 +110,6 @@ pub struct ClientArgs {
     #[arg(long)]
     pub json: bool,
 }
-
-/// The block profile's default rate. Measured with `cargo xtask bench futex --pin-cpu 1`
-/// (see README): a handoff's wait is a few microseconds, so at 1ms about 1 in 250 of them
-/// walks a stack, while a wait of a millisecond or more is always recorded. At 100us the
-/// walks alone cost the handoff 2-3%, past the 1.10x budget.
-pub const DEFAULT_BLOCK_RATE: &str = "1ms";
-/// The mutex profile's default fraction: 1 in 50 wakes walks its stack (at 20 the walks cost
-/// the handoff 1.11-1.16x the floor, at 50 1.08-1.10x). A lock's profile from n contended
-/// unlocks has a relative error near √(49/n): 7% at 10,000.
-pub const DEFAULT_MUTEX_FRACTION: u32 = 50;
 
 /// Highest sampling frequency accepted: above this the sampling itself dominates the cost.
 pub const MAX_FREQUENCY_HZ: u32 = 10_000;

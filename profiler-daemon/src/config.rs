@@ -7,6 +7,7 @@
 //! kept as written), and `Config::try_from(raw)` (in `config/validate.rs`) checks every value
 //! once. The documented default file is `config/profiler.toml`; an empty file means the same.
 
+mod check;
 mod export;
 pub mod raw;
 mod select;
@@ -21,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-pub use crate::profiles::ProfileKind;
+pub use crate::kind::ProfileKind;
 pub use export::{
     Auth, ExportConfig, ExportUrl, Protocol, Secret, Template, EXPORT_BACKOFF_RANGE, EXPORT_NAME_MAX_BYTES,
     EXPORT_TIMEOUT_RANGE, SERVICE_NAME_FIELDS,

@@ -18,6 +18,7 @@ use crate::{
     output, preflight,
     profiles::{Context, ProcessCounts, ProfileKind, Settings, View},
     render::{Renderer, Window},
+    resolve::Namers,
     snapshot::SnapshotError,
 };
 
@@ -73,7 +74,7 @@ pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
     };
     let process = capture.catalog().process(pid).ok_or(Error::NoSuchProcess(pid.0))?;
     let view = View::of(ProfileKind::Threads);
-    let mut sym = capture.symbolizer();
+    let mut sym = Namers::new(capture.symbolizer());
     Ok(match debug {
         0 => renderer.render(process, &counts, view, Vec::new(), &mut sym).encoded.gzip(),
         debug => renderer.text(process, &counts, view, debug, &mut sym).into_bytes(),

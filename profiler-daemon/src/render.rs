@@ -13,8 +13,7 @@ use crate::{
     ids::Pid,
     pprof::{self, Encoded},
     profiles::{Context, ProcessCounts, ProfileKind, Settings, View},
-    resolve::{self, ResolvedProfile},
-    symbolize::Symbolizer,
+    resolve::{self, Namers, ResolvedProfile},
 };
 
 /// What a rendered profile covers.
@@ -59,7 +58,7 @@ impl Renderer<'_> {
         counts: &ProcessCounts,
         view: View,
         debug: u8,
-        sym: &mut Symbolizer,
+        sym: &mut Namers,
     ) -> String {
         let kind = view.kind;
         let mut resolved = resolve::resolve(process, self.catalog, kind.samples(counts, &self.settings), sym);
@@ -79,7 +78,7 @@ impl Renderer<'_> {
         counts: &ProcessCounts,
         view: View,
         notes: Vec<String>,
-        sym: &mut Symbolizer,
+        sym: &mut Namers,
     ) -> Rendered {
         let kind = view.kind;
         let mut shape = kind.shape(&self.settings);

@@ -19,6 +19,7 @@ use crate::{
     output, preflight,
     profiles::{heap::attachment_comment, Context, Counts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
+    resolve::Namers,
     sideband::{
         latency::BOUNDS_US,
         pace::{STORM_EVENTS_PER_S, STORM_GAP},
@@ -165,7 +166,7 @@ fn write(
         kernel_addresses: true,
     };
     let mut files = SnapshotFiles::new(&args.output);
-    let mut sym = capture.symbolizer();
+    let mut sym = Namers::new(capture.symbolizer());
     let empty = Default::default();
     let mut written = Vec::new();
     for &kind in kinds {

@@ -26,6 +26,7 @@ mod thread;
 mod thread_dump;
 mod tracepoint;
 mod user_stack;
+mod walk_state;
 
 // Only for the kernel target: a host build (clippy over the workspace, where feature
 // unification links std through profiler-common's `user` feature) has std's.

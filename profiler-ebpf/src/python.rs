@@ -41,7 +41,7 @@ use profiler_common::{
 
 use crate::{
     maps::{bump, SCRATCH_SLOTS},
-    user_stack::push_to_walk,
+    walk_state::push_to_walk,
 };
 
 #[map]

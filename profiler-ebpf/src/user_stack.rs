@@ -29,18 +29,21 @@ use profiler_common::{
         REGISTER_DECLINED_MAX_ENTRIES, ROW_CACHE_MAX_SLOT_ENTRIES, UNWIND_PROCESSES_LARGE_MAX_ENTRIES,
         UNWIND_PROCESSES_MAX_ENTRIES, UNWIND_ROWS_DEFAULT_ENTRIES, UNWIND_TABLES_MAX_ENTRIES,
     },
-    stack::{finish_hash, hash_frame, hash_start, STACK_TRUNCATED},
+    stack::{finish_hash, hash_start},
     unwind::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS, SHARD_ROWS_SHIFT,
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
     RegisterAsk, SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
-    UnwindRow, UnwindTableInfo, WalkTotals, MAX_USER_STACK_DEPTH, STACK_CHUNKS, STACK_PIECE_FRAMES, WALK_STATE_BYTES,
+    UnwindRow, UnwindTableInfo, MAX_USER_STACK_DEPTH, STACK_CHUNKS,
 };
 
-use crate::maps::{
-    bump, Scratch, CONTROL, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW,
-    STACK_WINDOW_WORDS,
+use crate::{
+    maps::{
+        bump, Scratch, CONTROL, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW,
+        STACK_WINDOW_WORDS,
+    },
+    walk_state::{push_word, KeptMapping, WalkState, KEPT_MAPPINGS, UNWIND_STATE},
 };
 
 /// Every loaded unwind table's rows (resized at load time to the memory budget).
@@ -99,9 +102,6 @@ fn ask_registration(tgid: u32) {
 #[map]
 pub static UNWIND_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UnwindCounter::COUNT, 0);
 
-#[map]
-pub static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
-
 /// Rows this CPU found lately, by (table load id, offset): a hit skips the table's binary
 /// search, whose ~16 dependent reads spread over the row array were the largest part of a
 /// frame's cost (`step_callback` was a third of the futex programs' time). One table of
@@ -140,90 +140,6 @@ const WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
 /// Words of the window kept below the address that caused a refill: the caller's rbp is
 /// saved below the return address, and is read after it.
 const WINDOW_SLACK_WORDS: u64 = 4;
-
-/// The registers of the frame being unwound, in a per-CPU map (the `bpf_loop` callback and
-/// its caller share it).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct WalkState {
-    /// Frames this context stepped on this CPU since load, by a table row and by frame
-    /// pointers (`profiler_common::WalkTotals`, which userspace adds to `UNWIND_COUNTERS`'
-    /// figures). First, and never reset: a separate counter bump per walk touched one more
-    /// cold cache line per sample, about 4% of it at 99 Hz.
-    totals: WalkTotals,
-    pc: u64,
-    sp: u64,
-    bp: u64,
-    /// Bounds of the stack: frames lie in `[lowest sp, stack_top)`.
-    stack_top: u64,
-    /// User stack bytes copied into `STACK_WINDOW`: `[window_base, window_base + window_len)`.
-    window_base: u64,
-    window_len: u64,
-    /// Binary-search bounds, kept in map memory and accessed volatile: the verifier then
-    /// sees unknown values at every loop head and prunes the search's paths instead of
-    /// following each of its 2^22 branch combinations.
-    lo: u32,
-    hi: u32,
-    /// The mapping of the last frame looked up (`mapping_end` 0: none yet).
-    mapping_start: u64,
-    mapping_end: u64,
-    mapping_bias: u64,
-    mapping_table: u32,
-    tgid: u32,
-    /// 1 when `pc` is exact (the sampled pc, or restored from a signal frame), 0 when it is a
-    /// return address (looked up at pc − 1, inside the call).
-    exact: u32,
-    /// The [`Scratch`] slot of the walking program: which `STACK_WINDOW` entry is its own.
-    slot: u32,
-    /// 0 once the process's entry said it has no interpreter to walk
-    /// ([`PROCESS_MAYBE_PYTHON`] clear); 1 until then, so an unregistered process is still
-    /// looked up in `PYTHON_PROCESSES`.
-    python: u32,
-    /// The rows, load id and base address of `mapping_table`'s table, read with the mapping
-    /// (rows 0: none): a frame whose row is cached needs no lookup of the table.
-    table_rows: u32,
-    table_id: u32,
-    /// The frames so far folded into the stack's hash (`profiler_common::stack`).
-    hash: u64,
-    table_base: u64,
-    /// `CONTROL`'s unwind epochs when the walk began (see [`KeptMapping`]).
-    epoch: u32,
-    exec_epoch: u32,
-    /// Mappings found by earlier walks of this context on this CPU, by a hash of the
-    /// process and the address's 2 MiB region. Not reset by a walk. Used only by the
-    /// contexts that cannot be preempted mid-walk (see [`find_mapping`]).
-    kept: [KeptMapping; KEPT_MAPPINGS],
-}
-
-// Userspace reads the entries as this many bytes (see `WalkTotals`).
-const _: () = assert!(core::mem::size_of::<WalkState>() == WALK_STATE_BYTES);
-
-/// Entries of [`WalkState::kept`] (a power of two).
-const KEPT_MAPPINGS: usize = 4;
-
-/// A mapping a walk found, kept for the next walks on the CPU: a sample usually repeats the
-/// process and files of the one before, and finding a mapping again (the process's hash
-/// entry, a binary search through its list, the table's entry) touched about ten cache
-/// lines that the 10 ms between samples leave cold. Valid while `CONTROL`'s epochs equal
-/// those read before the process was: userspace counts each change of a process's list or a
-/// table after making it, the exec program each unregistration.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct KeptMapping {
-    /// 0: empty (no process has tgid 0).
-    tgid: u32,
-    epoch: u32,
-    exec_epoch: u32,
-    table: u32,
-    start: u64,
-    end: u64,
-    bias: u64,
-    table_base: u64,
-    table_rows: u32,
-    table_id: u32,
-    python: u32,
-    _pad: u32,
-}
 
 /// The current thread's saved user pc, sp and bp.
 #[inline(always)]
@@ -302,55 +218,6 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     // SAFETY: plain reads of this CPU's live scratch entries.
     let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
     Some(finish_hash(hash, len))
-}
-
-/// [`push_word`] onto the walk of `slot`, folding `word` into its hash.
-#[inline(always)]
-pub fn push_to_walk(slot: u32, word: u64) -> bool {
-    let Some(state) = UNWIND_STATE.get_ptr_mut(slot) else { return false };
-    // SAFETY: this CPU's slot, see `walk`.
-    let state = unsafe { &mut *state };
-    push_word(slot, word, &mut state.hash)
-}
-
-/// Appends `word` (an address, or an interpreter's frame word) to the scratch stack of
-/// `slot` and folds it into `hash`. False at the depth limit, where the stack is marked
-/// truncated and `word` left out.
-#[inline(always)]
-pub fn push_word(slot: u32, word: u64, hash: &mut u64) -> bool {
-    // The first piece holds the walk's length and flags; frame n goes to piece
-    // n / STACK_PIECE_FRAMES (see `profiler_common::stack`).
-    let first = slot * STACK_CHUNKS as u32;
-    let Some(head) = STACK_SCRATCH.get_ptr_mut(first) else { return false };
-    // SAFETY: this CPU's slot, see `walk`. `head` may be the piece written below, so it is
-    // only accessed through the raw pointer.
-    let len = unsafe { (*head).len } as usize;
-    if len >= MAX_USER_STACK_DEPTH {
-        // SAFETY: as above.
-        unsafe { (*head).truncated = STACK_TRUNCATED };
-        return false;
-    }
-    // The compiler knows `len % STACK_PIECE_FRAMES` is in bounds and drops the check; the
-    // verifier cannot follow `%`. A volatile read hides the range so the check stays.
-    let at = len % STACK_PIECE_FRAMES;
-    // SAFETY: a read of a local.
-    let at = unsafe { ptr::read_volatile(&at) };
-    // Most stacks fit the first piece, already at hand: no second lookup.
-    let piece = if len < STACK_PIECE_FRAMES {
-        Some(head)
-    } else {
-        STACK_SCRATCH.get_ptr_mut(first + (len / STACK_PIECE_FRAMES) as u32)
-    };
-    if let Some(piece) = piece {
-        // SAFETY: as above.
-        if let Some(ip) = unsafe { (*piece).ips.get_mut(at) } {
-            *ip = word;
-        }
-    }
-    // SAFETY: as above.
-    unsafe { (*head).len = len as u32 + 1 };
-    *hash = hash_frame(*hash, word);
-    true
 }
 
 /// One frame: records the pc and steps to the caller. 0 continues, 1 stops. `ctx` points to

@@ -123,7 +123,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
 }
 
 fn cpu(args: &CpuArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();

@@ -16,6 +16,8 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
+use crate::workspace;
+
 /// What the calling command needs on top of the build tools.
 #[derive(Clone, Copy, Debug)]
 pub struct Needs {
@@ -103,6 +105,26 @@ pub fn run(needs: Needs) -> Result<()> {
         bail!("{missing} required item(s) missing: run the command(s) printed above, then `cargo xtask setup` again");
     }
     Ok(())
+}
+
+/// The set-up every command starts with: check or install the toolchain and system
+/// (`go` adds golang-go for the tests), then build the release binary.
+pub fn prepare(go: bool) -> anyhow::Result<()> {
+    if go {
+        workspace::stage("setup (including golang-go for the end-to-end tests)");
+    } else {
+        workspace::stage("setup");
+    }
+    run(Needs { go, bench: false, privileges: true })?;
+    workspace::build_release()
+}
+
+/// [`prepare`] for a bench: also installs what its peers and floors run (perf, bpftrace,
+/// eu-stack), so a fresh machine's figures are not `n/a`.
+pub fn prepare_bench() -> anyhow::Result<()> {
+    workspace::stage("setup (including the benches' peers: perf, bpftrace, eu-stack)");
+    run(Needs { go: false, bench: true, privileges: true })?;
+    workspace::build_release()
 }
 
 /// Finds `program` on PATH, like `command -v`.

@@ -11,7 +11,7 @@ use crate::workspace;
 /// Never returns on success: the profiler replaces this process, so its exit code is ours
 /// and Ctrl-C reaches it alone (it needs the chance to write the profile before exiting).
 pub fn run(args: &[String]) -> Result<ExitCode> {
-    workspace::prepare(false)?;
+    crate::setup::prepare(false)?;
     let mut cmd = Command::new(workspace::profiler_bin());
     cmd.arg("snapshot");
     if !has_output(args) {

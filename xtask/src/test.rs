@@ -1,11 +1,13 @@
-//! `cargo xtask test [--unit] [ARGS…]`, the README's test command: setup (with `go tool
-//! pprof`), the format and lint checks, the release build, then every test in the workspace
-//! against the release `profiler` binary, one test binary after another, with each binary's
-//! wall time and the slowest tests printed at the end ([`timing`]).
+//! `cargo xtask test [--unit] [ARGS…]`, the README's test command: the module layering check
+//! ([`layers`]), setup (with `go tool pprof`), the format and lint checks, the release build,
+//! then every test in the workspace against the release `profiler` binary, one test binary
+//! after another, with each binary's wall time and the slowest tests printed at the end
+//! ([`timing`]).
 //!
 //! `--unit` is the quick tier: the unit tests of every crate (no end-to-end binaries, no
 //! root, no set-up beyond the build), in parallel.
 
+mod layers;
 mod timing;
 
 use std::process::{Command, ExitCode};
@@ -16,10 +18,13 @@ use crate::workspace;
 
 /// ARGS go to the test harness (after `--`), e.g. a test name filter.
 pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
+    // First: it reads the sources only, so a cycle fails in a second, before any build.
+    workspace::stage("module layers: no import cycle between a crate's top-level modules");
+    layers::check(&workspace::root())?;
     if unit {
         return run_unit(args);
     }
-    workspace::prepare(true)?;
+    crate::setup::prepare(true)?;
     check(
         "cargo fmt --all -- --check",
         workspace::cargo().args(["fmt", "--all", "--", "--check"]),

@@ -57,26 +57,6 @@ pub fn stage(what: &str) {
 
 /// `cargo build --release` at the root: builds `profiler`, whose build script builds the
 /// eBPF object with nightly.
-/// The set-up every command starts with: check or install the toolchain and system
-/// (`go` adds golang-go for the tests), then build the release binary.
-pub fn prepare(go: bool) -> anyhow::Result<()> {
-    if go {
-        stage("setup (including golang-go for the end-to-end tests)");
-    } else {
-        stage("setup");
-    }
-    crate::setup::run(crate::setup::Needs { go, bench: false, privileges: true })?;
-    build_release()
-}
-
-/// [`prepare`] for a bench: also installs what its peers and floors run (perf, bpftrace,
-/// eu-stack), so a fresh machine's figures are not `n/a`.
-pub fn prepare_bench() -> anyhow::Result<()> {
-    stage("setup (including the benches' peers: perf, bpftrace, eu-stack)");
-    crate::setup::run(crate::setup::Needs { go: false, bench: true, privileges: true })?;
-    build_release()
-}
-
 pub fn build_release() -> Result<()> {
     stage("cargo build --release");
     let status = cargo().args(["build", "--release"]).status().context("failed to run cargo")?;

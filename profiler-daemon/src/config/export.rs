@@ -6,8 +6,8 @@
 use std::{collections::BTreeMap, fmt, ops::RangeInclusive, path::PathBuf, time::Duration};
 
 use super::{
+    check::{absolute_path, duration_in},
     raw::{RawAuth, RawExport},
-    validate::{absolute_path, duration_in},
     InvalidValue,
 };
 

@@ -122,6 +122,16 @@ pub const DEFAULT_PROCESS_SHARE_PERCENT: u32 = 25;
 /// `[limits] uid_share_percent` by default.
 pub const DEFAULT_UID_SHARE_PERCENT: u32 = 100;
 
+/// The block profile's default rate. Measured with `cargo xtask bench futex --pin-cpu 1`
+/// (see README): a handoff's wait is a few microseconds, so at 1ms about 1 in 250 of them
+/// walks a stack, while a wait of a millisecond or more is always recorded. At 100us the
+/// walks alone cost the handoff 2-3%, past the 1.10x budget.
+pub const DEFAULT_BLOCK_RATE: &str = "1ms";
+/// The mutex profile's default fraction: 1 in 50 wakes walks its stack (at 20 the walks cost
+/// the handoff 1.11-1.16x the floor, at 50 1.08-1.10x). A lock's profile from n contended
+/// unlocks has a relative error near √(49/n): 7% at 10,000.
+pub const DEFAULT_MUTEX_FRACTION: u32 = 50;
+
 /// `[mutex]`: the mutex profile's sampling fraction.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, expecting = "a [mutex] table")]
@@ -276,16 +286,16 @@ impl Default for RawOffCpu {
 }
 
 impl Default for RawBlock {
-    /// See `DEFAULT_BLOCK_RATE` in `cli.rs`.
+    /// See [`DEFAULT_BLOCK_RATE`].
     fn default() -> Self {
-        Self { rate: Quantity::text(crate::cli::DEFAULT_BLOCK_RATE) }
+        Self { rate: Quantity::text(DEFAULT_BLOCK_RATE) }
     }
 }
 
 impl Default for RawMutex {
-    /// See `DEFAULT_MUTEX_FRACTION` in `cli.rs`.
+    /// See [`DEFAULT_MUTEX_FRACTION`].
     fn default() -> Self {
-        Self { fraction: crate::cli::DEFAULT_MUTEX_FRACTION.into() }
+        Self { fraction: DEFAULT_MUTEX_FRACTION.into() }
     }
 }
 

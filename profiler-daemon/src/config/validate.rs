@@ -4,13 +4,14 @@
 use std::{ops::RangeInclusive, path::Path, path::PathBuf, time::Duration};
 
 use super::{
+    check::{absolute_path, duration, duration_in},
     export::exports_from_raw,
     raw::{Quantity, RawConfig, RawRetention},
     select::matchers_from_raw,
     Config, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind, Retention, SocketConfig,
     StackShares, ThreadsConfig, WaitSampling,
 };
-use crate::units::{format_bytes, format_duration, parse_bytes, parse_duration};
+use crate::units::{format_bytes, format_duration, parse_bytes};
 
 /// `interval`: below a second the per-interval work (encode, write) dominates; above a day
 /// nothing is written often enough to notice a problem.
@@ -101,38 +102,6 @@ fn retention(raw: &RawRetention, interval: Duration) -> Result<Retention, Invali
     })
 }
 
-fn duration(value: &Quantity, key: &str) -> Result<Duration, InvalidValue> {
-    match value {
-        Quantity::Text(text) => parse_duration(text).map_err(|_| {
-            InvalidValue::new(
-                key,
-                format!(
-                    "{value} is not a duration; write a number and a unit (ns, us, ms, s, m, h or d), \
-                     e.g. \"7d\" or \"12h\""
-                ),
-            )
-        }),
-        // A bare number is never guessed to be seconds, as on the command line.
-        Quantity::Integer(number) => {
-            let problem = format!("{number} has no unit; write it as a string, e.g. \"{number}s\"");
-            Err(InvalidValue::new(key, problem))
-        }
-    }
-}
-
-pub(super) fn duration_in(
-    value: &Quantity,
-    key: &str,
-    range: RangeInclusive<Duration>,
-) -> Result<Duration, InvalidValue> {
-    let parsed = duration(value, key)?;
-    if !range.contains(&parsed) {
-        let (min, max) = (format_duration(*range.start()), format_duration(*range.end()));
-        return Err(InvalidValue::new(key, format!("{value} is out of range; allowed {min} to {max}")));
-    }
-    Ok(parsed)
-}
-
 fn bytes(value: &Quantity, key: &str) -> Result<u64, InvalidValue> {
     let invalid = || {
         InvalidValue::new(
@@ -167,16 +136,6 @@ fn integer_in(value: i64, key: &str, range: RangeInclusive<u32>) -> Result<u32, 
             format!("{value} is out of range; allowed {} to {}", range.start(), range.end()),
         )),
     }
-}
-
-/// The daemon's working directory is not the config file's, so a relative path would be a
-/// guess: require absolute ones.
-pub(super) fn absolute_path(path: &Path, key: &str, example: &str) -> Result<PathBuf, InvalidValue> {
-    if !path.is_absolute() {
-        let problem = format!("{:?} is not an absolute path; write e.g. {example:?}", path.display().to_string());
-        return Err(InvalidValue::new(key, problem));
-    }
-    Ok(path.to_owned())
 }
 
 fn socket_path(path: &Path, key: &str) -> Result<PathBuf, InvalidValue> {

@@ -29,9 +29,8 @@ use crate::{
     output, procs,
     profiles::{heap::attachment_comment, Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View},
     render::{Renderer, Window},
-    resolve::{self, StackSample},
+    resolve::{self, Namers, StackSample},
     sink::{IntervalFiles, Sink},
-    symbolize::Symbolizer,
     threads::ThreadDump,
 };
 
@@ -106,7 +105,7 @@ struct Collector {
     /// Heap targets that could not be probed, and why (not retried until a reload).
     heap_failed: BTreeMap<Pid, String>,
     live_blocks: usize,
-    sym: Symbolizer,
+    sym: Namers,
     sink: Sink,
     last_error: Option<String>,
     /// Times the symbol caches were dropped for being over the memory budget.
@@ -187,11 +186,11 @@ impl Collector {
         })?;
         capture.select(&config.processes);
         capture.set_process_share(config.limits.process_percent);
-        let mut sym = capture.symbolizer();
+        let mut sym = Namers::new(capture.symbolizer());
         // Otherwise the first drain with a kernel stack parses it, and processes that start
         // meanwhile wait that long to be registered with the unwinder (their samples lose
         // their chains).
-        sym.load_kernel_symbols();
+        sym.symbols.load_kernel_symbols();
         let now = SystemTime::now();
         Ok(Self {
             sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention, &config.exports)),
@@ -577,19 +576,19 @@ impl Collector {
     /// what it needs. All are counted in /status.
     fn bound_symbol_caches(&mut self) {
         // JITs keep appending to their perf maps: read them afresh for each dump.
-        self.sym.forget_perf_maps();
+        self.sym.symbols.forget_perf_maps();
         let rss = resident_bytes().unwrap_or(0);
         let close = self.file_closes.at_dump(rss > SYMBOLIZER_FILES_BUDGET);
         if rss > SYMBOLIZER_RSS_BUDGET {
             tracing::debug!("resident memory over budget; dropping the symbol caches");
-            self.sym.forget_files();
+            self.sym.symbols.forget_files();
             self.symbol_cache_resets += 1;
         } else if close {
             tracing::debug!("resident memory over the files budget; closing the symbolizer's files");
-            self.sym.close_files();
+            self.sym.symbols.close_files();
             self.symbol_file_closes += 1;
         } else {
-            let closed = self.sym.close_idle_files(SYMBOLIZER_IDLE_FILE);
+            let closed = self.sym.symbols.close_idle_files(SYMBOLIZER_IDLE_FILE);
             if closed > 0 {
                 tracing::debug!("closed {closed} idle files of the symbolizer");
                 self.symbol_idle_file_closes += closed as u64;
@@ -898,7 +897,7 @@ impl Collector {
             symbol_idle_file_closes: self.symbol_idle_file_closes,
             threads_folded: self.threads_folded,
             evicted_rows_folded: self.evicted_rows_folded,
-            perf_maps_refused: self.sym.perf_maps_refused,
+            perf_maps_refused: self.sym.symbols.perf_maps_refused,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,
             truncated_pages: crate::sigbus::recovered(),

@@ -13,7 +13,7 @@ use aya::{
 };
 use profiler_common::{maps, programs, CpuCounter, CpuSampleKey};
 
-use super::{drain::drain_counts, missing, program_error, sum_counters, Error, Result};
+use super::{drain_counts, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId, Tid};
 
 /// Totals of the CPU sampler's event and drop counters since load.

@@ -64,30 +64,12 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, set as u32)?;
     // Emptied with its stack map: each set's shares start again at its next second.
-    let over_share = drain_counts::<ShareKey, ShareUse>(ebpf, SHARES[set])?
+    let over_share = super::drain_counts::<ShareKey, ShareUse>(ebpf, SHARES[set])?
         .into_iter()
         .filter(|(key, used)| key & SHARE_UID == 0 && used.refused > 0)
         .map(|(key, used)| (Pid(key as u32), used.refused))
         .collect();
     Ok(Batch { cpu, heap, block, mutex, threads, offcpu, stacks, over_share })
-}
-
-/// Reads every entry of a counts map (a hash every CPU adds to) and deletes it.
-pub(super) fn drain_counts<K, V>(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<(K, V)>>
-where
-    K: aya::Pod,
-    V: aya::Pod,
-{
-    let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
-    let keys: Vec<K> = map.keys().filter_map(|k| k.ok()).collect();
-    let mut entries = Vec::with_capacity(keys.len());
-    for key in keys {
-        if let Ok(value) = map.get(&key, 0) {
-            entries.push((key, value));
-        }
-        map.remove(&key).map_err(map_error("clear", name))?;
-    }
-    Ok(entries)
 }
 
 /// Reads and deletes set `set`'s entries of the stack map, which the kernel meanwhile fills

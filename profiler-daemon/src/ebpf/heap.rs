@@ -15,7 +15,7 @@ use aya::{
 };
 use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, programs, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey};
 
-use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the heap probes use (created with one entry when heap profiling is off).

@@ -113,6 +113,9 @@ pub struct Counters {
 /// The loaded programs and maps.
 pub struct Session {
     ebpf: Ebpf,
+    /// The key the programs hash stacks with (random per load), so that stacks walked in
+    /// userspace (thread dumps) get the kernel's ids.
+    stack_hash_key: u64,
     /// Map-set flips so far; the low bit is the set the kernel writes to.
     generation: u32,
     heap_loaded: bool,
@@ -149,7 +152,6 @@ impl Session {
         let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
         let task_offsets = if config.thread_dumps { task_offsets()? } else { TaskOffsets::default() };
         let stack_key = random_key()?;
-        crate::threads::set_stack_hash_key(stack_key);
         // The per-CPU caches keep to a fixed budget: fewer entries per CPU on a host with many.
         let cpus = aya::util::nr_cpus()
             .map_err(|(path, source)| Error::Io { action: format!("read the possible CPUs from {path}"), source })?
@@ -202,6 +204,7 @@ impl Session {
         });
         Ok(Self {
             ebpf,
+            stack_hash_key: stack_key,
             generation: 0,
             heap_loaded: false,
             heap_links: Default::default(),
@@ -214,6 +217,11 @@ impl Session {
             unwind_epoch: 0,
             _stats: stats,
         })
+    }
+
+    /// The key the loaded programs hash stacks with (see `profiler_common::stack`).
+    pub fn stack_hash_key(&self) -> u64 {
+        self.stack_hash_key
     }
 
     /// Rows of the unwind-table memory this session was loaded with.
@@ -580,6 +588,24 @@ where
 {
     let map = ebpf.map(name).ok_or_else(|| missing(name))?;
     M::try_from(map).map_err(map_error("open", name))
+}
+
+/// Reads every entry of a counts map (a hash every CPU adds to) and deletes it.
+fn drain_counts<K, V>(ebpf: &mut Ebpf, name: &'static str) -> Result<Vec<(K, V)>>
+where
+    K: aya::Pod,
+    V: aya::Pod,
+{
+    let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
+    let keys: Vec<K> = map.keys().filter_map(|k| k.ok()).collect();
+    let mut entries = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Ok(value) = map.get(&key, 0) {
+            entries.push((key, value));
+        }
+        map.remove(&key).map_err(map_error("clear", name))?;
+    }
+    Ok(entries)
 }
 
 /// Sums each per-CPU slot of the counter array `name`, `N` counters in index order.

@@ -12,7 +12,7 @@ use profiler_common::{
     maps, offcpu::OffCpuConfig, programs, OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut,
 };
 
-use super::{drain::drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId, Tid};
 
 /// The maps only the off-CPU program uses (created with one entry when it is off).

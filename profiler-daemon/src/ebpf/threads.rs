@@ -4,7 +4,7 @@
 use aya::{programs::TracePoint, Ebpf};
 use profiler_common::{maps, programs, ThreadCounter, ThreadKey};
 
-use super::{drain::drain_counts, missing, program_error, sum_counters, Result};
+use super::{drain_counts, missing, program_error, sum_counters, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the thread-creation program uses (created with one entry when it is off).

@@ -16,7 +16,7 @@ use profiler_common::{
     maps, programs, tracepoint as tp, FutexCounter, WaitKey, WaitTotals,
 };
 
-use super::{drain::drain_counts, map_error, map_mut, missing, program_error, sum_counters, Result};
+use super::{drain_counts, map_error, map_mut, missing, program_error, sum_counters, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the futex programs use (created with one entry when they are off).

@@ -34,7 +34,22 @@ pub use encode::{encode, Encoded, ProfileMeta, Shape};
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 pub use fold::{fold, FoldError, Folded};
 use prost::Message;
-pub use text::{go_text, TextFormat};
+pub use text::TextFormat;
+
+use crate::resolve::ResolvedProfile;
+
+/// `resolved` in Go's text layout `format`.
+pub fn go_text(resolved: &ResolvedProfile, format: TextFormat) -> String {
+    let mut out = String::new();
+    match format {
+        TextFormat::Heap { rate } => text::heap(resolved, rate, &mut out),
+        TextFormat::Contention { mutex_period } => text::contention(resolved, mutex_period, &mut out),
+        TextFormat::Count { name } => text::count(resolved, name, &mut out),
+        TextFormat::Threads => thread_text::per_thread(resolved, &mut out),
+        TextFormat::Generic { name, sample_types } => text::generic(resolved, name, sample_types, &mut out),
+    }
+    out
+}
 
 /// Serializes and gzips a profile, the form `go tool pprof` reads.
 pub fn encode_gzip(profile: &proto::Profile) -> Vec<u8> {

@@ -39,19 +39,6 @@ pub enum TextFormat {
     Generic { name: &'static str, sample_types: &'static [(&'static str, &'static str)] },
 }
 
-/// `resolved` in Go's text layout `format`.
-pub fn go_text(resolved: &ResolvedProfile, format: TextFormat) -> String {
-    let mut out = String::new();
-    match format {
-        TextFormat::Heap { rate } => heap(resolved, rate, &mut out),
-        TextFormat::Contention { mutex_period } => contention(resolved, mutex_period, &mut out),
-        TextFormat::Count { name } => count(resolved, name, &mut out),
-        TextFormat::Threads => super::thread_text::per_thread(resolved, &mut out),
-        TextFormat::Generic { name, sample_types } => generic(resolved, name, sample_types, &mut out),
-    }
-    out
-}
-
 /// The values Go's text shows: as sampled when they were scaled.
 fn sampled(sample: &ResolvedSample) -> &[i64] {
     if sample.unscaled.is_empty() {
@@ -67,7 +54,7 @@ fn value(sample: &ResolvedSample, index: usize) -> i64 {
 
 /// `heap profile: in_objs: in_bytes [alloc_objs: alloc_bytes] @ heap/2·rate`, records by in-use
 /// bytes, largest first. Go writes twice the rate here and its parser halves it again.
-fn heap(resolved: &ResolvedProfile, rate: u64, out: &mut String) {
+pub(super) fn heap(resolved: &ResolvedProfile, rate: u64, out: &mut String) {
     let values = |s: &ResolvedSample| [value(s, 2), value(s, 3), value(s, 0), value(s, 1)];
     let mut total = [0i64; 4];
     for sample in &resolved.samples {
@@ -87,7 +74,7 @@ fn heap(resolved: &ResolvedProfile, rate: u64, out: &mut String) {
 /// `--- contention:` / `--- mutex:`, `cycles/second=` (our delays are nanoseconds, so one
 /// "cycle" is one), the mutex's `sampling period=`, then `delay count` records, largest delay
 /// first.
-fn contention(resolved: &ResolvedProfile, mutex_period: Option<i64>, out: &mut String) {
+pub(super) fn contention(resolved: &ResolvedProfile, mutex_period: Option<i64>, out: &mut String) {
     out.push_str(if mutex_period.is_some() { "--- mutex:\n" } else { "--- contention:\n" });
     out.push_str("cycles/second=1000000000\n");
     if let Some(period) = mutex_period {
@@ -104,7 +91,7 @@ fn contention(resolved: &ResolvedProfile, mutex_period: Option<i64>, out: &mut S
 /// `<name> profile: total N`, then the stacks with their counts: largest count first, ties
 /// by the text of the address list, as Go orders them. Samples with the same locations are
 /// one record.
-fn count(resolved: &ResolvedProfile, name: &str, out: &mut String) {
+pub(super) fn count(resolved: &ResolvedProfile, name: &str, out: &mut String) {
     let total: i64 = resolved.samples.iter().map(|s| value(s, 0)).sum();
     let _ = writeln!(out, "{name} profile: total {total}");
     let mut grouped: Vec<(&ResolvedSample, i64, String)> = Vec::new();
@@ -122,7 +109,7 @@ fn count(resolved: &ResolvedProfile, name: &str, out: &mut String) {
 }
 
 /// `--- cpu: samples/count cpu/nanoseconds`, then `3 30000000 @ 0x..` per sample.
-fn generic(resolved: &ResolvedProfile, name: &str, sample_types: &[(&str, &str)], out: &mut String) {
+pub(super) fn generic(resolved: &ResolvedProfile, name: &str, sample_types: &[(&str, &str)], out: &mut String) {
     let types: Vec<String> = sample_types.iter().map(|(t, u)| format!("{t}/{u}")).collect();
     let _ = writeln!(out, "--- {name}: {}", types.join(" "));
     for sample in &resolved.samples {
@@ -283,6 +270,7 @@ fn write_lines(lines: &[Vec<String>], start: usize, end: usize, widths: &[usize]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pprof::go_text;
     use crate::{
         ids::Pid,
         resolve::{FrameStats, MappingInfo},

@@ -10,7 +10,6 @@ mod cpu;
 mod evicted;
 pub mod exited;
 pub mod heap;
-mod kind;
 mod mutex;
 mod offcpu;
 mod threadcreate;
@@ -19,10 +18,10 @@ mod waits;
 
 use std::collections::HashSet;
 
+pub use crate::kind::{ProfileKind, View};
 pub use counts::{Counts, ProcessCounts};
 pub use cpu::{CpuCounts, SampleKey};
 pub use heap::{HeapCount, HeapCounts};
-pub use kind::{ProfileKind, View};
 pub use offcpu::OffCpuCounts;
 pub use threadcreate::ThreadCounts;
 pub use threads::{CpuSighting, ThreadState};

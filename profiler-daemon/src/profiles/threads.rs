@@ -27,7 +27,7 @@ use crate::{
     pprof::Shape,
     python::PythonFrame,
     resolve::{LabelValue, ResolvedProfile, StackSample},
-    threads::{stack_id, DumpedThread, StackSource, ThreadDump},
+    threads::{DumpedThread, StackSource, ThreadDump},
 };
 
 /// How long a thread's latest CPU sample stands for it when it is found running.
@@ -88,11 +88,11 @@ pub(super) const SHAPE: Shape = Shape {
 /// One sample per thread of the dump, by thread id.
 pub(super) fn samples(state: &ThreadState) -> Vec<StackSample> {
     let Some(dump) = &state.dump else { return Vec::new() };
-    dump.threads.iter().map(|thread| sample(thread, state.on_cpu.get(&thread.tid))).collect()
+    dump.threads.iter().map(|thread| sample(dump, thread, state.on_cpu.get(&thread.tid))).collect()
 }
 
-fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
-    let (mut user_stack, mut kernel_stack) = (stack_id(&thread.user), stack_id(&thread.kernel));
+fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
+    let (mut user_stack, mut kernel_stack) = (dump.stack_id(&thread.user), dump.stack_id(&thread.kernel));
     let source = match (thread.source, cpu) {
         (StackSource::Running, Some(cpu)) => {
             // The saved kernel stack of a running thread is as stale as its registers.
@@ -133,7 +133,7 @@ fn sample(thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
 }
 
 /// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
-/// locations (see [`crate::python::merge`]), by the sample's `tid` label.
+/// locations (see [`crate::resolve::interpreted`]), by the sample's `tid` label.
 pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
     let threads: HashMap<i64, &DumpedThread> =
@@ -152,7 +152,7 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
             tid.and_then(|tid| threads.get(&tid)).map_or(&[][..], |t| &t.python[..])
         })
         .collect();
-    crate::python::merge::merge(resolved, &per_sample);
+    crate::resolve::interpreted::merge(resolved, &per_sample);
 }
 
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
@@ -248,17 +248,20 @@ mod tests {
             walk: WalkCounts::default(),
             duration: Duration::from_millis(2),
             python: None,
+            stack_hash_key: 0x5eed,
         })
     }
 
     #[test]
     fn one_sample_per_thread_with_its_labels() {
-        let state =
-            ThreadState { on_cpu: HashMap::new(), dump: Some(dump(vec![thread(7, StackSource::Walked, vec![1, 2])])) };
+        let dump = dump(vec![thread(7, StackSource::Walked, vec![1, 2])]);
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump.clone()) };
         let samples = samples(&state);
         assert_eq!(samples.len(), 1);
         let s = &samples[0];
-        assert_eq!((s.values.clone(), s.user_stack), (vec![1], stack_id(&[1, 2])));
+        // The id the kernel gives the stack with the session's key.
+        let id = StackId(profiler_common::stack::stack_hash(dump.stack_hash_key, &[1, 2]));
+        assert_eq!((s.values.clone(), s.user_stack), (vec![1], id));
         let label = |key| s.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
         assert_eq!(label("tid"), Some(LabelValue::Num(7, None)));
         assert_eq!(label("syscall"), Some(LabelValue::Str("futex".into())));
@@ -296,7 +299,7 @@ mod tests {
     #[test]
     fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
         use crate::{
-            python::merge::EVAL_FUNCTION,
+            resolve::interpreted::EVAL_FUNCTION,
             resolve::{LocationInfo, ResolvedSample, PYTHON_MAPPING},
             symbolize::Frame,
         };

@@ -4,15 +4,16 @@
 //!
 //! [`detect`] finds the interpreter (3.11, 3.12, 3.13; static or shared builds) and its
 //! structure offsets ([`offsets`]); [`code`] names code objects, cached per (process, code
-//! object) with an identity check; [`merge`] puts named frames in place of the interpreter
-//! loop's native frames. Two sources of frames:
+//! object) with an identity check; `resolve::interpreted` puts named frames in place of the
+//! interpreter loop's native frames. Two sources of frames:
 //! - sampled profiles (cpu, heap, block, mutex, threadcreate, offcpu): [`kernel`] gives the
 //!   kernel walker each CPython process's interpreter when it registers, the walker appends
 //!   one word per Python frame to the stacks it takes, and [`crate::resolve`] names them
 //!   ([`PythonDump::name_words`]);
 //! - thread dumps: [`frames`] walks each thread state's frame chain in userspace.
 //!   [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in each
-//!   round of its walks ([`PythonDump::read`]), and [`PythonDump::finish`] sums up. It reads
+//!   round of its walks ([`PythonDump::read`]); [`PythonDump::finish`] gives what was read
+//!   ([`PythonRead`]), which the dump applies to its threads and sums up. It reads
 //!   threads the dump walked (blocked in the kernel, so their chains hold still); a thread
 //!   on a CPU keeps the frames of its latest CPU sample.
 
@@ -22,7 +23,6 @@ pub mod frames;
 pub mod kernel;
 pub mod linetable;
 pub mod memory;
-pub mod merge;
 pub mod offsets;
 
 use std::collections::HashMap;
@@ -37,7 +37,6 @@ use crate::{
     ids::Pid,
     offload::{Charge, Offload},
     procs::MapEntry,
-    threads::{StackSource, ThreadDump},
 };
 
 /// Why reading a process's Python state stopped.
@@ -204,6 +203,44 @@ pub struct PythonDump<'a> {
     reads: ReadBudget,
 }
 
+/// What one dump's reading gave ([`PythonDump::finish`]), for the dump to apply to its
+/// threads (`ThreadDump::apply_python`): whether the frames read stand, and the summary.
+#[derive(Debug)]
+pub struct PythonRead {
+    summary: PythonSummary,
+    /// The latest read's thread states, by tid.
+    states: HashMap<u32, ThreadRead>,
+}
+
+impl PythonRead {
+    /// Whether the threads keep the Python frames read. Not when the reading failed or was
+    /// cut short (the process exited): none rather than some of them.
+    pub fn frames_stand(&self) -> bool {
+        matches!(self.summary.status, PythonStatus::Read { .. })
+    }
+
+    /// Counts one dumped thread, which keeps `frames` Python frames.
+    pub fn count(&mut self, tid: u32, frames: usize) {
+        let s = &mut self.summary;
+        match self.states.get(&tid) {
+            Some(_) if frames == 0 => s.not_walked += 1,
+            Some(read) => {
+                s.threads += 1;
+                s.frames += frames as u64;
+                s.truncated += u64::from(read.truncated);
+                s.over_budget += read.over_budget;
+            }
+            None => {}
+        }
+    }
+
+    /// The summary of the dump whose threads are `dumped` (their tids), each counted.
+    pub fn summary(mut self, dumped: &[u32]) -> PythonSummary {
+        self.summary.unmatched = self.states.keys().filter(|tid| !dumped.contains(tid)).count() as u64;
+        self.summary
+    }
+}
+
 /// What the latest read of one thread state gave.
 #[derive(Clone, Copy, Debug, Default)]
 struct ThreadRead {
@@ -332,28 +369,9 @@ impl PythonDump<'_> {
         HashMap::new()
     }
 
-    /// The summary of the dump whose threads are `dump`'s: a failed or cut-short reading
-    /// takes every thread's Python frames away (none rather than some of them).
-    pub fn finish(mut self, dump: &mut ThreadDump) {
-        let read = matches!(self.summary.status, PythonStatus::Read { .. });
-        let s = &mut self.summary;
-        for thread in &mut dump.threads {
-            if !read || thread.source != StackSource::Walked {
-                thread.python.clear();
-            }
-            match self.states.get(&thread.tid.0) {
-                Some(_) if thread.python.is_empty() => s.not_walked += 1,
-                Some(read) => {
-                    s.threads += 1;
-                    s.frames += thread.python.len() as u64;
-                    s.truncated += u64::from(read.truncated);
-                    s.over_budget += read.over_budget;
-                }
-                None => {}
-            }
-        }
-        s.unmatched = self.states.keys().filter(|tid| !dump.threads.iter().any(|t| t.tid.0 == **tid)).count() as u64;
-        dump.python = Some(self.summary);
+    /// What the reading gave, for the dump to apply (`ThreadDump::apply_python`).
+    pub fn finish(self) -> PythonRead {
+        PythonRead { summary: self.summary, states: self.states }
     }
 }
 
@@ -426,7 +444,7 @@ mod tests {
     use super::*;
     use crate::{
         ids::Tid,
-        threads::{procfs::ThreadFacts, DumpedThread, WalkCounts},
+        threads::{procfs::ThreadFacts, DumpedThread, StackSource, ThreadDump, WalkCounts},
     };
 
     #[test]
@@ -472,8 +490,11 @@ mod tests {
             walk: WalkCounts::default(),
             duration: Duration::ZERO,
             python: None,
+            stack_hash_key: 0,
         };
-        reading.finish(&mut dump);
+        let read = reading.finish();
+        assert!(!read.frames_stand());
+        dump.apply_python(read);
         assert!(dump.threads[0].python.is_empty(), "none rather than some");
         let summary = dump.python.unwrap();
         assert_eq!(summary.status, PythonStatus::Exited);

@@ -30,11 +30,11 @@ use blazesym::symbolize::{
 
 use super::{collect, new_blaze, Frames};
 use crate::{
+    elf::{links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
     ids::Pid,
     offload::Charger,
     opened::{self, OpenedFile},
     procs::{Device, MapEntry},
-    unwind::{links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
 };
 
 /// What to symbolize in one mapped file.

@@ -68,9 +68,6 @@ pub struct Symbolizer {
     /// Perf map reads refused since start (not a regular file, not the process's, too
     /// large, over the budget, stalled).
     pub perf_maps_refused: u64,
-    /// Names of the Python frames the kernel walker puts in CPython processes' stacks: each
-    /// process's interpreter and code objects, read from its memory and cached.
-    pub python: crate::python::PythonReader,
 }
 
 impl Default for Symbolizer {
@@ -95,7 +92,6 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             perf_map_bytes: 0,
             perf_maps_refused: 0,
-            python: crate::python::PythonReader::default(),
         }
     }
 

@@ -17,7 +17,6 @@ mod walk;
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -27,7 +26,7 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, UnwindView},
     ids::{Pid, StackId, Tid},
-    python::{PythonDump, PythonFrame},
+    python::{PythonDump, PythonFrame, PythonRead},
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -99,31 +98,41 @@ pub struct ThreadDump {
     pub duration: Duration,
     /// What reading the process's Python frames gave; `None` when it does not run CPython.
     pub python: Option<crate::python::PythonSummary>,
+    /// The key the session's programs hash stacks with ([`Session::stack_hash_key`]).
+    pub stack_hash_key: u64,
 }
 
 impl ThreadDump {
     /// The thread's user and kernel stacks as (id, frames), keyed as the kernel keys stacks.
     pub fn stacks(&self) -> impl Iterator<Item = (StackId, &[u64])> {
-        self.threads.iter().flat_map(|t| [(stack_id(&t.user), &t.user[..]), (stack_id(&t.kernel), &t.kernel[..])])
+        self.threads
+            .iter()
+            .flat_map(|t| [(self.stack_id(&t.user), &t.user[..]), (self.stack_id(&t.kernel), &t.kernel[..])])
     }
-}
 
-/// The key of a stack: the kernel's hash of its frames (see `profiler_common::stack`), so a
-/// stack walked here and the same one sampled in the kernel are one stack.
-pub fn stack_id(frames: &[u64]) -> StackId {
-    if frames.is_empty() {
-        return StackId::NONE;
+    /// Applies what reading the process's Python frames gave ([`PythonDump::finish`]): only
+    /// walked threads keep theirs, and a failed or cut-short reading takes every thread's
+    /// away (none rather than some of them).
+    pub fn apply_python(&mut self, mut read: PythonRead) {
+        let stand = read.frames_stand();
+        for thread in &mut self.threads {
+            if !stand || thread.source != StackSource::Walked {
+                thread.python.clear();
+            }
+            read.count(thread.tid.0, thread.python.len());
+        }
+        let dumped: Vec<u32> = self.threads.iter().map(|t| t.tid.0).collect();
+        self.python = Some(read.summary(&dumped));
     }
-    StackId(stack_hash(STACK_HASH_KEY.load(Ordering::Relaxed), frames))
-}
 
-/// The key the loaded programs hash stacks with (set by `ebpf::Session::load`, once per
-/// process in practice), so stacks walked here get the kernel's ids.
-static STACK_HASH_KEY: AtomicU64 = AtomicU64::new(0);
-
-/// Records the key the programs were loaded with.
-pub fn set_stack_hash_key(key: u64) {
-    STACK_HASH_KEY.store(key, Ordering::Relaxed);
+    /// The key of a stack: the kernel's hash of its frames (see `profiler_common::stack`), so
+    /// a stack walked here and the same one sampled in the kernel are one stack.
+    pub fn stack_id(&self, frames: &[u64]) -> StackId {
+        if frames.is_empty() {
+            return StackId::NONE;
+        }
+        StackId(stack_hash(self.stack_hash_key, frames))
+    }
 }
 
 /// A thread walked in one round, and the record it was walked from.
@@ -155,6 +164,7 @@ pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>
         walk: WalkCounts::default(),
         duration: Duration::ZERO,
         python: None,
+        stack_hash_key: session.stack_hash_key(),
     };
     let mut records = session.thread_records(pid)?;
     dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;

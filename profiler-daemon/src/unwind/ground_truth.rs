@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::elf::Elf;
 use super::readelf::{readelf_fdes, Columns, ReadelfFde};
 use super::rule::{cfa_offset, CfaRegister, RbpRule, Rule, Unsupported};
 use super::table::{build, UnwindTable};
+use crate::elf::Elf;
 
 const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
 

@@ -2,14 +2,12 @@
 //! turned into a compact, sorted table of [`profiler_common::UnwindRow`]s that the kernel
 //! walker binary-searches to step from a frame to its caller without frame pointers.
 //!
-//! Owns the ELF section lookup, the CFI evaluation (gimli), the row encoding, and
+//! Owns the CFI evaluation (gimli), the row encoding, and
 //! ([`Unwinder`]) which tables are loaded for which process mappings, shared by build id and
 //! bounded in memory. The kernel walk is `profiler-ebpf/src/user_stack.rs`; see
 //! `docs/unwinding.md` for the whole design.
 
 mod cfi;
-mod elf;
-mod mapped;
 mod refused;
 mod registry;
 mod report;
@@ -22,8 +20,6 @@ mod ground_truth;
 #[cfg(test)]
 mod readelf;
 
-pub(crate) use elf::{links_debug_file, unreadable_compressed_sections, MAX_INFLATED_BYTES};
-pub(crate) use mapped::MappedFile;
 pub use report::{report, ReportError};
 pub use rule::{CfaRegister, RbpRule, ReasonCounts, Rule, Unsupported, MAX_CFA_OFFSET};
 pub use table::{build, BuildError, BuildStats, UnwindTable};

@@ -8,7 +8,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{mapped::MappedFile, BuildError};
+use super::BuildError;
+use crate::elf::MappedFile;
 
 /// Why a file's table could not be reported.
 #[derive(Debug, thiserror::Error)]

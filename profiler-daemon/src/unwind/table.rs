@@ -10,25 +10,15 @@ use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use profiler_common::UnwindRow;
 
 use super::cfi::{self, Budget, FdeRows, Limits, SectionCfi, SectionError};
-use super::elf::{Elf, Section};
 use super::rule::{gap_row, ReasonCounts, Rule};
+use crate::elf::{Elf, ElfError, Section};
 
 /// Why no table could be built for a file.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("not an ELF file")]
-    NotElf,
-    #[error(
-        "unsupported ELF file (class {class}, data {data}, machine {machine}): only 64-bit \
-         little-endian x86_64 files are unwound"
-    )]
-    UnsupportedElf { class: u8, data: u8, machine: u16 },
-    #[error("ELF file is truncated or its headers point outside it")]
-    Truncated,
-    #[error("unsupported section compression type {0}")]
-    UnsupportedCompression(u32),
-    #[error("failed to inflate a compressed section")]
-    Inflate(#[source] std::io::Error),
+    /// The file's ELF headers or sections (its own cap on inflating included).
+    #[error(transparent)]
+    Elf(#[from] ElfError),
     #[error("no .eh_frame or .debug_frame section")]
     NoCfi,
     #[error("failed to parse {section}")]
@@ -48,7 +38,10 @@ impl BuildError {
     /// Whether the file was refused for what building it would cost (not for what it is):
     /// such a refusal is remembered across restarts, so a hostile file is paid for once.
     pub fn is_over_budget(&self) -> bool {
-        matches!(self, BuildError::OverCap { .. } | BuildError::OverBudget { .. })
+        matches!(
+            self,
+            BuildError::OverCap { .. } | BuildError::OverBudget { .. } | BuildError::Elf(ElfError::OverCap { .. })
+        )
     }
 }
 
@@ -321,12 +314,12 @@ mod tests {
 
     #[test]
     fn rejects_non_elf_and_foreign_elf() {
-        assert!(matches!(build(b"not an elf"), Err(BuildError::NotElf)));
+        assert!(matches!(build(b"not an elf"), Err(BuildError::Elf(ElfError::NotElf))));
         let mut header = [0u8; 64];
         header[..4].copy_from_slice(b"\x7fELF");
         header[4] = 1; // ELFCLASS32
         header[5] = 1;
-        assert!(matches!(build(&header), Err(BuildError::UnsupportedElf { class: 1, .. })));
+        assert!(matches!(build(&header), Err(BuildError::Elf(ElfError::UnsupportedElf { class: 1, .. }))));
     }
 
     /// A `.debug_frame` (32-bit DWARF, version 1) of one CIE (CFA = rsp + 8, return address
@@ -352,7 +345,7 @@ mod tests {
 
     fn elf_with_debug_frame(advances: usize) -> (Vec<u8>, usize) {
         let (section, program) = debug_frame(advances);
-        (crate::unwind::elf::tests::elf_with_section(".debug_frame", 0, &section), program)
+        (crate::elf::tests::elf_with_section(".debug_frame", 0, &section), program)
     }
 
     fn status_kib(field: &str) -> u64 {

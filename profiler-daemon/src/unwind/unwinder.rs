@@ -21,13 +21,12 @@ use profiler_common::{
 };
 
 use super::{
-    elf::{self, load_segments, LoadSegment},
-    mapped::MappedFile,
     refused::Refused,
     registry::{FileKey, NoRoom, Registry},
 };
 use crate::{
     ebpf::{Result, Session, UnwindMap},
+    elf::{self, load_segments, LoadSegment, MappedFile},
     ids::Pid,
     offload::{Charge, Offload},
     opened::{self, OpenedFile},

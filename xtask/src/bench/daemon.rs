@@ -64,7 +64,7 @@ pub fn run(args: &DaemonArgs) -> Result<()> {
     if args.threads_per_process == 0 {
         bail!("--threads-per-process must be at least 1");
     }
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/daemon");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     workload::catch_interrupt();

@@ -41,7 +41,7 @@ struct Round {
 }
 
 pub fn run(args: &ExecArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/exec");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let pacer = workload::compile_c(&dir, "exec_pacer", PACER_C, &["-O2"])?;

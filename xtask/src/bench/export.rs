@@ -65,7 +65,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     if args.minutes == 0 || args.processes == 0 {
         bail!("need at least one minute and one process");
     }
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/export");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;

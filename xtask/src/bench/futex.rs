@@ -121,7 +121,7 @@ const TRACEPOINTS: [&str; 10] = [
 ];
 
 pub fn run(args: &FutexArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     match args.pin_cpu {
         // Read by the program's threads; set while this process has one thread and before
         // the program is started.

@@ -60,7 +60,7 @@ const CONFIGS: [(&str, Probe); 5] = [
 ];
 
 pub fn run(args: &HeapArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
     let bench = Bench {

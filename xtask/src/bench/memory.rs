@@ -39,7 +39,7 @@ struct Map {
 }
 
 pub fn run(args: &MemoryArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let bin = workspace::profiler_bin();
     let out = fresh_dir(&workspace::target_dir().join("xtask-bench/memory"))?;
     let target = Target(Command::new("sleep").arg("600").spawn().context("failed to start sleep")?);

@@ -107,7 +107,7 @@ const CONFIGS: [(&str, Probe); 6] = [
 ];
 
 pub fn run(args: &OffCpuArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     // Read by the program's threads; set while this process has one thread.
     std::env::set_var("OFFCPU_BENCH_CPU", args.pin_cpu.to_string());
     let dir = workspace::target_dir().join("xtask-bench");

@@ -60,7 +60,7 @@ pub struct PythonArgs {
 }
 
 pub fn run(args: &PythonArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench-python");
     let out = fresh_dir(&dir.join("out"))?;
     super::workload::catch_interrupt();

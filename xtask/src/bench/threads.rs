@@ -88,7 +88,7 @@ struct Row {
 }
 
 pub fn run(args: &ThreadsArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     if Command::new("eu-stack").arg("--version").output().is_err() {
         bail!("eu-stack is missing: apt-get install elfutils (cargo xtask setup --for-test installs it)");
     }

@@ -45,7 +45,7 @@ pub struct UnwindArgs {
 type Row = (u32, Option<f64>, Option<f64>);
 
 pub fn run(args: &UnwindArgs) -> Result<()> {
-    workspace::prepare_bench()?;
+    crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench-unwind");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();

@@ -7,15 +7,12 @@
 
 use std::collections::HashMap;
 
-use super::PythonFrame;
-use crate::{
-    resolve::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, PYTHON_MAPPING},
-    symbolize::Frame,
-};
+use super::{LabelValue, LocationInfo, MappingInfo, ResolvedProfile, PYTHON_MAPPING};
+use crate::{python::PythonFrame, symbolize::Frame};
 
 /// Where Python frames' locations are numbered from: not a canonical address, above every
 /// user one and below where hidden kernel addresses start
-/// ([`crate::resolve::HIDDEN_KERNEL_BASE`]), so none is mistaken for code.
+/// ([`super::HIDDEN_KERNEL_BASE`]), so none is mistaken for code.
 pub const PYTHON_BASE: u64 = 0x4000_0000_0000_0000;
 
 /// The interpreter loop's function: one native activation runs a run of Python frames.

@@ -3,6 +3,8 @@
 //! [`crate::profiles`]); its output, [`ResolvedProfile`], is what the pprof encoder consumes.
 //! It knows nothing of BPF maps, blazesym or protobuf.
 
+pub mod interpreted;
+
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
@@ -14,9 +16,26 @@ use crate::{
     catalog::{Catalog, KnownProcess},
     ids::{Pid, StackId},
     procs::MapEntry,
-    python::{merge::merge, PythonFrame},
+    python::{PythonFrame, PythonReader},
     symbolize::{Frames, Symbolizer},
 };
+use interpreted::merge;
+
+/// What names a profile's frames: the symbolizer for native code, and the interpreters'
+/// readers for the frames the kernel walker puts in interpreter processes' stacks. Held
+/// here, by whoever resolves, so that neither knows the other.
+pub struct Namers {
+    pub symbols: Symbolizer,
+    /// Each CPython process's interpreter and code objects, read from its memory and cached.
+    pub interpreters: PythonReader,
+}
+
+impl Namers {
+    /// `symbols` with an interpreter reader of its own.
+    pub fn new(symbols: Symbolizer) -> Self {
+        Self { symbols, interpreters: PythonReader::default() }
+    }
+}
 
 /// The pseudo file name of kernel frames (the name perf and pprof tools use).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -165,7 +184,7 @@ pub fn resolve(
     process: &KnownProcess,
     catalog: &Catalog,
     samples: Vec<StackSample>,
-    sym: &mut Symbolizer,
+    namers: &mut Namers,
 ) -> ResolvedProfile {
     let mut table = LocationTable::default();
     let mut resolved = Vec::with_capacity(samples.len());
@@ -210,7 +229,7 @@ pub fn resolve(
     let maps = process.maps();
     let ns_pid = process.info.as_ref().map_or(process.pid.0, |info| info.ns_pid);
     let owner = Owner { pid: process.pid, ns_pid, info: process.info.as_ref() };
-    let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, sym);
+    let (mut mappings, mut locations, mut frames, refused) = table.symbolize(owner, maps, &mut namers.symbols);
     frames.missing_stacks = missing_stacks;
     frames.over_share = over_share;
     frames.evicted = evicted;
@@ -227,29 +246,29 @@ pub fn resolve(
         notes: Vec::new(),
     };
     if python.iter().any(|words| !words.is_empty()) {
-        let note = name_python(process, &mut profile, &python, sym);
+        let note = name_python(process, &mut profile, &python, &mut namers.interpreters);
         profile.notes.push(note);
     } else if !profile.samples.is_empty() && crate::python::kernel::candidate(process.maps()) {
         // A CPython the walker cannot read (another version, a free-threaded build): say
         // why its stacks keep the interpreter loop's frames.
-        profile.notes.extend(sym.python.begin(process).and_then(|reading| reading.unsupported_note()));
+        profile.notes.extend(namers.interpreters.begin(process).and_then(|reading| reading.unsupported_note()));
     }
     profile.samples.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     profile
 }
 
 /// Names the Python frames of `python` (per sample, leaf first) and puts them in place of
-/// the interpreter loop's native frames (see [`crate::python::merge`]). Returns the line
+/// the interpreter loop's native frames (see [`crate::resolve::interpreted`]). Returns the line
 /// for the profile's comment: what was named, or why nothing was (the process exited before
 /// its code objects were read: those samples keep their native frames, counted).
 fn name_python(
     process: &KnownProcess,
     profile: &mut ResolvedProfile,
     python: &[&[u64]],
-    sym: &mut Symbolizer,
+    interpreters: &mut PythonReader,
 ) -> String {
     let with = python.iter().filter(|words| !words.is_empty()).count();
-    let Some(mut reading) = sym.python.begin(process) else {
+    let Some(mut reading) = interpreters.begin(process) else {
         return format!(
             "python: {with} samples have Python frames the kernel walked, not named: the process exited before \
              its code objects were read (they keep _PyEval_EvalFrameDefault)"
@@ -464,7 +483,7 @@ mod tests {
 
     fn addresses(samples: Vec<StackSample>) -> Vec<Vec<u64>> {
         let (catalog, pid) = catalog();
-        let resolved = resolve(catalog.process(pid).unwrap(), &catalog, samples, &mut Symbolizer::new());
+        let resolved = resolve(catalog.process(pid).unwrap(), &catalog, samples, &mut Namers::new(Symbolizer::new()));
         resolved.samples.iter().map(|s| s.locations.iter().map(|&l| resolved.locations[l].address).collect()).collect()
     }
 
@@ -494,7 +513,8 @@ mod tests {
     fn a_stack_refused_over_share_is_counted_apart_from_lost_ones() {
         let (catalog, pid) = catalog();
         let refused = sample(StackId::OVER_SHARE.0, 12, false);
-        let resolved = resolve(catalog.process(pid).unwrap(), &catalog, vec![refused], &mut Symbolizer::new());
+        let resolved =
+            resolve(catalog.process(pid).unwrap(), &catalog, vec![refused], &mut Namers::new(Symbolizer::new()));
         assert_eq!((resolved.frames.over_share, resolved.frames.missing_stacks), (1, 0));
         assert_eq!(resolved.samples[0].locations.len(), 2, "its kernel stack is kept");
     }
@@ -502,8 +522,12 @@ mod tests {
     #[test]
     fn a_stack_never_drained_is_counted_not_invented() {
         let (catalog, pid) = catalog();
-        let resolved =
-            resolve(catalog.process(pid).unwrap(), &catalog, vec![sample(9, 0, false)], &mut Symbolizer::new());
+        let resolved = resolve(
+            catalog.process(pid).unwrap(),
+            &catalog,
+            vec![sample(9, 0, false)],
+            &mut Namers::new(Symbolizer::new()),
+        );
         assert_eq!(resolved.frames.missing_stacks, 1);
         assert!(resolved.samples[0].locations.is_empty());
         assert_eq!(resolved.frames.unmapped, 0);

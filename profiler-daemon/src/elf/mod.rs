@@ -1,11 +1,38 @@
 //! Just enough ELF to find a section by name: the 64-bit little-endian x86_64 header, the
 //! section header table and its string table. Sections are borrowed from the file's bytes,
 //! except compressed ones (`SHF_COMPRESSED`, zlib), which are inflated into an owned buffer.
+//! Also [`MappedFile`], how both readers of ELF files (the unwind tables and the symbolizer)
+//! see a file without reading it all.
+//!
+//! A floor below `unwind` and `symbolize`: it knows files and bytes, not what they are for.
+
+mod mapped;
 
 use std::borrow::Cow;
 use std::io::Read;
 
-use super::BuildError;
+pub use mapped::MappedFile;
+
+/// Why an ELF file's headers or sections could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not an ELF file")]
+    NotElf,
+    #[error(
+        "unsupported ELF file (class {class}, data {data}, machine {machine}): only 64-bit \
+         little-endian x86_64 files are unwound"
+    )]
+    UnsupportedElf { class: u8, data: u8, machine: u16 },
+    #[error("ELF file is truncated or its headers point outside it")]
+    Truncated,
+    #[error("unsupported section compression type {0}")]
+    UnsupportedCompression(u32),
+    #[error("failed to inflate a compressed section")]
+    Inflate(#[source] std::io::Error),
+    /// A cap that bounds what one (possibly hostile) file can cost to read.
+    #[error("{what} is {size}, over the cap of {cap}")]
+    OverCap { what: &'static str, size: u64, cap: u64 },
+}
 
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
 const ELFCLASS64: u8 = 2;
@@ -58,20 +85,20 @@ const PF_X: u32 = 1;
 const PROGRAM_HEADER_LEN: usize = 56;
 
 /// The `PT_LOAD` segments of an ELF file, from its program header table.
-pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, BuildError> {
+pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, ElfError> {
     if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
-        return Err(BuildError::NotElf);
+        return Err(ElfError::NotElf);
     }
     let phoff = u64_at(bytes, 0x20)?;
     let entry_len = usize::from(u16_at(bytes, 0x36)?);
     let count = u64::from(u16_at(bytes, 0x38)?);
     if entry_len < PROGRAM_HEADER_LEN {
-        return Err(BuildError::Truncated);
+        return Err(ElfError::Truncated);
     }
     let mut segments = Vec::new();
     for index in 0..count {
         let start =
-            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(BuildError::Truncated)?;
+            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(ElfError::Truncated)?;
         let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
         if u32_at(header, 0)? == PT_LOAD {
             segments.push(LoadSegment {
@@ -148,13 +175,13 @@ pub(crate) struct Elf<'a> {
 
 impl<'a> Elf<'a> {
     /// Reads the ELF and section headers of `bytes`.
-    pub fn parse(bytes: &'a [u8]) -> Result<Self, BuildError> {
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, ElfError> {
         if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC {
-            return Err(BuildError::NotElf);
+            return Err(ElfError::NotElf);
         }
         let machine = u16_at(bytes, 18)?;
         if bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB || machine != EM_X86_64 {
-            return Err(BuildError::UnsupportedElf { class: bytes[4], data: bytes[5], machine });
+            return Err(ElfError::UnsupportedElf { class: bytes[4], data: bytes[5], machine });
         }
         let shoff = u64_at(bytes, 0x28)?;
         let mut count = u64::from(u16_at(bytes, 0x3c)?);
@@ -189,7 +216,7 @@ impl<'a> Elf<'a> {
     }
 
     /// The contents of `section`, inflated if it is compressed.
-    pub fn data(&self, section: &Section) -> Result<Cow<'a, [u8]>, BuildError> {
+    pub fn data(&self, section: &Section) -> Result<Cow<'a, [u8]>, ElfError> {
         let raw = file_range(self.bytes, section.offset, section.size)?;
         if section.flags & SHF_COMPRESSED == 0 {
             return Ok(Cow::Borrowed(raw));
@@ -209,7 +236,7 @@ impl<'a> Elf<'a> {
 /// declare more than `cap` bytes, those whose stream holds more than `cap` whatever they
 /// declare (found by inflating into nothing, at most `cap` + 1 bytes), and those compressed
 /// in a way other than zlib (which such a reader fails on, losing the file's symbols too).
-pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(String, String)>, BuildError> {
+pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(String, String)>, ElfError> {
     let elf = Elf::parse(bytes)?;
     let mut refused = Vec::new();
     for section in elf.sections.iter().filter(|s| s.flags & SHF_COMPRESSED != 0 && s.kind != SHT_NOBITS) {
@@ -232,8 +259,8 @@ pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(Str
 
 /// What the zlib stream of a compressed section inflates to, counted up to `cap` + 1 bytes
 /// without keeping any; a corrupt stream ends the count where it breaks.
-fn inflated_size(raw: &[u8], cap: u64) -> Result<u64, BuildError> {
-    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
+fn inflated_size(raw: &[u8], cap: u64) -> Result<u64, ElfError> {
+    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(ElfError::Truncated)?;
     let mut decoder = flate2::read::ZlibDecoder::new(stream).take(cap + 1);
     let mut inflated = 0u64;
     let mut buffer = vec![0u8; 64 << 10];
@@ -244,27 +271,27 @@ fn inflated_size(raw: &[u8], cap: u64) -> Result<u64, BuildError> {
 }
 
 /// Inflates an `SHF_COMPRESSED` section: an `Elf64_Chdr`, then a zlib stream.
-fn inflate(raw: &[u8]) -> Result<Vec<u8>, BuildError> {
+fn inflate(raw: &[u8]) -> Result<Vec<u8>, ElfError> {
     let kind = u32_at(raw, 0)?;
     if kind != ELFCOMPRESS_ZLIB {
-        return Err(BuildError::UnsupportedCompression(kind));
+        return Err(ElfError::UnsupportedCompression(kind));
     }
     let size = u64_at(raw, 8)?;
     if size > MAX_INFLATED_BYTES {
-        return Err(BuildError::OverCap { what: "a compressed section's size", size, cap: MAX_INFLATED_BYTES });
+        return Err(ElfError::OverCap { what: "a compressed section's size", size, cap: MAX_INFLATED_BYTES });
     }
-    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(BuildError::Truncated)?;
+    let stream = raw.get(COMPRESSION_HEADER_LEN..).ok_or(ElfError::Truncated)?;
     // The declared size bounds the output, so a corrupt header cannot make it grow forever.
     let mut out = Vec::with_capacity(to_usize(size)?.min(MAX_PREALLOCATED_BYTES));
-    flate2::read::ZlibDecoder::new(stream).take(size).read_to_end(&mut out).map_err(BuildError::Inflate)?;
+    flate2::read::ZlibDecoder::new(stream).take(size).read_to_end(&mut out).map_err(ElfError::Inflate)?;
     Ok(out)
 }
 
-fn section_at(bytes: &[u8], shoff: u64, index: u64) -> Result<Section, BuildError> {
+fn section_at(bytes: &[u8], shoff: u64, index: u64) -> Result<Section, ElfError> {
     let start = index
         .checked_mul(SECTION_HEADER_LEN as u64)
         .and_then(|off| off.checked_add(shoff))
-        .ok_or(BuildError::Truncated)?;
+        .ok_or(ElfError::Truncated)?;
     let header = file_range(bytes, start, SECTION_HEADER_LEN as u64)?;
     Ok(Section {
         name: u32_at(header, 0)?,
@@ -276,36 +303,36 @@ fn section_at(bytes: &[u8], shoff: u64, index: u64) -> Result<Section, BuildErro
     })
 }
 
-fn file_range(bytes: &[u8], offset: u64, len: u64) -> Result<&[u8], BuildError> {
+fn file_range(bytes: &[u8], offset: u64, len: u64) -> Result<&[u8], ElfError> {
     let start = to_usize(offset)?;
-    let end = start.checked_add(to_usize(len)?).ok_or(BuildError::Truncated)?;
-    bytes.get(start..end).ok_or(BuildError::Truncated)
+    let end = start.checked_add(to_usize(len)?).ok_or(ElfError::Truncated)?;
+    bytes.get(start..end).ok_or(ElfError::Truncated)
 }
 
-fn to_usize(value: u64) -> Result<usize, BuildError> {
-    usize::try_from(value).map_err(|_| BuildError::Truncated)
+fn to_usize(value: u64) -> Result<usize, ElfError> {
+    usize::try_from(value).map_err(|_| ElfError::Truncated)
 }
 
-fn u16_at(bytes: &[u8], at: usize) -> Result<u16, BuildError> {
+fn u16_at(bytes: &[u8], at: usize) -> Result<u16, ElfError> {
     Ok(u16::from_le_bytes(array_at(bytes, at)?))
 }
 
-fn u32_at(bytes: &[u8], at: usize) -> Result<u32, BuildError> {
+fn u32_at(bytes: &[u8], at: usize) -> Result<u32, ElfError> {
     Ok(u32::from_le_bytes(array_at(bytes, at)?))
 }
 
-fn u64_at(bytes: &[u8], at: usize) -> Result<u64, BuildError> {
+fn u64_at(bytes: &[u8], at: usize) -> Result<u64, ElfError> {
     Ok(u64::from_le_bytes(array_at(bytes, at)?))
 }
 
-fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], BuildError> {
-    let end = at.checked_add(N).ok_or(BuildError::Truncated)?;
-    let slice = bytes.get(at..end).ok_or(BuildError::Truncated)?;
+fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], ElfError> {
+    let end = at.checked_add(N).ok_or(ElfError::Truncated)?;
+    let slice = bytes.get(at..end).ok_or(ElfError::Truncated)?;
     Ok(slice.try_into().expect("slice has N bytes"))
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// An `Elf64_Chdr` declaring `size` bytes, then `stream`.
@@ -329,7 +356,7 @@ pub(super) mod tests {
         assert_eq!(inflate(&compressed(1 << 20, &stream)).unwrap().len(), 1 << 20);
         assert_eq!(inflate(&compressed(1000, &stream)).unwrap().len(), 1000, "the declared size bounds it");
         let bomb = inflate(&compressed(MAX_INFLATED_BYTES + 1, &stream)).unwrap_err();
-        assert!(matches!(bomb, BuildError::OverCap { .. }), "{bomb}");
+        assert!(matches!(bomb, ElfError::OverCap { .. }), "{bomb}");
     }
 
     /// A minimal ELF file with one compressed section `.debug_x` holding `raw`.
@@ -338,7 +365,7 @@ pub(super) mod tests {
     }
 
     /// A minimal x86_64 ELF file with one section `name` (with `flags`) holding `raw`.
-    pub(in crate::unwind) fn elf_with_section(name: &str, flags: u64, raw: &[u8]) -> Vec<u8> {
+    pub(crate) fn elf_with_section(name: &str, flags: u64, raw: &[u8]) -> Vec<u8> {
         let names = [b"\0", name.as_bytes(), b"\0.shstrtab\0"].concat();
         let mut bytes = vec![0u8; 64];
         bytes[..4].copy_from_slice(ELF_MAGIC);
