@@ -25,8 +25,11 @@ pub fn build() -> Command {
     release("build")
 }
 
-/// `cargo clippy --release --workspace --all-targets`: release, so that the build scripts and
-/// proc-macros it compiles (the eBPF object among them) are the build's own.
+/// `cargo clippy --release --workspace --all-targets`: release, so that the dependencies'
+/// build scripts and proc-macros it compiles are the build's own. The daemon's build script
+/// is the exception: cargo counts clippy-driver (the workspace wrapper) in a workspace
+/// member's units, so clippy runs it in an `OUT_DIR` of its own and builds the eBPF object
+/// there too (about 10 s); the release build's copy is left alone.
 pub fn clippy() -> Command {
     let mut cmd = release("clippy");
     cmd.args(["--workspace", "--all-targets"]);
