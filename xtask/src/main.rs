@@ -4,6 +4,7 @@
 //! code once.
 
 mod bench;
+mod builds;
 mod cli;
 mod setup;
 mod snapshot;

@@ -30,13 +30,12 @@ pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
         workspace::cargo().args(["fmt", "--all", "--", "--check"]),
         "run `cargo fmt --all`",
     )?;
-    // Release, like the build above, so the lints reuse its dependencies' metadata where they can.
     check(
         "cargo clippy --workspace --all-targets -- -D warnings",
-        workspace::cargo().args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        crate::builds::clippy().args(["--", "-D", "warnings"]),
         "fix the lints above",
     )?;
-    let binaries = timing::test_binaries(&["--workspace", "--exclude", "profiler-ebpf"])?;
+    let binaries = timing::test_binaries()?;
     // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
     // system-wide, so running them in parallel would let them see each other.
     let mut harness = vec!["--test-threads=1".to_string()];
@@ -53,8 +52,8 @@ pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
 /// The unit tier: every crate's library and binary tests, in parallel, as whoever runs it.
 fn run_unit(args: &[String]) -> Result<ExitCode> {
     workspace::stage("unit tests (no set-up, no root; end-to-end binaries left out)");
-    let mut cmd = workspace::cargo();
-    cmd.args(["test", "--release", "--workspace", "--exclude", "profiler-ebpf", "--lib", "--bins", "--"]);
+    let mut cmd = crate::builds::unit_tests();
+    cmd.arg("--");
     cmd.args(args);
     workspace::stage(&workspace::shell_line(&cmd));
     let status = cmd.status().context("failed to run cargo test")?;

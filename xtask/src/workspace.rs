@@ -59,7 +59,7 @@ pub fn stage(what: &str) {
 /// eBPF object with nightly.
 pub fn build_release() -> Result<()> {
     stage("cargo build --release");
-    let status = cargo().args(["build", "--release"]).status().context("failed to run cargo")?;
+    let status = crate::builds::build().status().context("failed to run cargo")?;
     if !status.success() {
         bail!("cargo build --release failed ({status}); fix the build errors above, or run `cargo xtask setup` if a tool is missing");
     }

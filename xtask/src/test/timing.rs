@@ -45,10 +45,9 @@ pub struct Report {
     runs: Vec<BinaryRun>,
 }
 
-/// Builds the test binaries of `cargo test --release ARGS` and lists them.
-pub fn test_binaries(args: &[&str]) -> Result<Vec<TestBinary>> {
-    let mut cmd = workspace::cargo();
-    cmd.args(["test", "--release", "--no-run", "--message-format=json-render-diagnostics"]).args(args);
+/// Builds the workspace's test binaries ([`crate::builds::test_binaries`]) and lists them.
+pub fn test_binaries() -> Result<Vec<TestBinary>> {
+    let mut cmd = crate::builds::test_binaries();
     workspace::stage(&workspace::shell_line(&cmd));
     let output = cmd.stderr(Stdio::inherit()).output().context("failed to run cargo test --no-run")?;
     if !output.status.success() {
@@ -101,8 +100,8 @@ pub fn run_all(binaries: &[TestBinary], harness: &[String], envs: &[(&str, PathB
         report.runs.push(run_one(&binary.name, cmd)?);
     }
     // The examples in the crates' docs, as plain `cargo test` runs them.
-    let mut doc = workspace::cargo();
-    doc.args(["test", "--release", "--doc", "--workspace", "--exclude", "profiler-ebpf", "--"]).args(harness);
+    let mut doc = crate::builds::doc_tests();
+    doc.arg("--").args(harness);
     workspace::stage(&workspace::shell_line(&doc));
     report.runs.push(run_one("doctests", doc)?);
     Ok(report)
