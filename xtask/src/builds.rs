@@ -14,6 +14,7 @@
 //!
 //! Arguments for the tool cargo runs (after `--`) are the callers'.
 
+use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
 use std::process::Command;
 
@@ -23,6 +24,21 @@ use crate::workspace;
 /// object), exactly as the README tells a developer to build it.
 pub fn build() -> Command {
     release("build")
+}
+
+/// `cargo build --release` at the root: builds `profiler`, whose build script builds the
+/// eBPF object with nightly.
+pub fn build_release() -> Result<()> {
+    workspace::stage("cargo build --release");
+    let status = build().status().context("failed to run cargo")?;
+    if !status.success() {
+        bail!("cargo build --release failed ({status}); fix the build errors above, or run `cargo xtask setup` if a tool is missing");
+    }
+    let bin = workspace::target_dir().join("release/profiler");
+    if !bin.is_file() {
+        bail!("cargo build --release did not produce {}", bin.display());
+    }
+    Ok(())
 }
 
 /// `cargo clippy --release --workspace --all-targets`: release, so that the dependencies'

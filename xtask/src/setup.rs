@@ -116,7 +116,7 @@ pub fn prepare(go: bool) -> anyhow::Result<()> {
         workspace::stage("setup");
     }
     run(Needs { go, bench: false, privileges: true })?;
-    workspace::build_release()
+    crate::builds::build_release()
 }
 
 /// [`prepare`] for a bench: also installs what its peers and floors run (perf, bpftrace,
@@ -124,7 +124,7 @@ pub fn prepare(go: bool) -> anyhow::Result<()> {
 pub fn prepare_bench() -> anyhow::Result<()> {
     workspace::stage("setup (including the benches' peers: perf, bpftrace, eu-stack)");
     run(Needs { go: false, bench: true, privileges: true })?;
-    workspace::build_release()
+    crate::builds::build_release()
 }
 
 /// Finds `program` on PATH, like `command -v`.

@@ -6,8 +6,6 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, ExitStatus};
 
-use anyhow::{bail, Context, Result};
-
 /// The workspace root: xtask lives one level below it.
 pub fn root() -> PathBuf {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -24,7 +22,7 @@ pub fn target_dir() -> PathBuf {
 
 /// The `profiler` binary commands run: `PROFILER_BIN` when set (as the tests take it: another
 /// build, say the one before a change, for a bench to compare), else the release build that
-/// `build_release` produces.
+/// `builds::build_release` produces.
 pub fn profiler_bin() -> PathBuf {
     match std::env::var_os("PROFILER_BIN") {
         Some(bin) => PathBuf::from(bin),
@@ -53,21 +51,6 @@ pub fn shell_line(cmd: &Command) -> String {
 /// Prints the stage banner so a long log shows where it is.
 pub fn stage(what: &str) {
     println!("==> {what}");
-}
-
-/// `cargo build --release` at the root: builds `profiler`, whose build script builds the
-/// eBPF object with nightly.
-pub fn build_release() -> Result<()> {
-    stage("cargo build --release");
-    let status = crate::builds::build().status().context("failed to run cargo")?;
-    if !status.success() {
-        bail!("cargo build --release failed ({status}); fix the build errors above, or run `cargo xtask setup` if a tool is missing");
-    }
-    let bin = target_dir().join("release/profiler");
-    if !bin.is_file() {
-        bail!("cargo build --release did not produce {}", bin.display());
-    }
-    Ok(())
 }
 
 /// Maps a child's status to our exit code; a signal death becomes 128 + signal like a shell.

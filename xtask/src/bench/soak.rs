@@ -90,7 +90,7 @@ impl Point {
 pub fn run(args: &SoakArgs) -> Result<()> {
     workspace::stage("setup (including go tool pprof, the reference reader)");
     crate::setup::run(crate::setup::Needs { go: true, bench: true, privileges: true })?;
-    workspace::build_release()?;
+    crate::builds::build_release()?;
     let dir = workspace::target_dir().join("xtask-bench-soak");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let out = fresh_dir(&dir.join("out"))?;
