@@ -166,6 +166,7 @@ pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>
         python: None,
         stack_hash_key: session.stack_hash_key(),
     };
+    slow_down_for_tests();
     let mut records = session.thread_records(pid)?;
     dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
     records.retain(|r| r.tid != 0);
@@ -213,6 +214,16 @@ pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>
     }
     dump.duration = started.elapsed();
     Ok(dump)
+}
+
+/// A test hook: `PROFILER_TEST_DUMP_DELAY_MS` makes every dump's walk that much slower, so
+/// that an end-to-end test can show what the daemon does while a dump is slow (as one of a
+/// process with many threads or a deep Python program is on a loaded machine).
+fn slow_down_for_tests() {
+    let delay = std::env::var("PROFILER_TEST_DUMP_DELAY_MS").ok().and_then(|ms| ms.parse().ok());
+    if let Some(ms) = delay {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
 }
 
 /// Keeps the `max` records of the lowest thread ids; returns how many were dropped.

@@ -1,6 +1,7 @@
 //! What thread dumps cost others, and who may take them: a uid looping dumps of a process
 //! with thousands of threads gets its budget and then 429s while root's captures answer on
-//! time; a dump walks at most the daemon's thread cap and says how many it left out; and a
+//! time; a dump walks at most the daemon's thread cap and says how many it left out; a slow
+//! dump is taken off the collector, which keeps draining and answering meanwhile; and a
 //! user may dump their own idle program on the first try, though it never had a sample.
 
 use std::sync::{Arc, Mutex};
@@ -134,4 +135,68 @@ fn a_user_dumps_their_own_idle_program_on_the_first_try() {
     let text = String::from_utf8_lossy(&reply.body);
     assert_eq!(reply.status, 200, "nobody's first dump of its own idle program: {text}");
     assert!(text.contains("clock_nanosleep"), "{text}");
+}
+
+/// How much slower the test hook makes every dump's walk (`PROFILER_TEST_DUMP_DELAY_MS`).
+const SLOW_DUMP: Duration = Duration::from_secs(5);
+
+/// Ground truth: a dump of `many_threads` (2,000 threads) made [`SLOW_DUMP`] slower by the
+/// daemon's test hook takes at least that long to answer, and still walks the cap's worth
+/// of threads. While it runs, root's 1 s CPU capture of another process, asked once the dump
+/// started, answers in well under the dump's time with a full second of samples, and
+/// `/status` (published by the collector only) keeps counting its uptime. Before the dump's
+/// walk left the collector, the capture waited for the dump (answered after more than
+/// [`SLOW_DUMP`]) and `/status`'s uptime stood still meanwhile.
+#[test]
+fn a_slow_dump_does_not_hold_up_the_collector() {
+    if !thread_dumps_supported() {
+        return;
+    }
+    let mut config = config(&[CPU_SPLIT, MANY_THREADS]);
+    config.launcher = vec!["env".into(), format!("PROFILER_TEST_DUMP_DELAY_MS={}", SLOW_DUMP.as_millis())];
+    let daemon = Daemon::start(&config);
+    let busy = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
+    let mut many = Fixture::spawn_with_args(FixtureKind::ManyThreads, &[&FIXTURE_S.to_string(), &THREADS.to_string()]);
+    assert_eq!(many.read_value("threads"), THREADS, "the fixture made every thread");
+
+    let dump_path = format!("/debug/pprof/goroutine?pid={}", many.pid());
+    let socket = daemon.socket().to_path_buf();
+    let asked = Instant::now();
+    let dumping = std::thread::spawn(move || {
+        let reply = curl(&socket, &dump_path, true);
+        (reply, Instant::now())
+    });
+    // The dump is under way once the collector took it (the capture is asked after it).
+    std::thread::sleep(Duration::from_millis(500));
+    let uptime_before = daemon.status_u64("/uptime_seconds");
+    let window_asked = Instant::now();
+    let (status, body) = daemon.get(&format!("/debug/pprof/profile?pid={}&seconds=1", busy.pid()));
+    let window_took = window_asked.elapsed();
+    let uptime_after = daemon.status_u64("/uptime_seconds");
+    let between = window_asked.elapsed();
+    let (dump, dumped_at) = dumping.join().expect("the dump's client");
+
+    assert_eq!(dump.status, 200, "the slow dump: {}", String::from_utf8_lossy(&dump.body));
+    let dump_took = dumped_at - asked;
+    assert!(dump_took >= SLOW_DUMP, "the dump answered in {dump_took:?}: the test hook did not slow it down");
+    let raw = profiler_daemon::pprof::decode(&dump.body, "the slow dump").expect("a profile");
+    let walked = Profile::from_proto(&raw);
+    assert_eq!(walked.samples.len() as u64, MAX_THREADS_WALKED, "one sample per thread walked");
+
+    assert_eq!(status, 200, "root's capture during the dump: {}", String::from_utf8_lossy(&body));
+    assert!(
+        window_asked + window_took < dumped_at,
+        "root's 1 s capture (asked {:?} into the dump) answered {window_took:?} later, after the dump ({dump_took:?})",
+        window_asked - asked
+    );
+    let raw = profiler_daemon::pprof::decode(&body, "root's capture").expect("a profile");
+    let cpu = Profile::from_proto(&raw);
+    let expected = i64::from(config.frequency_hz);
+    let samples = cpu.total("samples");
+    assert!(samples >= expected / 2, "{samples} samples in root's 1 s capture at {expected} Hz of a busy process");
+    // Whole seconds: over `between` (more than the 1 s window) it must have moved on.
+    assert!(
+        uptime_after > uptime_before,
+        "/status's uptime stood at {uptime_before} s then {uptime_after} s over {between:?} while the dump ran"
+    );
 }
