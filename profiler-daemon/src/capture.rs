@@ -26,10 +26,10 @@ use crate::{
     offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
-    python::PythonReader,
+    python::{PythonDump, PythonReader},
     sideband::{self, FollowLatency, ProcessEvent, Sideband, SidebandStats},
-    threads::{self, ThreadDump},
-    unwind::{self, Unwinder, UnwinderStats},
+    threads::{DumpJob, DumpOutcome, ThreadDump},
+    unwind::{self, HeldTables, Unwinder, UnwinderStats},
 };
 
 /// Time per drain spent registering newly seen processes with the unwinder (building their
@@ -183,6 +183,21 @@ pub struct Drained {
     pub reused: Vec<Pid>,
     /// What went wrong without stopping the drain (already logged; the caller may count it).
     pub problems: Vec<CaptureError>,
+}
+
+/// A thread dump begun ([`Capture::start_thread_dump`]): the walk, to run on any thread,
+/// and the ticket to end it with ([`Capture::finish_thread_dump`]).
+pub struct DumpStarted {
+    pub job: DumpJob<'static>,
+    pub ticket: DumpTicket,
+}
+
+/// What the capture holds for a dump in flight: the tables its walk reads.
+#[derive(Debug)]
+#[must_use = "a dump's tables stay held until it is finished or abandoned"]
+pub struct DumpTicket {
+    pid: Pid,
+    held: HeldTables,
 }
 
 /// The live heap now: the sampled blocks of the probed processes, and a drain after the read
@@ -679,10 +694,20 @@ impl Capture {
         Ok(Drained { batch, new_stacks, gone, reused, problems })
     }
 
-    /// Dumps every thread of `pid` now (see [`crate::threads`]), after registering the
-    /// process with the unwinder if it is not yet (so that its frames are stepped with
-    /// tables), and learns the dump's stacks so that they resolve like any other.
+    /// Dumps every thread of `pid` now, on this thread: [`Capture::start_thread_dump`], the
+    /// walk, [`Capture::finish_thread_dump`].
     pub fn thread_dump(&mut self, pid: Pid) -> Result<ThreadDump, CaptureError> {
+        let DumpStarted { job, ticket } = self.start_thread_dump(pid)?;
+        let walked = job.run();
+        self.finish_thread_dump(ticket, walked)
+    }
+
+    /// Begins a dump of every thread of `pid` (see [`crate::threads`]): registers the process
+    /// with the unwinder if it is not yet (so that its frames are stepped with tables), holds
+    /// its tables loaded, and takes what the walk needs. The walk ([`DumpJob::run`]) may run
+    /// on another thread; its outcome goes back to [`Capture::finish_thread_dump`] with the
+    /// ticket. One dump at a time: the Python code cache goes with the walk.
+    pub fn start_thread_dump(&mut self, pid: Pid) -> Result<DumpStarted, CaptureError> {
         if !procs::exists(pid.0) {
             return Err(CaptureError::NoProcess(pid));
         }
@@ -691,11 +716,31 @@ impl Capture {
             let registration = [(pid, process.maps_version, process.maps())];
             self.unwinder.sync(&mut self.session, registration, None, &|| false).map_err(CaptureError::UnwindTables)?;
         }
-        let mut python = self.catalog.process(pid).and_then(|process| self.python.begin(process));
-        let mut dump = threads::take(&self.session, pid, python.as_mut())
-            .map_err(|source| CaptureError::ThreadDump { pid, source })?;
-        if let Some(python) = python {
-            dump.apply_python(python.finish());
+        let python = self.catalog.process(pid).and_then(|process| self.python.begin_owned(process));
+        let held = self.unwinder.hold(pid);
+        match DumpJob::prepare(&self.session, pid, python) {
+            Ok(job) => Ok(DumpStarted { job, ticket: DumpTicket { pid, held } }),
+            Err((source, python)) => {
+                self.abandon_thread_dump(DumpTicket { pid, held }, python);
+                Err(CaptureError::ThreadDump { pid, source })
+            }
+        }
+    }
+
+    /// Ends a dump begun by [`Capture::start_thread_dump`] with its walk's outcome: lets go
+    /// of the tables, takes the Python code cache back, and learns the dump's stacks so that
+    /// they resolve like any other.
+    pub fn finish_thread_dump(
+        &mut self,
+        ticket: DumpTicket,
+        (walked, python): DumpOutcome<'static>,
+    ) -> Result<ThreadDump, CaptureError> {
+        let pid = ticket.pid;
+        let read = python.map(|python| self.python.take_back(python));
+        self.abandon_thread_dump(ticket, None);
+        let mut dump = walked.map_err(|source| CaptureError::ThreadDump { pid, source })?;
+        if let Some(read) = read {
+            dump.apply_python(read);
         }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();
@@ -712,6 +757,15 @@ impl Capture {
             .collect();
         self.catalog.learn(&stacks, &seen);
         Ok(dump)
+    }
+
+    /// Ends a dump whose walk gave nothing (it failed to start, or its thread died): lets
+    /// go of the tables, and takes the Python code cache back if it came back.
+    pub fn abandon_thread_dump(&mut self, ticket: DumpTicket, python: Option<PythonDump<'static>>) {
+        self.unwinder.release_held(ticket.held);
+        if let Some(python) = python {
+            self.python.take_back(python);
+        }
     }
 
     /// Reads the live heap blocks, then drains (see [`Live`]).

@@ -16,6 +16,7 @@ use super::{
     decide::{self, Serving},
     file_closes::FileCloses,
     status::{self, Status},
+    thread_dumps::{DumpQuery, ThreadDumps, Walked},
 };
 use crate::{
     capture::{log_slow, Capture, CaptureConfig, CaptureError, Drained},
@@ -132,6 +133,8 @@ struct Collector {
     next_drain: Instant,
     /// When `/status` was last published.
     published: Instant,
+    /// Thread dumps waiting, and the one whose walk runs off this thread.
+    dumps: ThreadDumps,
 }
 
 /// Loads and attaches on a new thread; returns once attached (or with the error), leaving
@@ -144,7 +147,7 @@ pub fn spawn(
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("collector".into())
-        .spawn(move || match Collector::start(config, Arc::clone(&commands.refusals), heartbeat) {
+        .spawn(move || match Collector::start(config, &commands, heartbeat) {
             Ok(mut collector) => {
                 collector.publish_status(&commands.status);
                 let _ = ready_tx.send(Ok(()));
@@ -168,7 +171,8 @@ fn max_stacks() -> usize {
 }
 
 impl Collector {
-    fn start(config: Config, front: Arc<Refusals>, heartbeat: Heartbeat) -> Result<Self, CaptureError> {
+    fn start(config: Config, commands: &Commands, heartbeat: Heartbeat) -> Result<Self, CaptureError> {
+        let front = Arc::clone(&commands.refusals);
         let mut capture = Capture::start(&CaptureConfig {
             pids: Vec::new(),
             // A reload may opt processes in to heap profiling later: its maps are kept
@@ -217,6 +221,7 @@ impl Collector {
             heartbeat,
             next_drain: Instant::now() + DRAIN_INTERVAL,
             published: Instant::now(),
+            dumps: ThreadDumps::new(commands.bell()),
         })
     }
 
@@ -267,6 +272,10 @@ impl Collector {
                 }
                 // Every handle is gone: the front has stopped. Leave a final dump.
                 Next::Disconnected => return self.final_dump(),
+            }
+            // A dump's walk ended (its thread rang the bell), or the next one may begin.
+            if self.serve_dumps() {
+                self.publish_status(&commands.status);
             }
             let now = Instant::now();
             if now >= next_scan {
@@ -689,24 +698,14 @@ impl Collector {
                     reply,
                 });
             }
+            // Answered when its walk ends (see `serve_dumps`).
+            None if query.view.kind == ProfileKind::Threads => self.dumps.push(DumpQuery { query, reply }),
             None => {
                 if query.view.kind == ProfileKind::Heap {
                     self.refresh_live();
                 }
-                let mut window = Window { start: self.started, duration: self.started_at.elapsed() };
-                let mut counts = self.total.process(query.pid).cloned().unwrap_or_default();
-                if query.view.kind == ProfileKind::Threads {
-                    match self.thread_dump(query.pid) {
-                        Ok(dump) => {
-                            window = Window { start: dump.taken, duration: dump.duration };
-                            counts.threads.dump = Some(dump);
-                        }
-                        Err(err) => {
-                            let _ = reply.send(Err(err));
-                            return;
-                        }
-                    }
-                }
+                let window = Window { start: self.started, duration: self.started_at.elapsed() };
+                let counts = self.total.process(query.pid).cloned().unwrap_or_default();
                 let _ = reply.send(self.answer(&query, &counts, window));
             }
         }
@@ -768,15 +767,109 @@ impl Collector {
         }
     }
 
-    /// Dumps the threads of `pid` now; a process that exited meanwhile is answered as one.
-    fn thread_dump(&mut self, pid: Pid) -> Result<Arc<ThreadDump>, QueryError> {
-        match self.capture.thread_dump(pid) {
-            Ok(dump) => Ok(Arc::new(dump)),
-            Err(CaptureError::NoProcess(pid)) => Err(QueryError::UnknownPid(pid)),
-            Err(err) => {
-                let message = crate::error::chain(&err);
+    /// Answers the dump whose walk ended, if one did, and begins the next queued one.
+    /// Returns whether a dump was answered.
+    fn serve_dumps(&mut self) -> bool {
+        let ended = self.dumps.ended().map(|walked| self.end_dump(walked));
+        let answered = ended.is_some();
+        if let Some((Some(waiter), dump)) = ended {
+            self.answer_dump(waiter, dump);
+        }
+        while let Some(waiter) = self.dumps.next_query() {
+            let pid = waiter.query.pid;
+            match self.begin_dump(pid, Some(waiter)) {
+                Ok(()) => break,
+                Err((waiter, err)) => {
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.reply.send(Err(err));
+                    }
+                }
+            }
+        }
+        answered
+    }
+
+    /// Begins a dump of `pid` and launches its walk.
+    fn begin_dump(&mut self, pid: Pid, waiter: Option<DumpQuery>) -> Result<(), (Option<DumpQuery>, QueryError)> {
+        let started = match self.capture.start_thread_dump(pid) {
+            Ok(started) => started,
+            Err(err) => return Err((waiter, self.dump_error(err))),
+        };
+        match self.dumps.launch(started, waiter) {
+            Ok(()) => Ok(()),
+            Err((started, waiter, err)) => {
+                self.capture.abandon_thread_dump(started.ticket, None);
+                let message = format!("failed to start a thread for the dump of pid {pid}: {err}");
+                self.record(message.clone());
+                Err((waiter, QueryError::Unavailable(message)))
+            }
+        }
+    }
+
+    /// Ends a walk: what the capture learns from it, and the dump.
+    fn end_dump(&mut self, walked: Walked) -> (Option<DumpQuery>, Result<Arc<ThreadDump>, QueryError>) {
+        let Walked { ticket, waiter, outcome } = walked;
+        let dump = match outcome {
+            Ok(outcome) => {
+                self.capture.finish_thread_dump(ticket, outcome).map(Arc::new).map_err(|e| self.dump_error(e))
+            }
+            Err(_panic) => {
+                self.capture.abandon_thread_dump(ticket, None);
+                let message = "a thread dump's walk panicked; see the log".to_string();
                 self.record(message.clone());
                 Err(QueryError::Unavailable(message))
+            }
+        };
+        (waiter, dump)
+    }
+
+    /// Answers a dump query with its dump, rendered with the process's counts as they are now.
+    fn answer_dump(&mut self, waiter: DumpQuery, dump: Result<Arc<ThreadDump>, QueryError>) {
+        let DumpQuery { query, reply } = waiter;
+        let answer = dump.and_then(|dump| {
+            let window = Window { start: dump.taken, duration: dump.duration };
+            let mut counts = self.total.process(query.pid).cloned().unwrap_or_default();
+            counts.threads.dump = Some(dump);
+            self.answer(&query, &counts, window)
+        });
+        let _ = reply.send(answer);
+    }
+
+    /// Dumps the threads of `pid` for an interval's files: after the walk in flight (its query
+    /// answered), the walk runs off this thread while this one follows process events.
+    fn thread_dump(&mut self, pid: Pid) -> Result<Arc<ThreadDump>, QueryError> {
+        if let Some((Some(waiter), dump)) = self.await_walk() {
+            self.answer_dump(waiter, dump);
+        }
+        self.begin_dump(pid, None).map_err(|(_, err)| err)?;
+        match self.await_walk() {
+            Some((_, dump)) => dump,
+            None => Err(QueryError::Unavailable(format!("the dump of pid {pid} was lost"))),
+        }
+    }
+
+    /// Waits for the walk in flight, if any, following process events meanwhile.
+    fn await_walk(&mut self) -> Option<(Option<DumpQuery>, Result<Arc<ThreadDump>, QueryError>)> {
+        while self.dumps.busy() {
+            if let Some(walked) = self.dumps.ended() {
+                return Some(self.end_dump(walked));
+            }
+            self.heartbeat.beat();
+            let reused = self.capture.follow();
+            self.forget_reused(&reused);
+            std::thread::sleep(FOLLOW_WHILE_FINISHING);
+        }
+        None
+    }
+
+    /// A dump's error as its query's: a process that exited meanwhile is answered as one.
+    fn dump_error(&mut self, err: CaptureError) -> QueryError {
+        match err {
+            CaptureError::NoProcess(pid) => QueryError::UnknownPid(pid),
+            err => {
+                let message = crate::error::chain(&err);
+                self.record(message.clone());
+                QueryError::Unavailable(message)
             }
         }
     }

@@ -7,6 +7,7 @@ mod decide;
 mod file_closes;
 pub mod notify;
 mod status;
+mod thread_dumps;
 
 use std::{path::PathBuf, time::Duration};
 

@@ -36,6 +36,7 @@ pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotal
 pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
+pub use task_iter::ThreadIterator;
 pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::{PythonCounters, UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
@@ -440,7 +441,12 @@ impl Session {
     /// One record per thread of process `pid`, as its threads are now (thread dumps must
     /// have been enabled at load).
     pub fn thread_records(&self, pid: Pid) -> Result<Vec<ThreadRecord>> {
-        task_iter::read(&self.ebpf, pid)
+        self.thread_iterator()?.read(pid)
+    }
+
+    /// The thread iterator, to read on another thread (see [`ThreadIterator`]).
+    pub fn thread_iterator(&self) -> Result<ThreadIterator> {
+        task_iter::iterator(&self.ebpf)
     }
 
     /// What the kernel walker knows of process `pid` (its mappings, their tables, the rows),

@@ -71,35 +71,53 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     program.load("task", &btf).map_err(program_error("load", PROGRAM))
 }
 
-/// One record per thread of process `pid`, as the threads are now.
-pub(super) fn read(ebpf: &Ebpf, pid: Pid) -> Result<Vec<ThreadRecord>> {
+/// The loaded program, for reading the iterator of one process at a time on any thread: it
+/// owns a duplicate of the program's descriptor, so a thread dump walks off the thread that
+/// owns the session (the kernel keeps the program while any descriptor of it is open).
+pub struct ThreadIterator {
+    prog: OwnedFd,
+}
+
+/// The iterator of the loaded program.
+pub(super) fn iterator(ebpf: &Ebpf) -> Result<ThreadIterator> {
     let program: &Iter =
         ebpf.program(PROGRAM).ok_or_else(|| missing(PROGRAM))?.try_into().map_err(program_error("find", PROGRAM))?;
     let prog_fd = program.fd().map_err(program_error("use", PROGRAM))?;
-    let info = TaskIterInfo { pid: pid.0, ..TaskIterInfo::default() };
-    let mut attr = LinkCreate {
-        prog_fd: prog_fd.as_fd().as_raw_fd() as u32,
-        attach_type: BPF_TRACE_ITER,
-        iter_info: &info as *const TaskIterInfo as u64,
-        iter_info_len: size_of::<TaskIterInfo>() as u32,
-        ..LinkCreate::default()
-    };
-    // SAFETY: `iter_info` points at `info`, of `iter_info_len` bytes, alive until the end.
-    let link = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }.map_err(|source| Error::Io {
-        action: format!("create the thread iterator of pid {pid} (BPF_LINK_CREATE)"),
-        source,
-    })?;
-    let mut attr = IterCreate { link_fd: link.as_raw_fd() as u32, ..IterCreate::default() };
-    // SAFETY: no pointers.
-    let iter = unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map_err(|source| Error::Io {
-        action: format!("open the thread iterator of pid {pid} (BPF_ITER_CREATE)"),
-        source,
-    })?;
-    let mut bytes = Vec::new();
-    File::from(iter)
-        .read_to_end(&mut bytes)
-        .map_err(|source| Error::Io { action: format!("read the thread iterator of pid {pid}"), source })?;
-    Ok(records(&bytes))
+    let prog = prog_fd
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| Error::Io { action: format!("duplicate the descriptor of the program {PROGRAM}"), source })?;
+    Ok(ThreadIterator { prog })
+}
+
+impl ThreadIterator {
+    /// One record per thread of process `pid`, as the threads are now.
+    pub fn read(&self, pid: Pid) -> Result<Vec<ThreadRecord>> {
+        let info = TaskIterInfo { pid: pid.0, ..TaskIterInfo::default() };
+        let mut attr = LinkCreate {
+            prog_fd: self.prog.as_raw_fd() as u32,
+            attach_type: BPF_TRACE_ITER,
+            iter_info: &info as *const TaskIterInfo as u64,
+            iter_info_len: size_of::<TaskIterInfo>() as u32,
+            ..LinkCreate::default()
+        };
+        // SAFETY: `iter_info` points at `info`, of `iter_info_len` bytes, alive until the end.
+        let link = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }.map_err(|source| Error::Io {
+            action: format!("create the thread iterator of pid {pid} (BPF_LINK_CREATE)"),
+            source,
+        })?;
+        let mut attr = IterCreate { link_fd: link.as_raw_fd() as u32, ..IterCreate::default() };
+        // SAFETY: no pointers.
+        let iter = unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map_err(|source| Error::Io {
+            action: format!("open the thread iterator of pid {pid} (BPF_ITER_CREATE)"),
+            source,
+        })?;
+        let mut bytes = Vec::new();
+        File::from(iter)
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::Io { action: format!("read the thread iterator of pid {pid}"), source })?;
+        Ok(records(&bytes))
+    }
 }
 
 /// The whole records in `bytes` (the iterator writes only whole ones).

@@ -371,6 +371,11 @@ struct RowMemory {
     len: usize,
 }
 
+// SAFETY: the mapping is read-only and owned by this value alone (unmapped once, at its
+// drop); the kernel keeps the map's memory alive while it is mapped, whichever thread reads
+// it. So a view may go to the thread that walks a dump.
+unsafe impl Send for RowMemory {}
+
 impl RowMemory {
     fn get(&self, index: u32) -> Option<UnwindRow> {
         // SAFETY: `index` is checked against the mapping's length; the kernel keeps the

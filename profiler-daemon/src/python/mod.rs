@@ -124,6 +124,30 @@ impl PythonReader {
     /// Begins reading `process`'s Python frames for one dump; `None` when it does not run
     /// CPython (or is gone). Detection is cached per process and mappings version.
     pub fn begin(&mut self, process: &KnownProcess) -> Option<PythonDump<'_>> {
+        let begun = self.prepare(process)?;
+        Some(begun.dump(Codes::Lent(&mut self.codes)))
+    }
+
+    /// As [`PythonReader::begin`], for a dump read on another thread: the dump takes the
+    /// code cache with it (this reader's one owner while it is away), and
+    /// [`PythonReader::take_back`] returns it. A dump begun meanwhile starts from an empty
+    /// cache (dumps are taken one at a time, so none is).
+    pub fn begin_owned(&mut self, process: &KnownProcess) -> Option<PythonDump<'static>> {
+        let begun = self.prepare(process)?;
+        Some(begun.dump(Codes::Owned(Box::new(std::mem::take(&mut self.codes)))))
+    }
+
+    /// What a dump begun with [`PythonReader::begin_owned`] read, its code cache kept again.
+    pub fn take_back(&mut self, dump: PythonDump<'static>) -> PythonRead {
+        let (read, codes) = dump.finish_parts();
+        if let Codes::Owned(codes) = codes {
+            self.codes = *codes;
+        }
+        read
+    }
+
+    /// Detects (or finds cached) what `process` runs, for a dump of it.
+    fn prepare(&mut self, process: &KnownProcess) -> Option<Begun> {
         let info = process.info.as_ref()?;
         // The start time as `/proc` says now: the catalogue's may not be read yet (a process
         // known from events only), and a key that changes would throw the cache away.
@@ -145,15 +169,7 @@ impl PythonReader {
             }
             Err(err) => (None, failure_status(&err)),
         };
-        Some(PythonDump {
-            codes: &mut self.codes,
-            remote: Remote { pid: process.pid },
-            key,
-            interp,
-            summary: summary(status),
-            states: HashMap::new(),
-            reads: ReadBudget::new(DUMP_READ_BYTES),
-        })
+        Some(Begun { pid: process.pid, key, interp, status })
     }
 
     /// Looks for CPython in `pid`'s files on the worker, each opened once and checked (see
@@ -187,11 +203,49 @@ impl PythonReader {
     }
 }
 
+/// What a dump of a CPython process starts from.
+struct Begun {
+    pid: Pid,
+    key: ProcessKey,
+    interp: Option<Box<detect::Interpreter>>,
+    status: PythonStatus,
+}
+
+impl Begun {
+    fn dump(self, codes: Codes<'_>) -> PythonDump<'_> {
+        PythonDump {
+            codes,
+            remote: Remote { pid: self.pid },
+            key: self.key,
+            interp: self.interp,
+            summary: summary(self.status),
+            states: HashMap::new(),
+            reads: ReadBudget::new(DUMP_READ_BYTES),
+        }
+    }
+}
+
+/// The code cache a dump names code objects with: the reader's, lent, or taken along to
+/// the thread that reads (see [`PythonReader::begin_owned`]).
+enum Codes<'a> {
+    Lent(&'a mut CodeCache),
+    Owned(Box<CodeCache>),
+}
+
+impl Codes<'_> {
+    fn cache(&mut self) -> &mut CodeCache {
+        match self {
+            Codes::Lent(codes) => codes,
+            Codes::Owned(codes) => codes,
+        }
+    }
+}
+
 /// One dump's reading of a CPython process: [`PythonDump::read`] once per round of the
 /// dump's walks (before the round's consistency check, so that a thread that ran meanwhile
 /// is read again, Python frames included), then [`PythonDump::finish`].
 pub struct PythonDump<'a> {
-    codes: &'a mut CodeCache,
+    codes: Codes<'a>,
     remote: Remote,
     key: ProcessKey,
     /// `None` when the interpreter cannot be read (the status says why).
@@ -250,7 +304,7 @@ struct ThreadRead {
     over_budget: u64,
 }
 
-impl PythonDump<'_> {
+impl<'a> PythonDump<'a> {
     /// The named Python frames of the threads `tids` (leaf first), read now; empty once the
     /// reading failed or the process exited (the summary says which).
     pub fn read(&mut self, tids: &[u32]) -> HashMap<u32, Vec<PythonFrame>> {
@@ -265,7 +319,7 @@ impl PythonDump<'_> {
             let mut out = Vec::with_capacity(thread.frames.len());
             let mut over_budget = 0;
             for frame in &thread.frames {
-                let code = self.codes.name(
+                let code = self.codes.cache().name(
                     &self.remote,
                     interp,
                     self.key,
@@ -306,7 +360,7 @@ impl PythonDump<'_> {
             if named.contains_key(&word) {
                 continue;
             }
-            let code = self.codes.name(
+            let code = self.codes.cache().name(
                 &self.remote,
                 interp,
                 self.key,
@@ -371,7 +425,11 @@ impl PythonDump<'_> {
 
     /// What the reading gave, for the dump to apply (`ThreadDump::apply_python`).
     pub fn finish(self) -> PythonRead {
-        PythonRead { summary: self.summary, states: self.states }
+        self.finish_parts().0
+    }
+
+    fn finish_parts(self) -> (PythonRead, Codes<'a>) {
+        (PythonRead { summary: self.summary, states: self.states }, self.codes)
     }
 }
 
@@ -459,7 +517,7 @@ mod tests {
             offsets: offsets::V3_12,
         };
         let mut reading = PythonDump {
-            codes: &mut codes,
+            codes: Codes::Lent(&mut codes),
             remote: Remote { pid: gone },
             key: (gone, 1),
             interp: Some(Box::new(interp)),

@@ -9,6 +9,9 @@
 //! switches, registers or CPU changed is walked again from the new record, a few times at
 //! most, then kept and marked. A thread on a CPU has stale saved registers: it is reported
 //! as running, without a walked stack (the profile kind adds its latest CPU sample's).
+//! The walk needs only what [`DumpJob::prepare`] takes from the session (the process's
+//! unwind view, a duplicate of the iterator program's descriptor, the Python reading), so
+//! the daemon runs it off the collector thread ([`DumpJob::run`]).
 //! What this module does not own: turning a dump into a profile (`profiles::threads`).
 
 pub mod procfs;
@@ -24,7 +27,7 @@ use profiler_common::{stack::stack_hash, walk::Regs, ThreadRecord};
 pub use walk::WalkCounts;
 
 use crate::{
-    ebpf::{self, Session, UnwindView},
+    ebpf::{self, Session, ThreadIterator, UnwindView},
     ids::{Pid, StackId, Tid},
     python::{PythonDump, PythonFrame, PythonRead},
 };
@@ -32,8 +35,7 @@ use crate::{
 /// Reads of the iterator per dump at most: one, then one check per walk round.
 const ATTEMPTS: usize = 3;
 /// Threads walked per dump at most, the lowest thread ids (the main thread's first): each
-/// costs stack reads and a walk, up to [`ATTEMPTS`] times, on the collector's thread (10,000
-/// threads took 0.6 s). The rest are counted in [`ThreadDump::left_out`].
+/// costs stack reads and a walk, up to [`ATTEMPTS`] times (10,000 threads took 0.6 s). The rest are counted in [`ThreadDump::left_out`].
 pub const MAX_THREADS_WALKED: usize = 1000;
 
 /// Where a thread's user stack comes from.
@@ -145,36 +147,97 @@ struct Walked {
     python: Vec<PythonFrame>,
 }
 
-/// Dumps every thread of `pid`. The process must be registered with the unwinder for its
-/// frames to be stepped with tables (otherwise with frame pointers, as the kernel would).
-/// With `python` (a CPython process), each round reads the walked threads' Python frames
-/// after their native stacks and before the check, so both are of the same moment.
-pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>) -> ebpf::Result<ThreadDump> {
-    let started = Instant::now();
-    let taken = SystemTime::now();
-    let view = session.unwind_view(pid)?;
-    let mut dump = ThreadDump {
-        pid,
-        taken,
-        threads: Vec::new(),
-        exited: 0,
-        rewalked: 0,
-        invisible: 0,
-        left_out: 0,
-        walk: WalkCounts::default(),
-        duration: Duration::ZERO,
-        python: None,
-        stack_hash_key: session.stack_hash_key(),
-    };
-    slow_down_for_tests();
-    let mut records = session.thread_records(pid)?;
-    dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
-    records.retain(|r| r.tid != 0);
-    dump.left_out = keep_lowest(&mut records, MAX_THREADS_WALKED);
-    let mut settled: BTreeMap<u32, Walked> = BTreeMap::new();
-    for attempt in 1..=ATTEMPTS {
-        let mut walked: Vec<Walked> = records.iter().map(|r| walk_one(pid, &view, r, &mut dump.walk)).collect();
-        if let Some(python) = python.as_deref_mut() {
+/// What a dump's walk gave ([`DumpJob::run`]): the dump, and the Python reading back, for
+/// the caller to finish.
+pub type DumpOutcome<'a> = (ebpf::Result<ThreadDump>, Option<PythonDump<'a>>);
+
+/// What one dump's walk needs, taken from the session on the thread that owns it, so that
+/// the walk itself (the iterator's reads, the stacks', `/proc`'s and the Python frames')
+/// may run on another: with a `'static` Python reading (or none) it is `Send`.
+pub struct DumpJob<'a> {
+    pid: Pid,
+    view: UnwindView,
+    iterator: ThreadIterator,
+    stack_hash_key: u64,
+    /// The process's Python frames, read in each round (a CPython process).
+    python: Option<PythonDump<'a>>,
+}
+
+impl<'a> DumpJob<'a> {
+    /// Takes what the walk of `pid`'s threads needs. The process must be registered with the
+    /// unwinder for its frames to be stepped with tables (otherwise with frame pointers, as
+    /// the kernel would), and its tables must stay loaded until the walk ends. On failure the
+    /// Python reading is given back.
+    pub fn prepare(
+        session: &Session,
+        pid: Pid,
+        python: Option<PythonDump<'a>>,
+    ) -> Result<Self, (ebpf::Error, Option<PythonDump<'a>>)> {
+        let parts = session.unwind_view(pid).and_then(|view| Ok((view, session.thread_iterator()?)));
+        match parts {
+            Ok((view, iterator)) => {
+                Ok(DumpJob { pid, view, iterator, stack_hash_key: session.stack_hash_key(), python })
+            }
+            Err(err) => Err((err, python)),
+        }
+    }
+
+    /// The process dumped.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Walks every thread. With a Python reading, each round reads the walked threads'
+    /// Python frames after their native stacks and before the check, so both are of the
+    /// same moment. Gives the reading back for the caller to finish ([`PythonDump::finish`]).
+    pub fn run(mut self) -> DumpOutcome<'a> {
+        let dump = self.walk();
+        (dump, self.python)
+    }
+
+    fn walk(&mut self) -> ebpf::Result<ThreadDump> {
+        let (pid, started) = (self.pid, Instant::now());
+        let mut dump = ThreadDump {
+            pid,
+            taken: SystemTime::now(),
+            threads: Vec::new(),
+            exited: 0,
+            rewalked: 0,
+            invisible: 0,
+            left_out: 0,
+            walk: WalkCounts::default(),
+            duration: Duration::ZERO,
+            python: None,
+            stack_hash_key: self.stack_hash_key,
+        };
+        slow_down_for_tests();
+        let mut records = self.iterator.read(pid)?;
+        dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
+        records.retain(|r| r.tid != 0);
+        dump.left_out = keep_lowest(&mut records, MAX_THREADS_WALKED);
+        let mut settled: BTreeMap<u32, Walked> = BTreeMap::new();
+        for attempt in 1..=ATTEMPTS {
+            let walked = self.round(&records, &mut dump.walk);
+            let now: BTreeMap<u32, ThreadRecord> = self.iterator.read(pid)?.into_iter().map(|r| (r.tid, r)).collect();
+            records = settle(walked, &now, attempt, &mut dump, &mut settled);
+            if records.is_empty() {
+                break;
+            }
+        }
+        for (_, thread) in settled {
+            match finish(pid, thread) {
+                Some(thread) => dump.threads.push(thread),
+                None => dump.exited += 1,
+            }
+        }
+        dump.duration = started.elapsed();
+        Ok(dump)
+    }
+
+    /// Walks `records`' threads, then reads the Python frames of those walked.
+    fn round(&mut self, records: &[ThreadRecord], counts: &mut WalkCounts) -> Vec<Walked> {
+        let mut walked: Vec<Walked> = records.iter().map(|r| walk_one(self.pid, &self.view, r, counts)).collect();
+        if let Some(python) = self.python.as_mut() {
             let tids: Vec<u32> =
                 walked.iter().filter(|w| w.source == StackSource::Walked).map(|w| w.record.tid).collect();
             let mut frames = if tids.is_empty() { Default::default() } else { python.read(&tids) };
@@ -182,38 +245,40 @@ pub fn take(session: &Session, pid: Pid, mut python: Option<&mut PythonDump<'_>>
                 thread.python = frames.remove(&thread.record.tid).unwrap_or_default();
             }
         }
-        let now: BTreeMap<u32, ThreadRecord> = session.thread_records(pid)?.into_iter().map(|r| (r.tid, r)).collect();
-        records = Vec::new();
-        for mut thread in walked {
-            match now.get(&thread.record.tid) {
-                None => dump.exited += 1,
-                Some(check) if still(&thread.record, check) => {
-                    settled.insert(thread.record.tid, thread);
+        walked
+    }
+}
+
+/// Checks one round's walks against the records read after it (`now`): a thread that held
+/// still is settled, one that moved is walked again (returned) or, at the last attempt,
+/// settled as moving; one gone is counted exited.
+fn settle(
+    walked: Vec<Walked>,
+    now: &BTreeMap<u32, ThreadRecord>,
+    attempt: usize,
+    dump: &mut ThreadDump,
+    settled: &mut BTreeMap<u32, Walked>,
+) -> Vec<ThreadRecord> {
+    let mut again = Vec::new();
+    for mut thread in walked {
+        match now.get(&thread.record.tid) {
+            None => dump.exited += 1,
+            Some(check) if still(&thread.record, check) => {
+                settled.insert(thread.record.tid, thread);
+            }
+            Some(check) if attempt < ATTEMPTS => {
+                dump.rewalked += 1;
+                again.push(*check);
+            }
+            Some(_) => {
+                if thread.source == StackSource::Walked {
+                    thread.source = StackSource::Moving;
                 }
-                Some(check) if attempt < ATTEMPTS => {
-                    dump.rewalked += 1;
-                    records.push(*check);
-                }
-                Some(_) => {
-                    if thread.source == StackSource::Walked {
-                        thread.source = StackSource::Moving;
-                    }
-                    settled.insert(thread.record.tid, thread);
-                }
+                settled.insert(thread.record.tid, thread);
             }
         }
-        if records.is_empty() {
-            break;
-        }
     }
-    for (_, thread) in settled {
-        match finish(pid, thread) {
-            Some(thread) => dump.threads.push(thread),
-            None => dump.exited += 1,
-        }
-    }
-    dump.duration = started.elapsed();
-    Ok(dump)
+    again
 }
 
 /// A test hook: `PROFILER_TEST_DUMP_DELAY_MS` makes every dump's walk that much slower, so

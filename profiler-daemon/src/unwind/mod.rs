@@ -23,4 +23,4 @@ mod readelf;
 pub use report::{report, ReportError};
 pub use rule::{CfaRegister, RbpRule, ReasonCounts, Rule, Unsupported, MAX_CFA_OFFSET};
 pub use table::{build, BuildError, BuildStats, UnwindTable};
-pub use unwinder::{rows_for_budget, TableReport, Unwinder, UnwinderStats, DEFAULT_TABLE_BYTES};
+pub use unwinder::{rows_for_budget, HeldTables, TableReport, Unwinder, UnwinderStats, DEFAULT_TABLE_BYTES};

@@ -154,11 +154,15 @@ impl Registry {
         self.free_slots.push(reservation.slot);
     }
 
-    /// One more mapping uses the table of `key`.
-    pub fn acquire(&mut self, key: &str) {
-        if let Some(t) = self.loaded.get_mut(key) {
+    /// One more mapping uses the table of `key`; whether it is loaded (if not, nothing is
+    /// held).
+    pub fn acquire(&mut self, key: &str) -> bool {
+        let loaded = self.loaded.get_mut(key);
+        let found = loaded.is_some();
+        if let Some(t) = loaded {
             t.refs += 1;
         }
+        found
     }
 
     /// One mapping fewer uses the table of `key`.

@@ -131,6 +131,12 @@ struct Registered {
     python: Option<PythonProcess>,
 }
 
+/// Tables held loaded for a walk in userspace ([`Unwinder::hold`]); give them back with
+/// [`Unwinder::release_held`].
+#[derive(Debug)]
+#[must_use = "held tables stay loaded until released"]
+pub struct HeldTables(Vec<FileKey>);
+
 /// The owner of the unwind tables and of the walker's per-process mappings.
 pub struct Unwinder {
     registry: Registry,
@@ -261,6 +267,20 @@ impl Unwinder {
                 self.forget_python(session, *pid, &old);
             }
         }
+    }
+
+    /// Keeps the tables `pid`'s mappings use loaded until [`Unwinder::release_held`], as a
+    /// mapping would: a walk in userspace (a thread dump, on another thread) reads their rows
+    /// while the process may change its mappings or exit, and the rows must not be given to
+    /// another file meanwhile.
+    pub fn hold(&mut self, pid: Pid) -> HeldTables {
+        let keys = self.processes.get(&pid).map(|r| r.keys.clone()).unwrap_or_default();
+        HeldTables(keys.into_iter().filter(|key| self.registry.acquire(key)).collect())
+    }
+
+    /// Lets go of tables held by [`Unwinder::hold`].
+    pub fn release_held(&mut self, held: HeldTables) {
+        self.release(&held.0);
     }
 
     /// What the unwinder did so far.
