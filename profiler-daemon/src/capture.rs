@@ -720,7 +720,8 @@ impl Capture {
         let held = self.unwinder.hold(pid);
         match DumpJob::prepare(&self.session, pid, python) {
             Ok(job) => Ok(DumpStarted { job, ticket: DumpTicket { pid, held } }),
-            Err((source, python)) => {
+            Err(unprepared) => {
+                let (source, python) = *unprepared;
                 self.abandon_thread_dump(DumpTicket { pid, held }, python);
                 Err(CaptureError::ThreadDump { pid, source })
             }

@@ -85,6 +85,9 @@ pub enum StartError {
     Died,
 }
 
+/// A dump query (none for an interval's dump) and its dump.
+type DumpAnswer = (Option<DumpQuery>, Result<Arc<ThreadDump>, QueryError>);
+
 /// A `seconds=S` query waiting for its window to end.
 struct PendingWindow {
     query: ProfileQuery,
@@ -797,7 +800,8 @@ impl Collector {
         };
         match self.dumps.launch(started, waiter) {
             Ok(()) => Ok(()),
-            Err((started, waiter, err)) => {
+            Err(unlaunched) => {
+                let (started, waiter, err) = *unlaunched;
                 self.capture.abandon_thread_dump(started.ticket, None);
                 let message = format!("failed to start a thread for the dump of pid {pid}: {err}");
                 self.record(message.clone());
@@ -807,7 +811,7 @@ impl Collector {
     }
 
     /// Ends a walk: what the capture learns from it, and the dump.
-    fn end_dump(&mut self, walked: Walked) -> (Option<DumpQuery>, Result<Arc<ThreadDump>, QueryError>) {
+    fn end_dump(&mut self, walked: Walked) -> DumpAnswer {
         let Walked { ticket, waiter, outcome } = walked;
         let dump = match outcome {
             Ok(outcome) => {
@@ -849,7 +853,7 @@ impl Collector {
     }
 
     /// Waits for the walk in flight, if any, following process events meanwhile.
-    fn await_walk(&mut self) -> Option<(Option<DumpQuery>, Result<Arc<ThreadDump>, QueryError>)> {
+    fn await_walk(&mut self) -> Option<DumpAnswer> {
         while self.dumps.busy() {
             if let Some(walked) = self.dumps.ended() {
                 return Some(self.end_dump(walked));

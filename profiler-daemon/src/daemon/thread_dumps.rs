@@ -96,7 +96,7 @@ impl ThreadDumps {
     }
 
     /// Runs `started`'s walk on a thread of its own (no walk may be in flight).
-    pub fn launch(&mut self, started: DumpStarted, waiter: Option<DumpQuery>) -> Result<(), Unlaunched> {
+    pub fn launch(&mut self, started: DumpStarted, waiter: Option<DumpQuery>) -> Result<(), Box<Unlaunched>> {
         debug_assert!(self.in_flight.is_none(), "one walk at a time");
         let DumpStarted { job, ticket } = started;
         let (sender, bell) = (self.sender.clone(), self.bell.clone());
@@ -115,7 +115,7 @@ impl ThreadDumps {
                 self.in_flight = Some(InFlight { ticket, waiter, thread });
                 Ok(())
             }
-            Err(err) => Err((DumpStarted { job, ticket }, waiter, err)),
+            Err(err) => Err(Box::new((DumpStarted { job, ticket }, waiter, err))),
         }
     }
 

@@ -151,6 +151,9 @@ struct Walked {
 /// the caller to finish.
 pub type DumpOutcome<'a> = (ebpf::Result<ThreadDump>, Option<PythonDump<'a>>);
 
+/// Why a dump's walk could not be prepared, and its Python reading, given back.
+pub type Unprepared<'a> = Box<(ebpf::Error, Option<PythonDump<'a>>)>;
+
 /// What one dump's walk needs, taken from the session on the thread that owns it, so that
 /// the walk itself (the iterator's reads, the stacks', `/proc`'s and the Python frames')
 /// may run on another: with a `'static` Python reading (or none) it is `Send`.
@@ -168,17 +171,13 @@ impl<'a> DumpJob<'a> {
     /// unwinder for its frames to be stepped with tables (otherwise with frame pointers, as
     /// the kernel would), and its tables must stay loaded until the walk ends. On failure the
     /// Python reading is given back.
-    pub fn prepare(
-        session: &Session,
-        pid: Pid,
-        python: Option<PythonDump<'a>>,
-    ) -> Result<Self, (ebpf::Error, Option<PythonDump<'a>>)> {
+    pub fn prepare(session: &Session, pid: Pid, python: Option<PythonDump<'a>>) -> Result<Self, Unprepared<'a>> {
         let parts = session.unwind_view(pid).and_then(|view| Ok((view, session.thread_iterator()?)));
         match parts {
             Ok((view, iterator)) => {
                 Ok(DumpJob { pid, view, iterator, stack_hash_key: session.stack_hash_key(), python })
             }
-            Err(err) => Err((err, python)),
+            Err(err) => Err(Box::new((err, python))),
         }
     }
 
