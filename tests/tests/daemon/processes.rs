@@ -37,20 +37,35 @@ fn short_lived_processes_are_named_and_unwound() {
     assert_eq!(processes, 40, "one directory per process");
     let (total, chained) = profiler_tests::pprof::tally_chain(&files, &["spin", "work", "main"]);
     assert!(total >= 1000, "only {total} samples of ~2400");
-    let share = chained as f64 / total as f64;
     // How long each process waited for its tables, and, if short, whether the loss is
     // spread over every process (each registered late) or is a few processes registered
     // long after they started (while the collector was busy elsewhere).
     let latency = daemon.status().pointer("/process_events/registered_after_exec").cloned();
-    eprintln!("{chained} of {total} samples ({share:.4}) have spin ← work ← main; registered after exec: {latency:?}");
-    let short: Vec<String> = per_process_chains(daemon.output(), "short_lived")
+    let missed = latency.as_ref().and_then(|l| l["exited_unregistered"].as_u64()).expect("exited_unregistered");
+    let processes = per_process_chains(daemon.output(), "short_lived");
+    // A process the collector did not get to within its 60 ms (beside CPU hogs it can wait
+    // that long for a CPU, or be in the middle of a dump) is walked with frame pointers
+    // only and has no chain at all: the daemon counts those (`exited_unregistered`), and as
+    // many chainless processes as it counted are left out of the share. Every other process
+    // must be unwound, and missing more than a tenth of them is a failure however loaded.
+    let mut chainless: Vec<i64> = processes.iter().filter(|(_, _, chained)| *chained == 0).map(|p| p.1).collect();
+    chainless.sort_unstable_by(|a, b| b.cmp(a));
+    let excused: i64 = chainless.iter().take(missed as usize).sum();
+    let share = chained as f64 / (total - excused).max(1) as f64;
+    eprintln!(
+        "{chained} of {total} samples ({share:.4} without the {excused} of {missed} processes the daemon says exited \
+         unregistered) have spin ← work ← main; registered after exec: {latency:?}"
+    );
+    assert!(missed <= 4, "{missed} of 40 processes exited before they were registered: {latency:?}");
+    let short: Vec<String> = processes
         .into_iter()
         .filter(|(_, total, chained)| chained < total)
         .map(|(dir, total, chained)| format!("{dir}: {} of {total}", total - chained))
         .collect();
     assert!(
         share >= MIN_CHAINED_SHARE,
-        "{chained} of {total} samples ({share:.3}) have spin ← work ← main; without it, by process: {short:?}"
+        "{chained} of {total} samples ({share:.3}, {excused} of {missed} unregistered processes' left out) have \
+         spin ← work ← main; without it, by process: {short:?}"
     );
 }
 
