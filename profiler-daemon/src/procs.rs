@@ -251,6 +251,17 @@ pub fn read_start_time(pid: u32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no start time in /proc/{pid}/stat")))
 }
 
+/// How long process `pid` has run: its start time against the system's uptime; `None` when
+/// either cannot be read.
+pub fn age(pid: u32) -> Option<std::time::Duration> {
+    let started_ticks = read_start_time(pid).ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let uptime: f64 = fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()?;
+    let started = started_ticks as f64 / (ticks_per_s.max(1) as f64);
+    Some(std::time::Duration::from_secs_f64((uptime - started).max(0.0)))
+}
+
 fn parse_start_time(stat: &str) -> Option<u64> {
     // After "pid (comm) " come fields 3 (state) onwards: field 22 is the 20th.
     stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()

@@ -28,7 +28,10 @@ use crate::{
     ids::{Pid, StackId},
     offload::Heartbeat,
     output, procs,
-    profiles::{heap::attachment_comment, Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View},
+    profiles::{
+        heap::{attachment_comment, TargetError},
+        Context, Counts, ProcessCounts, ProfileKind, Settings, Source, View,
+    },
     render::{Renderer, Window},
     resolve::{self, Namers, StackSample},
     sink::{IntervalFiles, Sink},
@@ -36,6 +39,10 @@ use crate::{
 };
 
 /// How often the kernel maps are drained.
+/// A process younger than this that maps no C library yet is not refused heap profiling:
+/// right after its exec it runs in ld.so, which maps the library a moment later.
+const HEAP_TARGET_GRACE: Duration = Duration::from_secs(10);
+
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
@@ -878,6 +885,8 @@ impl Collector {
         }
     }
 
+    /// Looks for new heap targets ([`HEAP_TARGET_GRACE`]: how long a process without a C
+    /// library mapped yet is looked at again).
     fn scan_heap_targets(&mut self) {
         if !self.config.is_enabled(ProfileKind::Heap) || self.config.heap.include.is_empty() {
             return;
@@ -899,6 +908,13 @@ impl Collector {
             match self.capture.attach_heap(pid) {
                 Ok(attachment) => {
                     tracing::info!(pid = pid.0, name, library = attachment.library, "heap probes attached")
+                }
+                // Just exec'd, it may still be in ld.so, which maps the C library a moment
+                // later: looked at again at the next scan, not refused for good.
+                Err(CaptureError::HeapTarget { source: TargetError::NoAllocator(_), .. })
+                    if procs::age(pid.0).is_some_and(|age| age < HEAP_TARGET_GRACE) =>
+                {
+                    tracing::debug!(pid = pid.0, name, "no C library mapped yet; heap target looked at again later");
                 }
                 Err(err) => {
                     // The configuration asked for this process's heap profile: an error, and the
