@@ -497,12 +497,11 @@ impl PythonSummary {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
 
     use super::*;
     use crate::{
         ids::Tid,
-        threads::{procfs::ThreadFacts, DumpedThread, StackSource, ThreadDump, WalkCounts},
+        threads::{procfs::ThreadFacts, DumpedThread, StackSource, ThreadDump},
     };
 
     #[test]
@@ -528,8 +527,6 @@ mod tests {
         assert!(reading.read(&[7]).is_empty());
         let frame = PythonFrame { qualname: "f".into(), filename: "a.py".into(), line: 1, entry: true };
         let mut dump = ThreadDump {
-            pid: gone,
-            taken: SystemTime::now(),
             threads: vec![DumpedThread {
                 tid: Tid(7),
                 facts: ThreadFacts { name: "t".into(), state: 'S', wchan: None },
@@ -541,14 +538,7 @@ mod tests {
                 // Read in an earlier round, before the process exited.
                 python: vec![frame],
             }],
-            exited: 0,
-            rewalked: 0,
-            invisible: 0,
-            left_out: 0,
-            walk: WalkCounts::default(),
-            duration: Duration::ZERO,
-            python: None,
-            stack_hash_key: 0,
+            ..ThreadDump::begin(gone, 0)
         };
         let read = reading.finish();
         assert!(!read.frames_stand());

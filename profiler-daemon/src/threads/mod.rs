@@ -105,6 +105,24 @@ pub struct ThreadDump {
 }
 
 impl ThreadDump {
+    /// A dump of `pid` begun now, with no thread yet; its stack ids are hashed under
+    /// `stack_hash_key` (the session's).
+    pub fn begin(pid: Pid, stack_hash_key: u64) -> Self {
+        ThreadDump {
+            pid,
+            taken: SystemTime::now(),
+            threads: Vec::new(),
+            exited: 0,
+            rewalked: 0,
+            invisible: 0,
+            left_out: 0,
+            walk: WalkCounts::default(),
+            duration: Duration::ZERO,
+            python: None,
+            stack_hash_key,
+        }
+    }
+
     /// The thread's user and kernel stacks as (id, frames), keyed as the kernel keys stacks.
     pub fn stacks(&self) -> impl Iterator<Item = (StackId, &[u64])> {
         self.threads
@@ -196,19 +214,7 @@ impl<'a> DumpJob<'a> {
 
     fn walk(&mut self) -> ebpf::Result<ThreadDump> {
         let (pid, started) = (self.pid, Instant::now());
-        let mut dump = ThreadDump {
-            pid,
-            taken: SystemTime::now(),
-            threads: Vec::new(),
-            exited: 0,
-            rewalked: 0,
-            invisible: 0,
-            left_out: 0,
-            walk: WalkCounts::default(),
-            duration: Duration::ZERO,
-            python: None,
-            stack_hash_key: self.stack_hash_key,
-        };
+        let mut dump = ThreadDump::begin(pid, self.stack_hash_key);
         slow_down_for_tests();
         let mut records = self.iterator.read(pid)?;
         dump.invisible = records.iter().filter(|r| r.tid == 0).count() as u64;
