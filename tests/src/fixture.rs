@@ -2,6 +2,7 @@
 //! again whenever the source is newer than the binary), and run behind a guard that kills and
 //! reaps them on drop so a failing test never leaves a spinning process behind.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
@@ -50,7 +51,7 @@ pub enum FixtureKind {
     HeapSites,
     /// `lock_contention.c`: two threads taking one pthread mutex in turns, 12,000 waits of
     /// ~50 us in contend_lock, each woken by the other's release_lock, and a condvar waiter (cond_waiter_wait), each measuring its own wait;
-    /// after a delay (argv[1]) prints `lock_wait_ns N R` (R: the lockers' run-queue delay), `cond_wait_ns N`, `done`, lingers
+    /// after a delay (argv[1]) prints `lock_wait_ns N R S` (R: the lockers' run-queue delay, S: Σ lock time² in µs²), `cond_wait_ns N`, `done`, lingers
     /// argv[2] seconds.
     LockContention,
     /// `futex_requeue.c`: a waiter in wait_for_signal moved by FUTEX_CMP_REQUEUE (broadcast)
@@ -299,6 +300,8 @@ pub struct Fixture {
     child: Child,
     /// Kept open so the fixture never sees a closed stdout; read by `expect_line`.
     stdout: BufReader<ChildStdout>,
+    /// Lines read ahead by [`Fixture::hold_through`], handed out before the pipe's.
+    held: VecDeque<String>,
     reaped: bool,
 }
 
@@ -363,7 +366,7 @@ impl Fixture {
             .spawn()
             .unwrap_or_else(|e| panic!("failed to start sh for fixture {}: {cmd:?}: {e}", kind.comm()));
         let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
-        Self { kind, child, stdout, reaped: false }
+        Self { kind, child, stdout, held: VecDeque::new(), reaped: false }
     }
 
     /// Starts `cmd` (which runs fixture `kind`, from wherever it was copied) and waits for its
@@ -377,7 +380,7 @@ impl Fixture {
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
         let mut line = String::new();
         let read = stdout.read_line(&mut line);
-        let fixture = Self { kind, child, stdout, reaped: false };
+        let fixture = Self { kind, child, stdout, held: VecDeque::new(), reaped: false };
         assert!(
             matches!(read, Ok(n) if n > 0) && line.trim() == "ready",
             "fixture {} did not print `ready` (read {read:?}, got {line:?})",
@@ -388,8 +391,7 @@ impl Fixture {
 
     /// Reads the fixture's next stdout line and panics unless it is `wanted` (waits for it).
     pub fn expect_line(&mut self, wanted: &str) {
-        let mut line = String::new();
-        let read = self.stdout.read_line(&mut line);
+        let (read, line) = self.next_line();
         assert!(
             matches!(read, Ok(n) if n > 0) && line.trim() == wanted,
             "fixture {} did not print `{wanted}` (read {read:?}, got {line:?})",
@@ -405,8 +407,7 @@ impl Fixture {
 
     /// Reads the fixture's next line, `KEY N [M …]`, and returns its numbers (one at least).
     pub fn read_values(&mut self, key: &str) -> Vec<u64> {
-        let mut line = String::new();
-        let read = self.stdout.read_line(&mut line);
+        let (read, line) = self.next_line();
         let values: Option<Vec<u64>> = line
             .trim()
             .strip_prefix(key)
@@ -417,10 +418,41 @@ impl Fixture {
         })
     }
 
+    /// Reads ahead until the fixture prints `last` (waits for it; panics at its end), and
+    /// keeps the lines for the readers above: a test learns that the fixture's work is over
+    /// (on a loaded machine that may take many times as long as on a quiet one) before it
+    /// reads what the fixture measured.
+    pub fn hold_through(&mut self, last: &str) {
+        loop {
+            let mut line = String::new();
+            let read = self.stdout.read_line(&mut line);
+            assert!(
+                matches!(read, Ok(n) if n > 0),
+                "fixture {} ended before it printed `{last}` (read {read:?}); it printed {:?}",
+                self.kind.comm(),
+                self.held
+            );
+            let done = line.trim() == last;
+            self.held.push_back(line);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// The next held line, or else the next line from the pipe (waits for it).
+    fn next_line(&mut self) -> (std::io::Result<usize>, String) {
+        if let Some(line) = self.held.pop_front() {
+            return (Ok(line.len()), line);
+        }
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        (read, line)
+    }
+
     /// Reads the fixture's next stdout line into `line` (waits for it; empty at its end).
     pub fn read_line(&mut self, line: &mut String) {
-        line.clear();
-        let _ = self.stdout.read_line(line);
+        *line = self.next_line().1;
     }
 
     /// The fixture's pid (its only thread's tid too).

@@ -24,6 +24,7 @@ pub mod go_pprof;
 pub mod go_text;
 pub mod heap_sites;
 pub mod http;
+pub mod lock_waits;
 pub mod nspawn;
 pub mod perf;
 pub mod pprof;

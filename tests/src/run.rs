@@ -112,6 +112,19 @@ pub fn run_profiler_resuming(args: &[&str], env: &[(&str, &str)], fixture: &crat
     profiler.finish()
 }
 
+/// [`run_profiler_resuming`] for a snapshot whose `--duration` is only a cap: once the
+/// fixture has printed `last` (its work is over: on a loaded machine it may run many times
+/// as long as on a quiet one) the profiler is interrupted (Ctrl-C), and writes what it has.
+/// The fixture's lines up to `last` are held for the test to read.
+pub fn run_profiler_until(args: &[&str], fixture: &mut crate::Fixture, last: &str) -> Output {
+    let mut profiler = Running::start_with_env(args, &[]);
+    profiler.wait_capturing();
+    fixture.resume();
+    fixture.hold_through(last);
+    profiler.interrupt();
+    profiler.finish()
+}
+
 /// Runs `profiler ARGS...` as the unprivileged user `nobody` (uid/gid 65534, no groups, no
 /// capabilities), from a copy of the binary in `scratch` so directory permissions on the
 /// workspace cannot make the exec itself fail.

@@ -10,18 +10,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use profiler_tests::lock_waits::LockWaits;
 use profiler_tests::pprof::Sample;
-use profiler_tests::run::{run_profiler_resuming, Running};
+use profiler_tests::run::{run_profiler_until, Running};
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
-use profiler_tests::{run_profiler, Fixture, FixtureKind, Profile, TempDir};
+use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
 /// The fixtures stop themselves after `ready` and start their work when continued, once the
 /// profiler says it is capturing (see `snapshot_for`).
 const DELAY_S: &str = "stop";
 /// Long enough to outlast the capture; the guard kills it after.
 const LINGER_S: &str = "30";
-/// The fixtures' work takes under 2 s once they are continued.
-const CAPTURE: &str = "7s";
+/// A cap only: a snapshot is interrupted once its fixture prints `done` (under 2 s after it
+/// is continued on a quiet machine, many times that under load), see `run_profiler_until`.
+const CAPTURE: &str = "100s";
 /// The block profile's delay under the locking function against the program's own total.
 const DELAY_TOLERANCE: f64 = 0.15;
 /// The mutex profile's delay under the unlocking function against the same total: at the
@@ -49,7 +51,7 @@ fn mutex_waits_match_the_programs_own_clock() {
     if !preflight() {
         return;
     }
-    lock_waits_match(&[]);
+    lock_waits_match(&[], DEFAULT_SAMPLING);
 }
 
 /// The same at every event (`--block-rate 1ns --mutex-fraction 1`).
@@ -58,7 +60,10 @@ fn mutex_waits_match_at_every_event() {
     if !preflight() {
         return;
     }
-    lock_waits_match(&["--block-rate", "1ns", "--mutex-fraction", "1"]);
+    lock_waits_match(
+        &["--block-rate", "1ns", "--mutex-fraction", "1"],
+        Sampling { block_rate_ns: 1, mutex_fraction: 1 },
+    );
 }
 
 /// The same at sampling set by flags (`--block-rate 500us --mutex-fraction 10`): the 12,000
@@ -70,16 +75,28 @@ fn mutex_waits_match_at_sampling_set_by_flags() {
     if !preflight() {
         return;
     }
-    lock_waits_match(&["--block-rate", "500us", "--mutex-fraction", "10"]);
+    lock_waits_match(
+        &["--block-rate", "500us", "--mutex-fraction", "10"],
+        Sampling { block_rate_ns: 500_000, mutex_fraction: 10 },
+    );
 }
 
-fn lock_waits_match(sampling: &[&str]) {
+/// The sampling a test sets: Go's block rate in ns and the mutex fraction.
+#[derive(Clone, Copy)]
+struct Sampling {
+    block_rate_ns: u64,
+    mutex_fraction: u32,
+}
+
+/// The defaults (config/raw.rs): a block rate of 1ms, 1 in 50 wakes.
+const DEFAULT_SAMPLING: Sampling = Sampling { block_rate_ns: 1_000_000, mutex_fraction: 50 };
+
+fn lock_waits_match(sampling: &[&str], rates: Sampling) {
     let out = TempDir::new("futex-lock");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
-    let output = snapshot_with(&fixture, &out, "block,mutex", sampling);
+    let output = snapshot_with(&mut fixture, &out, "block,mutex", sampling);
     assert_success(&output, &format!("snapshot --profiles block,mutex {sampling:?}"));
-    let lock = fixture.read_values("lock_wait_ns");
-    let (lock_truth, run_delay) = (lock[0] as i64, lock.get(1).copied().unwrap_or(0) as i64);
+    let truth = LockWaits::read(&mut fixture);
     let _cond_truth = fixture.read_value("cond_wait_ns");
     fixture.expect_line("done");
 
@@ -88,7 +105,8 @@ fn lock_waits_match(sampling: &[&str]) {
     contention_format(&block);
     let under_lock = |s: &Sample| s.has_chain(&["contend_lock", "locker"]);
     let got = block.value_where("delay", under_lock);
-    within_runnable(got, lock_truth, run_delay, DELAY_TOLERANCE, "block delay under contend_lock", &block);
+    let tolerance = truth.block_tolerance(DELAY_TOLERANCE, rates.block_rate_ns);
+    within_runnable(got, &truth, tolerance, "block delay under contend_lock", &block);
     for sample in block.samples.iter().filter(|s| under_lock(s)) {
         assert_eq!(sample.label_str("primitive"), Some("pthread_mutex_lock"), "primitive of {:?}", sample.names());
     }
@@ -97,7 +115,8 @@ fn lock_waits_match(sampling: &[&str]) {
     let mutex = Profile::decode(&mutex_path);
     contention_format(&mutex);
     let got = mutex.value_where("delay", |s| s.has_chain(&["release_lock", "locker"]));
-    within_runnable(got, lock_truth, run_delay, MUTEX_TOLERANCE, "mutex delay charged to release_lock", &mutex);
+    let tolerance = truth.tolerance(MUTEX_TOLERANCE, rates.mutex_fraction);
+    within_runnable(got, &truth, tolerance, "mutex delay charged to release_lock", &mutex);
     // Judged by the waker's frames, not by the label the profiler's own filter reads: a
     // condvar wake labelled otherwise must fail this too. (cond_signaller's unlock of
     // cond_lock, which its waiter then takes, is a lock handoff and stays.)
@@ -144,7 +163,7 @@ fn condvar_wait_is_told_apart_from_lock_waits() {
     }
     let out = TempDir::new("futex-cond");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
-    let output = snapshot(&fixture, &out, "block");
+    let output = snapshot(&mut fixture, &out, "block");
     assert_success(&output, "snapshot --profiles block");
     let _lock_truth = fixture.read_value("lock_wait_ns");
     let cond_truth = fixture.read_value("cond_wait_ns") as i64;
@@ -191,14 +210,15 @@ fn a_stack_flood_does_not_crowd_out_another_process() {
         block.comments
     );
     let got = block.value_where("delay", |s| s.has_chain(&["contend_lock", "locker"]));
-    within(got, lock_truth, DELAY_TOLERANCE, "block delay under contend_lock beside the flood", &block);
+    let tolerance = lock_truth.block_tolerance(DELAY_TOLERANCE, DEFAULT_SAMPLING.block_rate_ns);
+    within_runnable(got, &lock_truth, tolerance, "block delay under contend_lock beside the flood", &block);
     let got = block.value_where("delay", |s| s.has_chain(&["cond_waiter_wait", "cond_waiter"]));
     within(got, cond_truth, DELAY_TOLERANCE, "block delay under cond_waiter_wait beside the flood", &block);
 }
 
 /// Runs stack_flood and lock_contention under one snapshot of both (`extra` flags added);
 /// returns lock_contention's block profile with its (lock, cond) truths, and the flood's.
-fn flood_beside_locks(extra: &[&str]) -> ((Profile, (i64, i64)), Profile) {
+fn flood_beside_locks(extra: &[&str]) -> ((Profile, (LockWaits, i64)), Profile) {
     let out = TempDir::new("futex-flood");
     let mut flood = Fixture::spawn_with_args(FixtureKind::StackFlood, &["14"]);
     let mut fixture = Fixture::spawn_with_args(FixtureKind::LockContention, &[DELAY_S, LINGER_S]);
@@ -206,9 +226,9 @@ fn flood_beside_locks(extra: &[&str]) -> ((Profile, (i64, i64)), Profile) {
     let mut args = vec!["snapshot", "--pid", &pid, "--pid", &flood_pid, "--duration", CAPTURE, "--profiles", "block"];
     args.extend_from_slice(&["--output", &dir]);
     args.extend_from_slice(extra);
-    let output = run_profiler_resuming(&args, &[], &fixture);
+    let output = run_profiler_until(&args, &mut fixture, "done");
     assert_success(&output, &format!("snapshot of the flood and the locks {extra:?}"));
-    let lock_truth = fixture.read_value("lock_wait_ns") as i64;
+    let lock_truth = LockWaits::read(&mut fixture);
     let cond_truth = fixture.read_value("cond_wait_ns") as i64;
     fixture.expect_line("done");
     let waits = flood.read_value("waits");
@@ -231,7 +251,7 @@ fn a_requeued_waiter_is_charged_to_the_unlock_that_woke_it() {
     }
     let out = TempDir::new("futex-requeue");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::FutexRequeue, &[DELAY_S, LINGER_S]);
-    let output = snapshot_with(&fixture, &out, "block,mutex", &["--block-rate", "1ns", "--mutex-fraction", "1"]);
+    let output = snapshot_with(&mut fixture, &out, "block,mutex", &["--block-rate", "1ns", "--mutex-fraction", "1"]);
     assert_success(&output, "snapshot --profiles block,mutex (requeue)");
     let truth = fixture.read_value("requeue_wait_ns") as i64;
     fixture.expect_line("done");
@@ -272,8 +292,12 @@ fn waits_of_many_short_lived_threads_are_all_counted() {
     // ~3 s here, more under load. Every wait must be seen, so no wait may come before.
     let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadChurn, &["10", LINGER_S]);
     let dir = out.path_arg();
-    let args = ["snapshot", "--duration", "30s", "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
-    assert_success(&run_profiler(&args), "snapshot --profiles block (thread churn, system-wide)");
+    let args = ["snapshot", "--duration", CAPTURE, "--profiles", "block", "--block-rate", "1ns", "--output", &dir];
+    let mut profiler = Running::start(&args);
+    profiler.wait_capturing();
+    fixture.hold_through("done");
+    profiler.interrupt();
+    assert_success(&profiler.finish(), "snapshot --profiles block (thread churn, system-wide)");
     let truth = churned(&mut fixture);
     assert_children_counted(&out, &fixture, truth, true);
 }
@@ -371,7 +395,7 @@ fn rust_std_mutex_is_seen() {
     }
     let out = TempDir::new("futex-rust");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::RustMutex, &[DELAY_S, LINGER_S]);
-    let output = snapshot(&fixture, &out, "block,mutex");
+    let output = snapshot(&mut fixture, &out, "block,mutex");
     assert_success(&output, "snapshot --profiles block,mutex (rust)");
     let truth = fixture.read_value("lock_wait_ns") as i64;
     fixture.expect_line("done");
@@ -401,7 +425,7 @@ fn threadcreate_counts_are_exact_and_forks_are_not_threads() {
     }
     let out = TempDir::new("futex-threads");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::ThreadSpawner, &[DELAY_S, LINGER_S]);
-    let output = snapshot(&fixture, &out, "threadcreate");
+    let output = snapshot(&mut fixture, &out, "threadcreate");
     assert_success(&output, "snapshot --profiles threadcreate");
     fixture.expect_line("done");
 
@@ -421,23 +445,20 @@ fn threadcreate_counts_are_exact_and_forks_are_not_threads() {
     assert!(raw.contains("spawn_workers"), "`go tool pprof -raw` lacks spawn_workers:\n{raw}");
 }
 
-/// `profiler snapshot --pid PID --duration CAPTURE --profiles KINDS --output DIR`.
-fn snapshot(fixture: &Fixture, out: &TempDir, kinds: &str) -> Output {
+/// `profiler snapshot --pid PID --duration CAPTURE --profiles KINDS --output DIR`, until
+/// the fixture prints `done`.
+fn snapshot(fixture: &mut Fixture, out: &TempDir, kinds: &str) -> Output {
     snapshot_with(fixture, out, kinds, &[])
 }
 
-/// The same, with `extra` flags (sampling settings).
-fn snapshot_with(fixture: &Fixture, out: &TempDir, kinds: &str, extra: &[&str]) -> Output {
-    snapshot_for(fixture, out, kinds, CAPTURE, extra)
-}
-
-/// The same, for `duration`: the fixture (started with [`DELAY_S`]) is continued once the
-/// profiler is capturing, so none of its waits comes before.
-fn snapshot_for(fixture: &Fixture, out: &TempDir, kinds: &str, duration: &str, extra: &[&str]) -> Output {
+/// The same, with `extra` flags (sampling settings): the fixture (started with [`DELAY_S`])
+/// is continued once the profiler is capturing, so none of its waits comes before, and the
+/// capture ends when it prints `done`, so none comes after.
+fn snapshot_with(fixture: &mut Fixture, out: &TempDir, kinds: &str, extra: &[&str]) -> Output {
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let mut args = vec!["snapshot", "--pid", &pid, "--duration", duration, "--profiles", kinds, "--output", &dir];
+    let mut args = vec!["snapshot", "--pid", &pid, "--duration", CAPTURE, "--profiles", kinds, "--output", &dir];
     args.extend_from_slice(extra);
-    run_profiler_resuming(&args, &[], fixture)
+    run_profiler_until(&args, fixture, "done")
 }
 
 /// `DIR/<comm>-<pid>/<kind>.pb.gz` exists; returns it.
@@ -473,20 +494,10 @@ fn within(got: i64, truth: i64, tolerance: f64, what: &str, profile: &Profile) {
     }
 }
 
-/// [`within`] the lock calls' time `truth`, whose part spent waiting for a CPU (at most
-/// `run_delay`, the lockers' whole run-queue delay) may be outside any futex wait: on a
-/// loaded machine the lower bound is lowered by it (on a quiet one it is about zero).
-fn within_runnable(got: i64, truth: i64, run_delay: i64, tolerance: f64, what: &str, profile: &Profile) {
-    let low = truth as f64 * (1.0 - tolerance) - run_delay as f64;
-    let high = truth as f64 * (1.0 + tolerance);
-    eprintln!("{what}: {got} ns against {truth} ns in the lock calls, {run_delay} ns of them at most runnable");
-    if (got as f64) < low || (got as f64) > high {
-        panic!(
-            "{what}: got {got}, expected {truth} -{run_delay} (run-queue delay) ±{:.0}% (ns, against the program's \
-             own clock); stacks (delay ns):\n{}",
-            tolerance * 100.0,
-            stacks(profile)
-        );
+/// Within `tolerance` of the lock calls' time less their runnable part (see [`LockWaits`]).
+fn within_runnable(got: i64, truth: &LockWaits, tolerance: f64, what: &str, profile: &Profile) {
+    if let Err(message) = truth.check(got, tolerance, what) {
+        panic!("{message} (ns, against the program's own clock); stacks (delay ns):\n{}", stacks(profile));
     }
 }
 
