@@ -290,7 +290,7 @@ fn settle(
 
 /// A test hook: `PROFILER_TEST_DUMP_DELAY_MS` makes every dump's walk that much slower, so
 /// that an end-to-end test can show what the daemon does while a dump is slow (as one of a
-/// process with many threads or a deep Python program is on a loaded machine).
+/// process with many threads or a deep interpreted program is on a loaded machine).
 fn slow_down_for_tests() {
     let delay = std::env::var("PROFILER_TEST_DUMP_DELAY_MS").ok().and_then(|ms| ms.parse().ok());
     if let Some(ms) = delay {
