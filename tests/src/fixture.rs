@@ -418,6 +418,13 @@ impl Fixture {
         })
     }
 
+    /// The CPU time its main thread has had so far, in ns (`/proc/PID/schedstat`).
+    pub fn cpu_ns(&self) -> u64 {
+        let path = format!("/proc/{}/schedstat", self.pid());
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("failed to read {path}: {e}"));
+        text.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{path}: {text:?}"))
+    }
+
     /// Reads ahead until the fixture prints `last` (waits for it; panics at its end), and
     /// keeps the lines for the readers above: a test learns that the fixture's work is over
     /// (on a loaded machine that may take many times as long as on a quiet one) before it

@@ -226,8 +226,15 @@ fn flood_beside_locks(extra: &[&str]) -> ((Profile, (LockWaits, i64)), Profile) 
     let mut args = vec!["snapshot", "--pid", &pid, "--pid", &flood_pid, "--duration", CAPTURE, "--profiles", "block"];
     args.extend_from_slice(&["--output", &dir]);
     args.extend_from_slice(extra);
-    let output = run_profiler_until(&args, &mut fixture, "done");
-    assert_success(&output, &format!("snapshot of the flood and the locks {extra:?}"));
+    // The capture spans the flood's whole run (it started before the profiler, and its
+    // refusals come once its share is full): ended when both have printed `done`.
+    let mut profiler = Running::start(&args);
+    profiler.wait_capturing();
+    fixture.resume();
+    fixture.hold_through("done");
+    flood.hold_through("done");
+    profiler.interrupt();
+    assert_success(&profiler.finish(), &format!("snapshot of the flood and the locks {extra:?}"));
     let lock_truth = LockWaits::read(&mut fixture);
     let cond_truth = fixture.read_value("cond_wait_ns") as i64;
     fixture.expect_line("done");
