@@ -244,7 +244,9 @@ impl Default for RawConfig {
         Self {
             output_dir: PathBuf::from("/var/lib/profiler"),
             interval: Quantity::text("60s"),
-            profiles: vec!["cpu".to_owned()],
+            // Thread dumps answer `/debug/pprof/goroutine`, the endpoint Go users type first
+            // (net/http/pprof always serves it): they cost nothing until asked for.
+            profiles: vec!["cpu".to_owned(), "threads".to_owned()],
             socket: RawSocket::default(),
             retention: RawRetention::default(),
             cpu: RawCpu::default(),
