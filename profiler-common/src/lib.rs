@@ -16,6 +16,7 @@ pub mod frame;
 pub mod futex;
 pub mod heap;
 pub mod offcpu;
+pub mod sampling;
 pub mod share;
 pub mod stack;
 pub mod thread;
@@ -348,7 +349,11 @@ pub mod maps {
     /// Off-CPU time by (thread, state, stacks), per set.
     pub const OFFCPU_COUNTS_0: &str = "OFFCPU_COUNTS_0";
     pub const OFFCPU_COUNTS_1: &str = "OFFCPU_COUNTS_1";
-    /// Sampled switch-outs not yet switched back in, by `task_struct` address.
+    /// Array of [`crate::offcpu::OutSlot`] by thread id: each thread's switch-out in flight
+    /// (see `offcpu::out_slot`).
+    pub const OFFCPU_OUT: &str = "OFFCPU_OUT";
+    /// Switch-outs not yet switched back in, by `task_struct` address: those walked at the
+    /// switch-out, and those of threads whose `OFFCPU_OUT` slot held another's.
     pub const OFFCPU_PENDING: &str = "OFFCPU_PENDING";
     /// Counts of `OFFCPU_PENDING` entries by a hash of their key
     /// (`crate::offcpu::maybe_pending_slot`): a switch-in whose slot is 0 has no entry, and
@@ -366,7 +371,7 @@ pub mod maps {
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 56] = [
+    pub const ALL: [&str; 57] = [
         CGROUP_FILTER,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
@@ -418,6 +423,7 @@ pub mod maps {
         THREAD_COUNTERS,
         OFFCPU_COUNTS_0,
         OFFCPU_COUNTS_1,
+        OFFCPU_OUT,
         OFFCPU_PENDING,
         OFFCPU_MAYBE_PENDING,
         OFFCPU_CONFIG,
