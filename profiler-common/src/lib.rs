@@ -16,6 +16,7 @@ pub mod frame;
 pub mod futex;
 pub mod heap;
 pub mod offcpu;
+pub mod runtimes;
 pub mod sampling;
 pub mod share;
 pub mod stack;
@@ -26,7 +27,7 @@ pub mod unwind;
 pub mod walk;
 
 pub use cpu::{CgroupFilterMode, CpuCounter, CpuSampleKey};
-pub use frame::{FrameKind, InterpretedFrame, PythonCounter, PythonProcess};
+pub use frame::{FrameKind, InterpretedFrame};
 pub use futex::{FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, WakerKey, WAIT_COUNT_ONE};
 pub use heap::{HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc};
 pub use offcpu::{OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut};
@@ -248,16 +249,6 @@ pub mod maps {
     /// through the LRU as before, and the refusals are counted.
     pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = 32_768;
 
-    /// Hash of tgid (`u32`) → [`crate::PythonProcess`]: the CPython processes whose Python
-    /// frames the walker adds to their user stacks.
-    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
-    /// Per-CPU array of `u64`, indexed by [`crate::PythonCounter`].
-    pub const PYTHON_COUNTERS: &str = "PYTHON_COUNTERS";
-    /// Per-CPU scratch of the Python walk, one entry per scratch slot.
-    pub const PYTHON_STATE: &str = "PYTHON_STATE";
-    /// CPython processes walked at once.
-    pub const PYTHON_PROCESSES_MAX_ENTRIES: u32 = 1_024;
-
     /// Distinct (process, allocating stack) keys per map set.
     pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;
     /// Sampled live blocks tracked at once (all processes), at most: what the object
@@ -370,8 +361,31 @@ pub mod maps {
     pub const OFFCPU_MAYBE_PENDING_SLOTS: u32 = 1 << crate::offcpu::MAYBE_PENDING_SLOT_BITS;
 
     /// Every map of the object, by name (besides the compiler's data sections that hold the
-    /// load-time globals and constants, which userspace reaches through [`crate::globals`]).
-    pub const ALL: [&str; 57] = [
+    /// load-time globals and constants, which userspace reaches through [`crate::globals`]):
+    /// the core's and every runtime's ([`crate::runtimes::MAPS`]).
+    pub const ALL: [&str; 57] = join(CORE, crate::runtimes::MAPS);
+
+    /// `a` then `b`, in a constant.
+    const fn join<const A: usize, const B: usize, const N: usize>(
+        a: [&'static str; A],
+        b: [&'static str; B],
+    ) -> [&'static str; N] {
+        assert!(A + B == N, "the list's length is the sum of its parts");
+        let mut out = [""; N];
+        let mut i = 0;
+        while i < A {
+            out[i] = a[i];
+            i += 1;
+        }
+        while i < N {
+            out[i] = b[i - A];
+            i += 1;
+        }
+        out
+    }
+
+    /// The maps of the walkers and profile kinds, not of a runtime.
+    const CORE: [&str; 54] = [
         CGROUP_FILTER,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
@@ -405,9 +419,6 @@ pub mod maps {
         REGISTER_ASKS,
         REGISTER_ASKED,
         REGISTER_DECLINED,
-        PYTHON_PROCESSES,
-        PYTHON_COUNTERS,
-        PYTHON_STATE,
         BLOCK_COUNTS_0,
         BLOCK_COUNTS_1,
         MUTEX_COUNTS_0,
@@ -591,7 +602,7 @@ mod tests {
     fn small_process_entries_round_trip() {
         let mut large =
             UnwindProcess { len: 0, flags: 0, mappings: [UnwindMapping::default(); unwind::MAX_PROCESS_MAPPINGS] };
-        large.flags = unwind::PROCESS_MAYBE_PYTHON;
+        large.flags = unwind::process_runtime(FrameKind::Python);
         for (i, m) in large.mappings.iter_mut().take(unwind::SMALL_PROCESS_MAPPINGS).enumerate() {
             *m = UnwindMapping::new(i as u64 * 4096, i as u64 * 4096 + 100, 7, i as u32);
         }

@@ -7,6 +7,8 @@
 //! gap knows the address has no CFI. The return address is always at CFA − 8 on x86_64
 //! ([`RA_CFA_OFFSET`]), so rows do not store it.
 
+use crate::FrameKind;
+
 /// Where the return address is saved, relative to the CFA, in every frame a row describes.
 pub const RA_CFA_OFFSET: i64 = -8;
 
@@ -164,12 +166,21 @@ impl UnwindMapping {
     }
 }
 
-/// Flag of an [`UnwindProcessOf`] entry: the process may have an entry in `PYTHON_PROCESSES`.
-/// Without it the walker skips that map's lookup: the walk has the process's entry in hand
-/// already, and the lookup, a cold hash bucket, was 3-5% of a sample's time for the processes
-/// that are not Python, almost all of them. Userspace sets it before it writes the Python
-/// entry and may leave it set after removing that entry (a lookup that misses is harmless).
-pub const PROCESS_MAYBE_PYTHON: u32 = 1;
+/// Flag of an [`UnwindProcessOf`] entry, one per interpreted [`FrameKind`]: the process may
+/// have an entry in that runtime's walker's map (see [`crate::runtimes`]). Without it the
+/// walker skips that map's lookup: the walk has the process's entry in hand already, and the
+/// lookup, a cold hash bucket, was 3-5% of a sample's time for the processes that run no
+/// interpreter, almost all of them. Userspace sets it before it writes the runtime's entry
+/// and may leave it set after removing that entry (a lookup that misses is harmless). 0 for
+/// [`FrameKind::Native`].
+#[inline(always)]
+pub const fn process_runtime(kind: FrameKind) -> u32 {
+    (1 << kind as u32) >> 1
+}
+
+/// Every runtime's [`process_runtime`] flag: what a walk assumes of a process before it has
+/// read the process's entry.
+pub const PROCESS_RUNTIMES: u32 = 0xff;
 
 /// The executable mappings of one process, sorted by start, in an entry of room `N`.
 #[repr(C)]
@@ -177,7 +188,7 @@ pub const PROCESS_MAYBE_PYTHON: u32 = 1;
 pub struct UnwindProcessOf<const N: usize> {
     /// Valid entries in `mappings`.
     pub len: u32,
-    /// [`PROCESS_MAYBE_PYTHON`], or 0.
+    /// [`process_runtime`] flags, or 0.
     pub flags: u32,
     pub mappings: [UnwindMapping; N],
 }

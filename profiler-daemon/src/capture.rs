@@ -26,7 +26,7 @@ use crate::{
     offload::{Heartbeat, Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
-    python::{PythonDump, PythonReader},
+    runtimes::{DumpReader, Readers},
     sideband::{self, FollowLatency, ProcessEvent, Sideband, SidebandStats},
     threads::{DumpJob, DumpOutcome, ThreadDump},
     unwind::{self, HeldTables, Unwinder, UnwinderStats},
@@ -249,8 +249,8 @@ pub struct Capture {
     /// Pids reused while a drain followed events after taking its batch: reported with the
     /// next drain.
     reused_since_drain: Vec<Pid>,
-    /// Thread dumps' reader of CPython frames (what each process runs, its code objects).
-    python: PythonReader,
+    /// Thread dumps' readers of interpreted frames (what each process runs, its code objects).
+    runtimes: Readers,
     /// Processes followed since their `exec` (its time, `CLOCK_MONOTONIC` ns) whose new
     /// image is not registered with the unwinder yet.
     unregistered_execs: HashMap<Pid, u64>,
@@ -343,7 +343,7 @@ impl Capture {
             declined: Declined::default(),
             reused_since_drain: Vec::new(),
             cgroup_filter: CgroupFilter::default(),
-            python: PythonReader::default(),
+            runtimes: Readers::default(),
             unregistered_execs: HashMap::new(),
             follow_latency: FollowLatency::default(),
         };
@@ -706,7 +706,7 @@ impl Capture {
     /// with the unwinder if it is not yet (so that its frames are stepped with tables), holds
     /// its tables loaded, and takes what the walk needs. The walk ([`DumpJob::run`]) may run
     /// on another thread; its outcome goes back to [`Capture::finish_thread_dump`] with the
-    /// ticket. One dump at a time: the Python code cache goes with the walk.
+    /// ticket. One dump at a time: the interpreters' code caches go with the walk.
     pub fn start_thread_dump(&mut self, pid: Pid) -> Result<DumpStarted, CaptureError> {
         if !procs::exists(pid.0) {
             return Err(CaptureError::NoProcess(pid));
@@ -716,32 +716,32 @@ impl Capture {
             let registration = [(pid, process.maps_version, process.maps())];
             self.unwinder.sync(&mut self.session, registration, None, &|| false).map_err(CaptureError::UnwindTables)?;
         }
-        let python = self.catalog.process(pid).and_then(|process| self.python.begin_owned(process));
+        let runtime = self.catalog.process(pid).and_then(|process| self.runtimes.begin_dump(process));
         let held = self.unwinder.hold(pid);
-        match DumpJob::prepare(&self.session, pid, python) {
+        match DumpJob::prepare(&self.session, pid, runtime) {
             Ok(job) => Ok(DumpStarted { job, ticket: DumpTicket { pid, held } }),
             Err(unprepared) => {
-                let (source, python) = *unprepared;
-                self.abandon_thread_dump(DumpTicket { pid, held }, python);
+                let (source, runtime) = *unprepared;
+                self.abandon_thread_dump(DumpTicket { pid, held }, runtime);
                 Err(CaptureError::ThreadDump { pid, source })
             }
         }
     }
 
     /// Ends a dump begun by [`Capture::start_thread_dump`] with its walk's outcome: lets go
-    /// of the tables, takes the Python code cache back, and learns the dump's stacks so that
+    /// of the tables, takes the code caches back, and learns the dump's stacks so that
     /// they resolve like any other.
     pub fn finish_thread_dump(
         &mut self,
         ticket: DumpTicket,
-        (walked, python): DumpOutcome<'static>,
+        (walked, runtime): DumpOutcome<'static>,
     ) -> Result<ThreadDump, CaptureError> {
         let pid = ticket.pid;
-        let read = python.map(|python| self.python.take_back(python));
+        let read = runtime.map(|runtime| self.runtimes.take_back(runtime));
         self.abandon_thread_dump(ticket, None);
         let mut dump = walked.map_err(|source| CaptureError::ThreadDump { pid, source })?;
         if let Some(read) = read {
-            dump.apply_python(read);
+            dump.apply_runtime(read);
         }
         let stacks: HashMap<StackId, Vec<u64>> =
             dump.stacks().filter(|(id, _)| id.is_some()).map(|(id, frames)| (id, frames.to_vec())).collect();
@@ -761,11 +761,11 @@ impl Capture {
     }
 
     /// Ends a dump whose walk gave nothing (it failed to start, or its thread died): lets
-    /// go of the tables, and takes the Python code cache back if it came back.
-    pub fn abandon_thread_dump(&mut self, ticket: DumpTicket, python: Option<PythonDump<'static>>) {
+    /// go of the tables, and takes the code caches back if they came back.
+    pub fn abandon_thread_dump(&mut self, ticket: DumpTicket, runtime: Option<DumpReader<'static>>) {
         self.unwinder.release_held(ticket.held);
-        if let Some(python) = python {
-            self.python.take_back(python);
+        if let Some(runtime) = runtime {
+            self.runtimes.take_back(runtime);
         }
     }
 

@@ -37,9 +37,9 @@ pub mod procs;
 pub mod profiles;
 #[cfg(test)]
 mod properties;
-pub mod python;
 pub mod render;
 pub mod resolve;
+pub mod runtimes;
 pub mod sideband;
 pub mod sigbus;
 pub mod sink;

@@ -31,7 +31,6 @@ use profiler_common::maps::{CONTROL_EXEC_EPOCH, UNWIND_EXECS_MAX_ENTRIES};
 use crate::{
     futex::forget_thread,
     maps::{atomic_add_u32, current_task, CONTROL},
-    python::PYTHON_PROCESSES,
     tracepoint::read_field,
     user_stack::{REGISTER_ASKED, REGISTER_DECLINED, UNWIND_PROCESSES, UNWIND_PROCESSES_LARGE},
 };
@@ -83,10 +82,7 @@ pub fn unwind_exec(_ctx: TracePointContext) -> u32 {
         let _ = REGISTER_DECLINED.remove(&tgid);
     }
     // The new image is another program: its interpreter, if any, is registered anew.
-    // SAFETY: only checks for presence.
-    if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_some() {
-        let _ = PYTHON_PROCESSES.remove(&tgid);
-    }
+    crate::runtimes::forget(tgid);
     // A failure (the map full until the next drain) only delays the registration until the
     // process's first sample, as without this program.
     // SAFETY: a helper without arguments.

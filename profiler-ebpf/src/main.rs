@@ -20,7 +20,7 @@ mod futex;
 mod heap;
 mod maps;
 mod offcpu;
-mod python;
+mod runtimes;
 mod stack;
 mod thread;
 mod thread_dump;

@@ -31,7 +31,7 @@ use profiler_common::{
     },
     stack::{finish_hash, hash_start},
     unwind::{
-        sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS, SHARD_ROWS_SHIFT,
+        sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_RUNTIMES, SHARD_ROWS, SHARD_ROWS_SHIFT,
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
     RegisterAsk, SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
@@ -189,7 +189,7 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     state.tgid = tgid;
     state.exact = 1;
     state.slot = slot;
-    state.python = 1;
+    state.runtimes = PROCESS_RUNTIMES;
     state.hash = hash_start(STACK_HASH_KEY.load());
     // Before any read of the process's entry (see `KeptMapping`).
     state.epoch = control(CONTROL_UNWIND_EPOCH);
@@ -209,11 +209,12 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
             0,
         );
     }
-    // An interpreter's frames go after the native ones (see `crate::python`). The callbacks
+    // An interpreter's frames go after the native ones (see `crate::runtimes`). The callbacks
     // wrote the state through their own lookups: read it again, not a cached copy.
     // SAFETY: a plain read of this CPU's live scratch entry.
-    if unsafe { ptr::read_volatile(&state.python) } != 0 {
-        crate::python::walk(slot, tgid);
+    let runtimes = unsafe { ptr::read_volatile(&state.runtimes) };
+    if runtimes != 0 {
+        crate::runtimes::walk(slot, tgid, runtimes);
     }
     // SAFETY: plain reads of this CPU's live scratch entries.
     let (hash, len) = unsafe { (ptr::read_volatile(&state.hash), ptr::read_volatile(&out.len)) };
@@ -404,7 +405,7 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
         && pc < kept.end
     {
         let kept = *kept;
-        state.python = kept.python;
+        state.runtimes = kept.runtimes;
         state.mapping_start = kept.start;
         state.mapping_end = kept.end;
         state.mapping_bias = kept.bias;
@@ -417,12 +418,12 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
     // SAFETY (both lookups): the value is plain data that only userspace writes, by
     // whole-value updates.
     let found = if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.tgid) } {
-        state.python = process.flags & PROCESS_MAYBE_PYTHON;
+        state.runtimes = process.flags & PROCESS_RUNTIMES;
         search_mappings(state, pc, &process.mappings, process.len, SMALL_MAPPING_SEARCH_STEPS)
     } else {
         match unsafe { UNWIND_PROCESSES_LARGE.get(&state.tgid) } {
             Some(process) => {
-                state.python = process.flags & PROCESS_MAYBE_PYTHON;
+                state.runtimes = process.flags & PROCESS_RUNTIMES;
                 search_mappings(state, pc, &process.mappings, process.len, MAPPING_SEARCH_STEPS)
             }
             None => {
@@ -443,7 +444,7 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> Result<(), UnwindCounter> {
             table_base: state.table_base,
             table_rows: state.table_rows,
             table_id: state.table_id,
-            python: state.python,
+            runtimes: state.runtimes,
             _pad: 0,
         };
     }

@@ -1,5 +1,5 @@
 //! The state of one user-stack walk, which the native walker ([`crate::user_stack`]) and
-//! every interpreter's walker ([`crate::python`]) push frames onto: the per-CPU
+//! every interpreter's walker ([`crate::runtimes`]) push frames onto: the per-CPU
 //! [`WalkState`] and the scratch stack it hashes as it grows. Below both walkers, so neither
 //! imports the other's internals to add a frame.
 
@@ -50,10 +50,10 @@ pub struct WalkState {
     pub(crate) exact: u32,
     /// The `Scratch` slot of the walking program: which `STACK_WINDOW` entry is its own.
     pub(crate) slot: u32,
-    /// 0 once the process's entry said it has no interpreter to walk
-    /// (`PROCESS_MAYBE_PYTHON` clear); 1 until then, so an unregistered process is still
-    /// looked up in `PYTHON_PROCESSES`.
-    pub(crate) python: u32,
+    /// The runtimes the process may run, as its entry's flags say
+    /// (`profiler_common::unwind::process_runtime`); every runtime's flag until the entry is
+    /// read, so an unregistered process is still looked up in the runtimes' maps.
+    pub(crate) runtimes: u32,
     /// The rows, load id and base address of `mapping_table`'s table, read with the mapping
     /// (rows 0: none): a frame whose row is cached needs no lookup of the table.
     pub(crate) table_rows: u32,
@@ -96,7 +96,7 @@ pub struct KeptMapping {
     pub(crate) table_base: u64,
     pub(crate) table_rows: u32,
     pub(crate) table_id: u32,
-    pub(crate) python: u32,
+    pub(crate) runtimes: u32,
     pub(crate) _pad: u32,
 }
 

@@ -259,7 +259,7 @@ fn the_daemon_answers_python_frames_and_keeps_code_objects() {
 /// wrong constant is named here rather than seen as a missing frame there.
 #[test]
 fn python_offsets_3_11_and_3_12_match_the_interpreters_debug_info() {
-    use profiler_daemon::python::offsets::{CurrentFrame, EntryMark, Offsets, V3_11, V3_12};
+    use profiler_daemon::runtimes::cpython::offsets::{CurrentFrame, EntryMark, Offsets, V3_11, V3_12};
     assert!(
         which("gdb").is_some(),
         "no gdb to read the interpreters' debug info: `cargo xtask setup --for-test` installs it"

@@ -296,7 +296,7 @@ fn unwind_status(s: &Status) -> serde_json::Value {
     let (t, u) = (&s.unwinder, s.counters.unwind);
     let unsupported: serde_json::Map<String, serde_json::Value> =
         Unsupported::ALL.into_iter().map(|r| (r.name().to_string(), u.unsupported(r).into())).collect();
-    json!({
+    let mut unwinding = json!({
         "processes": t.processes,
         "table_bytes": t.table_bytes,
         "table_budget_bytes": t.budget_bytes,
@@ -332,26 +332,11 @@ fn unwind_status(s: &Status) -> serde_json::Value {
             "unsupported_cfi": unsupported,
         },
         "exec_tracking_error": s.exec_tracking_error,
-        "python": python_status(s),
-    })
-}
-
-/// The kernel's walk of CPython frames: processes given to it, and what its walks did.
-fn python_status(s: &Status) -> serde_json::Value {
-    use profiler_common::PythonCounter as P;
-    let (t, p) = (&s.unwinder, s.counters.python);
-    json!({
-        "processes": t.python_processes,
-        "map_full": t.python_map_full,
-        "unsupported": t.python_unsupported,
-        "last_unsupported_reason": t.python_unsupported_reason,
-        "walks": p.get(P::Walks),
-        "frames": p.get(P::Frames),
-        "no_thread_state": p.get(P::NoThreadState),
-        "unreadable": p.get(P::BadRead),
-        "cut_at_depth_limit": p.get(P::Truncated),
-        "bad_code_pointers": p.get(P::BadCode),
-    })
+    });
+    for (key, value) in crate::runtimes::status(&t.runtimes, &s.counters.runtimes) {
+        unwinding[key] = value;
+    }
+    unwinding
 }
 
 #[cfg(test)]

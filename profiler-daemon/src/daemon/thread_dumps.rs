@@ -1,11 +1,11 @@
 //! Thread dumps off the collector thread. The collector begins a dump (registers the process,
 //! holds its tables, takes what the walk needs: `Capture::start_thread_dump`) and ends it
 //! (learns its stacks, answers: `Capture::finish_thread_dump`); the walk between, every
-//! thread's iterator records, stack reads, `/proc` reads and Python frames, runs on a thread
+//! thread's iterator records, stack reads, `/proc` reads and interpreted frames, runs on a thread
 //! of its own, and rings the collector's bell when done. Meanwhile the collector drains,
 //! follows process events and answers everything else.
 //!
-//! One dump at a time (the Python code cache goes with the walk); later queries wait in
+//! One dump at a time (the interpreters' code caches go with the walk); later queries wait in
 //! order. This module owns the queue and the walk in flight, not the capture.
 
 use std::{

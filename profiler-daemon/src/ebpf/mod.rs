@@ -38,7 +38,7 @@ use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, U
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use task_iter::ThreadIterator;
 pub use threads::{RawThreadCount, ThreadCounters};
-pub use unwind::{PythonCounters, UnwindCounters, UnwindView, Where as UnwindMap};
+pub use unwind::{RuntimeCounters, UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
 use crate::{
@@ -108,7 +108,7 @@ pub struct Counters {
     pub threads: ThreadCounters,
     pub offcpu: OffCpuCounters,
     pub unwind: UnwindCounters,
-    pub python: PythonCounters,
+    pub runtimes: RuntimeCounters,
 }
 
 /// The loaded programs and maps.
@@ -259,12 +259,13 @@ impl Session {
         result
     }
 
-    /// Gives the walker process `pid`'s CPython interpreter, so that its stacks get Python
-    /// frames; `None` makes it forget one. Returns false when the map is full.
-    pub fn set_python_process(&mut self, pid: Pid, process: Option<&profiler_common::PythonProcess>) -> Result<bool> {
-        match process {
-            Some(process) => unwind::set_python(&mut self.ebpf, pid.0, process),
-            None => unwind::remove_python(&mut self.ebpf, pid.0).map(|()| true),
+    /// Gives a runtime's walker process `pid`'s entry in its map `map`, so that its stacks
+    /// get that runtime's frames; `None` makes it forget one (see `crate::runtimes`). Returns
+    /// false when the map is full.
+    pub fn set_runtime_process<V: aya::Pod>(&mut self, map: &'static str, pid: Pid, entry: Option<&V>) -> Result<bool> {
+        match entry {
+            Some(entry) => unwind::set_runtime_process(&mut self.ebpf, map, pid.0, entry),
+            None => unwind::remove_runtime_process::<V>(&mut self.ebpf, map, pid.0).map(|()| true),
         }
     }
 
@@ -419,7 +420,7 @@ impl Session {
             threads: threads::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,
-            python: unwind::python_counters(&self.ebpf)?,
+            runtimes: unwind::runtime_counters(&self.ebpf)?,
         })
     }
 
@@ -617,9 +618,14 @@ where
 
 /// Sums each per-CPU slot of the counter array `name`, `N` counters in index order.
 fn sum_counters<const N: usize>(ebpf: &Ebpf, name: &'static str) -> Result<[u64; N]> {
+    sum_counters_of(ebpf, name, N as u32)
+}
+
+/// The first `count` counters of `name` (up to `N`), summed over CPUs; the rest 0.
+fn sum_counters_of<const N: usize>(ebpf: &Ebpf, name: &'static str, count: u32) -> Result<[u64; N]> {
     let array: PerCpuArray<&MapData, u64> = map_ref(ebpf, name)?;
     let mut out = [0; N];
-    for (index, slot) in out.iter_mut().enumerate() {
+    for (index, slot) in out.iter_mut().enumerate().take(count as usize) {
         let values = array.get(&(index as u32), 0).map_err(map_error("read", name))?;
         *slot = values.iter().sum();
     }

@@ -11,13 +11,13 @@ use aya::{
     Ebpf,
 };
 use profiler_common::{
-    maps, programs,
+    maps, programs, runtimes,
     unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS, SHARD_ROWS_SHIFT},
-    PythonCounter, PythonProcess, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess,
-    UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
+    FrameKind, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindMapping, UnwindProcess, UnwindRow,
+    UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
 };
 
-use super::{map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{map_error, map_mut, map_ref, missing, program_error, sum_counters, sum_counters_of, Error, Result};
 use crate::ids::Pid;
 
 const EXEC_PROGRAM: &str = programs::UNWIND_EXEC;
@@ -132,20 +132,26 @@ pub(super) fn set_process(
     Ok(Some(Where::Large))
 }
 
-/// Gives the walker process `pid`'s interpreter (see `profiler-ebpf`'s `python.rs`).
-/// Returns false when the map is full (nothing written; the caller counts it).
-pub(super) fn set_python(ebpf: &mut Ebpf, pid: u32, process: &PythonProcess) -> Result<bool> {
-    let mut processes: HashMap<&mut MapData, u32, PythonProcess> = map_mut(ebpf, maps::PYTHON_PROCESSES)?;
-    match processes.insert(pid, process, 0) {
+/// Gives a runtime's walker process `pid`'s entry in its map `name` (see `profiler-ebpf`'s
+/// `runtimes/`). Returns false when the map is full (nothing written; the caller counts it).
+pub(super) fn set_runtime_process<V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    pid: u32,
+    entry: &V,
+) -> Result<bool> {
+    let mut processes: HashMap<&mut MapData, u32, V> = map_mut(ebpf, name)?;
+    match processes.insert(pid, entry, 0) {
         Ok(()) => Ok(true),
         Err(e) if is_full(&e) => Ok(false),
-        Err(e) => Err(map_error("write", maps::PYTHON_PROCESSES)(e)),
+        Err(e) => Err(map_error("write", name)(e)),
     }
 }
 
-/// Makes the walker forget process `pid`'s interpreter (a no-op if it has none there).
-pub(super) fn remove_python(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-    remove_from::<PythonProcess>(ebpf, maps::PYTHON_PROCESSES, pid)
+/// Makes a runtime's walker forget process `pid`'s entry in its map `name` (a no-op if it
+/// has none there).
+pub(super) fn remove_runtime_process<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str, pid: u32) -> Result<()> {
+    remove_from::<V>(ebpf, name, pid)
 }
 
 /// Tells the walkers that process `pid` will not be registered, so that they stop asking for
@@ -164,18 +170,28 @@ pub(super) fn undecline_registration(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     remove_from::<u8>(ebpf, maps::REGISTER_DECLINED, pid)
 }
 
-/// The Python walk's counters since load, summed over CPUs.
+/// Every runtime walker's counters since load, summed over CPUs, by interpreted
+/// [`FrameKind`] (see `profiler_common::runtimes::COUNTERS`); what each counts, its runtime
+/// says (`crate::runtimes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PythonCounters(pub [u64; PythonCounter::COUNT as usize]);
+pub struct RuntimeCounters([[u64; runtimes::MAX_COUNTERS]; runtimes::COUNTERS.len()]);
 
-impl PythonCounters {
-    pub fn get(&self, counter: PythonCounter) -> u64 {
-        self.0[counter as usize]
+impl RuntimeCounters {
+    /// The counters of `kind`'s walker, by their index; empty for [`FrameKind::Native`].
+    pub fn of(&self, kind: FrameKind) -> &[u64] {
+        let Some(at) = (kind as usize).checked_sub(1) else { return &[] };
+        let count = runtimes::COUNTERS.get(at).map_or(0, |&(_, count)| count as usize);
+        self.0.get(at).map_or(&[][..], |counters| &counters[..count])
     }
 }
 
-pub(super) fn python_counters(ebpf: &Ebpf) -> Result<PythonCounters> {
-    Ok(PythonCounters(sum_counters(ebpf, maps::PYTHON_COUNTERS)?))
+pub(super) fn runtime_counters(ebpf: &Ebpf) -> Result<RuntimeCounters> {
+    let mut out = RuntimeCounters::default();
+    for (counters, &(name, count)) in out.0.iter_mut().zip(&runtimes::COUNTERS) {
+        let sums: [u64; runtimes::MAX_COUNTERS] = sum_counters_of(ebpf, name, count)?;
+        *counters = sums;
+    }
+    Ok(out)
 }
 
 /// Which of the two process maps holds a process's entry.

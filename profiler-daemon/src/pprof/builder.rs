@@ -25,8 +25,8 @@ pub struct FunctionKey {
     pub name: String,
     pub file: String,
     /// `name` is final: written with an empty system name, which pprof tools read as
-    /// "already demangled", so that they do not strip it as a C++ name (Python's
-    /// `<module>` would become an empty name).
+    /// "already demangled", so that they do not strip it as a C++ name (an interpreted
+    /// function named `<module>` would become an empty name).
     pub verbatim: bool,
 }
 

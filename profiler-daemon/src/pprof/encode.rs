@@ -7,7 +7,7 @@ use super::{
     proto::{Label, Profile},
     FunctionKey, MappingSpec, ProfileBuilder,
 };
-use crate::resolve::{LabelValue, LocationInfo, ResolvedProfile, PYTHON_MAPPING};
+use crate::resolve::{interpreted::is_interpreted_mapping, LabelValue, LocationInfo, ResolvedProfile};
 
 /// The pprof header of a profile type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,9 +73,10 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
             })
         })
         .collect();
-    let python = resolved.mappings.iter().position(|m| m.path == PYTHON_MAPPING);
+    let interpreted: Vec<usize> =
+        (0..resolved.mappings.len()).filter(|&m| is_interpreted_mapping(&resolved.mappings[m])).collect();
     let location_ids: Vec<u64> =
-        resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids, python)).collect();
+        resolved.locations.iter().map(|loc| add_location(&mut b, loc, &mapping_ids, &interpreted)).collect();
     for sample in &resolved.samples {
         let ids = sample.locations.iter().map(|&i| location_ids[i]).collect();
         let labels = sample.labels.iter().map(|(key, value)| label(&mut b, key, value)).collect();
@@ -124,10 +125,11 @@ fn label(b: &mut ProfileBuilder, key: &str, value: &LabelValue) -> Label {
     }
 }
 
-/// `python`: the index of the Python frames' mapping, whose function names are final.
-fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64], python: Option<usize>) -> u64 {
+/// `interpreted`: the indices of the interpreted frames' mappings, whose function names are
+/// final.
+fn add_location(b: &mut ProfileBuilder, loc: &LocationInfo, mapping_ids: &[u64], interpreted: &[usize]) -> u64 {
     let mapping_id = loc.mapping.map_or(0, |m| mapping_ids[m]);
-    let verbatim = loc.mapping.is_some() && loc.mapping == python;
+    let verbatim = loc.mapping.is_some_and(|m| interpreted.contains(&m));
     let lines: Vec<(FunctionKey, i64)> = loc
         .frames
         .iter()

@@ -205,13 +205,13 @@ impl ProfileKind {
     }
 
     /// What needs the symbolized frames: labels (block and mutex: `primitive`), the mutex
-    /// profile's locks-only rule, and the thread dump's Python frames in place of the
+    /// profile's locks-only rule, and the thread dump's interpreted frames in place of the
     /// interpreter loop's native ones. Returns comment lines on what it left out.
     pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) -> Vec<String> {
         match self {
             Self::Block => waits::label(resolved),
             Self::Mutex => return vec![waits::label_locks_only(resolved)],
-            Self::Threads => threads::merge_python(resolved, &counts.threads),
+            Self::Threads => threads::merge_interpreted(resolved, &counts.threads),
             Self::Cpu | Self::Heap | Self::ThreadCreate | Self::OffCpu => {}
         }
         Vec::new()
@@ -303,26 +303,7 @@ fn unwind_comment(counters: &Counters) -> String {
         u.get(U::BadRead),
         u.get(U::BadFrame),
         if unsupported.is_empty() { "0".to_string() } else { unsupported.join(", ") },
-    ) + &python_walks(counters)
-}
-
-/// What the walk of CPython frames did (whole machine), when it ran at all.
-fn python_walks(counters: &Counters) -> String {
-    use profiler_common::PythonCounter as P;
-    let p = counters.python;
-    if p.get(P::Walks) == 0 {
-        return String::new();
-    }
-    format!(
-        "; Python frame walks {}: frames {}, no thread state for the thread {}, interpreter memory unreadable {}, \
-         cut at the depth limit {}, frames without a code object {}",
-        p.get(P::Walks),
-        p.get(P::Frames),
-        p.get(P::NoThreadState),
-        p.get(P::BadRead),
-        p.get(P::Truncated),
-        p.get(P::BadCode),
-    )
+    ) + &crate::runtimes::walks_comment(&counters.runtimes)
 }
 
 #[cfg(test)]

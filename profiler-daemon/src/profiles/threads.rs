@@ -8,11 +8,10 @@
 //! ([`ThreadDump`], taken by `Capture::thread_dump`) is put in the counts right before they
 //! are rendered ([`ThreadState::dump`]).
 //!
-//! In a CPython process, each walked thread's Python frames ([`crate::python`]) take the
-//! place of the interpreter loop's native frames (`_PyEval_EvalFrameDefault`) once the
-//! stack is symbolized ([`merge_python`]): one activation of the loop runs the frames up to
-//! and including the next entry frame, so the loop's frames and the runs pair up in order,
-//! leaf first. Python frames get a mapping of their own, `[python]`.
+//! In a process that runs an interpreter the profiler reads ([`crate::runtimes`]), each
+//! walked thread's interpreted frames take the place of the interpreter loop's native frames
+//! once the stack is symbolized ([`merge_interpreted`], by the runtime's rule in
+//! [`crate::resolve::interpreted`]), under a mapping of their own.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -25,8 +24,8 @@ use crate::{
     ebpf::{Batch, Counters},
     ids::{StackId, Tid},
     pprof::Shape,
-    python::PythonFrame,
     resolve::{LabelValue, ResolvedProfile, StackSample},
+    runtimes::{DumpSummary, RuntimeFrame},
     threads::{DumpedThread, StackSource, ThreadDump},
 };
 
@@ -132,16 +131,17 @@ fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -
     }
 }
 
-/// Puts each walked thread's Python frames in place of its `_PyEval_EvalFrameDefault`
+/// Puts each walked thread's interpreted frames in place of its interpreter loop's
 /// locations (see [`crate::resolve::interpreted`]), by the sample's `tid` label.
-pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) {
+pub(super) fn merge_interpreted(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
+    let Some(runtime) = dump.runtime.as_ref().map(DumpSummary::runtime) else { return };
     let threads: HashMap<i64, &DumpedThread> =
-        dump.threads.iter().filter(|t| !t.python.is_empty()).map(|t| (i64::from(t.tid.0), t)).collect();
+        dump.threads.iter().filter(|t| !t.interpreted.is_empty()).map(|t| (i64::from(t.tid.0), t)).collect();
     if threads.is_empty() {
         return;
     }
-    let per_sample: Vec<&[PythonFrame]> = resolved
+    let per_sample: Vec<&[RuntimeFrame]> = resolved
         .samples
         .iter()
         .map(|sample| {
@@ -149,10 +149,10 @@ pub(super) fn merge_python(resolved: &mut ResolvedProfile, state: &ThreadState) 
                 LabelValue::Num(n, _) if *k == "tid" => Some(*n),
                 _ => None,
             });
-            tid.and_then(|tid| threads.get(&tid)).map_or(&[][..], |t| &t.python[..])
+            tid.and_then(|tid| threads.get(&tid)).map_or(&[][..], |t| &t.interpreted[..])
         })
         .collect();
-    crate::resolve::interpreted::merge(resolved, &per_sample);
+    crate::resolve::interpreted::merge(resolved, runtime, &per_sample);
 }
 
 pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCounts) -> Vec<String> {
@@ -183,7 +183,7 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
             ));
         }
         lines.push(walk_comment(dump));
-        lines.extend(dump.python.as_ref().map(|p| p.describe()));
+        lines.extend(dump.runtime.as_ref().map(DumpSummary::describe));
     }
     lines.push(unwind_comment(counters));
     lines
@@ -232,7 +232,7 @@ mod tests {
             truncated: false,
             kernel: vec![0xffff_ffff_8100_0000],
             source,
-            python: Vec::new(),
+            interpreted: Vec::new(),
         }
     }
 
@@ -247,7 +247,7 @@ mod tests {
             left_out: 0,
             walk: WalkCounts::default(),
             duration: Duration::from_millis(2),
-            python: None,
+            runtime: None,
             stack_hash_key: 0x5eed,
         })
     }
@@ -299,17 +299,20 @@ mod tests {
     #[test]
     fn python_runs_replace_the_loop_frames_in_order_and_share_locations() {
         use crate::{
-            resolve::interpreted::EVAL_FUNCTION,
-            resolve::{LocationInfo, ResolvedSample, PYTHON_MAPPING},
+            resolve::{LocationInfo, ResolvedSample},
+            runtimes::cpython::{self, PythonStatus, EVAL_FUNCTION, MAPPING as PYTHON_MAPPING},
             symbolize::Frame,
         };
-        let py = |name: &str, line, entry| PythonFrame { qualname: name.into(), filename: "a.py".into(), line, entry };
+        let py = |name: &str, line, entry| RuntimeFrame { qualname: name.into(), filename: "a.py".into(), line, entry };
         let mut walked = thread(7, StackSource::Walked, vec![]);
         // Leaf first: two activations, [inner] and [outer, <module>].
-        walked.python = vec![py("inner", 3, true), py("outer", 9, false), py("<module>", 12, true)];
+        walked.interpreted = vec![py("inner", 3, true), py("outer", 9, false), py("<module>", 12, true)];
         let mut other = thread(8, StackSource::Walked, vec![]);
-        other.python = vec![py("outer", 9, true)];
-        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump(vec![walked, other])) };
+        other.interpreted = vec![py("outer", 9, true)];
+        let mut taken = Arc::try_unwrap(dump(vec![walked, other])).expect("one owner");
+        let read = PythonStatus::Read { version: (3, 12), path: "python3.12".into() };
+        taken.runtime = Some(DumpSummary::CPython(cpython::summary(read)));
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(Arc::new(taken)) };
         let native = |function: &str| LocationInfo {
             address: 0x1000,
             mapping: None,
@@ -331,7 +334,7 @@ mod tests {
             ],
             ..ResolvedProfile::default()
         };
-        merge_python(&mut resolved, &state);
+        merge_interpreted(&mut resolved, &state);
         let names = |s: usize| -> Vec<String> {
             resolved.samples[s].locations.iter().map(|&l| resolved.locations[l].frames[0].function.clone()).collect()
         };

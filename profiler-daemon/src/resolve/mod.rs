@@ -10,13 +10,13 @@ use std::{
     path::PathBuf,
 };
 
-use profiler_common::frame::is_python_word;
+use profiler_common::frame::is_interpreted_word;
 
 use crate::{
     catalog::{Catalog, KnownProcess},
     ids::{Pid, StackId},
     procs::MapEntry,
-    python::{PythonFrame, PythonReader},
+    runtimes::{NamedStacks, Readers, RuntimeFrame},
     symbolize::{Frames, Symbolizer},
 };
 use interpreted::merge;
@@ -26,22 +26,20 @@ use interpreted::merge;
 /// here, by whoever resolves, so that neither knows the other.
 pub struct Namers {
     pub symbols: Symbolizer,
-    /// Each CPython process's interpreter and code objects, read from its memory and cached.
-    pub interpreters: PythonReader,
+    /// Each interpreter process's interpreter and code objects, read from its memory and
+    /// cached (see [`crate::runtimes`]).
+    pub interpreters: Readers,
 }
 
 impl Namers {
-    /// `symbols` with an interpreter reader of its own.
+    /// `symbols` with interpreter readers of its own.
     pub fn new(symbols: Symbolizer) -> Self {
-        Self { symbols, interpreters: PythonReader::default() }
+        Self { symbols, interpreters: Readers::default() }
     }
 }
 
 /// The pseudo file name of kernel frames (the name perf and pprof tools use).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
-
-/// The pseudo file name of Python frames' locations (see `profiles::threads`).
-pub const PYTHON_MAPPING: &str = "[python]";
 
 /// Where kernel addresses start in a profile for a viewer who may not know them: above
 /// every user address, below every kernel one, and not canonical, so nothing mistakes it
@@ -146,7 +144,7 @@ pub struct ResolvedProfile {
     /// Files of the process not read, or read in part (see [`Refusal`]); their addresses stay
     /// unnamed, or named without source lines.
     pub refused: Vec<Refusal>,
-    /// Lines for the profile's comment (what became of the stacks' Python frames).
+    /// Lines for the profile's comment (what became of the stacks' interpreted frames).
     pub notes: Vec<String>,
 }
 
@@ -188,8 +186,8 @@ pub fn resolve(
 ) -> ResolvedProfile {
     let mut table = LocationTable::default();
     let mut resolved = Vec::with_capacity(samples.len());
-    // Per sample, the Python frames the kernel walker put after the native ones.
-    let mut python: Vec<&[u64]> = Vec::with_capacity(samples.len());
+    // Per sample, the interpreted frames the kernel walker put after the native ones.
+    let mut interpreted: Vec<&[u64]> = Vec::with_capacity(samples.len());
     let (mut missing_stacks, mut over_share, mut evicted) = (0, 0, 0);
     for sample in samples {
         if sample.user_stack == StackId::OVER_SHARE || sample.kernel_stack == StackId::OVER_SHARE {
@@ -209,9 +207,9 @@ pub fn resolve(
         for (i, &ip) in kernel.iter().enumerate() {
             locations.push(table.intern(Site::Kernel, caller_adjusted(ip, i > 0)));
         }
-        let native = user.iter().position(|&w| is_python_word(w)).unwrap_or(user.len());
-        let (user, python_words) = user.split_at(native);
-        python.push(python_words);
+        let native = user.iter().position(|&w| is_interpreted_word(w)).unwrap_or(user.len());
+        let (user, interpreted_words) = user.split_at(native);
+        interpreted.push(interpreted_words);
         // A user pc under a kernel stack is the return point of the syscall instruction.
         let leaf_returns = sample.user_leaf_is_return || !kernel.is_empty();
         for (i, &ip) in user.iter().enumerate() {
@@ -245,42 +243,17 @@ pub fn resolve(
         refused,
         notes: Vec::new(),
     };
-    if python.iter().any(|words| !words.is_empty()) {
-        let note = name_python(process, &mut profile, &python, &mut namers.interpreters);
+    if let Some(NamedStacks { runtime, frames, note }) = namers.interpreters.name_stacks(process, &interpreted) {
+        let slices: Vec<&[RuntimeFrame]> = frames.iter().map(Vec::as_slice).collect();
+        merge(&mut profile, runtime, &slices);
         profile.notes.push(note);
-    } else if !profile.samples.is_empty() && crate::python::kernel::candidate(process.maps()) {
-        // A CPython the walker cannot read (another version, a free-threaded build): say
-        // why its stacks keep the interpreter loop's frames.
-        profile.notes.extend(namers.interpreters.begin(process).and_then(|reading| reading.unsupported_note()));
+    } else if !profile.samples.is_empty() {
+        // An interpreter the walker cannot read (another version, another build): say why
+        // its stacks keep the interpreter loop's frames.
+        profile.notes.extend(namers.interpreters.unsupported_note(process));
     }
     profile.samples.sort_by(|a, b| b.values.cmp(&a.values).then_with(|| a.locations.cmp(&b.locations)));
     profile
-}
-
-/// Names the Python frames of `python` (per sample, leaf first) and puts them in place of
-/// the interpreter loop's native frames (see [`crate::resolve::interpreted`]). Returns the line
-/// for the profile's comment: what was named, or why nothing was (the process exited before
-/// its code objects were read: those samples keep their native frames, counted).
-fn name_python(
-    process: &KnownProcess,
-    profile: &mut ResolvedProfile,
-    python: &[&[u64]],
-    interpreters: &mut PythonReader,
-) -> String {
-    let with = python.iter().filter(|words| !words.is_empty()).count();
-    let Some(mut reading) = interpreters.begin(process) else {
-        return format!(
-            "python: {with} samples have Python frames the kernel walked, not named: the process exited before \
-             its code objects were read (they keep _PyEval_EvalFrameDefault)"
-        );
-    };
-    let names = reading.name_words(python.iter().flat_map(|words| words.iter().copied()));
-    let frames: Vec<Vec<PythonFrame>> =
-        python.iter().map(|words| words.iter().filter_map(|w| names.get(w).cloned()).collect()).collect();
-    let placed = frames.iter().filter(|f| !f.is_empty()).count();
-    let slices: Vec<&[PythonFrame]> = frames.iter().map(Vec::as_slice).collect();
-    merge(profile, &slices);
-    reading.sampled_note(with, placed)
 }
 
 /// pprof tools take `mapping[0]` as the main binary (`go tool pprof` prints it as `File:`):

@@ -10,7 +10,7 @@
 //! most, then kept and marked. A thread on a CPU has stale saved registers: it is reported
 //! as running, without a walked stack (the profile kind adds its latest CPU sample's).
 //! The walk needs only what [`DumpJob::prepare`] takes from the session (the process's
-//! unwind view, a duplicate of the iterator program's descriptor, the Python reading), so
+//! unwind view, a duplicate of the iterator program's descriptor, the runtime's reading), so
 //! the daemon runs it off the collector thread ([`DumpJob::run`]).
 //! What this module does not own: turning a dump into a profile (`profiles::threads`).
 
@@ -29,7 +29,7 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, ThreadIterator, UnwindView},
     ids::{Pid, StackId, Tid},
-    python::{PythonDump, PythonFrame, PythonRead},
+    runtimes::{DumpRead, DumpReader, DumpSummary, RuntimeFrame},
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -66,10 +66,10 @@ pub struct DumpedThread {
     /// Kernel frames, leaf first.
     pub kernel: Vec<u64>,
     pub source: StackSource,
-    /// The Python frames it is in, leaf first, when the process runs CPython and the thread
-    /// was walked (see [`crate::python`]); they take the place of the interpreter loop's
-    /// native frames when the dump is rendered.
-    pub python: Vec<crate::python::PythonFrame>,
+    /// The interpreted frames it is in, leaf first, when the process runs an interpreter the
+    /// profiler reads and the thread was walked (see [`crate::runtimes`]); they take the
+    /// place of the interpreter loop's native frames when the dump is rendered.
+    pub interpreted: Vec<RuntimeFrame>,
 }
 
 impl DumpedThread {
@@ -98,8 +98,9 @@ pub struct ThreadDump {
     pub walk: WalkCounts,
     /// How long the dump took.
     pub duration: Duration,
-    /// What reading the process's Python frames gave; `None` when it does not run CPython.
-    pub python: Option<crate::python::PythonSummary>,
+    /// What reading the process's interpreted frames gave; `None` when it runs no runtime
+    /// the profiler reads.
+    pub runtime: Option<DumpSummary>,
     /// The key the session's programs hash stacks with ([`Session::stack_hash_key`]).
     pub stack_hash_key: u64,
 }
@@ -118,7 +119,7 @@ impl ThreadDump {
             left_out: 0,
             walk: WalkCounts::default(),
             duration: Duration::ZERO,
-            python: None,
+            runtime: None,
             stack_hash_key,
         }
     }
@@ -130,19 +131,19 @@ impl ThreadDump {
             .flat_map(|t| [(self.stack_id(&t.user), &t.user[..]), (self.stack_id(&t.kernel), &t.kernel[..])])
     }
 
-    /// Applies what reading the process's Python frames gave ([`PythonDump::finish`]): only
-    /// walked threads keep theirs, and a failed or cut-short reading takes every thread's
-    /// away (none rather than some of them).
-    pub fn apply_python(&mut self, mut read: PythonRead) {
+    /// Applies what reading the process's interpreted frames gave
+    /// ([`crate::runtimes::Readers::take_back`]): only walked threads keep theirs, and a
+    /// failed or cut-short reading takes every thread's away (none rather than some of them).
+    pub fn apply_runtime(&mut self, mut read: DumpRead) {
         let stand = read.frames_stand();
         for thread in &mut self.threads {
             if !stand || thread.source != StackSource::Walked {
-                thread.python.clear();
+                thread.interpreted.clear();
             }
-            read.count(thread.tid.0, thread.python.len());
+            read.count(thread.tid.0, thread.interpreted.len());
         }
         let dumped: Vec<u32> = self.threads.iter().map(|t| t.tid.0).collect();
-        self.python = Some(read.summary(&dumped));
+        self.runtime = Some(read.summary(&dumped));
     }
 
     /// The key of a stack: the kernel's hash of its frames (see `profiler_common::stack`), so
@@ -161,41 +162,41 @@ struct Walked {
     user: Vec<u64>,
     truncated: bool,
     source: StackSource,
-    /// Its Python frames, read in the same round (before the round's check).
-    python: Vec<PythonFrame>,
+    /// Its interpreted frames, read in the same round (before the round's check).
+    interpreted: Vec<RuntimeFrame>,
 }
 
-/// What a dump's walk gave ([`DumpJob::run`]): the dump, and the Python reading back, for
-/// the caller to finish.
-pub type DumpOutcome<'a> = (ebpf::Result<ThreadDump>, Option<PythonDump<'a>>);
+/// What a dump's walk gave ([`DumpJob::run`]): the dump, and the runtime's reading back,
+/// for the caller to finish.
+pub type DumpOutcome<'a> = (ebpf::Result<ThreadDump>, Option<DumpReader<'a>>);
 
-/// Why a dump's walk could not be prepared, and its Python reading, given back.
-pub type Unprepared<'a> = Box<(ebpf::Error, Option<PythonDump<'a>>)>;
+/// Why a dump's walk could not be prepared, and its runtime's reading, given back.
+pub type Unprepared<'a> = Box<(ebpf::Error, Option<DumpReader<'a>>)>;
 
 /// What one dump's walk needs, taken from the session on the thread that owns it, so that
-/// the walk itself (the iterator's reads, the stacks', `/proc`'s and the Python frames')
-/// may run on another: with a `'static` Python reading (or none) it is `Send`.
+/// the walk itself (the iterator's reads, the stacks', `/proc`'s and the interpreted frames')
+/// may run on another: with a `'static` runtime's reading (or none) it is `Send`.
 pub struct DumpJob<'a> {
     pid: Pid,
     view: UnwindView,
     iterator: ThreadIterator,
     stack_hash_key: u64,
-    /// The process's Python frames, read in each round (a CPython process).
-    python: Option<PythonDump<'a>>,
+    /// The process's interpreted frames, read in each round (a process that runs one).
+    runtime: Option<DumpReader<'a>>,
 }
 
 impl<'a> DumpJob<'a> {
     /// Takes what the walk of `pid`'s threads needs. The process must be registered with the
     /// unwinder for its frames to be stepped with tables (otherwise with frame pointers, as
     /// the kernel would), and its tables must stay loaded until the walk ends. On failure the
-    /// Python reading is given back.
-    pub fn prepare(session: &Session, pid: Pid, python: Option<PythonDump<'a>>) -> Result<Self, Unprepared<'a>> {
+    /// runtime's reading is given back.
+    pub fn prepare(session: &Session, pid: Pid, runtime: Option<DumpReader<'a>>) -> Result<Self, Unprepared<'a>> {
         let parts = session.unwind_view(pid).and_then(|view| Ok((view, session.thread_iterator()?)));
         match parts {
             Ok((view, iterator)) => {
-                Ok(DumpJob { pid, view, iterator, stack_hash_key: session.stack_hash_key(), python })
+                Ok(DumpJob { pid, view, iterator, stack_hash_key: session.stack_hash_key(), runtime })
             }
-            Err(err) => Err(Box::new((err, python))),
+            Err(err) => Err(Box::new((err, runtime))),
         }
     }
 
@@ -204,12 +205,13 @@ impl<'a> DumpJob<'a> {
         self.pid
     }
 
-    /// Walks every thread. With a Python reading, each round reads the walked threads'
-    /// Python frames after their native stacks and before the check, so both are of the
-    /// same moment. Gives the reading back for the caller to finish ([`PythonDump::finish`]).
+    /// Walks every thread. With a runtime's reading, each round reads the walked threads'
+    /// interpreted frames after their native stacks and before the check, so both are of
+    /// the same moment. Gives the reading back for the caller to finish
+    /// ([`crate::runtimes::Readers::take_back`]).
     pub fn run(mut self) -> DumpOutcome<'a> {
         let dump = self.walk();
-        (dump, self.python)
+        (dump, self.runtime)
     }
 
     fn walk(&mut self) -> ebpf::Result<ThreadDump> {
@@ -239,15 +241,15 @@ impl<'a> DumpJob<'a> {
         Ok(dump)
     }
 
-    /// Walks `records`' threads, then reads the Python frames of those walked.
+    /// Walks `records`' threads, then reads the interpreted frames of those walked.
     fn round(&mut self, records: &[ThreadRecord], counts: &mut WalkCounts) -> Vec<Walked> {
         let mut walked: Vec<Walked> = records.iter().map(|r| walk_one(self.pid, &self.view, r, counts)).collect();
-        if let Some(python) = self.python.as_mut() {
+        if let Some(runtime) = self.runtime.as_mut() {
             let tids: Vec<u32> =
                 walked.iter().filter(|w| w.source == StackSource::Walked).map(|w| w.record.tid).collect();
-            let mut frames = if tids.is_empty() { Default::default() } else { python.read(&tids) };
+            let mut frames = if tids.is_empty() { Default::default() } else { runtime.read(&tids) };
             for thread in &mut walked {
-                thread.python = frames.remove(&thread.record.tid).unwrap_or_default();
+                thread.interpreted = frames.remove(&thread.record.tid).unwrap_or_default();
             }
         }
         walked
@@ -288,7 +290,7 @@ fn settle(
 
 /// A test hook: `PROFILER_TEST_DUMP_DELAY_MS` makes every dump's walk that much slower, so
 /// that an end-to-end test can show what the daemon does while a dump is slow (as one of a
-/// process with many threads or a deep Python program is on a loaded machine).
+/// process with many threads or a deep interpreted program is on a loaded machine).
 fn slow_down_for_tests() {
     let delay = std::env::var("PROFILER_TEST_DUMP_DELAY_MS").ok().and_then(|ms| ms.parse().ok());
     if let Some(ms) = delay {
@@ -324,7 +326,7 @@ fn walk_one(pid: Pid, view: &UnwindView, record: &ThreadRecord, counts: &mut Wal
         let (frames, truncated) = walk::walk(pid, view, Regs::interrupted(record.ip, record.sp, record.bp), counts);
         (frames, truncated, StackSource::Walked)
     };
-    Walked { record: *record, user, truncated, source, python: Vec::new() }
+    Walked { record: *record, user, truncated, source, interpreted: Vec::new() }
 }
 
 /// Adds what `/proc` says; `None` when the thread is gone.
@@ -340,7 +342,7 @@ fn finish(pid: Pid, thread: Walked) -> Option<DumpedThread> {
         truncated: thread.truncated,
         kernel: thread.record.kernel_frames().to_vec(),
         source: thread.source,
-        python: thread.python,
+        interpreted: thread.interpreted,
     })
 }
 

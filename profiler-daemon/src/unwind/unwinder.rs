@@ -16,8 +16,8 @@ use std::{
 
 use profiler_common::{
     maps::UNWIND_TABLES_MAX_ENTRIES,
-    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_MAYBE_PYTHON, SHARD_ROWS},
-    PythonProcess, UnwindMapping, UnwindProcess, UnwindTableInfo,
+    unwind::{MAX_PROCESS_MAPPINGS, MAX_TABLE_SHARDS, NO_TABLE, SHARD_ROWS},
+    UnwindMapping, UnwindProcess, UnwindTableInfo,
 };
 
 use super::{
@@ -31,6 +31,7 @@ use crate::{
     offload::{Charge, Offload},
     opened::{self, OpenedFile},
     procs::{Device, MapEntry},
+    runtimes::{self, RegistrationStats, Runtime, Walked},
 };
 
 /// Tables from this many rows on are large enough to trim the heap after building.
@@ -81,15 +82,8 @@ pub struct UnwinderStats {
     /// Mapped files not read because their file system did not answer (see
     /// [`crate::offload`]).
     pub stalled_files: u64,
-    /// CPython processes whose Python frames the walker adds to their stacks.
-    pub python_processes: u64,
-    /// CPython processes not given to the walker because its map was full (native frames
-    /// only; retried at their next registration).
-    pub python_map_full: u64,
-    /// Processes with a file named like CPython's that the walker cannot read Python frames
-    /// of (not CPython, an unknown version or build), with the latest reason.
-    pub python_unsupported: u64,
-    pub python_unsupported_reason: Option<String>,
+    /// Processes given to the runtimes' walkers (see [`crate::runtimes`]), by runtime.
+    pub runtimes: RegistrationStats,
     /// Bytes of row memory in use, and the budget.
     pub table_bytes: u64,
     pub budget_bytes: u64,
@@ -127,8 +121,8 @@ struct Registered {
     written_ns: u64,
     /// The kernel map that holds it.
     map: UnwindMap,
-    /// The CPython interpreter given to the walker (see [`crate::python::kernel`]), if any.
-    python: Option<PythonProcess>,
+    /// What a runtime's walker was given of the process (see [`crate::runtimes`]), if any.
+    runtime: Option<Walked>,
 }
 
 /// Tables held loaded for a walk in userspace ([`Unwinder::hold`]); give them back with
@@ -208,7 +202,7 @@ impl Unwinder {
             if let Some(old) = self.processes.remove(&pid) {
                 self.release(&old.keys);
                 session.remove_unwind_process(pid, old.map);
-                self.forget_python(session, pid, &old);
+                self.forget_runtime(session, pid, &old);
             }
         }
         Ok(execs.into_iter().map(|(pid, _)| pid).collect())
@@ -264,7 +258,7 @@ impl Unwinder {
             if let Some(old) = self.processes.remove(pid) {
                 self.release(&old.keys);
                 session.remove_unwind_process(*pid, old.map);
-                self.forget_python(session, *pid, &old);
+                self.forget_runtime(session, *pid, &old);
             }
         }
     }
@@ -287,7 +281,10 @@ impl Unwinder {
     pub fn stats(&self) -> UnwinderStats {
         let mut stats = self.stats.clone();
         stats.processes = self.processes.len();
-        stats.python_processes = self.processes.values().filter(|r| r.python.is_some()).count() as u64;
+        for runtime in Runtime::ALL {
+            stats.runtimes.of_mut(runtime).processes =
+                self.processes.values().filter(|r| r.runtime.is_some_and(|w| w.runtime() == runtime)).count() as u64;
+        }
         stats.evictions = self.registry.evictions;
         (stats.table_bytes, stats.budget_bytes) = self.registry.usage();
         stats.tables = self
@@ -336,13 +333,13 @@ impl Unwinder {
         let written = process.mappings[..len].to_vec();
         // The interpreter is found before the list is written and given to the walker after
         // it: the list's flag tells the walker whether to look for one.
-        let python = self.find_python(pid, maps);
-        if python.is_some() {
-            process.flags = PROCESS_MAYBE_PYTHON;
+        let runtime = self.find_runtime(pid, maps);
+        if let Some((walked, _)) = &runtime {
+            process.flags = walked.flag();
         }
         let old = self.processes.get(&pid);
         let (written_ns, map) = match old {
-            Some(old) if old.written == written && old.python.is_some() == python.is_some() => {
+            Some(old) if old.written == written && old.runtime.is_some() == runtime.is_some() => {
                 (old.written_ns, old.map)
             }
             _ => {
@@ -355,12 +352,12 @@ impl Unwinder {
                 (now, map)
             }
         };
-        let python = match python {
-            Some(found) => self.give_python(session, pid, found)?,
+        let runtime = match runtime {
+            Some(found) => self.give_runtime(session, pid, found)?,
             None => None,
         };
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map, python }) {
+        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map, runtime }) {
             self.release(&old.keys);
         }
         Ok(())
@@ -368,58 +365,57 @@ impl Unwinder {
 
     /// The interpreter of `pid`: the one the walker was given already (an image's
     /// interpreter stays where it is until an exec, which ends the registration), else
-    /// looked for when a mapped file is named like CPython's. `(interpreter, new)`.
-    fn find_python(&mut self, pid: Pid, maps: &[MapEntry]) -> Option<(PythonProcess, bool)> {
-        if let Some(known) = self.processes.get(&pid).and_then(|r| r.python) {
+    /// looked for when a mapped file is named like a runtime's. `(interpreter, new)`.
+    fn find_runtime(&mut self, pid: Pid, maps: &[MapEntry]) -> Option<(Walked, bool)> {
+        if let Some(known) = self.processes.get(&pid).and_then(|r| r.runtime) {
             return Some((known, false));
         }
-        if !crate::python::kernel::candidate(maps) {
-            return None;
-        }
+        let runtime = runtimes::candidate(maps)?;
         let owned = maps.to_vec();
         let found = self
             .offload
-            .call(&format!("CPython of pid {pid}"), Charge::path(pid), move |state| {
+            .call(&format!("{runtime:?} of pid {pid}"), Charge::path(pid), move |state| {
                 let charger = state.charger();
-                crate::python::kernel::find(pid, &owned, &|map: &MapEntry| opened::open_on_worker(&charger, pid, map))
+                runtime.find(pid, &owned, &|map: &MapEntry| opened::open_on_worker(&charger, pid, map))
             })
             .map_err(|stall| stall.to_string())
             .and_then(|found| found);
         match found {
-            Ok(Some(process)) => Some((process, true)),
+            Ok(Some(walked)) => Some((walked, true)),
             Ok(None) => None,
             Err(why) => {
-                tracing::debug!(%pid, reason = %why, "no Python frames from the kernel walker");
-                self.stats.python_unsupported += 1;
-                self.stats.python_unsupported_reason = Some(why);
+                tracing::debug!(%pid, ?runtime, reason = %why, "no interpreted frames from the kernel walker");
+                let stats = self.stats.runtimes.of_mut(runtime);
+                stats.unsupported += 1;
+                stats.unsupported_reason = Some(why);
                 None
             }
         }
     }
 
-    /// Writes `pid`'s interpreter found by [`Self::find_python`] for the walker, if it is
+    /// Writes `pid`'s interpreter found by [`Self::find_runtime`] for the walker, if it is
     /// new. Returns it, or `None` when the map is full (counted).
-    fn give_python(
+    fn give_runtime(
         &mut self,
         session: &mut Session,
         pid: Pid,
-        (process, new): (PythonProcess, bool),
-    ) -> Result<Option<PythonProcess>> {
-        if new && !session.set_python_process(pid, Some(&process))? {
-            self.stats.python_map_full += 1;
+        (walked, new): (Walked, bool),
+    ) -> Result<Option<Walked>> {
+        if new && !walked.give(session, pid)? {
+            self.stats.runtimes.of_mut(walked.runtime()).map_full += 1;
             return Ok(None);
         }
-        Ok(Some(process))
+        Ok(Some(walked))
     }
 
     /// Processes the side band saw call `execve`: the kernel dropped their interpreter's
     /// entry at the exec, and their new image is looked at afresh when it registers (a
-    /// Python process that execs another Python, as `multiprocessing`'s spawn does, gets the
+    /// process that execs another interpreter, as a process pool's spawn does, gets the
     /// new one's). Their tables and mappings go with their next registration, as before.
     pub fn execed(&mut self, pids: impl IntoIterator<Item = Pid>) {
         for pid in pids {
             if let Some(registered) = self.processes.get_mut(&pid) {
-                registered.python = None;
+                registered.runtime = None;
             }
         }
     }
@@ -439,13 +435,13 @@ impl Unwinder {
         let Some(from) = self.processes.get(&parent).filter(|from| from.version == parent_version) else {
             return Ok(false);
         };
-        let (keys, written, parent_python) = (from.keys.clone(), from.written.clone(), from.python);
+        let (keys, written, parent_runtime) = (from.keys.clone(), from.written.clone(), from.runtime);
         let mut process =
             Box::new(UnwindProcess { len: 0, flags: 0, mappings: [UnwindMapping::default(); MAX_PROCESS_MAPPINGS] });
         process.mappings[..written.len()].copy_from_slice(&written);
         process.len = written.len() as u32;
-        if parent_python.is_some() {
-            process.flags = PROCESS_MAYBE_PYTHON;
+        if let Some(walked) = &parent_runtime {
+            process.flags = walked.flag();
         }
         let written_ns = crate::sideband::now_ns();
         let was = self.processes.get(&child).map(|old| old.map);
@@ -457,19 +453,19 @@ impl Unwinder {
             self.registry.acquire(key);
         }
         // The child's interpreter is its parent's, at the same addresses.
-        let python = match parent_python {
-            Some(python) if session.set_python_process(child, Some(&python))? => Some(python),
-            Some(_) => {
-                self.stats.python_map_full += 1;
+        let runtime = match parent_runtime {
+            Some(walked) if walked.give(session, child)? => Some(walked),
+            Some(walked) => {
+                self.stats.runtimes.of_mut(walked.runtime()).map_full += 1;
                 None
             }
             None => None,
         };
-        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map, python })
+        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map, runtime })
         {
             self.release(&old.keys);
-            if old.python.is_some() && python.is_none() {
-                session.set_python_process(child, None)?;
+            if let (Some(old), None) = (old.runtime, runtime) {
+                old.forget(session, child)?;
             }
         }
         Ok(true)
@@ -479,12 +475,11 @@ impl Unwinder {
     /// to go at once, unlike the mapping lists' batched deletions). A failure is logged: the
     /// entry then stays until the pid registers again, walking a dead process's addresses
     /// in whichever process reuses it, whose words userspace checks before naming them.
-    fn forget_python(&mut self, session: &mut Session, pid: Pid, old: &Registered) {
-        if old.python.is_none() {
-            return;
-        }
-        if let Err(err) = session.set_python_process(pid, None) {
-            tracing::warn!(%pid, error = %err, "could not remove a CPython process from the walker's map");
+    fn forget_runtime(&mut self, session: &mut Session, pid: Pid, old: &Registered) {
+        let Some(walked) = old.runtime else { return };
+        if let Err(err) = walked.forget(session, pid) {
+            let runtime = walked.runtime();
+            tracing::warn!(%pid, ?runtime, error = %err, "could not remove a process from a runtime walker's map");
         }
     }
 
@@ -703,10 +698,11 @@ fn open_file_info(opened: &OpenedFile) -> Option<FileInfo> {
 }
 
 /// File names every process's stacks run through (the C library, the dynamic loader, the
-/// vDSO, the C++ and unwinding runtimes, CPython's library): kept first when a process maps
-/// more files than the walker's list holds.
-const RUNTIME_FILES: [&str; 8] =
-    ["libc.so", "ld-linux", "[vdso]", "libpthread.so", "libstdc++.so", "libgcc_s.so", "libm.so", "libpython3"];
+/// vDSO, the C++ and unwinding runtimes; and an interpreter's library,
+/// [`runtimes::is_library`]): kept first when a process maps more files than the walker's
+/// list holds.
+const RUNTIME_FILES: [&str; 7] =
+    ["libc.so", "ld-linux", "[vdso]", "libpthread.so", "libstdc++.so", "libgcc_s.so", "libm.so"];
 
 /// Which of `maps` (sorted by address) the walker's list of `cap` holds: all when they fit,
 /// else the runtime's files ([`RUNTIME_FILES`]) and then the lowest addresses (the
@@ -719,7 +715,7 @@ fn kept_mappings<'a>(maps: &[&'a MapEntry], cap: usize) -> Vec<&'a MapEntry> {
     }
     let is_runtime = |m: &MapEntry| {
         let name = m.path.rsplit('/').next().unwrap_or("");
-        RUNTIME_FILES.iter().any(|runtime| name.starts_with(runtime))
+        RUNTIME_FILES.iter().any(|runtime| name.starts_with(runtime)) || runtimes::is_library(name)
     };
     let mut chosen: Vec<usize> = (0..maps.len()).filter(|&i| is_runtime(maps[i])).take(cap).collect();
     let rest: Vec<usize> = (0..maps.len()).filter(|&i| !is_runtime(maps[i])).take(cap - chosen.len()).collect();

@@ -5,11 +5,12 @@
 //! [`detect`] finds the interpreter (3.11, 3.12, 3.13; static or shared builds) and its
 //! structure offsets ([`offsets`]); [`code`] names code objects, cached per (process, code
 //! object) with an identity check; `resolve::interpreted` puts named frames in place of the
-//! interpreter loop's native frames. Two sources of frames:
+//! interpreter loop's native frames. The rest of the daemon reaches it only through
+//! [`crate::runtimes`]. Two sources of frames:
 //! - sampled profiles (cpu, heap, block, mutex, threadcreate, offcpu): [`kernel`] gives the
 //!   kernel walker each CPython process's interpreter when it registers, the walker appends
-//!   one word per Python frame to the stacks it takes, and [`crate::resolve`] names them
-//!   ([`PythonDump::name_words`]);
+//!   one word per Python frame to the stacks it takes, and [`crate::resolve`] has them named
+//!   ([`PythonReader::name_stacks`], [`PythonDump::name_words`]);
 //! - thread dumps: [`frames`] walks each thread state's frame chain in userspace.
 //!   [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in each
 //!   round of its walks ([`PythonDump::read`]); [`PythonDump::finish`] gives what was read
@@ -57,17 +58,16 @@ pub enum ReadFailure {
 }
 
 /// One Python frame of a thread, named.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PythonFrame {
-    /// `co_qualname`; `?` when the code object could not be read.
-    pub qualname: String,
-    pub filename: String,
-    /// The line of the current instruction.
-    pub line: u32,
-    /// The outermost frame of one interpreter-loop activation (see
-    /// [`profiler_common::InterpretedFrame::ENTRY`]).
-    pub entry: bool,
-}
+pub type PythonFrame = super::RuntimeFrame;
+
+/// The pseudo file name of Python frames' locations in profiles.
+pub const MAPPING: &str = "[python]";
+
+/// The label of a sample with Python frames left over (not placed).
+pub const LABEL: &str = "python";
+
+/// The interpreter loop's function: one native activation runs a run of Python frames.
+pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
 /// What reading a process's Python state gave, for the profile's comment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,6 +135,27 @@ impl PythonReader {
     pub fn begin_owned(&mut self, process: &KnownProcess) -> Option<PythonDump<'static>> {
         let begun = self.prepare(process)?;
         Some(begun.dump(Codes::Owned(Box::new(std::mem::take(&mut self.codes)))))
+    }
+
+    /// Names the Python frames of sampled stacks (`words`: per sample, leaf first, the words
+    /// the kernel walker put after the native frames). Returns the frames per sample and the
+    /// line for the profile's comment: what was named, or why nothing was (the process
+    /// exited before its code objects were read: those samples keep their native frames,
+    /// counted).
+    pub fn name_stacks(&mut self, process: &KnownProcess, words: &[&[u64]]) -> (Vec<Vec<PythonFrame>>, String) {
+        let with = words.iter().filter(|words| !words.is_empty()).count();
+        let Some(mut reading) = self.begin(process) else {
+            let note = format!(
+                "python: {with} samples have Python frames the kernel walked, not named: the process exited before \
+                 its code objects were read (they keep {EVAL_FUNCTION})"
+            );
+            return (Vec::new(), note);
+        };
+        let names = reading.name_words(words.iter().flat_map(|words| words.iter().copied()));
+        let frames: Vec<Vec<PythonFrame>> =
+            words.iter().map(|words| words.iter().filter_map(|w| names.get(w).cloned()).collect()).collect();
+        let placed = frames.iter().filter(|f| !f.is_empty()).count();
+        (frames, reading.sampled_note(with, placed))
     }
 
     /// What a dump begun with [`PythonReader::begin_owned`] read, its code cache kept again.
@@ -258,7 +279,7 @@ pub struct PythonDump<'a> {
 }
 
 /// What one dump's reading gave ([`PythonDump::finish`]), for the dump to apply to its
-/// threads (`ThreadDump::apply_python`): whether the frames read stand, and the summary.
+/// threads (`ThreadDump::apply_runtime`): whether the frames read stand, and the summary.
 #[derive(Debug)]
 pub struct PythonRead {
     summary: PythonSummary,
@@ -349,14 +370,17 @@ impl<'a> PythonDump<'a> {
     }
 
     /// Names the Python frames of sampled stacks: the words the kernel walker stored
-    /// (`profiler_common::frame::python_word`), one name per distinct word. A word whose
+    /// (`profiler_common::frame::interpreted_word`), one name per distinct word. A word whose
     /// code object cannot be read is named `?` (counted); none is named once reading failed
     /// or the process exited (the summary says which).
     pub fn name_words(&mut self, words: impl IntoIterator<Item = u64>) -> HashMap<u64, PythonFrame> {
         let mut named = HashMap::new();
         let Some(interp) = self.interp.as_deref() else { return named };
         for word in words {
-            let Some(frame) = profiler_common::frame::decode_python_word(word) else { continue };
+            let Some(frame) = profiler_common::frame::decode_word(word) else { continue };
+            if frame.kind != profiler_common::FrameKind::Python as u8 {
+                continue;
+            }
             if named.contains_key(&word) {
                 continue;
             }
@@ -423,7 +447,7 @@ impl<'a> PythonDump<'a> {
         HashMap::new()
     }
 
-    /// What the reading gave, for the dump to apply (`ThreadDump::apply_python`).
+    /// What the reading gave, for the dump to apply (`ThreadDump::apply_runtime`).
     pub fn finish(self) -> PythonRead {
         self.finish_parts().0
     }
@@ -443,7 +467,8 @@ fn unnamed_frame(frame: &InterpretedFrame) -> PythonFrame {
     PythonFrame { qualname: "?".into(), filename: String::new(), line: 0, entry: frame.is_entry() }
 }
 
-fn summary(status: PythonStatus) -> PythonSummary {
+/// An empty summary with `status`.
+pub(crate) fn summary(status: PythonStatus) -> PythonSummary {
     PythonSummary {
         status,
         threads: 0,
@@ -536,15 +561,15 @@ mod tests {
                 kernel: vec![],
                 source: StackSource::Walked,
                 // Read in an earlier round, before the process exited.
-                python: vec![frame],
+                interpreted: vec![frame],
             }],
             ..ThreadDump::begin(gone, 0)
         };
         let read = reading.finish();
         assert!(!read.frames_stand());
-        dump.apply_python(read);
-        assert!(dump.threads[0].python.is_empty(), "none rather than some");
-        let summary = dump.python.unwrap();
+        dump.apply_runtime(crate::runtimes::DumpRead::CPython(read));
+        assert!(dump.threads[0].interpreted.is_empty(), "none rather than some");
+        let Some(crate::runtimes::DumpSummary::CPython(summary)) = dump.runtime else { panic!("no summary") };
         assert_eq!(summary.status, PythonStatus::Exited);
         assert!(summary.describe().contains("exited"), "{}", summary.describe());
     }

@@ -1,13 +1,14 @@
 //! What the kernel walker is given of a CPython process (`PYTHON_PROCESSES`): where the
 //! main interpreter is, and its version's structure offsets, from the same detection the
 //! thread dumps use ([`super::detect`]). The walker then adds each thread's Python frames
-//! to every stack it takes (see `profiler-ebpf`'s `python.rs`); [`crate::resolve`] names
+//! to every stack it takes (see `profiler-ebpf`'s `runtimes/cpython.rs`); [`crate::resolve`] names
 //! them.
 
-use profiler_common::{
-    frame::{PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME, PYTHON_NO_CSTACK_OWNER, PYTHON_NO_IS_ENTRY},
-    PythonProcess,
+use profiler_common::runtimes::cpython::{
+    maps::PYTHON_PROCESSES, PythonCounter, PythonProcess, PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME,
+    PYTHON_NO_CSTACK_OWNER, PYTHON_NO_IS_ENTRY,
 };
+use serde_json::json;
 
 use super::{
     detect::{self, Detection, Interpreter},
@@ -15,9 +16,14 @@ use super::{
     ReadFailure,
 };
 use crate::{
+    ebpf::{self, Session},
     ids::Pid,
     procs::{self, MapEntry},
+    runtimes::Registrations,
 };
+
+/// How the name of CPython's shared library begins.
+pub const LIBRARY_PREFIX: &str = "libpython3";
 
 /// Whether `maps` has a file named like CPython's interpreter or library: only such
 /// processes are looked at when they register (reading every program's symbols at each of
@@ -26,7 +32,7 @@ use crate::{
 pub fn candidate(maps: &[MapEntry]) -> bool {
     maps.iter().filter(|m| !m.unmapped && m.is_file()).any(|m| {
         let name = m.path.rsplit('/').next().unwrap_or("");
-        name.starts_with("libpython3") || name.starts_with("python3")
+        name.starts_with(LIBRARY_PREFIX) || name.starts_with("python3")
     })
 }
 
@@ -109,10 +115,60 @@ pub fn entry(interp: &Interpreter) -> Result<PythonProcess, String> {
     })
 }
 
+/// Gives the walker `pid`'s interpreter (`None`: makes it forget it). False when its map is
+/// full.
+pub fn give(session: &mut Session, pid: Pid, process: Option<&PythonProcess>) -> ebpf::Result<bool> {
+    session.set_runtime_process(PYTHON_PROCESSES, pid, process)
+}
+
+/// One of the walk's counters, from `counters` (the walker's, by [`PythonCounter`]).
+fn counter(counters: &[u64], which: PythonCounter) -> u64 {
+    counters.get(which as usize).copied().unwrap_or(0)
+}
+
+/// The `/status` object of the kernel's walk of CPython frames: processes given to it, and
+/// what its walks did.
+pub fn status(registered: &Registrations, counters: &[u64]) -> serde_json::Value {
+    use PythonCounter as P;
+    let p = |which| counter(counters, which);
+    json!({
+        "processes": registered.processes,
+        "map_full": registered.map_full,
+        "unsupported": registered.unsupported,
+        "last_unsupported_reason": registered.unsupported_reason,
+        "walks": p(P::Walks),
+        "frames": p(P::Frames),
+        "no_thread_state": p(P::NoThreadState),
+        "unreadable": p(P::BadRead),
+        "cut_at_depth_limit": p(P::Truncated),
+        "bad_code_pointers": p(P::BadCode),
+    })
+}
+
+/// What the walk of CPython frames did (whole machine), for the profile's comment, when it
+/// ran at all.
+pub fn walks_comment(counters: &[u64]) -> String {
+    use PythonCounter as P;
+    let p = |which| counter(counters, which);
+    if p(P::Walks) == 0 {
+        return String::new();
+    }
+    format!(
+        "; Python frame walks {}: frames {}, no thread state for the thread {}, interpreter memory unreadable {}, \
+         cut at the depth limit {}, frames without a code object {}",
+        p(P::Walks),
+        p(P::Frames),
+        p(P::NoThreadState),
+        p(P::BadRead),
+        p(P::Truncated),
+        p(P::BadCode),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::python::offsets;
+    use crate::runtimes::cpython::offsets;
 
     fn interp(offsets: offsets::Offsets) -> Interpreter {
         Interpreter { version: (3, 12), path: "python3.12".into(), runtime: 0x1000, code_type: None, offsets }

@@ -424,7 +424,7 @@ fn code_point(c: u32) -> char {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::python::offsets::V3_12;
+    use crate::runtimes::cpython::offsets::V3_12;
 
     /// A 3.12 `str` object in our own memory: header, then the characters.
     fn str_object(kind: u32, ascii: bool, length: u64, data: &[u8]) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //! `PYTHON_PROCESSES`, find the thread's `PyThreadState` (the main interpreter's thread list,
 //! by `native_thread_id`), then follow its `_PyInterpreterFrame` chain from the current frame
 //! outwards, appending one word per Python frame (code object, instruction offset, entry
-//! mark: `profiler_common::frame::python_word`) to the stack. Userspace names the code
+//! mark: `profiler_common::frame::interpreted_word`) to the stack. Userspace names the code
 //! objects and puts each activation's frames in place of its `_PyEval_EvalFrameDefault`.
 //!
 //! Frames the interpreter's own tracebacks skip are skipped: 3.12+'s shim frames owned by the
@@ -31,12 +31,12 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    frame::{
-        python_word, python_word_entry, PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME, PYTHON_NO_CSTACK_OWNER,
-        PYTHON_NO_IS_ENTRY, PYTHON_OWNED_BY_GENERATOR,
+    frame::{interpreted_word, word_entry},
+    runtimes::cpython::{
+        maps::PYTHON_PROCESSES_MAX_ENTRIES, PythonCounter, PythonProcess, PYTHON_FRAME_READ_BYTES, PYTHON_NO_CFRAME,
+        PYTHON_NO_CSTACK_OWNER, PYTHON_NO_IS_ENTRY, PYTHON_OWNED_BY_GENERATOR,
     },
-    maps::PYTHON_PROCESSES_MAX_ENTRIES,
-    PythonCounter, PythonProcess, MAX_USER_STACK_DEPTH,
+    FrameKind, MAX_USER_STACK_DEPTH,
 };
 
 use crate::{
@@ -115,6 +115,16 @@ fn word_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u64 {
 #[inline(always)]
 fn byte_at(buf: &[u64; FRAME_WORDS], offset: u16) -> u8 {
     (word_at(buf, offset) >> ((offset as u64 & 7) * 8)) as u8
+}
+
+/// Drops process `tgid`'s interpreter at its exec: the new image is another program, whose
+/// interpreter, if any, userspace registers anew.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    // SAFETY: only checks for presence.
+    if unsafe { PYTHON_PROCESSES.get(&tgid) }.is_some() {
+        let _ = PYTHON_PROCESSES.remove(&tgid);
+    }
 }
 
 /// Appends the Python frames of the current thread, if process `tgid` is a registered
@@ -289,7 +299,7 @@ fn frame(state: &mut PythonWalk, slot: u32) -> bool {
     if p.cstack_owner != PYTHON_NO_CSTACK_OWNER && owner == p.cstack_owner {
         // The shim below an activation's first frame: that frame is its entry.
         if state.pending != 0 {
-            state.pending = python_word_entry(state.pending);
+            state.pending = word_entry(state.pending);
         }
         return true;
     }
@@ -298,7 +308,7 @@ fn frame(state: &mut PythonWalk, slot: u32) -> bool {
         return true; // incomplete: its first instruction not reached
     }
     let entry = p.frame_is_entry != PYTHON_NO_IS_ENTRY && byte_at(&state.buf, p.frame_is_entry) != 0;
-    let Some(word) = python_word(code, instr.saturating_sub(first) / 2, entry) else {
+    let Some(word) = interpreted_word(FrameKind::Python, code, instr.saturating_sub(first) / 2, entry) else {
         count(PythonCounter::BadCode);
         return true;
     };
@@ -323,7 +333,7 @@ fn flush(state: &mut PythonWalk, slot: u32, outermost: bool) {
     if pending == 0 {
         return;
     }
-    let word = if outermost { python_word_entry(pending) } else { pending };
+    let word = if outermost { word_entry(pending) } else { pending };
     if push_to_walk(slot, word) {
         count(PythonCounter::Frames);
     } else {
