@@ -958,7 +958,7 @@ impl Collector {
         // reply names the keys that wait for a restart).
         config.cpu.frequency_hz = self.config.cpu.frequency_hz;
         config.heap.sample_bytes = self.config.heap.sample_bytes;
-        config.offcpu.sample_every = self.config.offcpu.sample_every;
+        config.offcpu = self.config.offcpu.clone();
         config.waits = self.config.waits.clone();
         self.config = config;
         self.heap_failed.clear();
@@ -1040,6 +1040,7 @@ fn settings(config: &Config) -> Settings {
     Settings {
         frequency_hz: config.cpu.frequency_hz,
         heap_sample_bytes: config.heap.sample_bytes,
+        offcpu_rate_ns: config.offcpu.rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         offcpu_sample_every: config.offcpu.sample_every,
         block_rate_ns: config.waits.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         mutex_fraction: config.waits.mutex_fraction,

@@ -213,6 +213,9 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     if new.heap.sample_bytes != old.heap.sample_bytes {
         keys.push("heap.sample_bytes");
     }
+    if new.offcpu.rate != old.offcpu.rate {
+        keys.push("offcpu.rate");
+    }
     if new.offcpu.sample_every != old.offcpu.sample_every {
         keys.push("offcpu.sample_every");
     }
