@@ -11,8 +11,8 @@ use profiler_tests::nspawn::Container;
 use profiler_tests::{daemon, go_pprof, listing, FixtureKind, Profile};
 
 use super::{
-    fixture_dir, machine_fit, only_cpu_file, replace_once, shipped, status, wait_active, wait_for_samples, with_unit,
-    ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, READY_STATUS, SHIPPED_HZ, SHIPPED_INTERVAL_S, SOCKET, SOON, UNIT,
+    fixture_dir, get_ok, machine_fit, only_cpu_file, replace_once, shipped, status, wait_active, wait_for_samples,
+    with_unit, ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, READY_STATUS, SHIPPED_HZ, SHIPPED_INTERVAL_S, SOCKET, SOON, UNIT,
 };
 
 /// syscall_heavy is >95% system time; half leaves room for samples taken as it enters or
