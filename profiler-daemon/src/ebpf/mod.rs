@@ -510,14 +510,10 @@ fn random_key() -> Result<u64> {
     Ok(u64::from_ne_bytes(key))
 }
 
-/// The `task_struct` layout of the running kernel, and the level of our pid namespace (the
-/// number of `NSpid:` entries of our own status, less one).
+/// The `task_struct` and `struct pid` layout of the running kernel.
 fn task_offsets() -> Result<TaskOffsets> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|source| Error::Io { action: "read /proc/self/status".into(), source })?;
-    let levels = status.lines().find_map(|l| l.strip_prefix("NSpid:")).map_or(1, |ids| ids.split_whitespace().count());
     let types = btf::Types::vmlinux().map_err(Error::TaskLayout)?;
-    btf::task_offsets(&types, levels.saturating_sub(1) as u32).map_err(Error::TaskLayout)
+    btf::task_offsets(&types).map_err(Error::TaskLayout)
 }
 
 fn enable_run_time_stats() -> Result<OwnedFd> {
