@@ -3,12 +3,17 @@
 //! what exited (the unwinder's tables, heap probes, kernel state).
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
-use super::{log_slow, scope::seen, Capture, CaptureError, Drained, Live};
+use super::{
+    log_slow,
+    scope::{in_scope, seen},
+    Capture, CaptureError, Drained, Live,
+};
 use crate::{
+    ebpf::Batch,
     ids::{Pid, StackId},
     procs, profiles,
     profiles::Source,
@@ -35,6 +40,26 @@ impl Capture {
         let mut reused = std::mem::take(&mut self.reused_since_drain);
         reused.extend(self.follow());
         let exited_unsampled = self.catalog.exited_unsampled();
+        let batch = self.read_maps(&mut reused)?;
+        let new_stacks = self.learn(&batch);
+        let mut problems = Vec::new();
+        let (catalog, selection, scope) = (&self.catalog, &self.selection, &self.scope);
+        if let Err(err) = self.declined.settle(&mut self.session, |pid| seen(catalog, selection, scope, pid)) {
+            problems.push(CaptureError::Decline(err));
+        }
+        self.note_execs(&mut problems);
+        let gone = self.forget_gone(&exited_unsampled, &mut problems);
+        self.sync_backlog(&mut problems);
+        self.count_registered_execs();
+        for problem in &problems {
+            tracing::warn!("{}", crate::error::chain(problem));
+        }
+        Ok(Drained { batch, new_stacks, gone, reused, problems })
+    }
+
+    /// Flips the map sets and reads the idle one once it settles, following process events
+    /// meanwhile (the pids they reused go to `reused`).
+    fn read_maps(&mut self, reused: &mut Vec<Pid>) -> Result<Batch, CaptureError> {
         let started = Instant::now();
         let settled = self.session.flip().map_err(CaptureError::Drain)?;
         // Until the old set settles, process events are followed as they come.
@@ -45,38 +70,39 @@ impl Capture {
         }
         let batch = self.session.drain_flipped().map_err(CaptureError::Drain)?;
         log_slow("drain: read the maps", started);
+        Ok(batch)
+    }
+
+    /// Learns the processes and stacks `batch` names; returns the stacks new to the catalogue.
+    fn learn(&mut self, batch: &Batch) -> HashSet<StackId> {
         self.read_asks();
-        let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(&batch));
+        let new_stacks = self.catalog.learn(&batch.stacks, &profiles::sightings(batch));
         // A process whose fork's record was lost (the side band's rings overflow under a
         // storm of thread events while this thread is busy) and that exited before `/proc`
         // was read has no name but the one its walker's ask gave.
-        self.asked_names.retain(|&pid, (name, drains)| {
-            *drains -= 1;
-            !self.catalog.name_if_unnamed(pid, name) && *drains > 0
-        });
+        let catalog = &mut self.catalog;
+        age_asked_names(&mut self.asked_names, |pid, name| catalog.name_if_unnamed(pid, name));
         self.catalog.note_over_share(&batch.over_share);
-        let mut problems = Vec::new();
-        let (catalog, selection, scope) = (&self.catalog, &self.selection, &self.scope);
-        if let Err(err) = self.declined.settle(&mut self.session, |pid| seen(catalog, selection, scope, pid)) {
-            problems.push(CaptureError::Decline(err));
-        }
+        new_stacks
+    }
+
+    /// Takes the processes the kernel saw call `execve`. A new image is registered now, not
+    /// after its first sample: until then its stacks would be walked with frame pointers only
+    /// (see [`execs_to_mark`]).
+    fn note_execs(&mut self, problems: &mut Vec<CaptureError>) {
         match self.unwinder.take_execs(&mut self.session) {
-            // A new image is registered now, not after its first sample: until then its
-            // stacks would be walked with frame pointers only.
-            // With the side band, the exec's events already told its new mappings (and the
-            // unwinder, told of the exec above, registers it again); what the kernel lists
-            // then are the failed execs, whose process the unwinder just forgot and
-            // registers again below with the mappings it still has.
-            Ok(_) if self.sideband.is_some() => {}
             Ok(pids) => {
-                for pid in pids {
-                    if self.in_scope(pid) {
-                        self.catalog.exec_seen(pid);
-                    }
+                for pid in execs_to_mark(self.sideband.is_some(), pids, &self.scope) {
+                    self.catalog.exec_seen(pid);
                 }
             }
             Err(err) => problems.push(CaptureError::Execs(err)),
         }
+    }
+
+    /// Detaches the heap probes of exited processes, and forgets the processes that exited
+    /// without data (see [`forgettable`]). Returns those forgotten.
+    fn forget_gone(&mut self, exited_unsampled: &[Pid], problems: &mut Vec<CaptureError>) -> Vec<Pid> {
         // Probes of an exited process go now, not after the catalogue's grace: each holds
         // descriptors, and a pool of short-lived workers would exhaust them. What they
         // counted was drained above.
@@ -84,17 +110,20 @@ impl Capture {
         if let Err(err) = self.session.detach_heap(&exited) {
             problems.push(CaptureError::Forget(err));
         }
-        let scope = self.scope.clone();
         let mut gone = self.catalog.prune_unsampled(UNSAMPLED_GRACE);
-        gone.extend(self.catalog.forget_unsampled(&exited_unsampled));
-        gone.retain(|pid| !scope.contains(pid));
+        gone.extend(self.catalog.forget_unsampled(exited_unsampled));
+        let gone = forgettable(gone, &self.scope);
         problems.extend(self.forget(&gone));
         if let Err(err) = self.session.flush_unwind_removals() {
             problems.push(CaptureError::Forget(err));
         }
-        // The backlog (processes seen in /proc, not yet registered) goes in slices, the side
-        // band's new processes between them: a program started now must not wait the whole
-        // budget behind processes that have run for hours.
+        gone
+    }
+
+    /// Registers the backlog (processes seen in /proc, not yet registered) in slices, the side
+    /// band's new processes between them: a program started now must not wait the whole
+    /// budget behind processes that have run for hours.
+    fn sync_backlog(&mut self, problems: &mut Vec<CaptureError>) {
         let started = Instant::now();
         let deadline = Instant::now() + UNWIND_SYNC_BUDGET;
         loop {
@@ -106,9 +135,8 @@ impl Capture {
                 self.reused_since_drain.extend(more);
             }
             match self.sync_unwinder(Some(UNWIND_SYNC_SLICE), true) {
-                Ok(true) => break,
-                Ok(false) if Instant::now() < deadline => {}
-                Ok(false) => break,
+                Ok(done) if backlog_continues(done, Instant::now(), deadline) => {}
+                Ok(_) => break,
                 Err(err) => {
                     problems.push(CaptureError::UnwindTables(err));
                     break;
@@ -116,11 +144,6 @@ impl Capture {
             }
         }
         log_slow("drain: sync the unwinder", started);
-        self.count_registered_execs();
-        for problem in &problems {
-            tracing::warn!("{}", crate::error::chain(problem));
-        }
-        Ok(Drained { batch, new_stacks, gone, reused, problems })
     }
 
     /// Reads the live heap blocks, then drains (see [`Live`]).
@@ -165,5 +188,92 @@ impl Capture {
             self.heap.remove(pid);
         }
         problems
+    }
+}
+
+/// The exec'd processes (`execs`, as the kernel listed them) whose catalogue entry is read
+/// again now. With the side band, none: the exec's events already told its new mappings (and
+/// the unwinder, told of the exec then, registers it again); what the kernel lists then are
+/// the failed execs, whose process the unwinder just forgot and registers again with the
+/// mappings it still has. Without it, those of the chosen `scope` (empty: every process).
+pub(super) fn execs_to_mark(sideband_open: bool, execs: Vec<Pid>, scope: &[Pid]) -> Vec<Pid> {
+    if sideband_open {
+        return Vec::new();
+    }
+    execs.into_iter().filter(|&pid| in_scope(scope, pid)).collect()
+}
+
+/// Of the processes that exited without data, those a drain forgets: all but the pids
+/// chosen by name (a snapshot of `-p PID` keeps its process to the end, data or not).
+pub(super) fn forgettable(mut gone: Vec<Pid>, scope: &[Pid]) -> Vec<Pid> {
+    gone.retain(|pid| !scope.contains(pid));
+    gone
+}
+
+/// Ages the names the walkers' asks gave by one drain: a name `name_it` used (it named a
+/// process nothing else names) goes, and so does one that waited [`super::follow`]'s
+/// `ASKED_NAME_DRAINS` drains, so that a pid reused later never takes an old name.
+pub(super) fn age_asked_names(names: &mut HashMap<Pid, (String, u8)>, mut name_it: impl FnMut(Pid, &str) -> bool) {
+    names.retain(|&pid, (name, drains)| {
+        *drains = drains.saturating_sub(1);
+        !name_it(pid, name) && *drains > 0
+    });
+}
+
+/// Whether the backlog's registration goes on after a slice: not when it is `done`, nor past
+/// the drain's `deadline` ([`UNWIND_SYNC_BUDGET`]; the rest waits for the next drain).
+pub(super) fn backlog_continues(done: bool, now: Instant, deadline: Instant) -> bool {
+    !done && now < deadline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_side_band_the_scopes_execs_are_read_again_and_with_it_none() {
+        let execs = vec![Pid(1), Pid(2), Pid(3)];
+        assert_eq!(execs_to_mark(false, execs.clone(), &[]), execs);
+        assert_eq!(execs_to_mark(false, execs.clone(), &[Pid(2), Pid(9)]), [Pid(2)]);
+        // The side band told the execs' mappings already; the kernel's list is of failed ones.
+        assert!(execs_to_mark(true, execs.clone(), &[]).is_empty());
+        assert!(execs_to_mark(true, execs, &[Pid(2)]).is_empty());
+    }
+
+    #[test]
+    fn a_drain_forgets_every_process_gone_but_those_chosen_by_pid() {
+        let gone = vec![Pid(1), Pid(2), Pid(3)];
+        assert_eq!(forgettable(gone.clone(), &[]), gone);
+        assert_eq!(forgettable(gone.clone(), &[Pid(2)]), [Pid(1), Pid(3)]);
+        assert!(forgettable(gone, &[Pid(3), Pid(1), Pid(2)]).is_empty());
+    }
+
+    #[test]
+    fn an_asked_name_is_dropped_once_used_or_after_its_drains() {
+        let mut names: HashMap<Pid, (String, u8)> = HashMap::new();
+        super::super::follow::note_ask(&mut names, Pid(1), "used".into());
+        super::super::follow::note_ask(&mut names, Pid(2), "waits".into());
+        let mut asked = Vec::new();
+        age_asked_names(&mut names, |pid, name| {
+            asked.push((pid, name.to_string()));
+            pid == Pid(1)
+        });
+        asked.sort();
+        assert_eq!(asked, [(Pid(1), "used".to_string()), (Pid(2), "waits".to_string())]);
+        // The name used is gone; the other waits for its process one more drain...
+        assert_eq!(names.keys().copied().collect::<Vec<_>>(), [Pid(2)]);
+        // ...and no longer, used or not: a pid reused later must not take it.
+        age_asked_names(&mut names, |_, _| false);
+        assert!(names.is_empty());
+    }
+
+    #[test]
+    fn the_backlog_is_registered_until_done_or_past_its_budget() {
+        let now = Instant::now();
+        let deadline = now + UNWIND_SYNC_BUDGET;
+        assert!(backlog_continues(false, now, deadline));
+        assert!(!backlog_continues(true, now, deadline));
+        assert!(!backlog_continues(false, deadline, deadline));
+        assert!(!backlog_continues(false, deadline + Duration::from_millis(1), deadline));
     }
 }

@@ -10,7 +10,10 @@ use std::{
 
 use profiler_common::RegisterAsk;
 
-use super::{scope::seen, Capture, CaptureError};
+use super::{
+    scope::{in_scope, seen},
+    Capture, CaptureError,
+};
 use crate::{
     ids::Pid,
     sideband::{self, FollowLatency, ProcessEvent, SidebandStats},
@@ -217,7 +220,7 @@ fn parse_ask(bytes: &[u8]) -> Option<(Pid, String)> {
 pub(super) fn keep_event(scope: &[Pid], pid: Option<Pid>) -> bool {
     match pid {
         Some(Pid(0)) => false,
-        Some(pid) => scope.is_empty() || scope.contains(&pid),
+        Some(pid) => in_scope(scope, pid),
         None => true,
     }
 }

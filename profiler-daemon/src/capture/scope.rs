@@ -16,10 +16,6 @@ use crate::{
 };
 
 impl Capture {
-    pub(super) fn in_scope(&self, pid: Pid) -> bool {
-        self.scope.is_empty() || self.scope.contains(&pid)
-    }
-
     pub(super) fn sync_unwinder(&mut self, budget: Option<Duration>, give_way: bool) -> ebpf::Result<bool> {
         let selection = &self.selection;
         let processes = self
@@ -116,15 +112,69 @@ impl Capture {
         self.catalog.inspect(pid);
     }
 }
+
 /// How the catalogue, the selection and a snapshot's pid scope see process `pid`, for
-/// [`Declined`].
+/// [`crate::declined::Declined`].
 pub(super) fn seen(catalog: &Catalog, selection: &ProcessSelection, scope: &[Pid], pid: Pid) -> Seen {
     match catalog.process(pid) {
         None => Seen::Unknown,
         Some(process) if process.exited => Seen::Exited,
-        Some(process) if (scope.is_empty() || scope.contains(&pid)) && selection.matches(&process.facts()) => {
-            Seen::Selected
-        }
+        Some(process) if in_scope(scope, pid) && selection.matches(&process.facts()) => Seen::Selected,
         Some(_) => Seen::LeftOut,
+    }
+}
+
+/// Whether `pid` is in the chosen `scope` of pids (empty: every process is).
+pub(super) fn in_scope(scope: &[Pid], pid: Pid) -> bool {
+    scope.is_empty() || scope.contains(&pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::{catalog::Sighting, config::Matcher, ids::StackId, sideband::ProcessEvent};
+
+    // pids far above pid_max: never alive, so the catalogue reads nothing from /proc.
+    const A: Pid = Pid(0x7fff_ff00);
+    const B: Pid = Pid(0x7fff_ff01);
+    const GONE: Pid = Pid(0x7fff_ff02);
+
+    /// A catalogue that sampled A and B, and saw GONE sampled and then exit.
+    fn catalog() -> Catalog {
+        let mut catalog = Catalog::default();
+        catalog.follow_exits();
+        let sighting = |pid| Sighting {
+            pid,
+            user_stack: StackId(7),
+            kernel_stack: StackId::NONE,
+            user_leaf_is_return: false,
+            main_thread_name: None,
+        };
+        catalog.learn(&HashMap::new(), &[sighting(A), sighting(B), sighting(GONE)]);
+        catalog.apply(&[ProcessEvent::Exited { pid: GONE, time: 1 }]);
+        catalog
+    }
+
+    #[test]
+    fn an_empty_scope_holds_every_process() {
+        assert!(in_scope(&[], A));
+        assert!(in_scope(&[A], A));
+        assert!(!in_scope(&[A], B));
+    }
+
+    #[test]
+    fn a_process_is_selected_only_in_scope_and_matched_and_alive() {
+        let catalog = catalog();
+        let all = ProcessSelection::default();
+        assert_eq!(seen(&catalog, &all, &[], A), Seen::Selected);
+        assert_eq!(seen(&catalog, &all, &[], Pid(0x7fff_ff09)), Seen::Unknown);
+        assert_eq!(seen(&catalog, &all, &[], GONE), Seen::Exited);
+        // Left out by the pid scope, or by the selection.
+        assert_eq!(seen(&catalog, &all, &[B], A), Seen::LeftOut);
+        let only_b = ProcessSelection { include: vec![Matcher::Pid(B.0)], exclude: vec![] };
+        assert_eq!(seen(&catalog, &only_b, &[], A), Seen::LeftOut);
+        assert_eq!(seen(&catalog, &only_b, &[], B), Seen::Selected);
     }
 }
