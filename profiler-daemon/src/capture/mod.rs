@@ -232,52 +232,13 @@ impl Capture {
                  --pid=host, Kubernetes hostPID)"
             );
         }
-        let mut session = Session::load(&SessionConfig {
-            pids: config.pids.clone(),
-            heap_sample_bytes: config.settings.heap_sample_bytes,
-            heap_max_live: config.heap_max_live,
-            heap: sources.contains(&Source::HeapProbes),
-            waits: sources.contains(&Source::FutexWaits),
-            threads: sources.contains(&Source::ThreadCreation),
-            offcpu: sources.contains(&Source::Switches),
-            thread_dumps: sources.contains(&Source::TaskIterator),
-            enable_stats: config.enable_stats,
-            unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
-            pid_namespace,
-            share_caps: {
-                let shares = if config.pids.len() == 1 { StackShares::NONE } else { config.shares };
-                ShareCaps::of_table(STACKS_MAX_ENTRIES, shares.process_percent, shares.uid_percent)
-            },
-        })
-        .map_err(CaptureError::Load)?;
+        let mut session =
+            Session::load(&session_config(config, &sources, pid_namespace)).map_err(CaptureError::Load)?;
         let files = Offload::new("offload-unwind", config.heartbeat.clone());
         let unwinder = Unwinder::new(&session, files.sibling("offload-unwind"), config.state_dir.as_deref());
         // Opened before `/proc` is read: a process started meanwhile is in one or the other.
-        let (sideband, sideband_error) = match Sideband::open() {
-            Ok(sideband) => {
-                // Costs a little more to follow execs without it, nothing worse.
-                if let Err(err) = session.take_failed_execs_only() {
-                    tracing::warn!("every exec is read from the kernel twice: {}", crate::error::chain(&err));
-                }
-                (Some(sideband), None)
-            }
-            Err(err) => {
-                let reason = crate::error::chain(&err);
-                tracing::warn!("process events unavailable; short-lived processes may lose their symbols: {reason}");
-                (None, Some(reason))
-            }
-        };
-        // Without it a walker's ask goes unheard: the process is registered at the next drain.
-        let asks = match session.take_register_asks() {
-            Ok(asks) => Some(asks),
-            Err(err) => {
-                tracing::warn!(
-                    "processes first sampled during a storm of process events may be registered late: {}",
-                    crate::error::chain(&err)
-                );
-                None
-            }
-        };
+        let (sideband, sideband_error) = open_sideband(&mut session);
+        let asks = open_asks(&mut session);
         let mut catalog = Catalog::with_limits(config.max_stacks, config.max_frames);
         if sideband.is_some() {
             catalog.follow_exits();
@@ -306,32 +267,40 @@ impl Capture {
             follow_latency: FollowLatency::default(),
         };
         capture.filter_cgroups();
-        // Processes running now are read from `/proc` and registered with the unwinder before
-        // anything is sampled, within a budget (the rest at the next drains): their first
-        // samples are unwound from tables, not frame pointers. The profiler too: its own
-        // table (140,000 rows) built at the first drain that samples it would hold back the
-        // registration of every process started meanwhile by its 25 ms or more.
-        let running: Vec<Pid> = if config.pids.is_empty() {
-            procs::list_pids().into_iter().map(Pid).collect()
-        } else {
-            config.pids.clone()
-        };
+        capture.register_running(&config.pids)?;
+        capture.attach_all(&sources, &config.settings)?;
+        Ok(capture)
+    }
+
+    /// Reads the processes running now from `/proc` and registers them with the unwinder
+    /// before anything is sampled, within a budget (the rest at the next drains, see
+    /// [`start_budget`]): their first samples are unwound from tables, not frame pointers.
+    /// The profiler too: its own table (140,000 rows) built at the first drain that samples
+    /// it would hold back the registration of every process started meanwhile by its 25 ms or
+    /// more.
+    fn register_running(&mut self, pids: &[Pid]) -> Result<(), CaptureError> {
+        let running: Vec<Pid> =
+            if pids.is_empty() { procs::list_pids().into_iter().map(Pid).collect() } else { pids.to_vec() };
         for pid in running {
-            capture.catalog.track(pid);
+            self.catalog.track(pid);
         }
-        let budget = if config.pids.is_empty() { Some(START_SYNC_BUDGET) } else { None };
-        capture.sync_unwinder(budget, false).map_err(CaptureError::UnwindTables)?;
+        self.sync_unwinder(start_budget(pids), false).map_err(CaptureError::UnwindTables)?;
+        Ok(())
+    }
+
+    /// Attaches every source of `sources` but the heap probes (attached per process).
+    fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings) -> Result<(), CaptureError> {
         for source in
             [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
         {
             if sources.contains(&source) {
-                capture.attach(source, &config.settings)?;
+                self.attach(source, settings)?;
             }
         }
         if sources.contains(&Source::HeapProbes) {
-            capture.sources.insert(Source::HeapProbes);
+            self.sources.insert(Source::HeapProbes);
         }
-        Ok(capture)
+        Ok(())
     }
 
     fn attach(&mut self, source: Source, settings: &Settings) -> Result<(), CaptureError> {
@@ -510,5 +479,103 @@ impl Capture {
     /// not loaded.
     pub fn program_stats(&self, program: &'static str) -> ebpf::Result<Option<ProgramStats>> {
         self.session.program_stats(program)
+    }
+}
+
+/// What the session loads for `config`: the programs of `sources`, and the kernel's tables
+/// sized for them.
+fn session_config(
+    config: &CaptureConfig,
+    sources: &HashSet<Source>,
+    pid_namespace: Option<PidNamespace>,
+) -> SessionConfig {
+    let shares = stack_shares(&config.pids, config.shares);
+    SessionConfig {
+        pids: config.pids.clone(),
+        heap_sample_bytes: config.settings.heap_sample_bytes,
+        heap_max_live: config.heap_max_live,
+        heap: sources.contains(&Source::HeapProbes),
+        waits: sources.contains(&Source::FutexWaits),
+        threads: sources.contains(&Source::ThreadCreation),
+        offcpu: sources.contains(&Source::Switches),
+        thread_dumps: sources.contains(&Source::TaskIterator),
+        enable_stats: config.enable_stats,
+        unwind_rows: unwind::rows_for_budget(unwind::DEFAULT_TABLE_BYTES),
+        pid_namespace,
+        share_caps: ShareCaps::of_table(STACKS_MAX_ENTRIES, shares.process_percent, shares.uid_percent),
+    }
+}
+
+/// Opens the kernel's process events; without them (the reason is kept for `/status`),
+/// `/proc` is read at each exec and first sample.
+fn open_sideband(session: &mut Session) -> (Option<Sideband>, Option<String>) {
+    match Sideband::open() {
+        Ok(sideband) => {
+            // Costs a little more to follow execs without it, nothing worse.
+            if let Err(err) = session.take_failed_execs_only() {
+                tracing::warn!("every exec is read from the kernel twice: {}", crate::error::chain(&err));
+            }
+            (Some(sideband), None)
+        }
+        Err(err) => {
+            let reason = crate::error::chain(&err);
+            tracing::warn!("process events unavailable; short-lived processes may lose their symbols: {reason}");
+            (None, Some(reason))
+        }
+    }
+}
+
+/// Takes the walkers' asks' ring. Without it a walker's ask goes unheard: the process is
+/// registered at the next drain.
+fn open_asks(session: &mut Session) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+    match session.take_register_asks() {
+        Ok(asks) => Some(asks),
+        Err(err) => {
+            tracing::warn!(
+                "processes first sampled during a storm of process events may be registered late: {}",
+                crate::error::chain(&err)
+            );
+            None
+        }
+    }
+}
+
+/// Each process's and uid's share of the kernel's stack table: none when one process is
+/// chosen (it has the table to itself), else `shares`.
+fn stack_shares(pids: &[Pid], shares: StackShares) -> StackShares {
+    if pids.len() == 1 {
+        StackShares::NONE
+    } else {
+        shares
+    }
+}
+
+/// How long start registers the running processes with the unwinder: [`START_SYNC_BUDGET`]
+/// for the whole machine; every one of them when processes are chosen (they are few, and a
+/// snapshot of them wants every sample unwound from tables).
+fn start_budget(pids: &[Pid]) -> Option<Duration> {
+    if pids.is_empty() {
+        Some(START_SYNC_BUDGET)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_chosen_process_has_the_stack_table_to_itself() {
+        let shares = StackShares { process_percent: 10, uid_percent: 30 };
+        assert_eq!(stack_shares(&[Pid(5)], shares), StackShares::NONE);
+        assert_eq!(stack_shares(&[], shares), shares);
+        assert_eq!(stack_shares(&[Pid(5), Pid(6)], shares), shares);
+    }
+
+    #[test]
+    fn start_registers_chosen_processes_without_a_budget() {
+        assert_eq!(start_budget(&[]), Some(START_SYNC_BUDGET));
+        assert_eq!(start_budget(&[Pid(5)]), None);
     }
 }
