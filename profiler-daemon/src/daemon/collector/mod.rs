@@ -211,29 +211,9 @@ impl Collector {
         let mut queued = false;
         loop {
             self.heartbeat.beat();
-            let wake = [self.next_drain, next_dump, next_scan]
-                .into_iter()
-                .chain(self.windows.iter().map(|w| w.deadline))
-                .min();
-            // Commands left queued (one is taken per turn) mean no waiting.
-            let wait = if queued {
-                Duration::ZERO
-            } else {
-                wake.map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(Instant::now()))
-            };
-            let woken = self.capture.wait(Some(commands.bell()), wait);
-            if woken.records {
-                // Followed before any command, so a short-lived process is registered while
-                // it runs.
-                let started = Instant::now();
-                let reused = self.capture.follow();
-                self.forget_reused(&reused);
-                log_slow("follow", started);
-            }
-            if woken.other {
-                // Before the queue is read, so a command sent meanwhile rings it again.
-                commands.silence();
-            }
+            let deadlines =
+                [self.next_drain, next_dump, next_scan].into_iter().chain(self.windows.iter().map(|w| w.deadline));
+            self.wait(commands, loop_wait(queued, Instant::now(), deadlines));
             let started = Instant::now();
             queued = false;
             match commands.next() {
@@ -257,36 +237,58 @@ impl Collector {
             if self.serve_dumps() {
                 self.publish_status(&commands.status);
             }
-            let now = Instant::now();
-            if now >= next_scan {
-                self.scan_heap_targets();
-                next_scan = now + HEAP_SCAN_INTERVAL;
-                log_slow("heap target scan", now);
-            }
-            if now >= self.next_drain {
-                let started = Instant::now();
-                self.drain();
-                log_slow("drain and presymbolize", started);
-            }
-            if now >= next_dump {
-                let started = Instant::now();
-                self.dump();
-                next_dump = now + self.config.interval;
-                // What the dump counted (files written, files refused) shows with its files,
-                // not up to a loop turn later: a quiet loop turns once a second.
-                self.publish_status(&commands.status);
-                log_slow("dump", started);
-            }
+            self.timed_work(commands, &mut next_scan, &mut next_dump);
+        }
+    }
+
+    /// Waits up to `wait` for process events, a command or a walk's end; follows the events
+    /// at once.
+    fn wait(&mut self, commands: &Commands, wait: Duration) {
+        let woken = self.capture.wait(Some(commands.bell()), wait);
+        if woken.records {
+            // Followed before any command, so a short-lived process is registered while it
+            // runs.
             let started = Instant::now();
-            self.finish_windows();
-            log_slow("finish windows", started);
-            // At most a few times a second: process events wake the loop often.
-            let since = self.published.elapsed();
-            if since >= PUBLISH_EVERY && (commands.status.was_read() || since >= PUBLISH_UNREAD_EVERY) {
-                let started = Instant::now();
-                self.publish_status(&commands.status);
-                log_slow("publish status", started);
-            }
+            let reused = self.capture.follow();
+            self.forget_reused(&reused);
+            log_slow("follow", started);
+        }
+        if woken.other {
+            // Before the queue is read, so a command sent meanwhile rings it again.
+            commands.silence();
+        }
+    }
+
+    /// What the clock calls for: the heap-target scan, a drain, the interval's dump, the
+    /// windows whose time is up, and `/status` (see [`publish_due`]).
+    fn timed_work(&mut self, commands: &Commands, next_scan: &mut Instant, next_dump: &mut Instant) {
+        let now = Instant::now();
+        if now >= *next_scan {
+            self.scan_heap_targets();
+            *next_scan = now + HEAP_SCAN_INTERVAL;
+            log_slow("heap target scan", now);
+        }
+        if now >= self.next_drain {
+            let started = Instant::now();
+            self.drain();
+            log_slow("drain and presymbolize", started);
+        }
+        if now >= *next_dump {
+            let started = Instant::now();
+            self.dump();
+            *next_dump = now + self.config.interval;
+            // What the dump counted (files written, files refused) shows with its files, not
+            // up to a loop turn later: a quiet loop turns once a second.
+            self.publish_status(&commands.status);
+            log_slow("dump", started);
+        }
+        let started = Instant::now();
+        self.finish_windows();
+        log_slow("finish windows", started);
+        if publish_due(self.published.elapsed(), commands.status.was_read()) {
+            let started = Instant::now();
+            self.publish_status(&commands.status);
+            log_slow("publish status", started);
         }
     }
 
@@ -342,9 +344,7 @@ impl Collector {
                 }
                 // Just exec'd, it may still be in ld.so, which maps the C library a moment
                 // later: looked at again at the next scan, not refused for good.
-                Err(CaptureError::HeapTarget { source: TargetError::NoAllocator(_), .. })
-                    if procs::age(pid.0).is_some_and(|age| age < HEAP_TARGET_GRACE) =>
-                {
+                Err(err) if heap_target_later(&err, || procs::age(pid.0)) => {
                     tracing::debug!(pid = pid.0, name, "no C library mapped yet; heap target looked at again later");
                 }
                 Err(err) => {
@@ -455,6 +455,30 @@ impl Collector {
     }
 }
 
+/// How long the loop waits for its next turn: not at all while commands are left queued
+/// (one is taken per turn), else until the earliest of `deadlines` (none: a drain interval).
+fn loop_wait(queued: bool, now: Instant, deadlines: impl Iterator<Item = Instant>) -> Duration {
+    if queued {
+        return Duration::ZERO;
+    }
+    deadlines.min().map_or(DRAIN_INTERVAL, |t| t.saturating_duration_since(now))
+}
+
+/// Whether `/status` is published again, `since` its last publication: at most every
+/// [`PUBLISH_EVERY`] while someone reads it, and every [`PUBLISH_UNREAD_EVERY`] while nobody
+/// does (process events wake the loop often).
+fn publish_due(since: Duration, read: bool) -> bool {
+    since >= PUBLISH_EVERY && (read || since >= PUBLISH_UNREAD_EVERY)
+}
+
+/// Whether a heap target that failed with `err` is looked at again at the next scan rather
+/// than refused for good: a process that maps no C library yet and is younger than
+/// [`HEAP_TARGET_GRACE`] (`age`, read only then) may still be in ld.so.
+fn heap_target_later(err: &CaptureError, age: impl FnOnce() -> Option<Duration>) -> bool {
+    matches!(err, CaptureError::HeapTarget { source: TargetError::NoAllocator(_), .. })
+        && age().is_some_and(|age| age < HEAP_TARGET_GRACE)
+}
+
 /// The settings that shape profiles.
 fn settings(config: &Config) -> Settings {
     Settings {
@@ -472,5 +496,43 @@ fn notes(capture: &Capture, pid: Pid, kind: ProfileKind) -> Vec<String> {
     match (kind, capture.heap_attachment(pid)) {
         (ProfileKind::Heap, Some(attachment)) => vec![attachment_comment(attachment)],
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_waits_for_its_earliest_deadline_and_not_while_commands_wait() {
+        let now = Instant::now();
+        let (soon, later) = (now + Duration::from_millis(30), now + Duration::from_secs(3));
+        assert_eq!(loop_wait(false, now, [later, soon].into_iter()), Duration::from_millis(30));
+        assert_eq!(loop_wait(true, now, [later, soon].into_iter()), Duration::ZERO);
+        // A deadline past is no wait; none at all is a drain interval.
+        assert_eq!(loop_wait(false, now + Duration::from_secs(1), [soon].into_iter()), Duration::ZERO);
+        assert_eq!(loop_wait(false, now, std::iter::empty()), DRAIN_INTERVAL);
+    }
+
+    #[test]
+    fn status_is_published_often_while_read_and_seldom_while_not() {
+        assert!(!publish_due(PUBLISH_EVERY - Duration::from_millis(1), true));
+        assert!(publish_due(PUBLISH_EVERY, true));
+        assert!(!publish_due(PUBLISH_EVERY, false));
+        assert!(!publish_due(PUBLISH_UNREAD_EVERY - Duration::from_millis(1), false));
+        assert!(publish_due(PUBLISH_UNREAD_EVERY, false));
+    }
+
+    #[test]
+    fn a_young_process_without_a_c_library_is_looked_at_again_and_others_refused() {
+        let no_libc = CaptureError::HeapTarget { pid: Pid(9), source: TargetError::NoAllocator(Pid(9)) };
+        let young = || Some(HEAP_TARGET_GRACE - Duration::from_secs(1));
+        let old = || Some(HEAP_TARGET_GRACE);
+        assert!(heap_target_later(&no_libc, young));
+        assert!(!heap_target_later(&no_libc, old));
+        // Gone (no age): refused, as any other error.
+        assert!(!heap_target_later(&no_libc, || None));
+        let other = CaptureError::NoProcess(Pid(9));
+        assert!(!heap_target_later(&other, || panic!("the age is read only for a process without a C library")));
     }
 }

@@ -94,33 +94,15 @@ impl Collector {
             let _ = reply.send(Err(err));
             return;
         }
-        match query.window {
-            Some(_) if self.windows.len() >= MAX_WINDOWS => {
-                let _ = reply.send(Err(QueryError::Unavailable(format!(
-                    "{MAX_WINDOWS} profile captures are already running; retry later"
-                ))));
-            }
-            Some(_)
-                if query.viewer != Viewer::ROOT
-                    && self.windows.iter().filter(|w| w.query.viewer != Viewer::ROOT).count()
-                        >= MAX_WINDOWS - ROOT_WINDOWS =>
-            {
-                let _ = reply.send(Err(QueryError::Unavailable(format!(
-                    "{} profile captures of other users are already running; retry later",
-                    MAX_WINDOWS - ROOT_WINDOWS
-                ))));
-            }
-            Some(_)
-                if query.viewer != Viewer::ROOT
-                    && self.windows.iter().filter(|w| w.query.viewer == query.viewer).count()
-                        >= MAX_WINDOWS_PER_UID =>
-            {
+        let open = self.windows.iter().map(|w| w.query.viewer);
+        if let (Some(_), Err(refused)) = (query.window, admit_window(query.viewer, open)) {
+            if refused == WindowRefusal::UidShare {
                 self.windows_over_uid_share += 1;
-                let _ = reply.send(Err(QueryError::Limited(format!(
-                    "uid {} already has {MAX_WINDOWS_PER_UID} profile captures running; wait for one to finish",
-                    query.viewer.uid
-                ))));
             }
+            let _ = reply.send(Err(refused.error(query.viewer)));
+            return;
+        }
+        match query.window {
             Some(duration) => {
                 // Samples taken before the window opens are counted before it exists, not
                 // in it (F19: up to a drain interval of them landed in a `seconds=S` window).
@@ -310,7 +292,91 @@ impl Collector {
         }
     }
 }
+/// Why a `seconds=S` window was not opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WindowRefusal {
+    /// [`MAX_WINDOWS`] are open.
+    Full,
+    /// The windows other users may have are open (the last [`ROOT_WINDOWS`] are root's).
+    OthersFull,
+    /// The viewer has [`MAX_WINDOWS_PER_UID`] open.
+    UidShare,
+}
+
+impl WindowRefusal {
+    /// The query's answer: retry later, or (over its own share) wait for one to finish.
+    fn error(self, viewer: Viewer) -> QueryError {
+        match self {
+            Self::Full => {
+                QueryError::Unavailable(format!("{MAX_WINDOWS} profile captures are already running; retry later"))
+            }
+            Self::OthersFull => QueryError::Unavailable(format!(
+                "{} profile captures of other users are already running; retry later",
+                MAX_WINDOWS - ROOT_WINDOWS
+            )),
+            Self::UidShare => QueryError::Limited(format!(
+                "uid {} already has {MAX_WINDOWS_PER_UID} profile captures running; wait for one to finish",
+                viewer.uid
+            )),
+        }
+    }
+}
+
+/// Whether `viewer` may open one more window, with windows open by `open` viewers.
+fn admit_window(viewer: Viewer, open: impl Iterator<Item = Viewer> + Clone) -> Result<(), WindowRefusal> {
+    if open.clone().count() >= MAX_WINDOWS {
+        return Err(WindowRefusal::Full);
+    }
+    if viewer == Viewer::ROOT {
+        return Ok(());
+    }
+    if open.clone().filter(|&v| v != Viewer::ROOT).count() >= MAX_WINDOWS - ROOT_WINDOWS {
+        return Err(WindowRefusal::OthersFull);
+    }
+    if open.filter(|&v| v == viewer).count() >= MAX_WINDOWS_PER_UID {
+        return Err(WindowRefusal::UidShare);
+    }
+    Ok(())
+}
+
 /// A process's credentials as they are now, for [`decide::visible`].
 fn credentials_now(pid: Pid) -> Option<procs::Credentials> {
     procs::read_credentials(pid.0).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(uid: u32) -> Viewer {
+        Viewer { uid }
+    }
+
+    #[test]
+    fn windows_are_admitted_up_to_the_limits_and_root_keeps_its_own() {
+        let (alice, bob) = (user(1000), user(1001));
+        assert_eq!(admit_window(alice, std::iter::empty()), Ok(()));
+        // One uid's share.
+        let alices = [alice; MAX_WINDOWS_PER_UID];
+        assert_eq!(admit_window(alice, alices.iter().copied()), Err(WindowRefusal::UidShare));
+        assert_eq!(admit_window(bob, alices.iter().copied()), Ok(()));
+        // Other users fill all but root's windows; root still opens one.
+        let others: Vec<Viewer> = (0..MAX_WINDOWS - ROOT_WINDOWS).map(|i| user(2000 + i as u32)).collect();
+        assert_eq!(admit_window(alice, others.iter().copied()), Err(WindowRefusal::OthersFull));
+        assert_eq!(admit_window(Viewer::ROOT, others.iter().copied()), Ok(()));
+        // Root's own windows do not count against other users.
+        let roots = [Viewer::ROOT; MAX_WINDOWS - 1];
+        assert_eq!(admit_window(alice, roots.iter().copied()), Ok(()));
+        // Every window open: no one, root included.
+        let full = [Viewer::ROOT; MAX_WINDOWS];
+        assert_eq!(admit_window(Viewer::ROOT, full.iter().copied()), Err(WindowRefusal::Full));
+        assert_eq!(admit_window(alice, full.iter().copied()), Err(WindowRefusal::Full));
+    }
+
+    #[test]
+    fn a_refusal_over_a_uids_share_says_wait_and_the_others_retry() {
+        assert!(matches!(WindowRefusal::UidShare.error(user(1000)), QueryError::Limited(m) if m.contains("uid 1000")));
+        assert!(matches!(WindowRefusal::Full.error(user(1000)), QueryError::Unavailable(_)));
+        assert!(matches!(WindowRefusal::OthersFull.error(user(1000)), QueryError::Unavailable(_)));
+    }
 }
