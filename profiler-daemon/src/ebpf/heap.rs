@@ -72,11 +72,13 @@ pub struct HeapAttachment {
     pub functions: Vec<&'static str>,
 }
 
-/// Sampled allocations of one (process, stack) in the drained interval, unscaled.
+/// Sampled allocations of one (process, stack, size) in the drained interval, unscaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawHeapTotals {
     pub pid: Pid,
     pub stack: StackId,
+    /// Requested size of each block.
+    pub size: u64,
     pub count: u64,
     pub bytes: u64,
 }
@@ -223,6 +225,7 @@ pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawHeapTotals>> {
         .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals {
             pid: Pid(key.tgid),
             stack: StackId(key.stack),
+            size: key.size,
             count: t.count,
             bytes: t.bytes,
         })
