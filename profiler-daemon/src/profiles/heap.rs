@@ -177,8 +177,14 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
         ),
         format!(
             "dropped (all probed processes): live map full {} (missing from inuse), totals map full {}, \
-             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}",
-            h.live_map_full, h.totals_map_full, h.stack_lost, h.pending_map_full, h.out_ptr_unreadable
+             stack lost {}, in-flight map full {}, posix_memalign result unreadable {}, \
+             live map reads cut short {} (inuse incomplete)",
+            h.live_map_full,
+            h.totals_map_full,
+            h.stack_lost,
+            h.pending_map_full,
+            h.out_ptr_unreadable,
+            h.live_reads_cut
         ),
         unwind_comment(counters),
     ]
