@@ -41,6 +41,11 @@ pub fn by_length(length_ns: u64, rate_ns: u64, draw: impl FnOnce() -> u32) -> Op
     Some(Weighted { count: (rate_ns * WEIGHT_ONE) / length_ns, total_ns: rate_ns })
 }
 
+/// The mutex fraction of a capture without the mutex profile (Go's
+/// `SetMutexProfileFraction(0)`): the futex programs run for the block profile, and a wake
+/// costs no stack walk.
+pub const MUTEX_OFF: u64 = 0;
+
 /// The mutex profile's decision at a wake, before the waits it ends are over: kept with
 /// probability min(1, `so_far_ns`/rate) / `fraction`, where `so_far_ns` is what the waits it
 /// ends have waited by the wake's entry (see the futex program for how that is bounded).
@@ -52,8 +57,13 @@ pub fn by_length(length_ns: u64, rate_ns: u64, draw: impl FnOnce() -> u32) -> Op
 /// length d that the wake ends is charged d · weight with probability p and 0 otherwise,
 /// and weight = 1/p, so its expected charge is d. A poor `so_far_ns` (far below d) costs
 /// variance, not bias; one above d costs walks.
+///
+/// A `fraction` of 0 is [`MUTEX_OFF`]: no wake is kept, and none is walked.
 #[inline(always)]
 pub fn wake_weight(so_far_ns: u64, rate_ns: u64, fraction: u64, draw: impl FnOnce() -> u32) -> Option<u64> {
+    if fraction == MUTEX_OFF {
+        return None;
+    }
     let always = rate_ns <= 1 || so_far_ns >= rate_ns;
     if always && fraction <= 1 {
         return Some(WEIGHT_ONE);
@@ -207,6 +217,10 @@ mod tests {
             assert_eq!(wake_weight(7, 0, 1, || draw), Some(WEIGHT_ONE));
         }
         assert_eq!(wake_weight(0, 1_000_000, 1, || u32::MAX), None);
+        // Unless the mutex profile is off: then never.
+        for draw in [0, u32::MAX] {
+            assert_eq!(wake_weight(u64::MAX, 1_000_000, MUTEX_OFF, || draw), None);
+        }
         // Seen with nothing behind it, a wake is still kept now and then, at a bounded weight.
         assert_eq!(wake_weight(0, 1_000_000, 1, || 0), Some((1_000_000 * WEIGHT_ONE) / (1_000_000 >> 16)));
     }

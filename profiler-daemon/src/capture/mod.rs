@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::maps::STACKS_MAX_ENTRIES;
+use profiler_common::{maps::STACKS_MAX_ENTRIES, sampling::MUTEX_OFF};
 
 use crate::{
     catalog::{Catalog, Sighting},
@@ -268,7 +268,7 @@ impl Capture {
         };
         capture.filter_cgroups();
         capture.register_running(&config.pids)?;
-        capture.attach_all(&sources, &config.settings)?;
+        capture.attach_all(&sources, &config.settings, config.kinds.contains(&ProfileKind::Mutex))?;
         Ok(capture)
     }
 
@@ -288,13 +288,14 @@ impl Capture {
         Ok(())
     }
 
-    /// Attaches every source of `sources` but the heap probes (attached per process).
-    fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings) -> Result<(), CaptureError> {
+    /// Attaches every source of `sources` but the heap probes (attached per process);
+    /// `mutex`: whether the mutex profile is captured (see [`MUTEX_OFF`]).
+    fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
         for source in
             [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
         {
             if sources.contains(&source) {
-                self.attach(source, settings)?;
+                self.attach(source, settings, mutex)?;
             }
         }
         if sources.contains(&Source::HeapProbes) {
@@ -303,15 +304,18 @@ impl Capture {
         Ok(())
     }
 
-    fn attach(&mut self, source: Source, settings: &Settings) -> Result<(), CaptureError> {
+    fn attach(&mut self, source: Source, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
         match source {
             Source::CpuClock => {
                 self.session.attach_cpu(settings.frequency_hz).map_err(|e| CaptureError::Attach("cpu", e))?
             }
             Source::FutexWaits => {
+                // Without the mutex profile the wakes are still followed (a waiter's wait ends
+                // at one), but none is walked for a waker's stack nobody reads.
+                let fraction = if mutex { settings.mutex_fraction } else { MUTEX_OFF as u32 };
                 let attached = self
                     .session
-                    .attach_waits(settings.block_rate_ns, settings.mutex_fraction)
+                    .attach_waits(settings.block_rate_ns, fraction)
                     .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
                 self.futex = Some(attached);
