@@ -16,7 +16,7 @@ use crate::{
     ids::Pid,
     offload::OffloadStats,
     procs::PidNamespace,
-    profiles::ProfileKind,
+    profiles::{ProfileKind, Settings},
     sideband::{latency::BOUNDS_US, FollowLatency, SidebandStats},
     sink::{export::SinkStatus, DumpStats},
     unwind::UnwinderStats,
@@ -26,9 +26,8 @@ use crate::{
 #[derive(Debug)]
 pub struct Status {
     pub uptime: Duration,
-    pub frequency_hz: u32,
-    /// The off-CPU profile's sampling period in force.
-    pub offcpu_sample_every: u32,
+    /// The sampling in force: CPU frequency, heap, off-CPU, block and mutex rates.
+    pub settings: Settings,
     /// The kinds served (enabled and attached).
     pub serving: Vec<ProfileKind>,
     pub heap_pids: Vec<Pid>,
@@ -99,13 +98,19 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
         "uptime_seconds": s.uptime.as_secs(),
         "programs": {
             "cpu": serves(ProfileKind::Cpu),
-            "cpu_frequency_hz": s.frequency_hz,
+            "cpu_frequency_hz": s.settings.frequency_hz,
             "heap_processes": s.heap_pids.iter().map(|p| p.0).collect::<Vec<_>>(),
             "block": serves(ProfileKind::Block),
             "mutex": serves(ProfileKind::Mutex),
             "threadcreate": serves(ProfileKind::ThreadCreate),
             "offcpu": serves(ProfileKind::OffCpu),
-            "offcpu_sample_every": s.offcpu_sample_every,
+            // What decides which off-CPU intervals and waits are walked (see the README's
+            // sampling sections); `offcpu_sample_every` only on kernels before 6.16.
+            "offcpu_rate_ns": s.settings.offcpu_rate_ns,
+            "offcpu_sample_every": s.settings.offcpu_sample_every,
+            "block_rate_ns": s.settings.block_rate_ns,
+            "mutex_fraction": s.settings.mutex_fraction,
+            "heap_sample_bytes": s.settings.heap_sample_bytes,
             // False on kernels without sched_exit_tp (before 6.16): see the offcpu comment.
             "offcpu_walks_at_switch_in": serves(ProfileKind::OffCpu) && !s.counters.offcpu.walked_at_switch_out,
         },

@@ -51,6 +51,10 @@ fn systemd_runs_the_shipped_unit_and_stop_leaves_a_final_dump() {
     let status = status(&container);
     assert_eq!(status["programs"]["cpu"], true, "{status:#}");
     assert_eq!(status["programs"]["cpu_frequency_hz"], SHIPPED_HZ, "{status:#}");
+    // The shipped config's `[block] rate`, `[offcpu] rate` (1ms each) and `[mutex] fraction`.
+    for (key, shipped) in [("block_rate_ns", 1_000_000), ("offcpu_rate_ns", 1_000_000), ("mutex_fraction", 1)] {
+        assert_eq!(status["programs"][key], shipped, "{key}: {status:#}");
+    }
     assert_eq!(status["output"]["interval_seconds"], SHIPPED_INTERVAL_S, "{status:#}");
     assert_eq!(status["output"]["dir"], OUTPUT, "{status:#}");
     assert!(status["last_error"].is_null(), "{status:#}");

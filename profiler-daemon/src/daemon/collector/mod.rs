@@ -410,8 +410,7 @@ impl Collector {
         let Sink::Files(files) = &self.sink;
         Status {
             uptime: self.started_at.elapsed(),
-            frequency_hz: self.config.cpu.frequency_hz,
-            offcpu_sample_every: self.config.offcpu.sample_every,
+            settings: settings(&self.config),
             serving: self.serving().kinds.into_iter().collect(),
             heap_pids: self.capture.heap_pids(),
             counters: self.capture.counters().unwrap_or_default(),
