@@ -29,14 +29,15 @@ pub struct WaitTotals {
 }
 
 /// One wait in [`WaitTotals::count`] (fixed point, so that rate/d keeps its fraction).
-pub const WAIT_COUNT_ONE: u64 = 1 << 16;
+pub const WAIT_COUNT_ONE: u64 = crate::sampling::WEIGHT_ONE;
 
 /// Slots of the `FUTEX_CONFIG` array (`u64`s written by userspace after load).
 /// The block profile's rate in nanoseconds: waits at least this long are always recorded,
 /// shorter ones with probability length/rate (0 or 1: every wait).
 pub const FUTEX_CONFIG_BLOCK_RATE_NS: u32 = 0;
-/// The mutex profile's fraction: 1 in N wakes records its stack, and only waits it ends are
-/// charged (0 or 1: every wake).
+/// The mutex profile's fraction: on top of the rate (a wake is kept as
+/// `crate::sampling::wake_weight` says, by what the waits it ends have waited), 1 in N of the
+/// wakes the rate keeps records its stack; userspace scales by N (0 or 1: no fraction).
 pub const FUTEX_CONFIG_MUTEX_FRACTION: u32 = 1;
 /// Slots of `FUTEX_CONFIG`.
 pub const FUTEX_CONFIG_SLOTS: u32 = 2;
@@ -88,9 +89,14 @@ pub struct Waker {
     /// greater one.
     pub requeued_seq: u64,
     pub tid: u32,
-    /// 1 when the wake was sampled (its stack walked); a wait an unsampled wake ends is not
-    /// charged.
-    pub sampled: u32,
+    pub _pad: u32,
+    /// 0 when the wake was not sampled (its stack not walked; a wait it ends is not charged),
+    /// else what each wait it ends counts, in 1/[`WAIT_COUNT_ONE`] (see
+    /// `crate::sampling::wake_weight`).
+    pub weight: u64,
+    /// `bpf_ktime_get_ns` at the wake's entry: the next wake of the word bounds what its
+    /// waiters have waited by it.
+    pub wake_ns: u64,
 }
 
 /// A thread's slot in `FUTEX_PENDING`, an array indexed by [`pending_slot`] of the kernel's
@@ -151,11 +157,11 @@ pub fn waker_slot(key: u64, tgid: u32, uaddr: u64) -> u32 {
 
 const _: () = assert!(core::mem::size_of::<WaitKey>() == 16);
 const _: () = assert!(core::mem::size_of::<PendingSlot>() == 40);
-const _: () = assert!(core::mem::size_of::<WakerSlot>() == 56);
+const _: () = assert!(core::mem::size_of::<WakerSlot>() == 72);
 const _: () = assert!(core::mem::size_of::<WaitTotals>() == 16);
 const _: () = assert!(core::mem::size_of::<PendingWait>() == 32);
 const _: () = assert!(core::mem::size_of::<WakerKey>() == 16);
-const _: () = assert!(core::mem::size_of::<Waker>() == 40);
+const _: () = assert!(core::mem::size_of::<Waker>() == 56);
 
 /// The futex command bits of `futex(2)`'s `op` (the kernel's `FUTEX_CMD_MASK`: without
 /// `FUTEX_PRIVATE_FLAG` (128) and `FUTEX_CLOCK_REALTIME` (256)).

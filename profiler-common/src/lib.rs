@@ -17,6 +17,7 @@ pub mod futex;
 pub mod heap;
 pub mod offcpu;
 pub mod runtimes;
+pub mod sampling;
 pub mod share;
 pub mod stack;
 pub mod thread;
@@ -339,7 +340,11 @@ pub mod maps {
     /// Off-CPU time by (thread, state, stacks), per set.
     pub const OFFCPU_COUNTS_0: &str = "OFFCPU_COUNTS_0";
     pub const OFFCPU_COUNTS_1: &str = "OFFCPU_COUNTS_1";
-    /// Sampled switch-outs not yet switched back in, by `task_struct` address.
+    /// Array of [`crate::offcpu::OutSlot`] by thread id: each thread's switch-out in flight
+    /// (see `offcpu::out_slot`).
+    pub const OFFCPU_OUT: &str = "OFFCPU_OUT";
+    /// Switch-outs not yet switched back in, by `task_struct` address: those walked at the
+    /// switch-out, and those of threads whose `OFFCPU_OUT` slot held another's.
     pub const OFFCPU_PENDING: &str = "OFFCPU_PENDING";
     /// Counts of `OFFCPU_PENDING` entries by a hash of their key
     /// (`crate::offcpu::maybe_pending_slot`): a switch-in whose slot is 0 has no entry, and
@@ -358,7 +363,7 @@ pub mod maps {
     /// Every map of the object, by name (besides the compiler's data sections that hold the
     /// load-time globals and constants, which userspace reaches through [`crate::globals`]):
     /// the core's and every runtime's ([`crate::runtimes::MAPS`]).
-    pub const ALL: [&str; 56] = join(CORE, crate::runtimes::MAPS);
+    pub const ALL: [&str; 57] = join(CORE, crate::runtimes::MAPS);
 
     /// `a` then `b`, in a constant.
     const fn join<const A: usize, const B: usize, const N: usize>(
@@ -380,7 +385,7 @@ pub mod maps {
     }
 
     /// The maps of the walkers and profile kinds, not of a runtime.
-    const CORE: [&str; 53] = [
+    const CORE: [&str; 54] = [
         CGROUP_FILTER,
         CPU_COUNTS_0,
         CPU_COUNTS_1,
@@ -429,6 +434,7 @@ pub mod maps {
         THREAD_COUNTERS,
         OFFCPU_COUNTS_0,
         OFFCPU_COUNTS_1,
+        OFFCPU_OUT,
         OFFCPU_PENDING,
         OFFCPU_MAYBE_PENDING,
         OFFCPU_CONFIG,

@@ -394,7 +394,7 @@ impl Capture {
             }
             Source::Switches => self
                 .session
-                .attach_offcpu(settings.offcpu_sample_every)
+                .attach_offcpu(settings.offcpu_sample_every, settings.offcpu_rate_ns)
                 .map_err(|e| CaptureError::Attach("off-cpu", e))?,
             // Loaded with the session; nothing to attach until a dump reads it.
             Source::HeapProbes | Source::TaskIterator => {}

@@ -7,7 +7,10 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     config::{
-        raw::{DEFAULT_BLOCK_RATE, DEFAULT_MUTEX_FRACTION, DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT},
+        raw::{
+            DEFAULT_BLOCK_RATE, DEFAULT_MUTEX_FRACTION, DEFAULT_OFFCPU_EVERY, DEFAULT_OFFCPU_RATE,
+            DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT,
+        },
         ProfileKind,
     },
     units::parse_duration,
@@ -142,8 +145,13 @@ pub struct SnapshotArgs {
     /// between 65536 and 262144.
     #[arg(long = "heap-max-live", value_parser = clap::value_parser!(u32).range(1..=16 << 20))]
     pub heap_max_live: Option<u32>,
-    /// Off-CPU: record 1 in N context switches, values scaled by N (1 records every one).
-    #[arg(long = "offcpu-every", value_name = "N", default_value_t = 50,
+    /// Off-CPU: intervals off a CPU at least this long are all recorded, shorter ones with
+    /// probability length/rate, scaled as Go scales block waits (1ns records every one).
+    #[arg(long = "offcpu-rate", value_name = "DUR", default_value = DEFAULT_OFFCPU_RATE, value_parser = parse_duration)]
+    pub offcpu_rate: Duration,
+    /// Off-CPU, on kernels without sched_exit_tp (before Linux 6.16) only: record 1 in N
+    /// context switches, values scaled by N (1 records every one).
+    #[arg(long = "offcpu-every", value_name = "N", default_value_t = DEFAULT_OFFCPU_EVERY,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub offcpu_every: u32,
     /// Block: waits at least this long are all recorded, shorter ones with probability

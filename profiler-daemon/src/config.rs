@@ -138,7 +138,12 @@ impl StackShares {
 /// `[offcpu]`: the off-CPU profile's sampling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OffCpuConfig {
-    /// Record 1 in this many context switches, values scaled by it; within
+    /// Intervals off a CPU at least this long are always recorded, shorter ones with
+    /// probability length/rate (scaled as Go scales block waits); within
+    /// [`BLOCK_RATE_RANGE`]. Default 1ms.
+    pub rate: Duration,
+    /// Kernels without `sched_exit_tp` only (before Linux 6.16), where stacks are walked at
+    /// the switch-out: record 1 in this many context switches, values scaled by it; within
     /// [`OFFCPU_SAMPLE_EVERY_RANGE`]. Default 50.
     pub sample_every: u32,
 }

@@ -44,8 +44,14 @@ pub fn run(args: &ThreadsArgs) -> Result<(), SnapshotError> {
 
 /// The thread dump of `pid` in the form `debug` names.
 pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
-    let settings =
-        Settings { frequency_hz: 1, heap_sample_bytes: 1, offcpu_sample_every: 1, block_rate_ns: 1, mutex_fraction: 1 };
+    let settings = Settings {
+        frequency_hz: 1,
+        heap_sample_bytes: 1,
+        offcpu_rate_ns: 1,
+        offcpu_sample_every: 1,
+        block_rate_ns: 1,
+        mutex_fraction: 1,
+    };
     let mut capture = Capture::start(&CaptureConfig {
         pids: vec![pid],
         kinds: vec![ProfileKind::Threads],

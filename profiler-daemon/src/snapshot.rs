@@ -84,6 +84,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     let settings = Settings {
         frequency_hz: args.frequency_hz,
         heap_sample_bytes: args.heap_sample_bytes,
+        offcpu_rate_ns: args.offcpu_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         offcpu_sample_every: args.offcpu_every,
         block_rate_ns: args.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         mutex_fraction: args.mutex_fraction,

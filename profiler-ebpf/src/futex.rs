@@ -16,12 +16,25 @@
 //! A requeue also notes the word it moved waiters to; a waiter whose word's last wake was a
 //! requeue is charged to the next wake of that second word (the unlock that woke it).
 //!
-//! Both are sampled as Go samples them, decided before any stack is walked (`FUTEX_CONFIG`):
-//! a wait at least as long as the block rate is always counted, a shorter one of length d
-//! with probability d/rate and then as rate/d waits of total delay rate (Go's unbiasing);
-//! 1 in N wakes (the mutex fraction) walks its stack, and only the waits a sampled wake ends
-//! are charged, scaled by N in userspace. An unsampled wait costs two timestamps and two
-//! array slots; an unsampled wake, a random draw and its word's slot.
+//! Both are sampled by length, decided before any stack is walked (`FUTEX_CONFIG`,
+//! `profiler_common::sampling`): a wait at least as long as the block rate is always
+//! counted, a shorter one of length d with probability d/rate and then as rate/d waits of
+//! total delay rate (Go's unbiasing).
+//!
+//! The mutex profile decides at the wake, which must walk its stack before its waiters run,
+//! so before their delays are known. It decides by what they have waited so far, bounded by
+//! the time since the word's previous wake (`so_far`, see `waited_by`): a wake behind a
+//! wait of at least the rate is always walked, one seen at s < rate with probability s/rate,
+//! and then each wait it ends is charged its own full delay (to its exit) times rate/s, with
+//! the weight stored in the word's slot. The estimate is unbiased for every wait, whatever s
+//! is and however many waits the wake ends, because each is charged d/p with probability p
+//! and p was fixed before the draw (proven in `profiler_common::sampling`'s tests); a poor s
+//! costs variance only. The mutex fraction (1 in N of those) is on top, scaled by N in
+//! userspace. Two second-order effects remain: a walked wake wakes its waiters a walk
+//! (microseconds) later, which its waits then include; and a waiter that exits after a later
+//! wake of its word rewrote the slot is charged with that wake's stack and weight, as before.
+//! An unsampled wait costs two timestamps and two array slots; an unsampled wake, a
+//! timestamp, a random draw and its word's slot.
 #![allow(non_upper_case_globals)]
 
 use core::ptr;
@@ -37,9 +50,10 @@ use profiler_common::{
     futex::{
         is_requeue_cmd, is_wake_cmd, pending_slot, waker_slot, PendingSlot, WakerSlot, FUTEX_CMD_MASK,
         FUTEX_CONFIG_BLOCK_RATE_NS, FUTEX_CONFIG_MUTEX_FRACTION, FUTEX_CONFIG_SLOTS, FUTEX_PENDING_SLOTS,
-        FUTEX_WAKERS_SLOTS, WAIT_COUNT_ONE, WAKER_SEQ_BUSY,
+        FUTEX_WAKERS_SLOTS, WAKER_SEQ_BUSY,
     },
     maps::{FUTEX_PENDING_SPILL_MAX_ENTRIES, WAIT_COUNTS_MAX_ENTRIES},
+    sampling::{by_length, charge, wake_weight},
     FutexCounter, PendingWait, WaitKey, WaitOp, WaitOutcome, WaitTotals, Waker, NO_STACK,
 };
 
@@ -302,15 +316,15 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
     let set = active_set();
     let outcome = WaitOutcome::of_ret(read_field(ctx, RET) as i64);
     let mut key = WaitKey { tgid, op: wait.op, outcome: outcome as u16, stack: NO_STACK };
-    match block_weight(delay_ns) {
-        Some((weight, delay)) => {
+    match by_length(delay_ns, config(FUTEX_CONFIG_BLOCK_RATE_NS), random_u32) {
+        Some(weighted) => {
             key.stack = user_stack(set, tgid);
             if add_or_insert_in_set(
                 set,
                 &BLOCK_COUNTS_0,
                 &BLOCK_COUNTS_1,
                 &key,
-                &WaitTotals { count: weight, delay_ns: delay },
+                &WaitTotals { count: weighted.count, delay_ns: weighted.total_ns },
             ) {
                 count(FutexCounter::Waits);
             } else {
@@ -326,7 +340,7 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         count(FutexCounter::NoWaker);
         return;
     };
-    let (mut waker_stack, mut sampled) = (last.stack, last.sampled);
+    let (mut waker_stack, mut weight) = (last.stack, last.weight);
     if last.requeued_to != 0 {
         // The word's last wake moved waiters to `requeued_to`: a waiter among them was woken by
         // that word's next wake (an unlock), which is what it waited for at the end. One the
@@ -334,24 +348,25 @@ fn end_wait(ctx: &TracePointContext, task: Task, wait: &PendingWait) {
         // returned, if any (it goes on to take that lock), else to no one (counted without a
         // waker): a condition's broadcast is no lock release.
         match last_wake(tgid, last.requeued_to, last.requeued_seq) {
-            Some(unlock) => (waker_stack, sampled) = (unlock.stack, unlock.sampled),
+            Some(unlock) => (waker_stack, weight) = (unlock.stack, unlock.weight),
             None => {
                 count(FutexCounter::NoWaker);
                 return;
             }
         }
     }
-    if sampled == 0 {
+    if weight == 0 {
         count(FutexCounter::MutexUnsampled);
         return;
     }
     let key = WaitKey { stack: waker_stack, ..key };
+    let charged = charge(delay_ns, weight);
     if add_or_insert_in_set(
         set,
         &MUTEX_COUNTS_0,
         &MUTEX_COUNTS_1,
         &key,
-        &WaitTotals { count: WAIT_COUNT_ONE, delay_ns },
+        &WaitTotals { count: charged.count, delay_ns: charged.total_ns },
     ) {
         if last.requeued_to != 0 {
             count(FutexCounter::Requeued);
@@ -397,7 +412,9 @@ fn last_wake(tgid: u32, uaddr: u64, since: u64) -> Option<Waker> {
             requeued_to: ptr::read_volatile(&(*slot).waker.requeued_to),
             requeued_seq: ptr::read_volatile(&(*slot).waker.requeued_seq),
             tid: ptr::read_volatile(&(*slot).waker.tid),
-            sampled: ptr::read_volatile(&(*slot).waker.sampled),
+            _pad: 0,
+            weight: ptr::read_volatile(&(*slot).waker.weight),
+            wake_ns: 0,
         };
         let (word_tgid, word) = (ptr::read_volatile(&(*slot).key.tgid), ptr::read_volatile(&(*slot).key.uaddr));
         if ptr::read_volatile(&(*slot).waker.seq) != seq || word_tgid != tgid || word != uaddr {
@@ -407,25 +424,10 @@ fn last_wake(tgid: u32, uaddr: u64, since: u64) -> Option<Waker> {
     }
 }
 
-/// Whether a wait of `delay_ns` goes into the block profile, and as what (count in
-/// 1/`WAIT_COUNT_ONE`, delay): as itself when at least the rate long, else with probability
-/// delay/rate as rate/delay waits of `rate` ns in all (Go's CL 299991), so that the sums
-/// estimate every wait's.
+/// Slot `slot` of `FUTEX_CONFIG` (0 when unset: sample everything).
 #[inline(always)]
-fn block_weight(delay_ns: u64) -> Option<(u64, u64)> {
-    let rate = FUTEX_CONFIG.get(FUTEX_CONFIG_BLOCK_RATE_NS).copied().unwrap_or(0);
-    if rate <= 1 || delay_ns >= rate {
-        return Some((WAIT_COUNT_ONE, delay_ns));
-    }
-    // Uniform in [0, rate): a 32-bit random number scaled, no division.
-    // r · rate / 2^32 without overflow for a rate past 2^32 ns (4.3 s): r · hi + r · lo / 2^32.
-    let r = u64::from(random_u32());
-    let draw = r * (rate >> 32) + ((r * (rate & 0xffff_ffff)) >> 32);
-    if draw >= delay_ns {
-        return None;
-    }
-    // delay_ns > draw >= 0 here.
-    Some(((rate * WAIT_COUNT_ONE) / delay_ns, rate))
+fn config(slot: u32) -> u64 {
+    FUTEX_CONFIG.get(slot).copied().unwrap_or(0)
 }
 
 /// Per CPU, the state of [`random_u32`]'s generator (0: not seeded yet).
@@ -456,13 +458,22 @@ fn random_u32() -> u32 {
     (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
 }
 
-/// Whether this wake walks its stack: 1 in the mutex fraction.
+/// What the waits a wake of the word in `slot` ends have waited by `now_ns`, at least (see
+/// the module's comment): the time since the word's previous wake, which every wait that
+/// began since then has waited at most and every older one at least. With no previous wake
+/// of the word on record (its first, or its slot was another word's), `u64::MAX`: unknown,
+/// so the wake is walked.
 #[inline(always)]
-fn wake_sampled() -> bool {
-    let fraction = FUTEX_CONFIG.get(FUTEX_CONFIG_MUTEX_FRACTION).copied().unwrap_or(0);
-    // A 32-bit draw r is below 2^32 / fraction with probability 1/fraction (to within 2^-32),
-    // tested with a multiply: a division costs a wake about 10 ns (`bench futex`).
-    fraction <= 1 || (u64::from(random_u32()) * fraction) >> 32 == 0
+fn waited_by(slot: *const WakerSlot, tgid: u32, uaddr: u64, now_ns: u64) -> u64 {
+    // SAFETY: plain field reads of a live array value; a torn read (a wake rewriting the slot)
+    // changes the sampling probability only, which is fixed before the draw either way.
+    unsafe {
+        let seq = ptr::read_volatile(&(*slot).waker.seq);
+        if seq & !WAKER_SEQ_BUSY == 0 || (*slot).key.tgid != tgid || (*slot).key.uaddr != uaddr {
+            return u64::MAX;
+        }
+        now_ns.saturating_sub(ptr::read_volatile(&(*slot).waker.wake_ns))
+    }
 }
 
 /// The calling thread's user stack stored in map set `set`, or `NO_STACK` with the loss
@@ -483,14 +494,18 @@ fn user_stack(set: u32, tgid: u32) -> u64 {
 /// the word its other waiters moved to).
 #[inline(always)]
 fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
-    let sampled = wake_sampled();
-    let stack = if sampled { user_stack(active_set(), task.tgid) } else { NO_STACK };
     let tgid = task.tgid;
-    let requeued_seq = if requeued_to == 0 { 0 } else { waker_seq(tgid, requeued_to) };
     let Some(slot) = waker_slot_of(tgid, uaddr) else {
         count(FutexCounter::WakerMapFull);
         return;
     };
+    // SAFETY: a helper without arguments.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let so_far = waited_by(slot, tgid, uaddr, now_ns);
+    let rate = config(FUTEX_CONFIG_BLOCK_RATE_NS);
+    let weight = wake_weight(so_far, rate, config(FUTEX_CONFIG_MUTEX_FRACTION), random_u32).unwrap_or(0);
+    let stack = if weight != 0 { user_stack(active_set(), tgid) } else { NO_STACK };
+    let requeued_seq = if requeued_to == 0 { 0 } else { waker_seq(tgid, requeued_to) };
     // The count is marked busy first and written last, one more (see `WakerSlot`): a waiter
     // reading the slot meanwhile sees it change and takes no waker from it (x86 keeps stores
     // in order, and loads in order). Two wakes writing one slot at once (no compare-and-swap
@@ -507,7 +522,8 @@ fn record_waker(task: Task, uaddr: u64, requeued_to: u64) {
         ptr::write_volatile(&mut (*slot).waker.requeued_to, requeued_to);
         ptr::write_volatile(&mut (*slot).waker.requeued_seq, requeued_seq);
         ptr::write_volatile(&mut (*slot).waker.tid, task.tid);
-        ptr::write_volatile(&mut (*slot).waker.sampled, sampled as u32);
+        ptr::write_volatile(&mut (*slot).waker.weight, weight);
+        ptr::write_volatile(&mut (*slot).waker.wake_ns, now_ns);
         ptr::write_volatile(&mut (*slot).waker.seq, seq + 1);
     }
     count(FutexCounter::Wakes);

@@ -2,16 +2,20 @@
 //! in the context of the thread leaving it (`prev`), and `sched_exit_tp`, which ends every
 //! `__schedule` in the context of the thread then on the CPU.
 //!
-//! A switch-out is sampled with probability 1 / `OFFCPU_CONFIG[SAMPLE_EVERY]`, decided
-//! first (random, not a countdown: two threads ping-ponging on one CPU would alias with any
-//! even period). A sampled one notes the time, the thread and its state in `OFFCPU_PENDING`
-//! under the `task_struct` address, and counts the entry in its slot of
-//! `OFFCPU_MAYBE_PENDING`. When that task is back on a CPU, `sched_exit_tp` runs in its own
-//! context: it takes the time, walks the thread's user and kernel stacks (unchanged: it has
-//! not run) and adds the time between the two to that key in the active set. Userspace
-//! scales counts and times by the sampling period. An unsampled switch costs a random number
-//! and, at its `sched_exit_tp`, one array read: the slot of a task with no entry is nearly
-//! always 0, and only a non-zero one pays the hash lookup.
+//! Intervals off the CPU are sampled by length, as the block profile samples waits
+//! (`profiler_common::sampling::by_length` at `OffCpuConfig::rate_ns`): one at least the rate
+//! long is always recorded, a shorter one of length d with probability d/rate and then as
+//! rate/d switches of `rate` ns in all (Go's unbiasing), so a thread that blocks rarely but
+//! long is never missed. The length is known only when the thread is back, so every
+//! switch-out notes its time and state in the thread's slot of `OFFCPU_OUT` (an array by
+//! thread id: no hash, no lock); at the switch-in, in the thread's own context,
+//! `sched_exit_tp` takes the time, decides, and only then, for a kept interval, checks the
+//! process and cgroup filters and walks the thread's user and kernel stacks (unchanged: it has
+//! not run). A thread whose slot holds another thread's interval in flight notes its own in
+//! `OFFCPU_PENDING` under its `task_struct` address, counted in its slot of
+//! `OFFCPU_MAYBE_PENDING` so that the switch-in of nearly every switch reads one array word
+//! where it would look a hash up. An interval costs two timestamps, its slot's write and
+//! read, and for one shorter than the rate a random number.
 //!
 //! Why the walk waits for the switch-in: walked at the switch-out, it ran on the thread's
 //! clock while its wake-up (a timer, another thread's write) did not move, so each sampled
@@ -20,12 +24,17 @@
 //! that brings the thread back, which includes that context switch (about a microsecond).
 //!
 //! On a kernel without `sched_exit_tp` (before 6.16) the stacks are walked at the
-//! switch-out, and `sched_switch` charges the time when the task is `next` of a later switch.
+//! switch-out, before the length is known, so there a switch-out is sampled 1 in
+//! `OFFCPU_CONFIG[SAMPLE_EVERY]` (random, not a countdown: two threads ping-ponging on one CPU
+//! would alias with any even period), its key noted in `OFFCPU_PENDING`, and `sched_switch`
+//! charges it N times over when the task is `next` of a later switch.
 #![allow(non_upper_case_globals)]
+
+use core::ptr;
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns, generated::bpf_get_prandom_u32},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, generated::bpf_get_prandom_u32},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
@@ -33,13 +42,15 @@ use aya_ebpf::{
 };
 use profiler_common::{
     maps::{OFFCPU_COUNTS_MAX_ENTRIES, OFFCPU_MAYBE_PENDING_SLOTS, OFFCPU_PENDING_MAX_ENTRIES},
-    offcpu::{maybe_pending_slot, OffCpuConfig},
+    offcpu::{maybe_pending_slot, out_slot, OffCpuConfig, OutSlot, OUT_SLOTS},
+    sampling::{by_length, WEIGHT_ONE},
     OffCpuCounter, OffCpuKey, OffCpuState, OffCpuTotals, SwitchedOut, NO_STACK,
 };
 
 use crate::{
     maps::{
-        active_set, add_or_insert_in_set, atomic_add, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch,
+        active_set, add_or_insert_in_set, atomic_add, bump, cgroup_wanted, current_comm, current_task, current_task_of,
+        wanted, Scratch,
     },
     stack::{capture_kernel_skipping, capture_user_inline},
 };
@@ -48,6 +59,9 @@ use crate::{
 pub static OFFCPU_COUNTS_0: HashMap<OffCpuKey, OffCpuTotals> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, 0);
 #[map]
 pub static OFFCPU_COUNTS_1: HashMap<OffCpuKey, OffCpuTotals> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, 0);
+
+#[map]
+pub static OFFCPU_OUT: Array<OutSlot> = Array::with_max_entries(OUT_SLOTS, 0);
 
 #[map]
 pub static OFFCPU_PENDING: HashMap<u64, SwitchedOut> = HashMap::with_max_entries(OFFCPU_PENDING_MAX_ENTRIES, 0);
@@ -75,63 +89,175 @@ const TASK_DEAD: u64 = 0x80;
 const OWN_FRAMES: u64 = 2;
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
-/// unsigned int prev_state)`: notes a sampled switch-out of `prev`; stacks walked at the
-/// switch-out, also charges `next`'s.
+/// unsigned int prev_state)`: notes the switch-out of `prev`; stacks walked at the
+/// switch-out, notes a sampled one and charges `next`'s.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn offcpu_switch(ctx: BtfTracePointContext) -> i32 {
     let preempt = ctx.arg::<u64>(0) & 1 != 0;
     let prev: u64 = ctx.arg(1);
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
     let config = OFFCPU_CONFIG.get(0).copied().unwrap_or_default();
-    let walk_out = config.walk_at_switch_out != 0;
-    if walk_out {
-        charge_walked(ctx.arg(2));
+    if config.walk_at_switch_out == 0 {
+        note_out(preempt, prev_state);
+        return 0;
     }
-    let _ = switch_out(&ctx, prev, preempt, prev_state, config.sample_every, walk_out);
+    charge_walked(ctx.arg(2), config.sample_every);
+    let _ = switch_out(&ctx, prev, preempt, prev_state, config.sample_every);
     0
 }
 
-/// Stacks walked at the switch-out: if `next`'s switch-out was sampled, charges it. (The
-/// verifier keeps `next` a pointer it cannot hash, so this path looks up every switch.)
+/// Why a thread leaves the CPU, from `sched_switch`'s arguments.
 #[inline(always)]
-fn charge_walked(next: u64) {
+fn state_of(preempt: bool, prev_state: u64) -> OffCpuState {
+    if preempt || prev_state == 0 {
+        OffCpuState::Runnable
+    } else {
+        OffCpuState::Blocked
+    }
+}
+
+/// Notes the time and state of the current thread's switch-out in its `OFFCPU_OUT` slot, or,
+/// if that slot holds another thread's interval in flight, in `OFFCPU_PENDING`.
+#[inline(always)]
+fn note_out(preempt: bool, prev_state: u64) {
+    if prev_state & TASK_DEAD != 0 {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // Kernel-wide tid 0 is the idle task.
+    if pid_tgid as u32 == 0 {
+        return;
+    }
+    let Some(slot) = OFFCPU_OUT.get_ptr_mut(out_slot(pid_tgid)) else { return };
+    // SAFETY: a helper without arguments.
+    let out_ns = unsafe { bpf_ktime_get_ns() };
+    let state = state_of(preempt, prev_state) as u32;
+    // The thread's slot, or a slot with no interval in flight, which it takes; `out_ns` last,
+    // which marks it in flight. Two threads of one slot switching out at the same instant
+    // may both take it, and one interval is then lost (ids equal modulo `OUT_SLOTS` and the
+    // same few nanoseconds on two CPUs).
+    // SAFETY: a live array slot; plain field accesses.
+    unsafe {
+        if (*slot).owner == pid_tgid || ptr::read_volatile(&(*slot).out_ns) == 0 {
+            (*slot).owner = pid_tgid;
+            (*slot).state = state;
+            ptr::write_volatile(&mut (*slot).out_ns, out_ns);
+            return;
+        }
+    }
+    let key =
+        OffCpuKey { tgid: 0, tid: 0, user_stack: NO_STACK, kernel_stack: NO_STACK, state, _pad: 0, comm: [0; 16] };
+    // SAFETY: a helper without arguments; the address as a number, as the switch-in reads it.
+    let task = unsafe { bpf_get_current_task() };
+    if OFFCPU_PENDING.insert(&task, &SwitchedOut { out_ns, key }, BPF_ANY as u64).is_err() {
+        count(OffCpuCounter::PendingMapFull);
+        return;
+    }
+    if let Some(maybe) = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(task)) {
+        atomic_add(maybe, 1);
+    }
+}
+
+/// Stacks walked at the switch-out: if `next`'s switch-out was sampled (1 in `every`),
+/// charges it as `every` switches. (The verifier keeps `next` a pointer it cannot hash, so
+/// this path looks up every switch.)
+#[inline(always)]
+fn charge_walked(next: u64, every: u32) {
     // SAFETY: the value is copied out before the entry is deleted.
     let Some(out) = (unsafe { OFFCPU_PENDING.get(&next) }).copied() else { return };
     // SAFETY: a helper without arguments.
     let in_ns = unsafe { bpf_ktime_get_ns() };
     let _ = OFFCPU_PENDING.remove(&next);
-    add(active_set(), &out.key, in_ns.saturating_sub(out.out_ns));
+    // `every` is at most 10^6 < 2^20 (`offcpu.sample_every`), so an interval up to 2^44 ns
+    // (4.9 hours) is scaled without overflow; a longer one is charged as that.
+    let every = u64::from(every.clamp(1, 1 << 20));
+    let off_ns = in_ns.saturating_sub(out.out_ns).min(u64::MAX >> 20);
+    add(active_set(), &out.key, every * WEIGHT_ONE, every * off_ns);
 }
 
 /// `sched_exit_tp(bool is_switch)`, the end of `__schedule` in the context of the task now on
-/// the CPU: charges its time off the CPU, if its switch-out was sampled.
+/// the CPU: ends its interval off the CPU, and charges it if its length keeps it.
 #[btf_tracepoint(function = "sched_exit_tp")]
 pub fn offcpu_switch_in(ctx: BtfTracePointContext) -> i32 {
     // Not switched: this task never left the CPU.
     if ctx.arg::<u64>(0) & 1 == 0 {
         return 0;
     }
-    // SAFETY: a helper without arguments; the address as a number, which can be hashed.
-    let task = unsafe { bpf_get_current_task() };
-    let Some(maybe) = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(task)) else { return 0 };
-    // SAFETY: a live array value, changed only by atomic adds. This task's own entry, if any,
-    // was counted before it could be switched in anywhere: its switch-out's program ran
-    // before the switch, and a wake-up waits for that to finish (`p->on_cpu`).
-    if unsafe { core::ptr::read_volatile(maybe) } == 0 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if pid_tgid as u32 == 0 {
         return 0;
     }
-    // SAFETY: the value is copied out before the entry is deleted.
-    let Some(out) = (unsafe { OFFCPU_PENDING.get(&task) }).copied() else { return 0 };
+    let Some((out_ns, state)) = take_out(pid_tgid) else { return 0 };
     // SAFETY: a helper without arguments.
     let in_ns = unsafe { bpf_ktime_get_ns() };
+    let rate_ns = OFFCPU_CONFIG.get(0).map_or(0, |config| config.rate_ns);
+    // SAFETY: a helper without arguments.
+    let Some(kept) = by_length(in_ns.saturating_sub(out_ns), rate_ns, || unsafe { bpf_get_prandom_u32() }) else {
+        count(OffCpuCounter::Unsampled);
+        return 0;
+    };
+    let _ = charge_in(&ctx, pid_tgid, state, kept.count, kept.total_ns);
+    0
+}
+
+/// The current thread's switch-out in flight (time, state), taken out of its `OFFCPU_OUT`
+/// slot or, if another thread held that, of `OFFCPU_PENDING`.
+#[inline(always)]
+fn take_out(pid_tgid: u64) -> Option<(u64, u32)> {
+    let slot = OFFCPU_OUT.get_ptr_mut(out_slot(pid_tgid))?;
+    // SAFETY: a live array slot; its owner's fields are written only by the owner (see
+    // `note_out` for two threads of one slot), whose switch-out ran before this switch-in
+    // could (a wake-up waits for `p->on_cpu`).
+    unsafe {
+        let out_ns = ptr::read_volatile(&(*slot).out_ns);
+        if (*slot).owner == pid_tgid && out_ns != 0 {
+            let state = (*slot).state;
+            // Done with; the slot stays the thread's until another thread of it takes it.
+            ptr::write_volatile(&mut (*slot).out_ns, 0);
+            return Some((out_ns, state));
+        }
+    }
+    // SAFETY: a helper without arguments; the address as a number, which can be hashed.
+    let task = unsafe { bpf_get_current_task() };
+    let maybe = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(task))?;
+    // SAFETY: a live array value, changed only by atomic adds; this task's own entry, if any,
+    // was counted before it could be switched in anywhere (as above).
+    if unsafe { ptr::read_volatile(maybe) } == 0 {
+        return None;
+    }
+    // SAFETY: the value is copied out before the entry is deleted.
+    let out = (unsafe { OFFCPU_PENDING.get(&task) }).copied()?;
     if OFFCPU_PENDING.remove(&task).is_ok() {
         atomic_add(maybe, u64::MAX);
     }
-    let set = active_set();
-    if let Some(key) = walked(&ctx, set, out.key) {
-        add(set, &key, in_ns.saturating_sub(out.out_ns));
+    Some((out.out_ns, out.key.state))
+}
+
+/// Charges a kept interval (`switches` in 1/`WEIGHT_ONE`, `off_ns`) to the current thread,
+/// if its process and cgroup are profiled, under its stacks. `Err` when not charged.
+#[inline(always)]
+fn charge_in(ctx: &BtfTracePointContext, pid_tgid: u64, state: u32, switches: u64, off_ns: u64) -> Result<(), ()> {
+    let task = current_task_of(pid_tgid).ok_or(())?;
+    if !wanted(task.tgid) {
+        return Err(());
     }
-    0
+    if !cgroup_wanted() {
+        count(OffCpuCounter::CgroupFiltered);
+        return Err(());
+    }
+    let key = OffCpuKey {
+        tgid: task.tgid,
+        tid: task.tid,
+        user_stack: NO_STACK,
+        kernel_stack: NO_STACK,
+        state,
+        _pad: 0,
+        comm: [0; 16],
+    };
+    let set = active_set();
+    let key = walked(ctx, set, key).ok_or(())?;
+    add(set, &key, switches, off_ns);
+    Ok(())
 }
 
 /// An empty program on `sched_switch`, for the floor of `cargo xtask bench offcpu`: the
@@ -170,15 +296,15 @@ fn walked(ctx: &BtfTracePointContext, set: u32, key: OffCpuKey) -> Option<OffCpu
     Some(OffCpuKey { user_stack, kernel_stack, comm: current_comm(), ..key })
 }
 
-/// Adds one switch of `off_ns` to `key` in set `set`.
+/// Adds `switches` (in 1/`WEIGHT_ONE`) of `off_ns` in all to `key` in set `set`.
 #[inline(always)]
-fn add(set: u32, key: &OffCpuKey, off_ns: u64) {
+fn add(set: u32, key: &OffCpuKey, switches: u64, off_ns: u64) {
     if add_or_insert_in_set(
         set,
         &OFFCPU_COUNTS_0,
         &OFFCPU_COUNTS_1,
         key,
-        &OffCpuTotals { switches: 1, off_cpu_ns: off_ns },
+        &OffCpuTotals { switches, off_cpu_ns: off_ns },
     ) {
         count(OffCpuCounter::Charged);
     } else {
@@ -186,17 +312,10 @@ fn add(set: u32, key: &OffCpuKey, off_ns: u64) {
     }
 }
 
-/// Remembers a switch-out of the current thread (`prev`), sampled 1 in `every`, its stacks
-/// walked if `walk`. `Err` when not sampled.
+/// Stacks walked at the switch-out: remembers a switch-out of the current thread (`prev`),
+/// sampled 1 in `every`, with its stacks. `Err` when not sampled.
 #[inline(always)]
-fn switch_out(
-    ctx: &BtfTracePointContext,
-    prev: u64,
-    preempt: bool,
-    prev_state: u64,
-    every: u32,
-    walk: bool,
-) -> Result<(), ()> {
+fn switch_out(ctx: &BtfTracePointContext, prev: u64, preempt: bool, prev_state: u64, every: u32) -> Result<(), ()> {
     // 1 in `every`: a 32-bit draw r is below 2^32 / every with that probability (to within
     // 2^-32), tested with a multiply rather than a division.
     // SAFETY: a helper without arguments.
@@ -218,30 +337,19 @@ fn switch_out(
     // Before any walk: the wait it stands for begins now.
     // SAFETY: a helper without arguments.
     let out_ns = unsafe { bpf_ktime_get_ns() };
-    let state = if preempt || prev_state == 0 { OffCpuState::Runnable } else { OffCpuState::Blocked };
-    let mut key = OffCpuKey {
+    let key = OffCpuKey {
         tgid: task.tgid,
         tid: task.tid,
         user_stack: NO_STACK,
         kernel_stack: NO_STACK,
-        state: state as u32,
+        state: state_of(preempt, prev_state) as u32,
         _pad: 0,
         comm: [0; 16],
     };
-    if walk {
-        key = walked(ctx, active_set(), key).ok_or(())?;
-    }
+    let key = walked(ctx, active_set(), key).ok_or(())?;
     if OFFCPU_PENDING.insert(&prev, &SwitchedOut { out_ns, key }, BPF_ANY as u64).is_err() {
         count(OffCpuCounter::PendingMapFull);
         return Err(());
-    }
-    // Counted for `sched_exit_tp`, which walks when the stacks were not. `prev` is the
-    // current task here, whose address the helper gives as a number.
-    // SAFETY: a helper without arguments.
-    if !walk {
-        if let Some(maybe) = OFFCPU_MAYBE_PENDING.get_ptr_mut(maybe_pending_slot(unsafe { bpf_get_current_task() })) {
-            atomic_add(maybe, 1);
-        }
     }
     Ok(())
 }

@@ -52,7 +52,8 @@ pub struct DaemonConfig {
     pub thread_interval_dumps: bool,
     /// `[[export]]` tables, each as TOML key lines (`protocol = "otlp"\nurl = "..."`).
     pub exports: Vec<String>,
-    /// `[offcpu] sample_every`; the default when `None`.
+    /// `[offcpu] sample_every`; the default when `None`. `Some(1)` records every switch, so
+    /// it also sets `rate = "1ns"` (the sampling on kernels with `sched_exit_tp`).
     pub offcpu_sample_every: Option<u32>,
 }
 
@@ -118,6 +119,9 @@ impl DaemonConfig {
         text += &format!("\n[threads]\ninterval_dumps = {}\n", self.thread_interval_dumps);
         if let Some(every) = self.offcpu_sample_every {
             text += &format!("\n[offcpu]\nsample_every = {every}\n");
+            if every == 1 {
+                text += "rate = \"1ns\"\n";
+            }
         }
         for export in &self.exports {
             text += &format!("\n[[export]]\n{export}\n");

@@ -42,14 +42,17 @@ pub fn single_thread_labels(profile: &Profile, pid: u32, comm: &str) {
     }
 }
 
-/// The number of samples is what `seconds` of one busy thread at `frequency_hz` gives: not
-/// fewer than 60% (samples lost) nor more than 110% (samples counted twice).
-pub fn busy_thread_sample_count(profile: &Profile, seconds: u32, frequency_hz: i64) {
-    let expected = f64::from(seconds) * frequency_hz as f64;
+/// The number of samples is what `cpu_ns` of one busy thread's CPU time (measured over the
+/// capture: on a loaded machine a busy thread gets less than the wall time) gives at
+/// `frequency_hz`: not fewer than 60% (samples lost) nor more than 110% (samples counted
+/// twice).
+pub fn busy_thread_sample_count(profile: &Profile, cpu_ns: u64, frequency_hz: i64) {
+    let expected = cpu_ns as f64 / 1e9 * frequency_hz as f64;
     let got = profile.total("samples") as f64;
     assert!(
         (0.6 * expected..=1.1 * expected).contains(&got),
-        "{got} samples for {seconds} s of one busy thread at {frequency_hz} Hz (expected ~{expected})"
+        "{got} samples for {:.2} s of one busy thread's CPU time at {frequency_hz} Hz (expected ~{expected:.0})",
+        cpu_ns as f64 / 1e9
     );
 }
 

@@ -127,6 +127,14 @@ pub enum FixtureKind {
     /// waiting for its core by a spinner; after a delay (argv[1]) prints the measured times
     /// (see the source), `done`, lingers argv[2] seconds.
     OffCpuSleeper,
+    /// `rare_sleeper.c MODE`: `alternate`: sleep_a 30 ms and sleep_b 10 ms in turn for 5 s;
+    /// `short`: sleep_short 1 ms 5,000 times; after a delay (argv[2]) prints the times it
+    /// measured (`a_ns`, `b_ns`, `short_ns`, `short_sq_us2`), `done`, lingers argv[3] seconds.
+    RareSleeper,
+    /// `mutex_handoff.c`: four threads take one mutex 150 times each, holding it 1.5 ms
+    /// (about 600 waits of a few ms); after a delay (argv[1]) prints `lock_wait_ns N R S`
+    /// (see `lock_waits`), `done`, lingers argv[2] seconds.
+    MutexHandoff,
     /// `bpf_calls.c`: main → copy_loop reads a 1 MiB BPF array value with `bpf()` for
     /// argv[1] ms of its CPU time (BPF instrumentation off on its CPU for much of it);
     /// prints `ready`, then `cpu_ms N`.
@@ -167,6 +175,8 @@ impl FixtureKind {
             Self::DlSpinLibrary => "libdl_spin.so",
             Self::StackChurn => "stack_churn",
             Self::OffCpuSleeper => "offcpu_sleeper",
+            Self::RareSleeper => "rare_sleeper",
+            Self::MutexHandoff => "mutex_handoff",
             Self::BpfCalls => "bpf_calls",
             Self::ManyThreads => "many_threads",
         }
@@ -199,6 +209,8 @@ impl FixtureKind {
             Self::DlSpinLibrary => "dl_spin.c",
             Self::StackChurn => "stack_churn.c",
             Self::OffCpuSleeper => "offcpu_sleeper.c",
+            Self::RareSleeper => "rare_sleeper.c",
+            Self::MutexHandoff => "mutex_handoff.c",
             Self::BpfCalls => "bpf_calls.c",
             Self::ManyThreads => "many_threads.c",
         }
@@ -416,6 +428,13 @@ impl Fixture {
         values.unwrap_or_else(|| {
             panic!("fixture {} did not print `{key} N` (read {read:?}, got {line:?})", self.kind.comm())
         })
+    }
+
+    /// The CPU time its main thread has had so far, in ns (`/proc/PID/schedstat`).
+    pub fn cpu_ns(&self) -> u64 {
+        let path = format!("/proc/{}/schedstat", self.pid());
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("failed to read {path}: {e}"));
+        text.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{path}: {text:?}"))
     }
 
     /// Reads ahead until the fixture prints `last` (waits for it; panics at its end), and

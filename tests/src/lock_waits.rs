@@ -48,6 +48,20 @@ impl LockWaits {
         floor.max(SIGMAS * (rate_ns as f64 * total).sqrt() / total)
     }
 
+    /// The relative tolerance for a mutex profile at block rate `rate_ns` and mutex fraction
+    /// `fraction`: `floor`, or 3.5σ where wider. A wake is kept with probability p/F, where
+    /// p = min(1, s/rate) for what its waiters had waited by then (s, the time since the
+    /// word's previous wake), and each wait d it ends is charged d·F/p: variance d²(F/p − 1).
+    /// Where each wait began after its word's previous wake (both fixtures: turns, or holds
+    /// longer than the rate), s ≥ d, so p ≥ min(1, d/rate) and the variance is at most
+    /// F·max(d², rate·d) − d²: in all, (F−1)·S + F·rate·N.
+    pub fn mutex_tolerance(&self, floor: f64, rate_ns: u64, fraction: u32) -> f64 {
+        let f = f64::from(fraction.max(1));
+        let total = self.total_ns.max(1) as f64;
+        let variance_ns2 = (f - 1.0) * self.squares_us2 as f64 * 1e6 + f * rate_ns as f64 * total;
+        floor.max(SIGMAS * variance_ns2.sqrt() / total)
+    }
+
     /// The least delay a profile may hold: `total_ns` less `tolerance`, less the time the
     /// lockers spent runnable (a thread preempted inside `pthread_mutex_lock`, outside its
     /// futex wait, counts in the truth but is blocked in no wait).
@@ -109,6 +123,17 @@ mod tests {
         assert!((waits(600_000_000, 0).block_tolerance(0.0, 1_000_000) - 3.5 * 0.0408).abs() < 0.001);
         assert!(waits(2_400_000_000, 0).block_tolerance(0.0, 1_000_000) < 3.5 * 0.021);
         assert_eq!(waits(600_000_000, 0).block_tolerance(0.15, 1), 0.15);
+    }
+
+    #[test]
+    fn mutex_sampling_adds_the_fraction_to_the_rate() {
+        // 12,000 waits of 50 µs at rate 1 ms, no fraction: as the block bound, 4.1%.
+        let w = waits(12_000 * 50_000, 12_000 * 2_500);
+        assert!((w.mutex_tolerance(0.0, 1_000_000, 1) - w.block_tolerance(0.0, 1_000_000)).abs() < 1e-9);
+        // Every wake (rate 1 ns, fraction 1): the floor.
+        assert_eq!(w.mutex_tolerance(0.25, 1, 1), 0.25);
+        // A fraction on top widens it past either part alone.
+        assert!(w.mutex_tolerance(0.0, 1_000_000, 10) > w.tolerance(0.0, 10).max(w.block_tolerance(0.0, 1_000_000)));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! the 75/25 share within ±6 points, the call chain, the labels, and that Go's pprof reads the
 //! file and sees the same share. Also: a process that exits mid-capture is still profiled.
 
+use profiler_tests::run::Running;
 use profiler_tests::{assert_success, expect, go_pprof, preflight, run_profiler};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
@@ -113,17 +114,16 @@ fn check_split(kind: FixtureKind) {
     let fixture = Fixture::spawn(kind, FIXTURE_S);
     let pid = fixture.pid().to_string();
     let frequency = FREQUENCY_HZ.to_string();
-    let output = run_profiler(&[
-        "snapshot",
-        "--pid",
-        &pid,
-        "--duration",
-        &format!("{CAPTURE_S}s"),
-        "--frequency",
-        &frequency,
-        "--output",
-        &out.path_arg(),
-    ]);
+    let duration = format!("{CAPTURE_S}s");
+    let args =
+        ["snapshot", "--pid", &pid, "--duration", &duration, "--frequency", &frequency, "--output", &out.path_arg()];
+    // The fixture's CPU time over the capture (a little more: read from `capturing` to the
+    // end), what its samples are judged by: on a loaded machine it gets less than 5 s.
+    let mut profiler = Running::start(&args);
+    profiler.wait_capturing();
+    let cpu_before = fixture.cpu_ns();
+    let output = profiler.finish();
+    let cpu_ns = fixture.cpu_ns() - cpu_before;
     assert_success(&output, "snapshot --pid");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -136,7 +136,7 @@ fn check_split(kind: FixtureKind) {
     let profile = Profile::decode(&path);
     expect::cpu_profile_format(&profile, FREQUENCY_HZ);
     expect::single_thread_labels(&profile, fixture.pid(), fixture.comm());
-    expect::busy_thread_sample_count(&profile, CAPTURE_S, FREQUENCY_HZ);
+    expect::busy_thread_sample_count(&profile, cpu_ns, FREQUENCY_HZ);
     check_share(&profile);
     check_chains(&profile);
     check_go_pprof(&path);

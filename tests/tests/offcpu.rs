@@ -1,7 +1,9 @@
 //! The off-CPU profile against `offcpu_sleeper` (tests/fixtures/offcpu_sleeper.c), whose
 //! threads measure with CLOCK_MONOTONIC around each blocking call how long it took: off-CPU
 //! nanoseconds per function against those totals, the `state` of a thread preempted by a
-//! spinner on its core, and the values scaled at the default 1-in-50 sampling.
+//! spinner on its core, and the values unbiased at the default sampling by length (1ms);
+//! and `rare_sleeper` (tests/fixtures/rare_sleeper.c), a thread that blocks rarely but long,
+//! or 5,000 times 1 ms, against its own clock at the defaults.
 //!
 //! The profiles are those the real `profiler snapshot` writes, decoded by our reader and read
 //! by `go tool pprof -raw`.
@@ -9,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use profiler_tests::pprof::Sample;
-use profiler_tests::run::run_profiler_resuming;
+use profiler_tests::run::{run_profiler_resuming, run_profiler_until};
 use profiler_tests::{assert_success, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
@@ -22,9 +24,12 @@ const CAPTURE: &str = "8s";
 /// Every switch recorded: the only error is the fixture's own time on the CPU around the
 /// blocking calls, well under this.
 const EXACT_TOLERANCE: f64 = 0.10;
-/// At 1 in 50, sleep_short's ~20,000 switches give n ≈ 400 samples of about equal length:
-/// the estimate's relative error is about 1/√n = 5%; 3.5σ is 17.5%.
-const SAMPLED_TOLERANCE: f64 = 0.20;
+/// The floor of a sampled estimate's tolerance, besides its 3.5σ.
+const SAMPLED_TOLERANCE: f64 = 0.05;
+/// The default `--offcpu-rate` (config/raw.rs), in ns.
+const DEFAULT_RATE_NS: f64 = 1e6;
+/// Flags that record every switch, on either kind of kernel.
+const EVERY_SWITCH: [&str; 4] = ["--offcpu-rate", "1ns", "--offcpu-every", "1"];
 /// `SLEEP_SHORT_ROUNDS` of tests/fixtures/offcpu_sleeper.c: sleep_short's nanosleeps.
 const SLEEP_SHORT_ROUNDS: i64 = 20_000;
 
@@ -41,31 +46,17 @@ struct Truth {
     sleep_short_sq_us2: f64,
 }
 
-fn run(every: &str) -> (Fixture, Truth, PathBuf, TempDir) {
-    run_with_env(every, &[])
+fn run(sampling: &[&str]) -> (Fixture, Truth, PathBuf, TempDir) {
+    run_with_env(sampling, &[])
 }
 
-fn run_with_env(every: &str, env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, TempDir) {
+fn run_with_env(sampling: &[&str], env: &[(&str, &str)]) -> (Fixture, Truth, PathBuf, TempDir) {
     let out = TempDir::new("offcpu");
     let mut fixture = Fixture::spawn_with_args(FixtureKind::OffCpuSleeper, &[DELAY_S, LINGER_S]);
     let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
-    let output = run_profiler_resuming(
-        &[
-            "snapshot",
-            "--pid",
-            &pid,
-            "--duration",
-            CAPTURE,
-            "--profiles",
-            "offcpu",
-            "--offcpu-every",
-            every,
-            "--output",
-            &dir,
-        ],
-        env,
-        &fixture,
-    );
+    let mut args = vec!["snapshot", "--pid", &pid, "--duration", CAPTURE, "--profiles", "offcpu", "--output", &dir];
+    args.extend_from_slice(sampling);
+    let output = run_profiler_resuming(&args, env, &fixture);
     assert_success(&output, "snapshot --profiles offcpu");
     let truth = Truth {
         sleep_long: fixture.read_value("sleep_long_ns") as i64,
@@ -89,9 +80,9 @@ fn offcpu_time_matches_the_programs_own_clock() {
     if !preflight() {
         return;
     }
-    let (_fixture, truth, path, _out) = run("1");
+    let (_fixture, truth, path, _out) = run(&EVERY_SWITCH);
     let profile = Profile::decode(&path);
-    offcpu_format(&profile, 1);
+    offcpu_format(&profile, "offcpu rate 1 ns");
     every_wait_matches(&profile, &truth);
     // Two spinning threads share the core about evenly: the victim waits for it about half
     // the time. Asked: clearly there, and under its own stack.
@@ -119,47 +110,117 @@ fn offcpu_without_sched_exit_tp_walks_at_the_switch_out() {
     if !preflight() {
         return;
     }
-    let (_fixture, truth, path, _out) = run_with_env("1", &[("PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT", "1")]);
+    let (_fixture, truth, path, _out) =
+        run_with_env(&EVERY_SWITCH, &[("PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT", "1")]);
     let profile = Profile::decode(&path);
-    offcpu_format(&profile, 1);
+    offcpu_format(&profile, "1 in 1 switches");
     every_wait_matches(&profile, &truth);
     let comments = profile.comments.join("\n");
     assert!(comments.contains("stacks walked as the thread left the CPU"), "comments should say so: {comments}");
 }
 
-/// At the default sampling (1 in 50) the values are scaled and unbiased: sleep_short's
-/// 20,000 sleeps are counted as about 20,000 switches, and their time estimates the time the
-/// program measured.
+/// At the default sampling by length (rate 1ms) the values are unbiased: sleep_short's
+/// 20,000 sleeps of ~160 µs (d) are each kept with probability d/rate and counted as rate/d
+/// sleeps of rate ns, so they are counted as about 20,000 switches and their time estimates
+/// the time the program measured.
 #[test]
-fn offcpu_sampled_values_are_scaled() {
+fn offcpu_sampled_values_are_unbiased() {
     if !preflight() {
         return;
     }
-    let (_fixture, truth, path, _out) = run("50");
+    let (_fixture, truth, path, _out) = run(&[]);
     let profile = Profile::decode(&path);
-    offcpu_format(&profile, 50);
+    offcpu_format(&profile, "offcpu rate 1000000 ns");
     let short = |s: &Sample| s.contains("sleep_short") && s.label_str("state") == Some("blocked");
-    // Each sleep blocks once; each is counted 50 times with probability 1/50: σ = √(49·n).
+    // A sleep of d counts rate/d with probability d/rate: variance rate/d − 1 each. With the
+    // sleeps' mean d̄ (their time over their number), Σ rate/d ≥ n·rate/d̄ by convexity, so
+    // this σ = √(n·(rate/d̄ − 1)) (≈ 320, 1.6%) is a lower bound; the floor covers the rest.
     let switches = profile.value_where("switches", short);
-    let sigma = (49.0 * SLEEP_SHORT_ROUNDS as f64).sqrt();
-    within(
-        switches,
-        SLEEP_SHORT_ROUNDS,
-        3.5 * sigma / SLEEP_SHORT_ROUNDS as f64,
-        "switches under sleep_short",
-        &profile,
-    );
-    // The time: σ = √(49·Σd²) over the sleeps' own times d, which one sleep stretched by a
-    // loaded machine can dominate; 3.5σ, or 20%. Plus what separates the scheduler's view
-    // (switch-out to switch-in) from the program's clock (wall minus its CPU time), which
-    // sampling does not remove: up to EXACT_TOLERANCE, as the every-switch test asserts
-    // (measured: +3-5% on these 160 µs sleeps; bpftrace on sched_switch sees +8%).
+    let n = SLEEP_SHORT_ROUNDS as f64;
+    let mean_d = truth.sleep_short as f64 / n;
+    let sigma = (n * (DEFAULT_RATE_NS / mean_d - 1.0).max(0.0)).sqrt();
+    within(switches, SLEEP_SHORT_ROUNDS, SAMPLED_TOLERANCE + 3.5 * sigma / n, "switches under sleep_short", &profile);
+    // The time: a sleep of d adds rate with probability d/rate, variance d·rate − d², so
+    // σ = √(rate·Σd − Σd²) over the sleeps' own times (≈ 57 ms of 3.2 s, 1.8%): 3.5σ and the
+    // floor. Plus what separates the scheduler's view (switch-out to switch-in) from the
+    // program's clock (wall minus its CPU time), which sampling does not remove: up to
+    // EXACT_TOLERANCE, as the every-switch test asserts.
     let got = profile.value_where("off_cpu", short);
-    let sigma_ns = (49.0 * truth.sleep_short_sq_us2).sqrt() * 1e3;
-    let tolerance = SAMPLED_TOLERANCE.max(3.5 * sigma_ns / truth.sleep_short as f64) + EXACT_TOLERANCE;
-    within(got, truth.sleep_short, tolerance, "off-CPU ns under sleep_short at 1 in 50", &profile);
+    let variance = DEFAULT_RATE_NS * truth.sleep_short as f64 - truth.sleep_short_sq_us2 * 1e6;
+    let sigma_ns = variance.max(0.0).sqrt();
+    let tolerance = SAMPLED_TOLERANCE + 3.5 * sigma_ns / truth.sleep_short as f64 + EXACT_TOLERANCE;
+    within(got, truth.sleep_short, tolerance, "off-CPU ns under sleep_short at rate 1ms", &profile);
     let raw = go_pprof::raw(&path);
     assert!(raw.contains("sleep_short"), "`go tool pprof -raw` lacks sleep_short:\n{raw}");
+}
+
+/// A thread that blocks rarely but long (issue #44): 30 ms in sleep_a and 10 ms in sleep_b,
+/// in turn, for 5 s. At the defaults every one of its 250 sleeps is longer than the rate, so
+/// each is recorded as itself, with no sampling error: the profile's off-CPU time is its
+/// 5.0 s within 15% (what separates the scheduler's view from the program's clock, and the
+/// capture's edges), and sleep_a holds 0.75 of it ± 0.05. (At 1 in 50 switches, before,
+/// two runs gave 7.0 s and 9.1 s, sleep_a at 0.86 and 0.67.)
+#[test]
+fn offcpu_keeps_rare_long_sleeps_at_the_defaults() {
+    if !preflight() {
+        return;
+    }
+    let (profile, values) = rare_sleeper("alternate", &[]);
+    let (a, b) = (values[0], values[1]);
+    let in_a = profile.value_where("off_cpu", |s| s.contains("sleep_a") && s.label_str("state") == Some("blocked"));
+    let in_b = profile.value_where("off_cpu", |s| s.contains("sleep_b") && s.label_str("state") == Some("blocked"));
+    within(in_a + in_b, a + b, 0.15, "off-CPU ns under sleep_a and sleep_b", &profile);
+    let share = in_a as f64 / (in_a + in_b).max(1) as f64;
+    let truth_share = a as f64 / (a + b) as f64;
+    println!("sleep_a's share: {share:.3} (the program's clock: {truth_share:.3})");
+    assert!((share - 0.75).abs() <= 0.05, "sleep_a holds {share:.3} of the off-CPU time, expected 0.75 ± 0.05");
+}
+
+/// 5,000 sleeps of 1 ms at the defaults: each a little longer than the rate (timer slack),
+/// so recorded as itself; the off-CPU time under sleep_short is the program's within 10%.
+#[test]
+fn offcpu_short_sleeps_match_at_the_defaults() {
+    if !preflight() {
+        return;
+    }
+    let (profile, values) = rare_sleeper("short", &[]);
+    let got = profile.value_where("off_cpu", |s| s.contains("sleep_short") && s.label_str("state") == Some("blocked"));
+    within(got, values[2], 0.10, "off-CPU ns under sleep_short (1 ms × 5,000)", &profile);
+}
+
+/// The same sleeps at `--offcpu-rate 4ms`, where each (d ≈ 1.06 ms) is kept with probability
+/// d/rate ≈ 0.27 and counted as rate/d sleeps: the estimate is unbiased, σ = √(rate·Σd − Σd²)
+/// ≈ 4.6% of the 5.3 s; 3.5σ (16%) is its tolerance, plus the floor.
+#[test]
+fn offcpu_short_sleeps_are_unbiased_below_the_rate() {
+    if !preflight() {
+        return;
+    }
+    let rate_ns = 4e6;
+    let (profile, values) = rare_sleeper("short", &["--offcpu-rate", "4ms"]);
+    let (total, squares_us2) = (values[2], values[3] as f64);
+    let sigma_ns = (rate_ns * total as f64 - squares_us2 * 1e6).max(0.0).sqrt();
+    let tolerance = SAMPLED_TOLERANCE + 3.5 * sigma_ns / total as f64;
+    let got = profile.value_where("off_cpu", |s| s.contains("sleep_short") && s.label_str("state") == Some("blocked"));
+    within(got, total, tolerance, "off-CPU ns under sleep_short at rate 4ms", &profile);
+}
+
+/// Runs `rare_sleeper MODE` under an off-CPU snapshot (`sampling` flags added) that ends
+/// when it prints `done`; returns the profile and what it measured (`a_ns`, `b_ns`,
+/// `short_ns`, `short_sq_us2`).
+fn rare_sleeper(mode: &str, sampling: &[&str]) -> (Profile, [i64; 4]) {
+    let out = TempDir::new("offcpu-rare");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::RareSleeper, &[mode, DELAY_S, LINGER_S]);
+    let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
+    let mut args = vec!["snapshot", "--pid", &pid, "--duration", "100s", "--profiles", "offcpu", "--output", &dir];
+    args.extend_from_slice(sampling);
+    let output = run_profiler_until(&args, &mut fixture, "done");
+    assert_success(&output, &format!("snapshot --profiles offcpu {sampling:?} of rare_sleeper {mode}"));
+    let values = ["a_ns", "b_ns", "short_ns", "short_sq_us2"].map(|key| fixture.read_value(key) as i64);
+    fixture.expect_line("done");
+    let profile = Profile::decode(&written(out.path(), &fixture));
+    offcpu_format(&profile, "offcpu rate");
+    (profile, values)
 }
 
 /// Every switch recorded: the blocked time under each of the fixture's waiting functions is
@@ -183,19 +244,20 @@ fn written(out: &Path, fixture: &Fixture) -> PathBuf {
     path
 }
 
-/// switches/count and off_cpu/nanoseconds, period the sampling rate, labels on every sample,
-/// and comments stating the rate and the drops.
-fn offcpu_format(profile: &Profile, every: i64) {
+/// switches/count and off_cpu/nanoseconds, period 1 (values are estimates already), labels
+/// on every sample, and comments stating the sampling (`sampling`, a part of that line) and
+/// the drops.
+fn offcpu_format(profile: &Profile, sampling: &str) {
     let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|(t, u)| (t.as_str(), u.as_str())).collect();
     assert_eq!(types, OFFCPU_TYPES, "sample_type");
-    assert_eq!(profile.period, every, "period");
+    assert_eq!(profile.period, 1, "period");
     for sample in &profile.samples {
-        assert!(sample.values[0] > 0 && sample.values[0] % every == 0, "values {:?}", sample.values);
+        assert!(sample.values[0] > 0, "values {:?}", sample.values);
         assert!(matches!(sample.label_str("state"), Some("blocked" | "runnable")), "labels {:?}", sample.labels);
         assert!(sample.label_num("tid").is_some() && sample.label_str("thread").is_some(), "{:?}", sample.labels);
     }
     let comments = profile.comments.join("\n");
-    assert!(comments.contains(&format!("1 in {every} switches")), "comments should state the rate: {comments}");
+    assert!(comments.contains(sampling), "comments should state the sampling ({sampling}): {comments}");
     assert!(comments.contains("dropped"), "comments should report drops: {comments}");
 }
 

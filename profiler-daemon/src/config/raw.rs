@@ -84,6 +84,7 @@ pub struct RawThreads {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, expecting = "an [offcpu] table")]
 pub struct RawOffCpu {
+    pub rate: Quantity,
     pub sample_every: i64,
 }
 
@@ -127,10 +128,18 @@ pub const DEFAULT_UID_SHARE_PERCENT: u32 = 100;
 /// walks a stack, while a wait of a millisecond or more is always recorded. At 100us the
 /// walks alone cost the handoff 2-3%, past the 1.10x budget.
 pub const DEFAULT_BLOCK_RATE: &str = "1ms";
-/// The mutex profile's default fraction: 1 in 50 wakes walks its stack (at 20 the walks cost
-/// the handoff 1.11-1.16x the floor, at 50 1.08-1.10x). A lock's profile from n contended
-/// unlocks has a relative error near √(49/n): 7% at 10,000.
-pub const DEFAULT_MUTEX_FRACTION: u32 = 50;
+/// The mutex profile's default fraction: none on top of the rate. A wake is walked by what
+/// its waits have waited (the block rate decides, see `profiler_common::sampling`), which
+/// already keeps the walks of a handoff of a few microseconds to about 1 in 250; a 1-in-N
+/// fraction on top would leave a lock that hands off a few hundred times a few samples.
+pub const DEFAULT_MUTEX_FRACTION: u32 = 1;
+/// The off-CPU profile's default rate: every interval off a CPU of at least 1ms recorded,
+/// a shorter one of length d with probability d/1ms. A pipe handoff's interval is a few
+/// microseconds (`cargo xtask bench offcpu`), so about 1 in 300 of them walks its stacks.
+pub const DEFAULT_OFFCPU_RATE: &str = "1ms";
+/// The off-CPU profile's 1-in-N sampling on kernels without `sched_exit_tp` (before Linux
+/// 6.16), where stacks are walked at the switch-out, before the interval's length is known.
+pub const DEFAULT_OFFCPU_EVERY: u32 = 50;
 
 /// `[mutex]`: the mutex profile's sampling fraction.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -244,7 +253,9 @@ impl Default for RawConfig {
         Self {
             output_dir: PathBuf::from("/var/lib/profiler"),
             interval: Quantity::text("60s"),
-            profiles: vec!["cpu".to_owned()],
+            // Thread dumps answer `/debug/pprof/goroutine`, the endpoint Go users type first
+            // (net/http/pprof always serves it): they cost nothing until asked for.
+            profiles: vec!["cpu".to_owned(), "threads".to_owned()],
             socket: RawSocket::default(),
             retention: RawRetention::default(),
             cpu: RawCpu::default(),
@@ -277,11 +288,11 @@ impl Default for RawRetention {
 }
 
 impl Default for RawOffCpu {
-    /// 1 in 50: `cargo xtask bench offcpu` (two threads ping-ponging on a pipe) costs about
-    /// the floor (empty programs on the same tracepoint) at 50, while every switch walks two
-    /// stacks at 1. A thread blocked 1,000 times a second is still sampled 20 times a second.
+    /// See [`DEFAULT_OFFCPU_RATE`]. 1 in 50 on kernels without `sched_exit_tp`: there
+    /// `cargo xtask bench offcpu` (two threads ping-ponging on a pipe) costs about the floor
+    /// (empty programs on the same tracepoint) at 50, while every switch walks two stacks at 1.
     fn default() -> Self {
-        Self { sample_every: 50 }
+        Self { rate: Quantity::text(DEFAULT_OFFCPU_RATE), sample_every: DEFAULT_OFFCPU_EVERY.into() }
     }
 }
 

@@ -46,7 +46,7 @@ fn empty_file_is_the_default() {
         config.retention,
         Retention { max_age: Duration::from_secs(7 * 86_400), max_total_bytes: 1 << 30, min_free_bytes: 512 << 20 }
     );
-    assert_eq!(config.profiles, [ProfileKind::Cpu]);
+    assert_eq!(config.profiles, [ProfileKind::Cpu, ProfileKind::Threads], "thread dumps answer goroutine by default");
     assert_eq!(config.cpu.frequency_hz, 19);
     assert!(config.processes.is_all());
     assert_eq!(config.heap, HeapConfig { include: vec![], sample_bytes: 512 << 10 });
@@ -274,7 +274,7 @@ fn check_loads_the_file_and_summarises() {
     assert_eq!(
         summary,
         format!(
-            "ok: {}: profiles cpu every 1m, cpu at 19 Hz, all processes; into /var/lib/profiler \
+            "ok: {}: profiles cpu,threads every 1m, cpu at 19 Hz, all processes; into /var/lib/profiler \
              (keep 7d, at most 1GiB, leave 512MiB free); socket /run/profiler/profiler.sock (group profiler)",
             path.display()
         )

@@ -67,6 +67,7 @@ impl TryFrom<RawConfig> for Config {
                 mutex_fraction: integer_in(raw.mutex.fraction, "mutex.fraction", MUTEX_FRACTION_RANGE)?,
             },
             offcpu: OffCpuConfig {
+                rate: duration_in(&raw.offcpu.rate, "offcpu.rate", BLOCK_RATE_RANGE)?,
                 sample_every: integer_in(raw.offcpu.sample_every, "offcpu.sample_every", OFFCPU_SAMPLE_EVERY_RANGE)?,
             },
             limits: StackShares {

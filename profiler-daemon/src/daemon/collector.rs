@@ -629,7 +629,12 @@ impl Collector {
         }
     }
 
-    fn index(&self, viewer: Viewer, pid: Option<Pid>) -> Vec<IndexEntry> {
+    fn index(&mut self, viewer: Viewer, pid: Option<Pid>) -> Vec<IndexEntry> {
+        if let Some(pid) = pid {
+            // A process's own page is what a dump of it would see: one not known yet (idle
+            // since the daemon started) is read first, and listed with what it can give now.
+            self.read_before(ProfileKind::Threads, pid);
+        }
         let catalog = self.capture.catalog();
         let mut entries = decide::index(
             &self.serving(),
@@ -652,6 +657,16 @@ impl Collector {
         entries
     }
 
+    /// Reads what a query of `kind` about `pid` needs of the process first (see
+    /// [`decide::before_query`]).
+    fn read_before(&mut self, kind: ProfileKind, pid: Pid) {
+        match decide::before_query(kind, self.capture.catalog().process(pid)) {
+            decide::BeforeQuery::Track if procs::exists(pid.0) => self.capture.track(pid),
+            decide::BeforeQuery::Inspect => self.capture.inspect(pid),
+            decide::BeforeQuery::Track | decide::BeforeQuery::Nothing => {}
+        }
+    }
+
     fn query(&mut self, query: ProfileQuery, reply: oneshot::Sender<Result<ProfileBody, QueryError>>) {
         if reply.is_closed() {
             // The client hung up while the query was queued (the front let it go): a thread
@@ -659,11 +674,7 @@ impl Collector {
             return;
         }
         // Credentials read now are judged by `check_query` as for any process.
-        match decide::before_query(query.view.kind, self.capture.catalog().process(query.pid)) {
-            decide::BeforeQuery::Track if procs::exists(query.pid.0) => self.capture.track(query.pid),
-            decide::BeforeQuery::Inspect => self.capture.inspect(query.pid),
-            decide::BeforeQuery::Track | decide::BeforeQuery::Nothing => {}
-        }
+        self.read_before(query.view.kind, query.pid);
         let catalog = self.capture.catalog();
         if let Err(err) = decide::check_query(&self.serving(), &self.config, catalog, &query, &mut credentials_now) {
             let _ = reply.send(Err(err));
@@ -947,7 +958,7 @@ impl Collector {
         // reply names the keys that wait for a restart).
         config.cpu.frequency_hz = self.config.cpu.frequency_hz;
         config.heap.sample_bytes = self.config.heap.sample_bytes;
-        config.offcpu.sample_every = self.config.offcpu.sample_every;
+        config.offcpu = self.config.offcpu.clone();
         config.waits = self.config.waits.clone();
         self.config = config;
         self.heap_failed.clear();
@@ -1029,6 +1040,7 @@ fn settings(config: &Config) -> Settings {
     Settings {
         frequency_hz: config.cpu.frequency_hz,
         heap_sample_bytes: config.heap.sample_bytes,
+        offcpu_rate_ns: config.offcpu.rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         offcpu_sample_every: config.offcpu.sample_every,
         block_rate_ns: config.waits.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         mutex_fraction: config.waits.mutex_fraction,

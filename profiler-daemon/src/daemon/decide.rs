@@ -10,7 +10,7 @@ use crate::{
     control::{IndexEntry, ProfileQuery, QueryError, Viewer},
     ids::Pid,
     procs::Credentials,
-    profiles::{Counts, ProfileKind, Source},
+    profiles::{Counts, ProcessCounts, ProfileKind, Source},
 };
 
 /// The credentials of a live process, read now (`None`: gone, or unreadable).
@@ -116,7 +116,9 @@ pub fn dump_targets(
 }
 
 /// The index as `viewer` may see it: the selected processes it may see with data since
-/// start (`only`: that one), each with its kinds and their events.
+/// start, each with its kinds and their events. `only`: that one, even with no data yet (a
+/// live idle process can be dumped, or CPU-profiled over `seconds`, now: Go's index lists
+/// its profiles from the start).
 pub fn index(
     serving: &Serving,
     selection: &ProcessSelection,
@@ -126,9 +128,12 @@ pub fn index(
     only: Option<Pid>,
     now: &mut CredentialsNow<'_>,
 ) -> Vec<IndexEntry> {
+    let nothing_yet = ProcessCounts::default();
+    let unsampled = only.filter(|&pid| total.process(pid).is_none()).map(|pid| (pid, &nothing_yet));
     total
         .iter()
         .filter(|(pid, _)| only.is_none_or(|only| only == *pid))
+        .chain(unsampled)
         .filter_map(|(pid, counts)| {
             let process = catalog.process(pid)?;
             let uid = process.uid()?;
@@ -207,6 +212,9 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     }
     if new.heap.sample_bytes != old.heap.sample_bytes {
         keys.push("heap.sample_bytes");
+    }
+    if new.offcpu.rate != old.offcpu.rate {
+        keys.push("offcpu.rate");
     }
     if new.offcpu.sample_every != old.offcpu.sample_every {
         keys.push("offcpu.sample_every");
@@ -416,6 +424,26 @@ mod tests {
         assert!(index(&on, &all, &catalog, &counts, Viewer { uid: uid + 1 }, None, live).is_empty());
         assert_eq!(index(&on, &all, &catalog, &counts, Viewer { uid }, Some(me), live).len(), 1);
         assert!(index(&on, &all, &catalog, &counts, Viewer { uid }, Some(Pid(me.0 + 1)), live).is_empty());
+    }
+
+    #[test]
+    fn a_live_process_asked_for_by_pid_is_listed_before_it_has_data() {
+        let mut catalog = Catalog::default();
+        let me = Pid(std::process::id());
+        let uid = crate::procs::read_uid(me.0).unwrap();
+        catalog.track(me);
+        let counts = Counts::default();
+        let on = serving(&[ProfileKind::Cpu, ProfileKind::Threads], &[]);
+        let all = ProcessSelection::default();
+        let live = &mut |pid: Pid| crate::procs::read_credentials(pid.0).ok();
+        let entries = index(&on, &all, &catalog, &counts, Viewer { uid }, Some(me), live);
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(entries[0].profiles, [(ProfileKind::Cpu, 0), (ProfileKind::Threads, 0)]);
+        // The whole index lists processes with data only; another uid sees nothing of it.
+        assert!(index(&on, &all, &catalog, &counts, Viewer { uid }, None, live).is_empty());
+        assert!(index(&on, &all, &catalog, &counts, Viewer { uid: uid + 1 }, Some(me), live).is_empty());
+        // A pid the catalogue does not know is not listed.
+        assert!(index(&on, &all, &catalog, &counts, Viewer::ROOT, Some(Pid(me.0 + 1)), live).is_empty());
     }
 
     #[test]

@@ -403,10 +403,11 @@ impl Session {
         threads::attach(&mut self.ebpf)
     }
 
-    /// Attaches the off-CPU program (offcpu profile), recording 1 in `sample_every` switches.
+    /// Attaches the off-CPU program (offcpu profile), recording intervals by length at
+    /// `rate_ns` (or, on kernels without `sched_exit_tp`, 1 in `sample_every` switches).
     /// Call once.
-    pub fn attach_offcpu(&mut self, sample_every: u32) -> Result<()> {
-        self.offcpu_walks_at_switch_out = offcpu::attach(&mut self.ebpf, sample_every)?;
+    pub fn attach_offcpu(&mut self, sample_every: u32, rate_ns: u64) -> Result<()> {
+        self.offcpu_walks_at_switch_out = offcpu::attach(&mut self.ebpf, sample_every, rate_ns)?;
         Ok(())
     }
 

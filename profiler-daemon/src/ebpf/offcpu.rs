@@ -1,4 +1,4 @@
-//! The off-CPU programs' side of the session: set their sampling period, attach them to the
+//! The off-CPU programs' side of the session: set their sampling, attach them to the
 //! BTF tracepoints `sched_switch` (switch-out) and `sched_exit_tp` (back on a CPU), read their
 //! counters and drain their counts.
 
@@ -16,8 +16,8 @@ use super::{drain_counts, map_error, map_mut, map_ref, missing, program_error, s
 use crate::ids::{Pid, StackId, Tid};
 
 /// The maps only the off-CPU program uses (created with one entry when it is off).
-pub(super) const MAPS: [&str; 4] =
-    [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1, maps::OFFCPU_PENDING, maps::OFFCPU_MAYBE_PENDING];
+pub(super) const MAPS: [&str; 5] =
+    [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1, maps::OFFCPU_OUT, maps::OFFCPU_PENDING, maps::OFFCPU_MAYBE_PENDING];
 
 const COUNTS: [&str; 2] = [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1];
 
@@ -26,6 +26,8 @@ const COUNTS: [&str; 2] = [maps::OFFCPU_COUNTS_0, maps::OFFCPU_COUNTS_1];
 pub struct OffCpuCounters {
     /// Sampled switches charged (unscaled).
     pub charged: u64,
+    /// Intervals shorter than the rate left out by its sampling (all threads, not walked).
+    pub unsampled: u64,
     pub pending_map_full: u64,
     pub counts_map_full: u64,
     pub stack_lost: u64,
@@ -35,8 +37,8 @@ pub struct OffCpuCounters {
     pub walked_at_switch_out: bool,
 }
 
-/// Sampled switches of one (thread, state, stacks) and the time they kept it off a CPU, as
-/// the kernel counted them (not yet scaled by the sampling period).
+/// Switches of one (thread, state, stacks) and the time they kept it off a CPU, as the
+/// kernel counted them: already unbiased, switches in 1/`profiler_common::sampling::WEIGHT_ONE`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawOffCpu {
     pub pid: Pid,
@@ -57,11 +59,12 @@ const FORCE_WALK_AT_SWITCH_OUT: &str = "PROFILER_TEST_OFFCPU_WALK_AT_SWITCH_OUT"
 /// no off-CPU profile.
 const BENCH_EMPTY: &str = "PROFILER_BENCH_OFFCPU_EMPTY";
 
-/// Sets the sampling period and attaches the programs to `sched_switch` and, where the kernel
+/// Sets the sampling (by length at `rate_ns`, or 1 in `sample_every` where stacks are walked
+/// at the switch-out) and attaches the programs to `sched_switch` and, where the kernel
 /// has it (Linux 6.16+), `sched_exit_tp`. Without it a sampled switch's stacks are walked as
 /// the thread leaves the CPU, which perturbs the waits sampled; a warning says so. Returns
 /// whether stacks are walked at the switch-out.
-pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<bool> {
+pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32, rate_ns: u64) -> Result<bool> {
     let btf = Btf::from_sys_fs().map_err(|err| Error::KernelFeature {
         feature: "kernel BTF (/sys/kernel/btf/vmlinux)",
         detail: err.to_string(),
@@ -86,13 +89,14 @@ pub(super) fn attach(ebpf: &mut Ebpf, sample_every: u32) -> Result<bool> {
     }
     let walk_at_switch_out = !has_exit_tp || std::env::var_os(FORCE_WALK_AT_SWITCH_OUT).is_some();
     let mut config: Array<&mut MapData, OffCpuConfig> = map_mut(ebpf, maps::OFFCPU_CONFIG)?;
-    let knobs = OffCpuConfig { sample_every, walk_at_switch_out: u32::from(walk_at_switch_out) };
+    let knobs = OffCpuConfig { sample_every, walk_at_switch_out: u32::from(walk_at_switch_out), rate_ns };
     config.set(0, knobs, 0).map_err(map_error("write", maps::OFFCPU_CONFIG))?;
     if walk_at_switch_out {
         tracing::warn!(
             "this kernel has no sched_exit_tp tracepoint (Linux 6.16 and later): the off-CPU profile walks a \
              sampled switch's stacks as the thread leaves the CPU, which perturbs the sampled waits (short \
-             ones read a few percent high); --offcpu-every 1 records every switch"
+             ones read a few percent high), and samples 1 in --offcpu-every switches (the rate needs the \
+             length before the walk); --offcpu-every 1 records every switch"
         );
     } else {
         // Back-on-CPU first: a switch-out noted before it is attached would wait for the next.
@@ -116,6 +120,7 @@ pub(super) fn counters(ebpf: &Ebpf, walked_at_switch_out: bool) -> Result<OffCpu
     let get = |counter: OffCpuCounter| c[counter as usize];
     Ok(OffCpuCounters {
         charged: get(OffCpuCounter::Charged),
+        unsampled: get(OffCpuCounter::Unsampled),
         pending_map_full: get(OffCpuCounter::PendingMapFull),
         counts_map_full: get(OffCpuCounter::CountsMapFull),
         stack_lost: get(OffCpuCounter::StackLost),

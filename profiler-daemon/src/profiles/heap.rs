@@ -272,6 +272,7 @@ mod tests {
             &Settings {
                 frequency_hz: 1,
                 heap_sample_bytes: 1,
+                offcpu_rate_ns: 1,
                 offcpu_sample_every: 1,
                 block_rate_ns: 1,
                 mutex_fraction: 1,

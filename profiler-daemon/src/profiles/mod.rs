@@ -42,7 +42,11 @@ pub struct Settings {
     pub frequency_hz: u32,
     /// Mean bytes between heap samples.
     pub heap_sample_bytes: u64,
-    /// The off-CPU profile records 1 in this many context switches (1: every one).
+    /// The off-CPU profile's rate: intervals off a CPU at least this long are always
+    /// recorded, shorter ones with probability length/rate (0 or 1: every one).
+    pub offcpu_rate_ns: u64,
+    /// On kernels without `sched_exit_tp`: the off-CPU profile records 1 in this many context
+    /// switches (1: every one).
     pub offcpu_sample_every: u32,
     /// The block profile's rate: waits at least this long are always recorded, shorter ones
     /// with probability length/rate (0 or 1: every wait).
@@ -339,7 +343,7 @@ mod tests {
                 state: profiler_common::OffCpuState::Blocked,
                 user_stack: StackId(18),
                 kernel_stack: StackId(19),
-                switches: 1,
+                switches: profiler_common::sampling::WEIGHT_ONE,
                 off_cpu_ns: 5,
             }],
             ..Batch::default()
@@ -348,7 +352,14 @@ mod tests {
 
     /// 99 Hz and every event recorded (no scaling).
     fn unit_settings() -> Settings {
-        Settings { frequency_hz: 99, heap_sample_bytes: 1, offcpu_sample_every: 1, block_rate_ns: 1, mutex_fraction: 1 }
+        Settings {
+            frequency_hz: 99,
+            heap_sample_bytes: 1,
+            offcpu_rate_ns: 1,
+            offcpu_sample_every: 1,
+            block_rate_ns: 1,
+            mutex_fraction: 1,
+        }
     }
 
     #[test]

@@ -43,8 +43,12 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
             counters.futex.no_waker, counters.futex.requeued
         ),
         format!(
-            "sampling: mutex fraction {}: 1 in {} wakes records its stack, and the waits it ends are charged \
-             to it, values scaled by {}; woken waits whose wake was not sampled (whole machine): {}",
+            "sampling: decided at the wake by what its waiters have waited so far (s, bounded by the time since \
+             the word's previous wake): a wake with s at least the block rate ({} ns) records its stack, one \
+             with a shorter s with probability s/rate, and each wait it ends is charged its own delay times \
+             rate/s (unbiased); mutex fraction {}: 1 in {} of those, values scaled by {}; woken waits whose wake \
+             was not sampled (whole machine): {}",
+            settings.block_rate_ns.max(1),
             settings.mutex_fraction.max(1),
             settings.mutex_fraction.max(1),
             settings.mutex_fraction.max(1),

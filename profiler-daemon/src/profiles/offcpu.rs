@@ -1,17 +1,18 @@
-//! The off-CPU profile: time threads spent switched out, from sampled `sched_switch`es, by
-//! (thread, state, user stack, kernel stack): `switches/count` and `off_cpu/nanoseconds`,
-//! labelled `state` (`blocked`: it slept; `runnable`: it was preempted and waited for a core),
-//! `thread` and `tid`. The kernel records 1 in `offcpu.sample_every` switches; values here
-//! are scaled by that period, so they estimate every switch.
+//! The off-CPU profile: time threads spent switched out, from `sched_switch` sampled by the
+//! length of the interval, by (thread, state, user stack, kernel stack): `switches/count` and
+//! `off_cpu/nanoseconds`, labelled `state` (`blocked`: it slept; `runnable`: it was preempted
+//! and waited for a core), `thread` and `tid`. The kernel's counts are already unbiased
+//! estimates of every switch (see `profiler_common::sampling`); switches come in fixed point
+//! and are rounded here.
 
 use std::collections::{HashMap, HashSet};
 
-use profiler_common::OffCpuState;
+use profiler_common::{sampling::WEIGHT_ONE, OffCpuState};
 
 use super::{unwind_comment, Context, Counts, Settings};
 use crate::{
     catalog::Sighting,
-    ebpf::{Batch, Counters, RawOffCpu},
+    ebpf::{Batch, Counters, OffCpuCounters, RawOffCpu},
     ids::{StackId, Tid},
     pprof::Shape,
     resolve::{LabelValue, StackSample},
@@ -32,9 +33,10 @@ pub struct OffCpuSampleKey {
     pub state: u32,
 }
 
-/// Sampled switches and their time off the CPU (unscaled).
+/// Switches and their time off the CPU, as estimated by the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuTime {
+    /// In 1/`WEIGHT_ONE` (a short interval kept with probability d/rate counts rate/d).
     pub switches: u64,
     pub off_cpu_ns: u64,
 }
@@ -61,9 +63,9 @@ impl OffCpuCounts {
         time.off_cpu_ns += raw.off_cpu_ns;
     }
 
-    /// Sampled switches in the window (unscaled).
+    /// Switches in the window (estimated).
     pub fn switches(&self) -> u64 {
-        self.samples.values().map(|t| t.switches).sum()
+        whole(self.samples.values().map(|t| t.switches).sum())
     }
 }
 
@@ -89,21 +91,17 @@ pub(super) fn stacks(counts: &OffCpuCounts, out: &mut HashSet<StackId>) {
 
 pub(super) const SAMPLE_TYPES: &[(&str, &str)] = &[("switches", "count"), ("off_cpu", "nanoseconds")];
 
-pub(super) fn shape(settings: &Settings) -> Shape {
-    Shape {
-        sample_types: SAMPLE_TYPES,
-        period_type: ("switches", "count"),
-        period: i64::from(period(settings)),
-        default_sample_type: "off_cpu",
-    }
+/// Values are estimates of every switch already, so the period is 1.
+pub(super) fn shape(_settings: &Settings) -> Shape {
+    Shape { sample_types: SAMPLE_TYPES, period_type: ("switches", "count"), period: 1, default_sample_type: "off_cpu" }
 }
 
-fn period(settings: &Settings) -> u32 {
-    settings.offcpu_sample_every.max(1)
+/// Switches from the kernel's fixed point, rounded.
+fn whole(switches: u64) -> u64 {
+    switches.saturating_add(WEIGHT_ONE / 2) / WEIGHT_ONE
 }
 
-pub(super) fn samples(counts: &OffCpuCounts, settings: &Settings) -> Vec<StackSample> {
-    let scale = i64::from(period(settings));
+pub(super) fn samples(counts: &OffCpuCounts, _settings: &Settings) -> Vec<StackSample> {
     let mut keys: Vec<(&OffCpuSampleKey, &OffCpuTime)> = counts.samples.iter().collect();
     keys.sort_unstable_by_key(|(k, _)| **k);
     keys.into_iter()
@@ -111,7 +109,7 @@ pub(super) fn samples(counts: &OffCpuCounts, settings: &Settings) -> Vec<StackSa
             user_stack: key.user_stack,
             kernel_stack: key.kernel_stack,
             user_leaf_is_return: USER_LEAF_IS_RETURN,
-            values: vec![time.switches as i64 * scale, time.off_cpu_ns as i64 * scale],
+            values: vec![whole(time.switches) as i64, time.off_cpu_ns.min(i64::MAX as u64) as i64],
             unscaled: Vec::new(),
             labels: vec![
                 ("state", LabelValue::Str(OffCpuState::from_raw(key.state).name().to_string())),
@@ -132,18 +130,7 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
             env!("CARGO_PKG_VERSION"),
             context.describe()
         ),
-        format!(
-            "sampling: 1 in {} switches recorded (offcpu.sample_every), values scaled by {}; kernel threads \
-             are not recorded{}",
-            period(settings),
-            period(settings),
-            if o.walked_at_switch_out {
-                "; stacks walked as the thread left the CPU (this kernel has no sched_exit_tp), which perturbs \
-                 the waits sampled: short ones read a few percent high"
-            } else {
-                ""
-            }
-        ),
+        sampling_comment(&o, settings),
         format!(
             "dropped (whole machine, unscaled): in-flight map full {}; counts map full {}; stacks lost {}; \
              switches of cgroups not selected (not walked) {}",
@@ -153,13 +140,33 @@ pub(super) fn comments(context: Context, counters: &Counters, settings: &Setting
     ]
 }
 
+/// How the kernel sampled: by length (Go's block-rate rule), or, on a kernel without
+/// `sched_exit_tp`, 1 in N switches.
+fn sampling_comment(o: &OffCpuCounters, settings: &Settings) -> String {
+    if o.walked_at_switch_out {
+        let every = settings.offcpu_sample_every.max(1);
+        return format!(
+            "sampling: 1 in {every} switches recorded (offcpu.sample_every), values scaled by {every}; stacks \
+             walked as the thread left the CPU (this kernel has no sched_exit_tp), which perturbs the waits \
+             sampled: short ones read a few percent high; kernel threads are not recorded"
+        );
+    }
+    format!(
+        "sampling: offcpu rate {} ns: intervals off a CPU at least that long are all recorded, a shorter one of \
+         length d with probability d/rate and then counted as rate/d switches of rate ns in all (Go's block \
+         profile unbiasing); shorter intervals left out (whole machine): {}; kernel threads are not recorded",
+        settings.offcpu_rate_ns.max(1),
+        o.unsampled
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ids::Pid;
 
     #[test]
-    fn scales_by_the_sampling_period_and_labels_the_state() {
+    fn rounds_the_kernel_estimates_and_labels_the_state() {
         let raw = |state, switches, ns| RawOffCpu {
             pid: Pid(7),
             tid: Tid(8),
@@ -167,31 +174,33 @@ mod tests {
             state,
             user_stack: StackId(1),
             kernel_stack: StackId(2),
-            switches,
+            switches: switches * WEIGHT_ONE / 2,
             off_cpu_ns: ns,
         };
+        // Halves: a short interval kept with probability d/rate counts rate/d switches.
         let batch = Batch {
-            offcpu: vec![raw(OffCpuState::Blocked, 2, 1_000), raw(OffCpuState::Runnable, 1, 50)],
+            offcpu: vec![raw(OffCpuState::Blocked, 3, 1_000), raw(OffCpuState::Runnable, 1, 50)],
             ..Batch::default()
         };
         let mut counts = Counts::default();
         count(&batch, &mut counts);
         count(&batch, &mut counts);
         let offcpu = &counts.process(Pid(7)).unwrap().offcpu;
-        assert_eq!(offcpu.switches(), 6);
+        assert_eq!(offcpu.switches(), 4);
         let settings = Settings {
             frequency_hz: 99,
             heap_sample_bytes: 1,
+            offcpu_rate_ns: 1,
             offcpu_sample_every: 10,
             block_rate_ns: 1,
             mutex_fraction: 1,
         };
         let samples = samples(offcpu, &settings);
         assert_eq!(samples.len(), 2);
-        assert_eq!(samples[0].values, [40, 20_000]);
+        assert_eq!(samples[0].values, [3, 2_000]);
         assert_eq!(samples[0].labels[0], ("state", LabelValue::Str("blocked".into())));
-        assert_eq!(samples[1].values, [20, 1_000]);
+        assert_eq!(samples[1].values, [1, 100]);
         assert_eq!(samples[1].labels[0], ("state", LabelValue::Str("runnable".into())));
-        assert_eq!(shape(&settings).period, 10);
+        assert_eq!(shape(&settings).period, 1);
     }
 }

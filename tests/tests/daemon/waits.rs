@@ -27,9 +27,10 @@ const LINGER_S: &str = "60";
 /// estimate's 3.5σ where wider, see `LockWaits`).
 const DELAY_TOLERANCE: f64 = 0.15;
 const MUTEX_TOLERANCE: f64 = 0.25;
-/// The daemon's default sampling (config/raw.rs): a block rate of 1ms, 1 in 50 wakes.
+/// The daemon's default sampling (config/raw.rs): a block rate of 1ms (which the mutex
+/// profile's wakes are sampled by too), and a mutex fraction of 1.
 const BLOCK_RATE_NS: u64 = 1_000_000;
-const MUTEX_FRACTION: u32 = 50;
+const MUTEX_FRACTION: u32 = 1;
 /// One cond_waiter and two lockers.
 const THREADS_CREATED: i64 = 3;
 
@@ -75,7 +76,7 @@ fn block_mutex_and_threadcreate_endpoints_match_the_programs_own_clock() {
     within_runnable(
         mutex.1.value_where("delay", under_unlock),
         &truth,
-        truth.tolerance(MUTEX_TOLERANCE, MUTEX_FRACTION),
+        truth.mutex_tolerance(MUTEX_TOLERANCE, BLOCK_RATE_NS, MUTEX_FRACTION),
         "mutex delay charged to release_lock",
         &mutex.0,
     );

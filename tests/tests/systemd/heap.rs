@@ -72,7 +72,11 @@ fn systemd_heap_profiling_works_with_the_documented_drop_in() {
 
 /// The shipped config with `heap` added to `profiles` and heap_sites in `[heap] include`.
 pub(super) fn heap_config() -> String {
-    let config = replace_once(&shipped("profiler.toml"), "profiles = [\"cpu\"]", "profiles = [\"cpu\", \"heap\"]");
+    let config = replace_once(
+        &shipped("profiler.toml"),
+        "profiles = [\"cpu\", \"threads\"]",
+        "profiles = [\"cpu\", \"threads\", \"heap\"]",
+    );
     let (before, heap) = config.split_once("\n[heap]\n").expect("the shipped config has a [heap] table");
     let heap = heap.replacen("include = []", "include = [{ name = \"heap_sites\" }]", 1);
     assert!(heap.contains("heap_sites"), "no `include = []` in the shipped [heap] table");

@@ -11,8 +11,8 @@ use profiler_tests::nspawn::Container;
 use profiler_tests::{daemon, go_pprof, listing, FixtureKind, Profile};
 
 use super::{
-    fixture_dir, machine_fit, only_cpu_file, replace_once, shipped, status, wait_active, wait_for_samples, with_unit,
-    ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, READY_STATUS, SHIPPED_HZ, SHIPPED_INTERVAL_S, SOCKET, SOON, UNIT,
+    fixture_dir, get_ok, machine_fit, only_cpu_file, replace_once, shipped, status, wait_active, wait_for_samples,
+    with_unit, ENOUGH_SAMPLES, FIXTURE_S, OUTPUT, READY_STATUS, SHIPPED_HZ, SHIPPED_INTERVAL_S, SOCKET, SOON, UNIT,
 };
 
 /// syscall_heavy is >95% system time; half leaves room for samples taken as it enters or
@@ -55,6 +55,8 @@ fn systemd_runs_the_shipped_unit_and_stop_leaves_a_final_dump() {
     assert_eq!(status["output"]["dir"], OUTPUT, "{status:#}");
     assert!(status["last_error"].is_null(), "{status:#}");
 
+    check_go_endpoints_of_an_idle_process(&container);
+
     let fixture = container.spawn_fixture(FixtureKind::CpuSplitC, &[FIXTURE_S]);
     let kernel = container.spawn_fixture(FixtureKind::SyscallHeavy, &[FIXTURE_S]);
     wait_for_samples(&container, ENOUGH_SAMPLES);
@@ -80,6 +82,23 @@ fn systemd_runs_the_shipped_unit_and_stop_leaves_a_final_dump() {
     check_whole_dump(&output);
     let kernel_file = only_cpu_file(&fixture_dir(&output, kernel.comm(), kernel.ns_pid(), kernel.host_pid()));
     check_kernel_names(&Profile::decode(&kernel_file));
+}
+
+/// Go's endpoints under the shipped configuration, for a live process that has slept since
+/// it started (lock_contention in its first minute): its page lists its thread dump and a
+/// CPU profile before anything of it was sampled, and `goroutine?debug=2` answers with its
+/// one thread, asleep in `main`.
+fn check_go_endpoints_of_an_idle_process(container: &Container) {
+    let idle = container.spawn_fixture(FixtureKind::LockContention, &["60", "1"]);
+    let pid = idle.ns_pid();
+    let page = String::from_utf8_lossy(&get_ok(container, &format!("/debug/pprof/?pid={pid}"))).into_owned();
+    for link in [format!("goroutine?pid={pid}"), format!("profile?pid={pid}")] {
+        assert!(page.contains(&link), "the idle process's page lacks {link}:\n{page}");
+    }
+    let dump =
+        String::from_utf8_lossy(&get_ok(container, &format!("/debug/pprof/goroutine?pid={pid}&debug=2"))).into_owned();
+    assert!(dump.starts_with("goroutine ") && dump.contains("main"), "goroutine?debug=2 of pid {pid}:\n{dump}");
+    assert_eq!(dump.matches("\ngoroutine ").count() + 1, 1, "one thread expected:\n{dump}");
 }
 
 /// Ground truth: `[socket] group = "profiler"` (the config's commented example) with a

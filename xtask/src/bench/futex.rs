@@ -47,7 +47,7 @@ const ROUNDS: u32 = 5;
 const SETTLE: Duration = Duration::from_secs(3);
 const QUIESCE: Duration = Duration::from_secs(1);
 const PROFILER_ATTACHED: &str = "attached; capturing";
-/// The target at the default sampling (block rate 1ms, mutex fraction 50): ours at
+/// The target at the default sampling (block rate 1ms, mutex fraction 1): ours at
 /// most this much over the floor, median rounds.
 const MAX_OURS_VS_FLOOR: f64 = 1.10;
 

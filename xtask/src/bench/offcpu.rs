@@ -4,9 +4,11 @@
 //! one invocation: (a) no profiler; (b) the floor, empty programs on the profiler's two BTF
 //! tracepoints (`sched_switch` and `sched_exit_tp`), loaded and attached by the profiler
 //! itself in place of its real ones (`PROFILER_BENCH_OFFCPU_EMPTY`); (c) the profiler on that
-//! process at its default sampling (1 in 50); (d) the profiler with nothing sampled in
-//! practice (1 in 1,000,000: the per-switch cost of the programs alone); (e) the profiler
-//! recording every switch; (f) bpftrace with an empty program on `sched:sched_switch`,
+//! process at its default sampling (by length, rate 1ms: a handoff's interval of a few µs is
+//! walked about 1 in 300 times); (d) the profiler with nothing sampled in practice (rate
+//! 10s: the per-switch cost of the programs alone, two timestamps and a slot); (e) the
+//! profiler recording every switch (rate 1ns, and 1 in 1 on kernels without
+//! `sched_exit_tp`); (f) bpftrace with an empty program on `sched:sched_switch`,
 //! reported beside the floor: bpftrace 0.17 has no raw or BTF tracepoints, so it attaches to
 //! the perf tracepoint and cannot reach `sched_exit_tp` (the floor before (b) existed).
 //!
@@ -91,8 +93,8 @@ static void *player(void *arg) {
 enum Probe {
     None,
     Bpftrace,
-    /// The profiler on the measured process, recording 1 in this many switches.
-    Profiler(u32),
+    /// The profiler on the measured process, with these sampling flags (none: the defaults).
+    Profiler(&'static [&'static str]),
     /// The profiler with empty programs on its tracepoints.
     EmptyPrograms,
 }
@@ -100,9 +102,9 @@ enum Probe {
 const CONFIGS: [(&str, Probe); 6] = [
     ("(a) no profiler", Probe::None),
     ("(b) floor (empty programs, both tracepoints)", Probe::EmptyPrograms),
-    ("(c) profiler --pid, 1 in 50 (default)", Probe::Profiler(50)),
-    ("(d) profiler --pid, 1 in 1000000", Probe::Profiler(1_000_000)),
-    ("(e) profiler --pid, every switch", Probe::Profiler(1)),
+    ("(c) profiler --pid, rate 1ms (default)", Probe::Profiler(&[])),
+    ("(d) profiler --pid, rate 10s", Probe::Profiler(&["--offcpu-rate", "10s", "--offcpu-every", "1000000"])),
+    ("(e) profiler --pid, every switch", Probe::Profiler(&["--offcpu-rate", "1ns", "--offcpu-every", "1"])),
     ("(f) bpftrace, empty sched_switch", Probe::Bpftrace),
 ];
 
@@ -156,9 +158,9 @@ fn run_once(bin: &Path, out: &Path, pairs: u64, probe: Probe) -> Result<(Vec<f64
             cmd.args(["-e", "tracepoint:sched:sched_switch {}"]);
             Tracer::start("bpftrace", cmd, "Attaching")?
         }
-        Probe::Profiler(every) => Tracer::start("profiler", profiler_cmd(out, pid, every), PROFILER_ATTACHED)?,
+        Probe::Profiler(sampling) => Tracer::start("profiler", profiler_cmd(out, pid, sampling), PROFILER_ATTACHED)?,
         Probe::EmptyPrograms => {
-            let mut cmd = profiler_cmd(out, pid, 1);
+            let mut cmd = profiler_cmd(out, pid, &[]);
             cmd.env("PROFILER_BENCH_OFFCPU_EMPTY", "1");
             Tracer::start("profiler (empty programs)", cmd, PROFILER_ATTACHED)?
         }
@@ -173,11 +175,12 @@ fn run_once(bin: &Path, out: &Path, pairs: u64, probe: Probe) -> Result<(Vec<f64
     Ok((rounds, stopped.stderr))
 }
 
-fn profiler_cmd(out: &Path, pid: u32, every: u32) -> Command {
+/// `profiler snapshot` of the off-CPU profile with `sampling` flags (none: the defaults).
+fn profiler_cmd(out: &Path, pid: u32, sampling: &[&str]) -> Command {
     let mut cmd = Command::new(workspace::profiler_bin());
     cmd.env("RUST_LOG", "info").args(["snapshot", "--profiles", "offcpu", "--pid", &pid.to_string()]);
-    cmd.args(["--offcpu-every", &every.to_string(), "--duration", "3600s", "--bpf-stats", "--output"]);
-    cmd.arg(out.join(format!("every-{every}")));
+    cmd.args(sampling).args(["--duration", "3600s", "--bpf-stats", "--output"]);
+    cmd.arg(out.join(if sampling.is_empty() { "default".to_string() } else { sampling.join("_") }));
     cmd
 }
 
