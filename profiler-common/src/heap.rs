@@ -20,16 +20,22 @@ pub struct LiveAlloc {
     pub stack: u64,
 }
 
-/// Key of the allocated-totals map: (process, allocating stack).
+/// Key of the allocated-totals map: (process, allocating stack, block size), Go's heap
+/// bucket. Each sampled block stands for `1 / (1 − e^(−size/rate))` blocks, which depends on
+/// its own size: one stack allocating 16 B and 1 MiB blocks needs two scales, so the exact
+/// requested size is part of the key (an average per stack would be biased).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HeapKey {
     pub tgid: u32,
     pub _pad: u32,
     pub stack: u64,
+    /// Requested size in bytes of every block counted under this key.
+    pub size: u64,
 }
 
-/// Sampled allocations under one key, unscaled (userspace scales them to estimates).
+/// Sampled allocations under one key, unscaled (userspace scales them to estimates);
+/// `bytes` is `count × size` of the key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapTotals {
@@ -62,7 +68,7 @@ pub struct PendingAlloc {
 
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveAlloc>() == 16);
-const _: () = assert!(core::mem::size_of::<HeapKey>() == 16);
+const _: () = assert!(core::mem::size_of::<HeapKey>() == 24);
 const _: () = assert!(core::mem::size_of::<HeapTotals>() == 16);
 const _: () = assert!(core::mem::size_of::<PendingAlloc>() == 48);
 

@@ -249,8 +249,20 @@ pub mod maps {
     /// through the LRU as before, and the refusals are counted.
     pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = 32_768;
 
-    /// Distinct (process, allocating stack) keys per map set.
-    pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 16_384;
+    /// Distinct (process, allocating stack, size) keys per map set, drained every second: a
+    /// stack allocating several sizes takes one key per size sampled in that second.
+    ///
+    /// Why the exact size, as Go keys its buckets, and not a size class: a block's weight
+    /// `1/(1 − e^(−s/rate))` is ≈ `rate/s` for small blocks, so it varies 2× across a
+    /// power-of-two class and one scale per class would be biased by up to 2× (F16's error,
+    /// smaller); the unbiased per-class estimate, Σ 1/p over the blocks, needs floating point
+    /// the kernel does not have. The price is map pressure, which is bounded: keys ≤ samples
+    /// per drain, so at the default 512 KiB rate filling the map takes 16 GiB/s allocated by
+    /// probed processes (a probed malloc costs microseconds: out of reach). At a fine rate (1
+    /// byte: every call) a program of many sizes can fill it; a sample that finds no room is
+    /// dropped and counted (`HeapCounter::TotalsMapFull`: `/status` drops
+    /// `heap_totals_map_full`, each heap profile's comment, the snapshot summary).
+    pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 32_768;
     /// Sampled live blocks tracked at once (all processes), at most: what the object
     /// declares. Userspace sizes the map at load with [`heap_live_entries`].
     pub const HEAP_LIVE_MAX_ENTRIES: u32 = 262_144;

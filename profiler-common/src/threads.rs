@@ -60,9 +60,12 @@ pub struct TaskOffsets {
     /// `struct pid.numbers` and the size of one `struct upid` in it.
     pub pid_numbers: u32,
     pub upid_size: u32,
-    /// The level of the profiler's pid namespace (0: the initial one, whose ids are
-    /// `task->pid` and `task->tgid`); a task's id there is `thread_pid->numbers[level].nr`.
-    pub pidns_level: u32,
+    /// `struct pid.level`: the depth of the pid namespace a `struct pid` was made in. The
+    /// reader's own (`current->thread_pid->level`) is the level of the namespace the
+    /// iterator names its threads in; a task's id there is `thread_pid->numbers[level].nr`.
+    /// Read in the kernel, not from `/proc/self/status`: a container's own procfs lists
+    /// `NSpid:` only from its namespace down, so it cannot tell the absolute level.
+    pub pid_level: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<TaskOffsets>() == 40);

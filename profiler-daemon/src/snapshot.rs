@@ -362,13 +362,15 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         );
     }
     println!(
-        "wrote {} profiles to {} ({} cpu samples, {} lost to a full map; {} heap samples, {} not tracked as live: map full)",
+        "wrote {} profiles to {} ({} cpu samples, {} lost to a full map; {} heap samples, {} not tracked as live: map full, \
+         {} not counted: totals map full)",
         written.len(),
         dir.display(),
         counters.cpu.samples,
         counters.cpu.counts_map_full,
         counters.heap.sampled,
-        counters.heap.live_map_full
+        counters.heap.live_map_full,
+        counters.heap.totals_map_full
     );
     let cpu = &counters.cpu;
     if cpu.ticks_due > 0 {

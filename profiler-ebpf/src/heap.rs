@@ -317,7 +317,7 @@ fn read_out_ptr(ret: u64, out_ptr: u64) -> u64 {
     }
 }
 
-/// Records a sampled block: its allocating stack, the per-stack totals, the live entry.
+/// Records a sampled block: its allocating stack, the (stack, size) totals, the live entry.
 #[inline(always)]
 fn record(task: Task, ptr: u64, size: u64) {
     let set = active_set();
@@ -329,7 +329,7 @@ fn record(task: Task, ptr: u64, size: u64) {
             profiler_common::NO_STACK
         }
     };
-    let key = HeapKey { tgid: task.tgid, _pad: 0, stack };
+    let key = HeapKey { tgid: task.tgid, _pad: 0, stack, size };
     if !add_or_insert_in_set(set, &HEAP_TOTALS_0, &HEAP_TOTALS_1, &key, &HeapTotals { count: 1, bytes: size }) {
         count(HeapCounter::TotalsMapFull);
     }

@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::{
         bpf_probe_read_kernel,
-        generated::{bpf_get_task_stack, bpf_seq_write, bpf_task_pt_regs},
+        generated::{bpf_get_current_task, bpf_get_task_stack, bpf_seq_write, bpf_task_pt_regs},
     },
     macros::map,
     maps::PerCpuArray,
@@ -37,7 +37,7 @@ pub static TASK_OFFSETS: Global<TaskOffsets> = Global::new(TaskOffsets {
     thread_pid: 0,
     pid_numbers: 0,
     upid_size: 0,
-    pidns_level: 0,
+    pid_level: 0,
 });
 
 #[map]
@@ -108,18 +108,25 @@ fn try_thread_dump(ctx: *const IterTask) -> Result<(), ()> {
     Ok(())
 }
 
-/// The task's id in the profiler's pid namespace: `task->pid` in the initial namespace,
-/// else `task->thread_pid->numbers[level].nr` (0 if the task has no id at that level).
+/// The task's id in the pid namespace of the thread reading the iterator (the profiler's,
+/// which is the one the kernel found the process in): `task->pid` in the initial namespace,
+/// else `task->thread_pid->numbers[level].nr`, where `level` is the reader's own
+/// `thread_pid->level` (0 if the task has no id at that level).
 #[inline(always)]
 fn thread_id(task: u64, offsets: &TaskOffsets) -> u32 {
-    if offsets.pidns_level == 0 {
+    // SAFETY: a plain helper call; the pointer is only read through fault-safe reads.
+    let reader = unsafe { bpf_get_current_task() };
+    let reader_pid = field::<u64>(reader, offsets.thread_pid);
+    let level = if reader_pid == 0 { 0 } else { field::<u32>(reader_pid, offsets.pid_level) };
+    if level == 0 {
         return field::<u32>(task, offsets.pid);
     }
     let pid = field::<u64>(task, offsets.thread_pid);
-    if pid == 0 {
+    // A task made in a namespace above ours has no id in it (and no `numbers[level]`).
+    if pid == 0 || field::<u32>(pid, offsets.pid_level) < level {
         return 0;
     }
-    let level = offsets.pidns_level as u64 & 63;
+    let level = level as u64 & 63;
     let upid = pid + offsets.pid_numbers as u64 + level * offsets.upid_size as u64;
     // `struct upid` starts with `int nr`.
     field::<u32>(upid, 0)

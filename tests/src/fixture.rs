@@ -49,6 +49,16 @@ pub enum FixtureKind {
     /// after a delay (argv[1], seconds) that leaves time to attach; prints `allocated`, then
     /// lingers argv[2] seconds and exits.
     HeapSites,
+    /// `heap_mixed.c`: main → mixed_site allocates 2,000,000 × 16 B and 200 × 1 MiB through
+    /// one malloc call, keeping a quarter of each; argv[1] delay (`stop`: until SIGCONT),
+    /// then prints `small S N L`, `big S N L` (size, allocated, live), `allocated`, lingers
+    /// argv[2] seconds.
+    HeapMixed,
+    /// `heap_churn.c`: keep_site allocates 200,000 × 32 B into a ring, then churn_site frees
+    /// the oldest and allocates its replacement until argv[2] seconds have passed (200,000
+    /// live throughout); argv[1] delay (`stop`: until SIGCONT); prints `kept N`, `churning`
+    /// once churning, then `churned N` at the end.
+    HeapChurn,
     /// `lock_contention.c`: two threads taking one pthread mutex in turns, 12,000 waits of
     /// ~50 us in contend_lock, each woken by the other's release_lock, and a condvar waiter (cond_waiter_wait), each measuring its own wait;
     /// after a delay (argv[1]) prints `lock_wait_ns N R S` (R: the lockers' run-queue delay, S: Σ lock time² in µs²), `cond_wait_ns N`, `done`, lingers
@@ -151,6 +161,8 @@ impl FixtureKind {
             Self::CpuSplitRust => "cpu_split_rs",
             Self::SyscallHeavy => "syscall_heavy",
             Self::HeapSites => "heap_sites",
+            Self::HeapMixed => "heap_mixed",
+            Self::HeapChurn => "heap_churn",
             Self::LockContention => "lock_contention",
             Self::FutexRequeue => "futex_requeue",
             Self::ThreadChurn => "thread_churn",
@@ -196,6 +208,8 @@ impl FixtureKind {
             Self::ThreadSpawner => "thread_spawner.c",
             Self::RustMutex => "rust_mutex.rs",
             Self::HeapSites | Self::HeapSitesNoFp => "heap_sites.c",
+            Self::HeapMixed => "heap_mixed.c",
+            Self::HeapChurn => "heap_churn.c",
             Self::CpuSplitNoFp => "cpu_split.c",
             Self::LibcHot => "libc_hot.c",
             Self::InlineRust => "inline_rs.rs",
@@ -267,7 +281,7 @@ impl FixtureKind {
                 | Self::DlSpinLibrary => cmd.args(CFLAGS_NO_FRAME_POINTERS),
                 _ => cmd.args(CFLAGS),
             };
-            if matches!(self, Self::HeapSites | Self::HeapSitesNoFp) {
+            if matches!(self, Self::HeapSites | Self::HeapSitesNoFp | Self::HeapMixed | Self::HeapChurn) {
                 cmd.args(CFLAGS_HEAP);
             }
             if self == Self::LibcHot {

@@ -130,6 +130,7 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
             "heap_live_map_full": heap.live_map_full,
             "heap_totals_map_full": heap.totals_map_full,
             "heap_stack_lost": heap.stack_lost,
+            "heap_live_reads_cut": heap.live_reads_cut,
             "heap_in_flight_map_full": heap.pending_map_full,
             "futex_in_flight_map_full": futex.pending_map_full,
             "futex_block_map_full": futex.block_map_full,

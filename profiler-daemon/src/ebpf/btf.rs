@@ -143,9 +143,8 @@ impl Types {
     }
 }
 
-/// The `task_struct` and `struct pid` offsets the thread-dump iterator reads, with the
-/// level of the profiler's pid namespace.
-pub fn task_offsets(types: &Types, pidns_level: u32) -> Result<TaskOffsets, BtfError> {
+/// The `task_struct` and `struct pid` offsets the thread-dump iterator reads.
+pub fn task_offsets(types: &Types) -> Result<TaskOffsets, BtfError> {
     Ok(TaskOffsets {
         pid: types.offset("task_struct", "pid")?,
         tgid: types.offset("task_struct", "tgid")?,
@@ -156,7 +155,7 @@ pub fn task_offsets(types: &Types, pidns_level: u32) -> Result<TaskOffsets, BtfE
         thread_pid: types.offset("task_struct", "thread_pid")?,
         pid_numbers: types.offset("pid", "numbers")?,
         upid_size: types.size("upid")?,
-        pidns_level,
+        pid_level: types.offset("pid", "level")?,
     })
 }
 
@@ -177,7 +176,7 @@ mod tests {
             }
             Err(err) => panic!("{err}"),
         };
-        let offsets = task_offsets(&types, 0).unwrap();
+        let offsets = task_offsets(&types).unwrap();
         assert_eq!(offsets.tgid, offsets.pid + 4, "{offsets:?}");
         assert_eq!(offsets.nivcsw, offsets.nvcsw + 8, "{offsets:?}");
         let size = types.size("task_struct").unwrap();
@@ -185,6 +184,7 @@ mod tests {
             assert!(offset < size, "{offsets:?}");
         }
         assert_eq!(offsets.upid_size, 16, "int nr and a namespace pointer");
+        assert!(offsets.pid_level < offsets.pid_numbers, "numbers[] ends struct pid: {offsets:?}");
         assert!(matches!(types.offset("task_struct", "no_such_field"), Err(BtfError::NoField { .. })));
     }
 

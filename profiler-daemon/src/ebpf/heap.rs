@@ -3,10 +3,10 @@
 //! sampling-interval table, drain the allocation totals, and read the live-block map and
 //! counters.
 
-use std::{num::NonZeroU32, path::PathBuf};
+use std::{num::NonZeroU32, os::fd::AsFd, path::PathBuf};
 
 use aya::{
-    maps::{Array, HashMap, MapData},
+    maps::{Array, HashMap, IterableMap, MapData},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
         ProgramError, UProbe,
@@ -15,7 +15,7 @@ use aya::{
 };
 use profiler_common::{heap::HEAP_INTERVALS_LEN, maps, programs, HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey};
 
-use super::{drain_counts, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
+use super::{drain_counts, live, map_error, map_mut, map_ref, missing, program_error, sum_counters, Error, Result};
 use crate::ids::{Pid, StackId};
 
 /// The maps only the heap probes use (created with one entry when heap profiling is off).
@@ -72,11 +72,13 @@ pub struct HeapAttachment {
     pub functions: Vec<&'static str>,
 }
 
-/// Sampled allocations of one (process, stack) in the drained interval, unscaled.
+/// Sampled allocations of one (process, stack, size) in the drained interval, unscaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawHeapTotals {
     pub pid: Pid,
     pub stack: StackId,
+    /// Requested size of each block.
+    pub size: u64,
     pub count: u64,
     pub bytes: u64,
 }
@@ -99,6 +101,9 @@ pub struct HeapCounters {
     pub pending_map_full: u64,
     pub freed: u64,
     pub out_ptr_unreadable: u64,
+    /// Reads of the live map cut short at their step budget (counted in userspace): inuse
+    /// from such a read misses blocks.
+    pub live_reads_cut: u64,
 }
 
 pub(super) fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
@@ -223,21 +228,37 @@ pub(super) fn drain(ebpf: &mut Ebpf, set: usize) -> Result<Vec<RawHeapTotals>> {
         .map(|(key, t): (HeapKey, HeapTotals)| RawHeapTotals {
             pid: Pid(key.tgid),
             stack: StackId(key.stack),
+            size: key.size,
             count: t.count,
             bytes: t.bytes,
         })
         .collect())
 }
 
-pub(super) fn live_blocks(ebpf: &Ebpf) -> Result<Vec<LiveBlock>> {
-    let live: HashMap<&MapData, LiveKey, LiveAlloc> = map_ref(ebpf, maps::HEAP_LIVE)?;
-    let mut blocks = Vec::new();
-    for entry in live.iter() {
-        // Entries freed during the iteration vanish from under it: skip them.
-        let Ok((key, value)) = entry else { continue };
-        blocks.push(LiveBlock { pid: Pid(key.tgid), size: value.size, stack: StackId(value.stack) });
-    }
-    Ok(blocks)
+/// Reads the live map while the kernel's `free` probes delete from it, each block once (see
+/// [`live`](super::live)). The second value is true when the read was cut short (only a
+/// kernel without batch lookups walks, and under heavy freeing the walk can stop at its
+/// budget), so some live blocks are missing from it.
+pub(super) fn live_blocks(ebpf: &Ebpf) -> Result<(Vec<LiveBlock>, bool)> {
+    let read = read_live(ebpf)?;
+    let blocks = read
+        .entries
+        .into_iter()
+        .map(|(key, value)| LiveBlock { pid: Pid(key.tgid), size: value.size, stack: StackId(value.stack) })
+        .collect();
+    Ok((blocks, read.cut))
+}
+
+/// Every entry of `HEAP_LIVE` now, each once.
+fn read_live(ebpf: &Ebpf) -> Result<live::LiveRead> {
+    let map: HashMap<&MapData, LiveKey, LiveAlloc> = map_ref(ebpf, maps::HEAP_LIVE)?;
+    let capacity = map.map().info().map_or(maps::HEAP_LIVE_MAX_ENTRIES, |info| info.max_entries());
+    live::read(map.map().fd().as_fd(), capacity as usize, || map.keys(), |key| map.get(key, 0).ok()).map_err(|source| {
+        map_error("read", maps::HEAP_LIVE)(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error: source,
+        }))
+    })
 }
 
 /// Deletes the live blocks and in-flight calls of processes that are gone, so they do not
@@ -247,8 +268,11 @@ pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
         return Ok(0);
     }
     let mut removed = 0;
+    // Read as `live_blocks` reads (once each, no restarts): the gone processes' blocks are
+    // not freed any more, but the live processes' are.
+    let dead: Vec<LiveKey> =
+        read_live(ebpf)?.entries.into_iter().map(|(key, _)| key).filter(|k| pids.contains(&Pid(k.tgid))).collect();
     let mut live: HashMap<&mut MapData, LiveKey, LiveAlloc> = map_mut(ebpf, maps::HEAP_LIVE)?;
-    let dead: Vec<LiveKey> = live.keys().filter_map(|k| k.ok()).filter(|k| pids.contains(&Pid(k.tgid))).collect();
     for key in &dead {
         removed += usize::from(live.remove(key).is_ok());
     }
@@ -261,7 +285,8 @@ pub(super) fn forget_processes(ebpf: &mut Ebpf, pids: &[Pid]) -> Result<usize> {
     Ok(removed)
 }
 
-pub(super) fn counters(ebpf: &Ebpf) -> Result<HeapCounters> {
+/// The kernel's heap counters, with `live_reads_cut` from the session.
+pub(super) fn counters(ebpf: &Ebpf, live_reads_cut: u64) -> Result<HeapCounters> {
     let c: [u64; HeapCounter::COUNT as usize] = sum_counters(ebpf, maps::HEAP_COUNTERS)?;
     let get = |counter: HeapCounter| c[counter as usize];
     Ok(HeapCounters {
@@ -272,6 +297,7 @@ pub(super) fn counters(ebpf: &Ebpf) -> Result<HeapCounters> {
         pending_map_full: get(HeapCounter::PendingMapFull),
         freed: get(HeapCounter::Freed),
         out_ptr_unreadable: get(HeapCounter::OutPtrUnreadable),
+        live_reads_cut,
     })
 }
 

@@ -12,6 +12,7 @@ mod cpu;
 mod drain;
 mod error;
 mod heap;
+mod live;
 mod offcpu;
 mod task_iter;
 mod threads;
@@ -136,6 +137,8 @@ pub struct Session {
     removals_since: Option<std::time::Instant>,
     /// Changes made to the walker's processes and tables, as last written to `CONTROL`.
     unwind_epoch: u32,
+    /// Reads of the live-heap map cut short at their step budget.
+    live_reads_cut: std::sync::atomic::AtomicU64,
     _stats: Option<OwnedFd>,
 }
 
@@ -216,6 +219,7 @@ impl Session {
             unwind_removals: Vec::new(),
             removals_since: None,
             unwind_epoch: 0,
+            live_reads_cut: Default::default(),
             _stats: stats,
         })
     }
@@ -415,7 +419,7 @@ impl Session {
     pub fn counters(&self) -> Result<Counters> {
         Ok(Counters {
             cpu: cpu::counters(&self.ebpf, self.cpu_clock)?,
-            heap: heap::counters(&self.ebpf)?,
+            heap: heap::counters(&self.ebpf, self.live_reads_cut.load(std::sync::atomic::Ordering::Relaxed))?,
             futex: waits::counters(&self.ebpf)?,
             threads: threads::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
@@ -487,9 +491,20 @@ impl Session {
         heap::forget_processes(&mut self.ebpf, pids)
     }
 
-    /// The sampled heap blocks that are live now, read in place.
+    /// The sampled heap blocks that are live now, read in place, each once. A read cut short
+    /// at its step budget (a kernel before 5.6 walks the map, and heavy freeing restarts the
+    /// walk) is counted in the heap counters.
     pub fn live_blocks(&self) -> Result<Vec<LiveBlock>> {
-        heap::live_blocks(&self.ebpf)
+        let (blocks, cut) = heap::live_blocks(&self.ebpf)?;
+        if cut {
+            self.live_reads_cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(
+                read = blocks.len(),
+                "the live-heap map walk was cut short: blocks were freed faster than it could be walked (this \
+                 kernel has no batch lookups); inuse misses some blocks (counted as `live map reads cut short`)"
+            );
+        }
+        Ok(blocks)
     }
 
     fn set_active(&mut self, generation: u32) -> Result<()> {
@@ -510,14 +525,10 @@ fn random_key() -> Result<u64> {
     Ok(u64::from_ne_bytes(key))
 }
 
-/// The `task_struct` layout of the running kernel, and the level of our pid namespace (the
-/// number of `NSpid:` entries of our own status, less one).
+/// The `task_struct` and `struct pid` layout of the running kernel.
 fn task_offsets() -> Result<TaskOffsets> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|source| Error::Io { action: "read /proc/self/status".into(), source })?;
-    let levels = status.lines().find_map(|l| l.strip_prefix("NSpid:")).map_or(1, |ids| ids.split_whitespace().count());
     let types = btf::Types::vmlinux().map_err(Error::TaskLayout)?;
-    btf::task_offsets(&types, levels.saturating_sub(1) as u32).map_err(Error::TaskLayout)
+    btf::task_offsets(&types).map_err(Error::TaskLayout)
 }
 
 fn enable_run_time_stats() -> Result<OwnedFd> {

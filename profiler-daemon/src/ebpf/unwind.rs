@@ -252,17 +252,17 @@ pub(super) fn remove_processes(ebpf: &mut Ebpf, pids: &[u32], from: Where) -> Re
 /// `BPF_MAP_DELETE_BATCH`.
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
-/// The `batch` member of `union bpf_attr`.
+/// The `batch` member of `union bpf_attr` (also the live-heap map's batch lookups).
 #[repr(C)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
+pub(super) struct BatchAttr {
+    pub in_batch: u64,
+    pub out_batch: u64,
+    pub keys: u64,
+    pub values: u64,
+    pub count: u32,
+    pub map_fd: u32,
+    pub elem_flags: u64,
+    pub flags: u64,
 }
 
 /// Deletes the 4-byte `keys` from the hash map `fd`; on failure, how many were deleted

@@ -152,7 +152,7 @@ impl Counts {
             }
             folded += fold(
                 &mut counts.heap.allocated,
-                |k| evict(k, &held),
+                |k| evict(&mut k.stack, &held),
                 |v, n| {
                     v.count += n.count;
                     v.bytes += n.bytes;

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 pub use crate::kind::{ProfileKind, View};
 pub use counts::{Counts, ProcessCounts};
 pub use cpu::{CpuCounts, SampleKey};
-pub use heap::{HeapCount, HeapCounts};
+pub use heap::{HeapCount, HeapCounts, HeapSite};
 pub use offcpu::OffCpuCounts;
 pub use threadcreate::ThreadCounts;
 pub use threads::{CpuSighting, ThreadState};
@@ -332,7 +332,7 @@ mod tests {
                 kernel_stack: StackId(12),
                 count: 1,
             }],
-            heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), count: 1, bytes: 8 }],
+            heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), size: 8, count: 1, bytes: 8 }],
             block: vec![wait],
             mutex: vec![RawWaitTotals { stack: StackId(16), ..wait }],
             threads: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],

@@ -97,8 +97,10 @@ fn check_go_endpoints_of_an_idle_process(container: &Container) {
     }
     let dump =
         String::from_utf8_lossy(&get_ok(container, &format!("/debug/pprof/goroutine?pid={pid}&debug=2"))).into_owned();
-    assert!(dump.starts_with("goroutine ") && dump.contains("main"), "goroutine?debug=2 of pid {pid}:\n{dump}");
-    assert_eq!(dump.matches("\ngoroutine ").count() + 1, 1, "one thread expected:\n{dump}");
+    // Named in the container's pid namespace: the thread is the process's own pid there.
+    let header = format!("thread {pid} \"");
+    assert!(dump.starts_with(&header) && dump.contains("main"), "goroutine?debug=2 of pid {pid}:\n{dump}");
+    assert_eq!(dump.matches("\nthread ").count() + 1, 1, "one thread expected:\n{dump}");
 }
 
 /// Ground truth: `[socket] group = "profiler"` (the config's commented example) with a
