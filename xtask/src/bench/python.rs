@@ -4,14 +4,21 @@
 //! - ours, Python frames walked (Debian's `python3.11`, which the profiler registers);
 //! - ours, Python unwinding off: the same interpreter copied under a name the profiler does
 //!   not take for CPython's, so the same stacks are walked natively only;
+//! - ours on two C spinners of the same native depth ([`NATIVE_FRAMES`], built without frame
+//!   pointers as Debian's interpreter is), the baseline of the native part;
 //! - py-spy (`record --nonblocking`, the reference Python profiler) on the same spinners at
 //!   the same rate, its CPU time per sample.
 //!
 //! Ours is the BPF program's run time per sample (`--bpf-stats`), so the difference between
 //! the first two is the Python walk; py-spy's is its whole process's CPU (it reads the
-//! frames from userspace, one `process_vm_readv` per object). Judged on medians. Target:
-//! ours below py-spy at every depth.
+//! frames from userspace, one `process_vm_readv` per object). Judged on medians. Targets:
+//! ours below py-spy at every depth, and the native part of a Python sample at most
+//! [`MAX_NATIVE_VS_C`] times the C spinners', a ratio taken per round and judged on its
+//! median. That ratio divides by the samples the profiles hold, not by the program's runs:
+//! on a loaded machine most clock ticks find another process running and cost only the
+//! filter, which would pull both figures towards it alike.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -25,6 +32,14 @@ const DEPTHS: [u32; 3] = [10, 50, 200];
 const SPINNERS: usize = 2;
 /// Debian's interpreter, a static build (no libpython), so a copy of it runs on its own.
 const PYTHON: &str = "/usr/bin/python3.11";
+/// Native frames of a sample of the spinners in it, whatever their Python depth (3.11 calls
+/// Python functions without a C frame each): `_start`, two of libc's, `Py_BytesMain` down to
+/// `_PyEval_EvalFrameDefault` (ten, as eu-stack shows them), and the leaf it calls in about
+/// half the samples.
+const NATIVE_FRAMES: u32 = 13;
+/// The bar for the native part of a Python sample, as a multiple of a C spinner's of the
+/// same native depth.
+const MAX_NATIVE_VS_C: f64 = 2.0;
 
 /// `depth` Python frames: `<module>`, `down` × (depth − 2), `spin`.
 const SPINNER_PY: &str = r#"import sys
@@ -70,33 +85,49 @@ pub fn run(args: &PythonArgs) -> Result<()> {
     // Not named python*: the profiler does not look for an interpreter in it.
     let unregistered = dir.join("interp-copy");
     std::fs::copy(PYTHON, &unregistered).with_context(|| format!("failed to copy {PYTHON}"))?;
+    // Without frame pointers, as Debian builds the interpreter: both are walked by tables.
+    let c_spinner = super::workload::compile_c(
+        &dir,
+        "spin_nofp",
+        super::workload::SPINNER_C,
+        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
+    )?;
+    // `main`, libc's two start frames and `_start` under the recursion.
+    let c_depth = (NATIVE_FRAMES - 4).to_string();
     let py_spy = workspace::target_dir().join("test-venv/bin/py-spy");
     let py_spy = py_spy.exists().then_some(py_spy);
     if py_spy.is_none() {
         println!("py-spy not found in the test venv: run `cargo xtask setup`; its column will be n/a");
     }
     let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    let mut loads = Vec::new();
     for depth in DEPTHS {
         let mut runs: [Vec<f64>; 3] = Default::default();
+        let mut native_vs_c = Vec::new();
         for round in 1..=args.rounds {
             workspace::stage(&format!(
-                "{depth} Python frames, round {round} of {}: ours with Python frames, ours without, py-spy",
+                "{depth} Python frames, round {round} of {}: ours with Python frames, ours without, ours on C \
+                 spinners of {NATIVE_FRAMES} frames, py-spy",
                 args.rounds
             ));
-            let measured = [
-                ours_ns(Path::new(PYTHON), &script, depth, args, &out)?,
-                ours_ns(&unregistered, &script, depth, args, &out)?,
-                match &py_spy {
-                    Some(py_spy) => py_spy_ns(py_spy, &script, depth, args)?,
-                    None => None,
-                },
-            ];
-            for (list, ns) in runs.iter_mut().zip(measured) {
+            loads.extend(load_average());
+            let depth_arg = depth.to_string();
+            let python = ours(Path::new(PYTHON), &[script.as_os_str(), depth_arg.as_ref()], args, &out)?;
+            let native = ours(&unregistered, &[script.as_os_str(), depth_arg.as_ref()], args, &out)?;
+            let c = ours(&c_spinner, &[c_depth.as_ref()], args, &out)?;
+            let peer = match &py_spy {
+                Some(py_spy) => py_spy_ns(py_spy, &script, depth, args)?,
+                None => None,
+            };
+            for (list, ns) in runs.iter_mut().zip([python.map(|o| o.per_run), native.map(|o| o.per_run), peer]) {
                 list.extend(ns);
             }
+            native_vs_c.extend(native.and_then(|n| Some(n.per_sample? / c?.per_sample?)));
             bail_if_interrupted()?;
         }
         rows.push((depth, runs.map(|mut v| median(&mut v))));
+        ratios.push((depth, native_vs_c));
     }
     println!();
     println!("medians of {} interleaved rounds, {} s each at {} Hz:", args.rounds, args.seconds, args.frequency_hz);
@@ -119,6 +150,7 @@ pub fn run(args: &PythonArgs) -> Result<()> {
             _ => println!("{depth} frames: n/a (no bpf_stats, or no py-spy)"),
         }
     }
+    print_native_vs_c(&mut ratios, &mut loads);
     let walks: Vec<(f64, f64)> =
         rows.iter().filter_map(|(d, [p, n, _])| Some((f64::from(*d), (*p)? - (*n)?))).collect();
     if let [first, .., last] = walks[..] {
@@ -133,15 +165,42 @@ pub fn run(args: &PythonArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts [`SPINNERS`] spinners of `script` under `python`, `depth` Python frames deep.
-fn spinners(python: &Path, script: &Path, depth: u32) -> Result<Vec<std::process::Child>> {
+/// The native part of a Python sample against the C spinners', round by round, and the
+/// machine's load meanwhile (the figures are per walked sample, but a loaded machine's cold
+/// caches raise both).
+fn print_native_vs_c(ratios: &mut [(u32, Vec<f64>)], loads: &mut [f64]) {
+    println!(
+        "the native part of a Python sample (ours, native) vs ours on C spinners of {NATIVE_FRAMES} native frames, \
+         ns per walked sample:"
+    );
+    for (depth, ratios) in ratios.iter_mut() {
+        let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" ");
+        match median(ratios) {
+            Some(mid) => println!(
+                "{depth} frames: {mid:.2}x (median of rounds {listed}), target <= {MAX_NATIVE_VS_C}x: {}",
+                if mid <= MAX_NATIVE_VS_C { "PASS" } else { "MISS" }
+            ),
+            None => println!("{depth} frames: n/a (no bpf_stats, or no samples walked)"),
+        }
+    }
+    let busy = if Path::new("/tmp/ci-busy").exists() { ", /tmp/ci-busy present" } else { "" };
+    if let (Some(low), Some(mid), Some(high)) =
+        (loads.iter().copied().reduce(f64::min), median(loads), loads.iter().copied().reduce(f64::max))
+    {
+        println!("load average (1 min) at the rounds' starts: {low:.1} to {high:.1}, median {mid:.1}{busy}");
+    }
+}
+
+/// The 1-minute load average, from `/proc/loadavg`.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Starts [`SPINNERS`] copies of `program` with `args`.
+fn spinners(program: &Path, args: &[&OsStr]) -> Result<Vec<std::process::Child>> {
     (0..SPINNERS)
         .map(|_| {
-            Command::new(python)
-                .arg(script)
-                .arg(depth.to_string())
-                .spawn()
-                .with_context(|| format!("failed to start {}", python.display()))
+            Command::new(program).args(args).spawn().with_context(|| format!("failed to start {}", program.display()))
         })
         .collect()
 }
@@ -153,9 +212,18 @@ fn stop(spinners: Vec<std::process::Child>) {
     }
 }
 
-/// BPF ns per sample of `profiler snapshot --bpf-stats` of the spinners.
-fn ours_ns(python: &Path, script: &Path, depth: u32, args: &PythonArgs, out: &Path) -> Result<Option<f64>> {
-    let spinners = spinners(python, script, depth)?;
+/// What a run of ours cost, in BPF ns.
+#[derive(Clone, Copy)]
+struct Ours {
+    /// Per run of the sampling program: every clock tick of the CPUs, the spinners' or not.
+    per_run: f64,
+    /// Per sample the profiles hold: the spinners' ticks, each walked (`None` if none).
+    per_sample: Option<f64>,
+}
+
+/// `profiler snapshot --bpf-stats` of [`SPINNERS`] copies of `program` with `spinner_args`.
+fn ours(program: &Path, spinner_args: &[&OsStr], args: &PythonArgs, out: &Path) -> Result<Option<Ours>> {
+    let spinners = spinners(program, spinner_args)?;
     // Let the interpreters reach their depth before sampling starts.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut cmd = Command::new(workspace::profiler_bin());
@@ -175,13 +243,24 @@ fn ours_ns(python: &Path, script: &Path, depth: u32, args: &PythonArgs, out: &Pa
     cmd.arg("--output").arg(out);
     let result = measure::run(cmd);
     stop(spinners);
-    Ok(report::bpf_stats(&result?.stderr).filter(|&(n, _)| n > 0).map(|(n, t)| t as f64 / n as f64))
+    let result = result?;
+    let Some((runs, ns)) = report::bpf_stats(&result.stderr).filter(|&(n, _)| n > 0) else { return Ok(None) };
+    let per_sample = cpu_samples(&result.stdout).filter(|&n| n > 0).map(|n| ns as f64 / n as f64);
+    Ok(Some(Ours { per_run: ns as f64 / runs as f64, per_sample }))
+}
+
+/// The CPU samples `profiler snapshot` says it wrote (`wrote N profiles to DIR (S cpu samples, …`).
+fn cpu_samples(stdout: &str) -> Option<u64> {
+    let line = stdout.lines().find(|l| l.starts_with("wrote "))?;
+    let before = &line[..line.find(" cpu samples")?];
+    before[before.rfind('(')? + 1..].parse().ok()
 }
 
 /// py-spy's CPU ns per sample: one `py-spy record --nonblocking` per spinner at the same
 /// rate, their CPU time summed over the samples they should have taken.
 fn py_spy_ns(py_spy: &PathBuf, script: &Path, depth: u32, args: &PythonArgs) -> Result<Option<f64>> {
-    let spinners = spinners(Path::new(PYTHON), script, depth)?;
+    let depth = depth.to_string();
+    let spinners = spinners(Path::new(PYTHON), &[script.as_os_str(), depth.as_ref()])?;
     std::thread::sleep(std::time::Duration::from_millis(300));
     let recorders: Vec<_> = spinners
         .iter()
@@ -219,4 +298,19 @@ fn py_spy_ns(py_spy: &PathBuf, script: &Path, depth: u32, args: &PythonArgs) -> 
     }
     let samples = (SPINNERS as u64 * args.seconds * u64::from(args.frequency_hz)) as f64;
     Ok(Some(cpu.as_nanos() as f64 / samples))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_cpu_samples_snapshot_wrote() {
+        let stdout =
+            "process pid samples\nwrote 2 profiles to /tmp/out (1583 cpu samples, 0 lost to a full map; 0 heap \
+                      samples, 0 not tracked as live: map full)\n";
+        assert_eq!(cpu_samples(stdout), Some(1583));
+        assert_eq!(cpu_samples("wrote 0 profiles to /tmp/out (no figures)"), None);
+        assert_eq!(cpu_samples("capturing 2 process(es) for 8s\n"), None);
+    }
 }
