@@ -38,7 +38,8 @@ pub enum CpuCounter {
     UserStackTruncated = 5,
     /// Samples of processes in cgroups the configuration does not select (not walked).
     CgroupFiltered = 6,
-    /// Ticks of a CPU that was idle, or running a process a `--pid` list leaves out: not
+    /// Ticks of a CPU that was idle, or running a process a `--pid` list leaves out or one
+    /// outside the profiler's pid namespace: not
     /// samples, but counted so that the ticks the program ran for add up (see the daemon's
     /// `CpuCounters::ticks_missed`).
     NotSampled = 7,

@@ -33,7 +33,12 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 /// `Err` for a sample that is not counted (idle, filtered out, or the counts map full).
 #[inline(always)]
 fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
-    let task = current_task().ok_or(())?;
+    let Some(task) = current_task() else {
+        // A task outside the profiler's pid namespace: the program ran for this tick, and
+        // left it out (uncounted, it read as a tick the sampler missed).
+        count(CpuCounter::NotSampled);
+        return Err(());
+    };
     let (tgid, tid) = (task.tgid, task.tid);
     // Kernel-wide tid 0 is the idle task: the CPU was not running anything.
     if task.pid_tgid as u32 == 0 || !wanted(tgid) {
