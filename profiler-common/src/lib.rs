@@ -186,8 +186,9 @@ pub mod maps {
     pub const HEAP_LIVE: &str = "HEAP_LIVE";
     /// Hash of pid_tgid (`u64`) → [`crate::PendingAlloc`]: allocator calls in flight.
     pub const HEAP_PENDING: &str = "HEAP_PENDING";
-    /// Array of [`crate::heap::HEAP_INTERVALS_LEN`] `u64` sampling intervals drawn by userspace
-    /// from an exponential distribution (BPF has no floating point to draw them).
+    /// Array of [`crate::heap::HEAP_INTERVAL_EDGES`] `u64`: the edges of equal-probability
+    /// strata of the exponential distribution of sampling intervals, computed by userspace (BPF
+    /// has no floating point); the kernel draws a stratum and a point in it.
     pub const HEAP_INTERVALS: &str = "HEAP_INTERVALS";
     /// Per-CPU array of one `i64`: bytes left until the next heap sample on this CPU.
     pub const HEAP_COUNTDOWN: &str = "HEAP_COUNTDOWN";

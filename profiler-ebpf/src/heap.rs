@@ -22,7 +22,7 @@ use aya_ebpf::{
     Global,
 };
 use profiler_common::{
-    heap::HEAP_INTERVALS_LEN,
+    heap::{interval_in_stratum, HEAP_INTERVALS_LEN, HEAP_INTERVAL_EDGES},
     maps::{HEAP_LIVE_MAX_ENTRIES, HEAP_PENDING_MAX_ENTRIES, HEAP_TOTALS_MAX_ENTRIES},
     HeapCounter, HeapKey, HeapTotals, LiveAlloc, LiveKey, PendingAlloc,
 };
@@ -49,7 +49,7 @@ pub static HEAP_LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(HE
 pub static HEAP_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(HEAP_PENDING_MAX_ENTRIES, 0);
 
 #[map]
-pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVALS_LEN, 0);
+pub static HEAP_INTERVALS: Array<u64> = Array::with_max_entries(HEAP_INTERVAL_EDGES, 0);
 
 #[map]
 pub static HEAP_COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
@@ -273,12 +273,18 @@ fn take_sample(size: u64) -> bool {
     true
 }
 
+/// An exponentially distributed interval: a random stratum of the table, and a random point
+/// in it (see [`interval_in_stratum`]). At least 1: 0 means "not started" to [`take_sample`].
 #[inline(always)]
 fn next_interval() -> i64 {
     // SAFETY: a helper without arguments.
     let idx = unsafe { bpf_get_prandom_u32() } & (HEAP_INTERVALS_LEN - 1);
-    match HEAP_INTERVALS.get(idx) {
-        Some(&interval) if interval > 0 => interval.min(i64::MAX as u64) as i64,
+    match (HEAP_INTERVALS.get(idx), HEAP_INTERVALS.get(idx + 1)) {
+        (Some(&lo), Some(&hi)) if hi > 0 => {
+            // SAFETY: a helper without arguments.
+            let fraction = unsafe { bpf_get_prandom_u32() };
+            interval_in_stratum(lo, hi, fraction).clamp(1, i64::MAX as u64) as i64
+        }
         _ => HEAP_SAMPLE_BYTES.load().max(1) as i64,
     }
 }
