@@ -40,7 +40,7 @@ pub use thread::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
     RegisterAsk, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
-    UnwindProcessOf, UnwindRow, UnwindTableInfo, WalkTotals, WALK_STATE_BYTES,
+    UnwindProcessOf, UnwindRow, UnwindTableInfo, UprobeOffsets, WalkTotals, WALK_STATE_BYTES,
 };
 
 /// Names of load-time globals (set with `EbpfLoader::set_global`, never recompiled).
@@ -68,6 +68,9 @@ pub mod globals {
     pub const ROW_CACHE_SLOT_ENTRIES: &str = "ROW_CACHE_SLOT_ENTRIES";
     /// `u32`: the same for `STORED_STACKS`.
     pub const STORED_STACKS_SLOT_ENTRIES: &str = "STORED_STACKS_SLOT_ENTRIES";
+    /// [`crate::UprobeOffsets`]: where the kernel keeps what its uprobes moved into the
+    /// `[uprobes]` page, so that walks put the frames back.
+    pub const UPROBE_OFFSETS: &str = "UPROBE_OFFSETS";
 }
 
 /// Map names, shared by both sides, and their sizes.

@@ -266,7 +266,7 @@ pub struct WalkTotals {
 /// Bytes of an `UNWIND_STATE` entry, which userspace reads as words to find the
 /// [`WalkTotals`] at its start (the walker's state itself is private to the kernel side,
 /// which checks this size when it builds).
-pub const WALK_STATE_BYTES: usize = 408;
+pub const WALK_STATE_BYTES: usize = 424;
 
 /// Indices into the `UNWIND_COUNTERS` per-CPU array: what happened to each user frame the
 /// walker stepped from, and how walks ended.
@@ -296,9 +296,13 @@ pub enum UnwindCounter {
     /// Interrupted frames without CFI stepped as leaves (return address at `[rsp]`, which
     /// pointed into known code): glibc's `clone3` at its syscall, JIT leaf functions.
     LeafGuesses = 10,
+    /// Frames the kernel's uprobes had moved into the `[uprobes]` page, put back (see
+    /// [`UprobeOffsets`]): return addresses a pending uretprobe had replaced with its
+    /// trampoline, and pcs in a probed instruction's out-of-line copy.
+    UprobeFrames = 11,
     /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`
     /// (an [`Unsupported`] index). Last, so that a new reason renumbers no other counter.
-    Unsupported0 = 11,
+    Unsupported0 = 12,
 }
 
 impl UnwindCounter {
@@ -376,3 +380,46 @@ unsafe impl aya::Pod for UnwindMapping {}
 #[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl<const N: usize> aya::Pod for UnwindProcessOf<N> {}
+
+/// Where the kernel keeps what its uprobes moved (from the running kernel's BTF, set at load
+/// time; `task_utask` 0 when the kernel has no uprobes or the fields were not found).
+///
+/// Two things a walk meets in the process's `[uprobes]` page, which no file maps:
+/// - A uretprobe replaces its function's return address on the user stack with the address
+///   of a trampoline at the page's start (`current->mm->uprobes_state.xol_area->vaddr`), and
+///   remembers the original in a `struct return_instance` on
+///   `current->utask->return_instances` (newest first), with the stack address it replaced
+///   (`stack`). A walk that reads the trampoline takes the original from the instance for
+///   that slot; without it, a CPU sample inside a probed `malloc` showed the trampoline in
+///   place of `malloc`'s caller.
+/// - A uprobe on an instruction the kernel cannot emulate (glibc's `free` starts with a
+///   `test`) executes a copy of it in a slot of the page (`utask->xol_vaddr`), single-stepped:
+///   a sample there is at the probed address `utask->vaddr` plus the same distance.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UprobeOffsets {
+    /// `task_struct.utask` (`struct uprobe_task *`).
+    pub task_utask: u32,
+    /// `uprobe_task.return_instances` (`struct return_instance *`).
+    pub utask_return_instances: u32,
+    /// `uprobe_task.xol_vaddr` and `.vaddr`: the slot being single-stepped and the probed
+    /// address it stands for.
+    pub utask_xol_vaddr: u32,
+    pub utask_vaddr: u32,
+    /// `return_instance.stack`, `.orig_ret_vaddr` and `.next`.
+    pub instance_stack: u32,
+    pub instance_return_address: u32,
+    pub instance_next: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// `mm_struct.uprobes_state.xol_area` (`struct xol_area *`), one offset from the mm.
+    pub mm_xol_area: u32,
+    /// `xol_area.vaddr`: the trampoline's address.
+    pub xol_vaddr: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<UprobeOffsets>() == 40);
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only u32 fields, no padding (size asserted above).
+unsafe impl aya::Pod for UprobeOffsets {}

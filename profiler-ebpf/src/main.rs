@@ -25,6 +25,7 @@ mod stack;
 mod thread;
 mod thread_dump;
 mod tracepoint;
+mod uprobe_frames;
 mod user_stack;
 mod walk_state;
 

@@ -43,6 +43,7 @@ use crate::{
         bump, Scratch, CONTROL, ROW_CACHE_SLOT_ENTRIES, SCRATCH_SLOTS, STACK_HASH_KEY, STACK_SCRATCH, STACK_WINDOW,
         STACK_WINDOW_WORDS,
     },
+    uprobe_frames::{self, restore},
     walk_state::{push_word, KeptMapping, WalkState, KEPT_MAPPINGS, UNWIND_STATE},
 };
 
@@ -139,7 +140,7 @@ const ROW_CACHE_BUCKET_SHIFT: u32 = 8;
 
 /// Adds one to an unwinder counter (see [`bump`] for why both contexts may share it).
 #[inline(always)]
-fn count(index: u32) {
+pub(crate) fn count(index: u32) {
     bump(&UNWIND_COUNTERS, index);
 }
 
@@ -211,6 +212,13 @@ pub fn walk(slot: Scratch, tgid: u32) -> Option<u64> {
     // Before any read of the process's entry (see `KeptMapping`).
     state.epoch = control(CONTROL_UNWIND_EPOCH);
     state.exec_epoch = control(CONTROL_EXEC_EPOCH);
+    let restored = uprobe_frames::start(state);
+    if restored > 0 {
+        count(UnwindCounter::UprobeFrames as u32);
+    }
+    if restored > 1 {
+        count(UnwindCounter::UprobeFrames as u32);
+    }
     let out = STACK_SCRATCH.get_ptr_mut(slot * STACK_CHUNKS as u32)?;
     // SAFETY: as above.
     let out: &mut Stack = unsafe { &mut *out };
@@ -298,6 +306,7 @@ fn step(state: &mut WalkState) -> bool {
         count(UnwindCounter::BadRead as u32);
         return false;
     };
+    let ra = restored(state, ra, cfa - 8);
     if row.rbp_cfa_words != 0 {
         let at = cfa.wrapping_add((row.rbp_cfa_words as i64 as u64) << 3);
         let Some(bp) = read_word(state, at) else {
@@ -309,6 +318,17 @@ fn step(state: &mut WalkState) -> bool {
     state.totals.by_table += 1;
     state.sp = cfa;
     next_pc(state, ra)
+}
+
+/// The return address `ra` read at `slot`, or the one a pending uretprobe replaced there
+/// (counted).
+#[inline(always)]
+fn restored(state: &mut WalkState, ra: u64, slot: u64) -> u64 {
+    let original = restore(state, ra, slot);
+    if original != ra {
+        count(UnwindCounter::UprobeFrames as u32);
+    }
+    original
 }
 
 /// Moves to return address `ra`; false (the end of the stack) for 0 or a non-user address.
@@ -366,6 +386,7 @@ fn fallback_step(state: &mut WalkState, reason: UnwindCounter) -> bool {
     if state.exact == 1 && reason != UnwindCounter::NoProcess {
         let sp = state.sp;
         if let Some(ra) = read_word(state, sp) {
+            let ra = restored(state, ra, sp);
             if ra != 0 && ra < USER_ADDR_LIMIT && find_mapping(state, ra - 1).is_ok() {
                 count(UnwindCounter::LeafGuesses as u32);
                 state.sp = sp + 8;
@@ -388,6 +409,7 @@ fn frame_pointer_step(state: &mut WalkState) -> bool {
         count(UnwindCounter::BadRead as u32);
         return false;
     };
+    let ra = restored(state, ra, bp + 8);
     state.totals.by_frame_pointer += 1;
     state.sp = bp + 16;
     state.bp = next_bp;

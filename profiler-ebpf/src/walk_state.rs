@@ -64,6 +64,11 @@ pub struct WalkState {
     /// `CONTROL`'s unwind epochs when the walk began (see [`KeptMapping`]).
     pub(crate) epoch: u32,
     pub(crate) exec_epoch: u32,
+    /// The `[uprobes]` trampoline's address and the next uretprobe instance not yet matched
+    /// to a frame, when the thread has a uretprobe pending (0: none; see
+    /// [`crate::uprobe_frames`]).
+    pub(crate) trampoline: u64,
+    pub(crate) return_instance: u64,
     /// Mappings found by earlier walks of this context on this CPU, by a hash of the
     /// process and the address's 2 MiB region. Not reset by a walk. Used only by the
     /// contexts that cannot be preempted mid-walk (see `user_stack::find_mapping`).

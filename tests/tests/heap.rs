@@ -18,7 +18,7 @@ use profiler_tests::heap_sites::{
     alloc_space_matches, average_size_label, site_is_leaf_and_chained, site_value, site_values_match, truth_of,
     EXACT_TOLERANCE, SITES,
 };
-use profiler_tests::run::run_profiler_until;
+use profiler_tests::run::{run_profiler_until, Running};
 use profiler_tests::{assert_success, expect, go_pprof, listing, preflight, process_dir};
 use profiler_tests::{run_profiler, summary, Fixture, FixtureKind, Profile, TempDir};
 
@@ -416,4 +416,72 @@ fn count_after(text: &str, key: &str) -> Option<u64> {
     let rest = &text[text.find(key)? + key.len()..];
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
+}
+
+/// How long `heap_churn` churns in the return-probe test: at 99 Hz, ~600 samples.
+const CHURN_FOR_S: &str = "6";
+
+/// CPU samples taken inside a heap-profiled `malloc`/`free` (review F15). While the heap
+/// probes' uretprobe is pending, the allocator's return slot holds the `[uprobes]`
+/// trampoline; a walk that took it for the caller lost `churn_site` (and without frame
+/// pointers, everything above). And `free`'s first instruction (a `test`) is single-stepped
+/// from a copy in the `[uprobes]` page, where most samples land: those showed the page, not
+/// `free`. Every sample of `heap_churn` is in `churn_site`/`keep_site` or below, called from
+/// `main`: of the samples with an allocator frame, at least 95% must hold the site → `main`,
+/// at most 2% of all may show the `[uprobes]` page (they were ~80% before), and the profile
+/// must say frames were restored.
+/// Sized for ≥ 200 allocator samples (of ~600 at 99 Hz), so a 5% miss is ≥ 10 samples.
+#[test]
+fn cpu_samples_inside_a_probed_allocator_reach_main() {
+    if !preflight() {
+        return;
+    }
+    let out = TempDir::new("heap-return-probe");
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::HeapChurn, &["stop", CHURN_FOR_S]);
+    let (pid, dir) = (fixture.pid().to_string(), out.path_arg());
+    let args = ["snapshot", "--pid", &pid, "--duration", CHURN_CAPTURE_CAP, "--output", &dir, "--profiles", "cpu,heap"];
+    // Through the churn to its end (`churned N`), not only to `churning`.
+    let mut profiler = Running::start_with_env(&args, &[]);
+    profiler.wait_capturing();
+    fixture.resume();
+    fixture.hold_through("churning");
+    fixture.read_value("kept");
+    fixture.expect_line("churning");
+    fixture.read_value("churned");
+    profiler.interrupt();
+    assert_success(&profiler.finish(), "snapshot --profiles cpu,heap of heap_churn");
+    let profile = Profile::decode(&expect::profile_written(out.path(), fixture.comm(), fixture.pid()));
+    let in_allocator = |s: &profiler_tests::pprof::Sample| {
+        s.user_frames().iter().any(|f| ["malloc", "free"].iter().any(|n| f.function.contains(n)))
+    };
+    let unnamed = profile.value_where("samples", |s| s.user_frames().iter().any(|f| f.function.is_empty()));
+    let samples = profile.value_index("samples");
+    let (mut total, mut chained) = (0, 0);
+    let mut broken = Vec::new();
+    for sample in profile.samples.iter().filter(|s| in_allocator(s)) {
+        total += sample.values[samples];
+        if sample.has_chain(&["churn_site", "main"]) || sample.has_chain(&["keep_site", "main"]) {
+            chained += sample.values[samples];
+        } else if broken.len() < 5 {
+            broken.push(sample.names().join(" <- "));
+        }
+    }
+    eprintln!("{chained} of {total} allocator samples reach main through the fixture's site");
+    assert!(total >= 200, "only {total} CPU samples inside the allocator: {:?}", profile.function_names());
+    assert!(
+        chained as f64 >= 0.95 * total as f64,
+        "{chained} of {total} allocator samples reach main through churn_site/keep_site; e.g.\n{}",
+        broken.join("\n")
+    );
+    let comments = profile.comments.join("\n");
+    // The few left in the page: sampled in the return syscall after the kernel popped the
+    // instance and before the trampoline's own `ret` (about 1 in 600 here).
+    let all = profile.total("samples");
+    assert!(
+        unnamed as f64 <= 0.02 * all as f64,
+        "{unnamed} of {all} samples with an unnamed user frame (the [uprobes] page?): {:?}",
+        profile.function_names()
+    );
+    let restored = count_after(&comments, "frames restored from uprobes ");
+    assert!(restored.is_some_and(|n| n > 0), "no frame restored from the uprobes: {comments}");
 }

@@ -330,6 +330,7 @@ fn unwind_status(s: &Status) -> serde_json::Value {
             "fallback_no_cfi": u.get(U::NoCfi),
             "signal_frames": u.get(U::SignalFrames),
             "leaf_guesses": u.get(U::LeafGuesses),
+            "uprobe_frames_restored": u.get(U::UprobeFrames),
         },
         "walks_ended": {
             "outermost_frame": u.get(U::EndOfStack),

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use profiler_common::TaskOffsets;
+use profiler_common::{TaskOffsets, UprobeOffsets};
 
 /// Where the running kernel's BTF is.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -159,6 +159,23 @@ pub fn task_offsets(types: &Types) -> Result<TaskOffsets, BtfError> {
     })
 }
 
+/// Where the kernel keeps what its uprobes moved (see [`UprobeOffsets`]); an error when
+/// this kernel lacks one of the fields (no uprobes).
+pub fn uprobe_offsets(types: &Types) -> Result<UprobeOffsets, BtfError> {
+    Ok(UprobeOffsets {
+        task_utask: types.offset("task_struct", "utask")?,
+        utask_return_instances: types.offset("uprobe_task", "return_instances")?,
+        utask_xol_vaddr: types.offset("uprobe_task", "xol_vaddr")?,
+        utask_vaddr: types.offset("uprobe_task", "vaddr")?,
+        instance_stack: types.offset("return_instance", "stack")?,
+        instance_return_address: types.offset("return_instance", "orig_ret_vaddr")?,
+        instance_next: types.offset("return_instance", "next")?,
+        task_mm: types.offset("task_struct", "mm")?,
+        mm_xol_area: types.offset("mm_struct", "uprobes_state")? + types.offset("uprobes_state", "xol_area")?,
+        xol_vaddr: types.offset("xol_area", "vaddr")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +203,21 @@ mod tests {
         assert_eq!(offsets.upid_size, 16, "int nr and a namespace pointer");
         assert!(offsets.pid_level < offsets.pid_numbers, "numbers[] ends struct pid: {offsets:?}");
         assert!(matches!(types.offset("task_struct", "no_such_field"), Err(BtfError::NoField { .. })));
+    }
+
+    #[test]
+    fn uprobe_offsets_have_their_shape() {
+        // That walks restore through them is checked end to end (tests/heap.rs: CPU samples
+        // inside a probed malloc reach main). Here: this kernel has every field, and the
+        // instance's slot and original address are adjacent as the kernel declares them.
+        let Ok(types) = Types::vmlinux() else {
+            eprintln!("skipped: this kernel exposes no BTF at {VMLINUX_BTF}");
+            return;
+        };
+        let offsets = uprobe_offsets(&types).unwrap();
+        assert_eq!(offsets.instance_return_address, offsets.instance_stack + 8, "{offsets:?}");
+        assert!(offsets.task_utask > 0 && offsets.task_mm > 0, "{offsets:?}");
+        assert!(offsets.mm_xol_area < types.size("mm_struct").unwrap(), "{offsets:?}");
     }
 
     #[test]

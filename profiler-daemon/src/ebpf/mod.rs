@@ -35,7 +35,9 @@ use error::{map_error, missing, program_error};
 pub use error::{Error, Result};
 pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
 pub use offcpu::{OffCpuCounters, RawOffCpu};
-use profiler_common::{globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo};
+use profiler_common::{
+    globals, maps, TaskOffsets, ThreadRecord, UnwindProcess, UnwindRow, UnwindTableInfo, UprobeOffsets,
+};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use task_iter::ThreadIterator;
 pub use threads::{RawThreadCount, ThreadCounters};
@@ -155,6 +157,7 @@ impl Session {
         let filter: u8 = (!config.pids.is_empty()).into();
         let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
         let task_offsets = if config.thread_dumps { task_offsets()? } else { TaskOffsets::default() };
+        let uprobes = uprobe_offsets();
         let stack_key = random_key()?;
         // The per-CPU caches keep to a fixed budget: fewer entries per CPU on a host with many.
         let cpus = aya::util::nr_cpus()
@@ -174,6 +177,7 @@ impl Session {
             .override_global(globals::PIDNS_DEV, &pidns_dev, true)
             .override_global(globals::PIDNS_INO, &pidns_ino, true)
             .override_global(globals::TASK_OFFSETS, &task_offsets, true)
+            .override_global(globals::UPROBE_OFFSETS, &uprobes, true)
             .override_global(globals::STACK_HASH_KEY, &stack_key, true)
             .override_global(globals::STACK_SHARE_CAPS, &config.share_caps, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
@@ -529,6 +533,18 @@ fn random_key() -> Result<u64> {
 fn task_offsets() -> Result<TaskOffsets> {
     let types = btf::Types::vmlinux().map_err(Error::TaskLayout)?;
     btf::task_offsets(&types).map_err(Error::TaskLayout)
+}
+
+/// Where this kernel keeps what its uprobes moved; all 0 (walks show the `[uprobes]` page,
+/// and the log says so) when its BTF lacks them.
+fn uprobe_offsets() -> UprobeOffsets {
+    match btf::Types::vmlinux().and_then(|types| btf::uprobe_offsets(&types)) {
+        Ok(offsets) => offsets,
+        Err(err) => {
+            tracing::info!("stacks through a uprobe will show the [uprobes] page: {err}");
+            UprobeOffsets::default()
+        }
+    }
 }
 
 fn enable_run_time_stats() -> Result<OwnedFd> {

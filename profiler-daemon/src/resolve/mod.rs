@@ -210,8 +210,12 @@ pub fn resolve(
         let native = user.iter().position(|&w| is_interpreted_word(w)).unwrap_or(user.len());
         let (user, interpreted_words) = user.split_at(native);
         interpreted.push(interpreted_words);
-        // A user pc under a kernel stack is the return point of the syscall instruction.
-        let leaf_returns = sample.user_leaf_is_return || !kernel.is_empty();
+        // A user pc under a kernel stack is exact too: after a trap or an interrupt it is the
+        // instruction to run (a uprobe's int3 or a page fault at a function's first
+        // instruction, where pc − 1 is in the function before); after a syscall it is the
+        // next instruction, in the same function (a syscall is never a function's last).
+        // Profiles whose stacks are all taken in a syscall say so (`user_leaf_is_return`).
+        let leaf_returns = sample.user_leaf_is_return;
         for (i, &ip) in user.iter().enumerate() {
             let addr = caller_adjusted(ip, i > 0 || leaf_returns);
             let site = process.info.as_ref().and_then(|info| info.mapping_of(addr)).map_or(Site::Unmapped, Site::User);
@@ -477,9 +481,12 @@ mod tests {
         assert_eq!(addresses(vec![sample(11, 0, false)]), [vec![0x1000, 0x1fff]]);
         // A stack taken on return from a call: its leaf is a return address too.
         assert_eq!(addresses(vec![sample(11, 0, true)]), [vec![0x0fff, 0x1fff]]);
-        // Under a kernel stack (a syscall), the user leaf is the syscall's return point;
-        // kernel frames first, their callers adjusted too.
-        assert_eq!(addresses(vec![sample(11, 12, false)]), [vec![0xffff_0000, 0xffff_0fff, 0x0fff, 0x1fff]]);
+        // Under a kernel stack, the user leaf is exact (a trap at a function's first
+        // instruction must not be looked up in the function before); kernel frames first,
+        // their callers adjusted.
+        assert_eq!(addresses(vec![sample(11, 12, false)]), [vec![0xffff_0000, 0xffff_0fff, 0x1000, 0x1fff]]);
+        // A profile taken in syscalls says its leaves are return points.
+        assert_eq!(addresses(vec![sample(11, 12, true)]), [vec![0xffff_0000, 0xffff_0fff, 0x0fff, 0x1fff]]);
     }
 
     #[test]
