@@ -11,7 +11,24 @@ use crate::units::{format_bytes, format_duration};
 /// output, and anything that needs attention.
 pub fn status(s: &Value) -> Option<String> {
     let mut out = String::new();
-    let u = |v: &Value| v.as_u64().unwrap_or(0);
+    summary(&mut out, s)?;
+    counts(&mut out, s)?;
+    unwind_and_output(&mut out, s);
+    let mut warnings = exports(&mut out, s);
+    warnings.extend(warnings_of(s));
+    if !warnings.is_empty() {
+        let _ = writeln!(out, "warnings:  {}", warnings.join("\n           "));
+    }
+    Some(out)
+}
+
+/// A number of the JSON, 0 when it is missing.
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// The first line: version, uptime, what is profiled and how many processes.
+fn summary(out: &mut String, s: &Value) -> Option<()> {
     let programs = &s["programs"];
     let mut kinds: Vec<&str> =
         ["cpu", "block", "mutex", "threadcreate"].into_iter().filter(|k| programs[k].as_bool() == Some(true)).collect();
@@ -30,6 +47,11 @@ pub fn status(s: &Value) -> Option<String> {
         u(&s["processes_tracked"]),
         if heap_processes > 0 { format!(", {heap_processes} heap-profiled") } else { String::new() }
     );
+    Some(())
+}
+
+/// The samples and the drops per type.
+fn counts(out: &mut String, s: &Value) -> Option<()> {
     let samples = &s["samples"];
     let _ = writeln!(
         out,
@@ -47,6 +69,11 @@ pub fn status(s: &Value) -> Option<String> {
         .map(|(what, n)| format!("{} {}", what.replace('_', " "), u(n)))
         .collect();
     let _ = writeln!(out, "dropped:   {}", if drops.is_empty() { "nothing".into() } else { drops.join(", ") });
+    Some(())
+}
+
+/// The unwinder's and the output's lines.
+fn unwind_and_output(out: &mut String, s: &Value) {
     let unwind = &s["unwind"];
     let _ = writeln!(
         out,
@@ -69,6 +96,10 @@ pub fn status(s: &Value) -> Option<String> {
         u(&o["last_dump_ms"]),
         u(&o["files_deleted_by_retention"])
     );
+}
+
+/// One line per export; returns the warnings of those with a last error.
+fn exports(out: &mut String, s: &Value) -> Vec<String> {
     let mut warnings = Vec::new();
     for (name, e) in s["export"].as_object().into_iter().flatten() {
         let _ = writeln!(
@@ -87,19 +118,22 @@ pub fn status(s: &Value) -> Option<String> {
             warnings.push(format!("export {name}: last error: {err}"));
         }
     }
+    warnings
+}
+
+/// What else needs attention: the last error, exec tracking off, a pid namespace of its own.
+fn warnings_of(s: &Value) -> Vec<String> {
+    let mut warnings = Vec::new();
     if let Some(err) = s["last_error"].as_str() {
         warnings.push(format!("last error: {err}"));
     }
-    if let Some(err) = unwind["exec_tracking_error"].as_str() {
+    if let Some(err) = s["unwind"]["exec_tracking_error"].as_str() {
         warnings.push(format!("exec tracking is off: {err}"));
     }
     if s["pid_namespace"]["initial"].as_bool() == Some(false) {
         warnings.push("in a pid namespace of its own: only that namespace's processes are profiled".into());
     }
-    if !warnings.is_empty() {
-        let _ = writeln!(out, "warnings:  {}", warnings.join("\n           "));
-    }
-    Some(out)
+    warnings
 }
 
 /// One row per process: pid, name, uid, unit or container, and per type the events since

@@ -90,149 +90,25 @@ pub struct Status {
 /// flags): no paths, pids, error messages or lists, which would tell them about other
 /// users' processes.
 pub fn render(s: &Status, full: bool) -> serde_json::Value {
-    let (cpu, heap, futex, threads, d) =
-        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
-    let serves = |kind| s.serving.contains(&kind);
     let doc = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_seconds": s.uptime.as_secs(),
-        "programs": {
-            "cpu": serves(ProfileKind::Cpu),
-            "cpu_frequency_hz": s.settings.frequency_hz,
-            "heap_processes": s.heap_pids.iter().map(|p| p.0).collect::<Vec<_>>(),
-            "block": serves(ProfileKind::Block),
-            "mutex": serves(ProfileKind::Mutex),
-            "threadcreate": serves(ProfileKind::ThreadCreate),
-            "offcpu": serves(ProfileKind::OffCpu),
-            // What decides which off-CPU intervals and waits are walked (see the README's
-            // sampling sections); `offcpu_sample_every` only on kernels before 6.16.
-            "offcpu_rate_ns": s.settings.offcpu_rate_ns,
-            "offcpu_sample_every": s.settings.offcpu_sample_every,
-            "block_rate_ns": s.settings.block_rate_ns,
-            "mutex_fraction": s.settings.mutex_fraction,
-            "heap_sample_bytes": s.settings.heap_sample_bytes,
-            // False on kernels without sched_exit_tp (before 6.16): see the offcpu comment.
-            "offcpu_walks_at_switch_in": serves(ProfileKind::OffCpu) && !s.counters.offcpu.walked_at_switch_out,
-        },
-        "samples": {
-            "cpu": cpu.samples,
-            "heap": heap.sampled,
-            "futex_waits": futex.waits,
-            "futex_waits_charged_to_waker": futex.mutex_charged,
-            "futex_wakes": futex.wakes,
-            "threads_created": threads.created,
-            "offcpu_switches_sampled": s.counters.offcpu.charged,
-        },
-        "drops": {
-            "cpu_counts_map_full": cpu.counts_map_full,
-            "cpu_stacks_map_full": cpu.stacks_map_full,
-            "cpu_user_stack_unreadable": cpu.user_stack_failed,
-            "cpu_kernel_stack_unreadable": cpu.kernel_stack_failed,
-            "cpu_user_stack_truncated": cpu.user_stack_truncated,
-            "cpu_cgroup_not_selected": cpu.cgroup_filtered,
-            "cpu_ticks_missed": cpu.ticks_missed,
-            "cpu_ticks_due": cpu.ticks_due,
-            "heap_live_map_full": heap.live_map_full,
-            "heap_totals_map_full": heap.totals_map_full,
-            "heap_stack_lost": heap.stack_lost,
-            "heap_live_reads_cut": heap.live_reads_cut,
-            "heap_in_flight_map_full": heap.pending_map_full,
-            "futex_in_flight_map_full": futex.pending_map_full,
-            "futex_block_map_full": futex.block_map_full,
-            "futex_mutex_map_full": futex.mutex_map_full,
-            "futex_waker_map_update_failed": futex.waker_map_full,
-            "futex_woken_without_waker": futex.no_waker,
-            "futex_stack_lost": futex.stack_lost,
-            "threadcreate_map_full": threads.map_full,
-            "threadcreate_stack_lost": threads.stack_lost,
-            "offcpu_in_flight_map_full": s.counters.offcpu.pending_map_full,
-            "offcpu_counts_map_full": s.counters.offcpu.counts_map_full,
-            "offcpu_stack_lost": s.counters.offcpu.stack_lost,
-            "offcpu_cgroup_not_selected": s.counters.offcpu.cgroup_filtered,
-            "userspace_stack_table_full": s.stacks_dropped,
-            "userspace_stacks_evicted": s.stacks_evicted,
-            "stacks_refused_over_share": s.stacks_over_share,
-            "stacks_refused_over_share_most": s.stacks_over_share_most.map(|(pid, count)| json!({ "pid": pid.0, "count": count })),
-            "profiles_skipped_low_disk_space": d.skipped_low_space,
-            "profile_write_errors": d.write_errors,
-        },
-        "maps": {
-            "heap_live": { "entries": s.live_blocks, "capacity": HEAP_LIVE_MAX_ENTRIES },
-            "cpu_counts_capacity_per_set": CPU_COUNTS_MAX_ENTRIES,
-            "userspace_stacks": {
-                "entries": s.stacks,
-                "capacity": s.max_stacks,
-                "frames": s.stack_frames,
-                "frames_capacity": s.max_stack_frames,
-            },
-        },
+        "programs": programs_status(s),
+        "samples": samples_status(s),
+        "drops": drops_status(s),
+        "maps": maps_status(s),
         "unwind": unwind_status(s),
         "processes_tracked": s.processes,
-        // Forks, execs, mappings and exits as the kernel reports them (perf's side band).
-        "process_events": {
-            "read": s.process_events.map(|e| e.events),
-            "lost": s.process_events.map(|e| e.lost),
-            // Records came so fast lately that they are read every 20 ms (and when a walker
-            // asks for a process's registration), not as each comes.
-            "storm": s.process_events.map(|e| e.storm),
-            "storm_ms": s.process_events.map(|e| e.storm_time.as_millis() as u64),
-            "registration_asks": s.process_events.map(|e| e.asks),
-            // Processes the selection leaves out, whose walks no longer ask (`held` now;
-            // `full`: refused by a full map, so those still ask).
-            "registrations_declined": {
-                "held": s.declined.held,
-                "total": s.declined.declined,
-                "full": s.declined.full,
-            },
-            "error": s.process_events_error,
-            // Until registered, a new program is walked with frame pointers only.
-            "registered_after_exec": follow_latency(&s.follow_latency),
-        },
+        "process_events": process_events_status(s),
         // A daemon in a pid namespace of its own profiles that namespace's processes only.
         "pid_namespace": match s.pid_namespace {
             None => json!({ "initial": true }),
             Some(ns) => json!({ "initial": false, "inode": ns.ino }),
         },
-        "output": {
-            "dir": s.output_dir,
-            "interval_seconds": s.interval.as_secs(),
-            "dumps": d.dumps,
-            "files_written": d.files_written,
-            "bytes_written": d.bytes_written,
-            "files_deleted_by_retention": d.files_deleted,
-            "retention_errors": d.retention_errors,
-            "retention_held_at_free_space_floor": d.retention_held_at_floor,
-            "retention_passes": d.retention_passes,
-            "last_dump_ms": d.last_duration.as_millis() as u64,
-            "last_dump": {
-                "render_ms": d.last_phases.render.as_millis() as u64,
-                "write_ms": d.last_phases.write.as_millis() as u64,
-                "retention_ms": d.last_phases.retention.as_millis() as u64,
-                "cpu_ms": d.last_phases.cpu.as_millis() as u64,
-            },
-            "symbol_cache_resets": s.symbol_cache_resets,
-            "symbol_file_closes": s.symbol_file_closes,
-            "symbol_idle_files_closed": s.symbol_idle_file_closes,
-            "exited_threads_folded": s.threads_folded,
-            "evicted_stack_rows_folded": s.evicted_rows_folded,
-        },
+        "output": output_status(s),
         "export": export_status(&s.exports),
-        "refused": {
-            "perf_maps": s.perf_maps_refused,
-            "windows_over_uid_share": s.windows_over_uid_share,
-            "truncated_file_pages_read_as_zeros": s.truncated_pages,
-            "socket": s.front.iter().map(|&(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-        },
-        // Reads of processes' files that never returned (a FUSE or NFS server that does not
-        // answer): given up after a while, their devices skipped until they answer.
-        "stalled": {
-            "reads_given_up": s.offload.stalls,
-            "reads_skipped": s.offload.refused,
-            "reads_returned_later": s.offload.recovered,
-            "threads_stuck_now": s.offload.stuck_threads,
-            "devices_skipped_now": s.offload.stalled_devices.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
-            "file_reads": s.offload.jobs,
-        },
+        "refused": refused_status(s),
+        "stalled": stalled_status(s),
         "last_error": s.last_error,
     });
     if full {
@@ -240,6 +116,170 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
     } else {
         counters_only(doc)
     }
+}
+
+/// What is attached, and what decides which events each program records.
+fn programs_status(s: &Status) -> serde_json::Value {
+    let serves = |kind| s.serving.contains(&kind);
+    json!({
+        "cpu": serves(ProfileKind::Cpu),
+        "cpu_frequency_hz": s.settings.frequency_hz,
+        "heap_processes": s.heap_pids.iter().map(|p| p.0).collect::<Vec<_>>(),
+        "block": serves(ProfileKind::Block),
+        "mutex": serves(ProfileKind::Mutex),
+        "threadcreate": serves(ProfileKind::ThreadCreate),
+        "offcpu": serves(ProfileKind::OffCpu),
+        // What decides which off-CPU intervals and waits are walked (see the README's
+        // sampling sections); `offcpu_sample_every` only on kernels before 6.16.
+        "offcpu_rate_ns": s.settings.offcpu_rate_ns,
+        "offcpu_sample_every": s.settings.offcpu_sample_every,
+        "block_rate_ns": s.settings.block_rate_ns,
+        "mutex_fraction": s.settings.mutex_fraction,
+        "heap_sample_bytes": s.settings.heap_sample_bytes,
+        // False on kernels without sched_exit_tp (before 6.16): see the offcpu comment.
+        "offcpu_walks_at_switch_in": serves(ProfileKind::OffCpu) && !s.counters.offcpu.walked_at_switch_out,
+    })
+}
+
+/// Events recorded, by program.
+fn samples_status(s: &Status) -> serde_json::Value {
+    let (cpu, heap, futex, threads) = (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads);
+    json!({
+        "cpu": cpu.samples,
+        "heap": heap.sampled,
+        "futex_waits": futex.waits,
+        "futex_waits_charged_to_waker": futex.mutex_charged,
+        "futex_wakes": futex.wakes,
+        "threads_created": threads.created,
+        "offcpu_switches_sampled": s.counters.offcpu.charged,
+    })
+}
+
+/// Events and stacks lost, and where: the kernel's maps, the catalogue, the output.
+fn drops_status(s: &Status) -> serde_json::Value {
+    let (cpu, heap, futex, threads, d) =
+        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
+    json!({
+        "cpu_counts_map_full": cpu.counts_map_full,
+        "cpu_stacks_map_full": cpu.stacks_map_full,
+        "cpu_user_stack_unreadable": cpu.user_stack_failed,
+        "cpu_kernel_stack_unreadable": cpu.kernel_stack_failed,
+        "cpu_user_stack_truncated": cpu.user_stack_truncated,
+        "cpu_cgroup_not_selected": cpu.cgroup_filtered,
+        "cpu_ticks_missed": cpu.ticks_missed,
+        "cpu_ticks_due": cpu.ticks_due,
+        "heap_live_map_full": heap.live_map_full,
+        "heap_totals_map_full": heap.totals_map_full,
+        "heap_stack_lost": heap.stack_lost,
+        "heap_live_reads_cut": heap.live_reads_cut,
+        "heap_in_flight_map_full": heap.pending_map_full,
+        "futex_in_flight_map_full": futex.pending_map_full,
+        "futex_block_map_full": futex.block_map_full,
+        "futex_mutex_map_full": futex.mutex_map_full,
+        "futex_waker_map_update_failed": futex.waker_map_full,
+        "futex_woken_without_waker": futex.no_waker,
+        "futex_stack_lost": futex.stack_lost,
+        "threadcreate_map_full": threads.map_full,
+        "threadcreate_stack_lost": threads.stack_lost,
+        "offcpu_in_flight_map_full": s.counters.offcpu.pending_map_full,
+        "offcpu_counts_map_full": s.counters.offcpu.counts_map_full,
+        "offcpu_stack_lost": s.counters.offcpu.stack_lost,
+        "offcpu_cgroup_not_selected": s.counters.offcpu.cgroup_filtered,
+        "userspace_stack_table_full": s.stacks_dropped,
+        "userspace_stacks_evicted": s.stacks_evicted,
+        "stacks_refused_over_share": s.stacks_over_share,
+        "stacks_refused_over_share_most": s.stacks_over_share_most.map(|(pid, count)| json!({ "pid": pid.0, "count": count })),
+        "profiles_skipped_low_disk_space": d.skipped_low_space,
+        "profile_write_errors": d.write_errors,
+    })
+}
+
+/// How full the maps that can fill are.
+fn maps_status(s: &Status) -> serde_json::Value {
+    json!({
+        "heap_live": { "entries": s.live_blocks, "capacity": HEAP_LIVE_MAX_ENTRIES },
+        "cpu_counts_capacity_per_set": CPU_COUNTS_MAX_ENTRIES,
+        "userspace_stacks": {
+            "entries": s.stacks,
+            "capacity": s.max_stacks,
+            "frames": s.stack_frames,
+            "frames_capacity": s.max_stack_frames,
+        },
+    })
+}
+
+/// Forks, execs, mappings and exits as the kernel reports them (perf's side band).
+fn process_events_status(s: &Status) -> serde_json::Value {
+    json!({
+        "read": s.process_events.map(|e| e.events),
+        "lost": s.process_events.map(|e| e.lost),
+        // Records came so fast lately that they are read every 20 ms (and when a walker
+        // asks for a process's registration), not as each comes.
+        "storm": s.process_events.map(|e| e.storm),
+        "storm_ms": s.process_events.map(|e| e.storm_time.as_millis() as u64),
+        "registration_asks": s.process_events.map(|e| e.asks),
+        // Processes the selection leaves out, whose walks no longer ask (`held` now;
+        // `full`: refused by a full map, so those still ask).
+        "registrations_declined": {
+            "held": s.declined.held,
+            "total": s.declined.declined,
+            "full": s.declined.full,
+        },
+        "error": s.process_events_error,
+        // Until registered, a new program is walked with frame pointers only.
+        "registered_after_exec": follow_latency(&s.follow_latency),
+    })
+}
+
+/// The output directory's dumps, writes and retention, and the last dump's phases.
+fn output_status(s: &Status) -> serde_json::Value {
+    let d = &s.dumps;
+    json!({
+        "dir": s.output_dir,
+        "interval_seconds": s.interval.as_secs(),
+        "dumps": d.dumps,
+        "files_written": d.files_written,
+        "bytes_written": d.bytes_written,
+        "files_deleted_by_retention": d.files_deleted,
+        "retention_errors": d.retention_errors,
+        "retention_held_at_free_space_floor": d.retention_held_at_floor,
+        "retention_passes": d.retention_passes,
+        "last_dump_ms": d.last_duration.as_millis() as u64,
+        "last_dump": {
+            "render_ms": d.last_phases.render.as_millis() as u64,
+            "write_ms": d.last_phases.write.as_millis() as u64,
+            "retention_ms": d.last_phases.retention.as_millis() as u64,
+            "cpu_ms": d.last_phases.cpu.as_millis() as u64,
+        },
+        "symbol_cache_resets": s.symbol_cache_resets,
+        "symbol_file_closes": s.symbol_file_closes,
+        "symbol_idle_files_closed": s.symbol_idle_file_closes,
+        "exited_threads_folded": s.threads_folded,
+        "evicted_stack_rows_folded": s.evicted_rows_folded,
+    })
+}
+
+/// What was refused for what it would cost or who asked.
+fn refused_status(s: &Status) -> serde_json::Value {
+    json!({
+        "perf_maps": s.perf_maps_refused,
+        "windows_over_uid_share": s.windows_over_uid_share,
+        "truncated_file_pages_read_as_zeros": s.truncated_pages,
+        "socket": s.front.iter().map(|&(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// Reads of processes' files that never returned (a FUSE or NFS server that does not
+/// answer): given up after a while, their devices skipped until they answer.
+fn stalled_status(s: &Status) -> serde_json::Value {
+    json!({
+        "reads_given_up": s.offload.stalls,
+        "reads_skipped": s.offload.refused,
+        "reads_returned_later": s.offload.recovered,
+        "threads_stuck_now": s.offload.stuck_threads,
+        "devices_skipped_now": s.offload.stalled_devices.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "file_reads": s.offload.jobs,
+    })
 }
 
 /// `doc` with only its numbers and booleans (and the version), objects kept as the path to

@@ -74,6 +74,8 @@ impl Drop for Target {
     }
 }
 
+/// The maps' table: each map's memory now, the formula's check of it, and its size full here
+/// and on larger hosts; then the totals and the targets.
 fn print(maps: &[Map], here: u64) {
     let measured: Vec<(Shape, u64)> = maps.iter().map(|m| (m.shape, m.memlock)).collect();
     let overheads = Overheads::calibrate(&measured, here);
@@ -82,6 +84,13 @@ fn print(maps: &[Map], here: u64) {
         "{:<16} {:<15} {:>4} {:>6} {:>8} {:>5}  {:>11} {:>6}  {:>11} {:>11} {:>11}",
         "map", "type", "key", "value", "entries", "flags", "kernel now", "check", "full here", "64 CPUs", "256 CPUs"
     );
+    let (totals, checked) = print_rows(maps, overheads, here);
+    print_totals(totals, checked, overheads, here);
+}
+
+/// One row per map. Returns the columns' totals (now, full here, at 64 and 256 CPUs), and
+/// how many preallocated maps the formula matched, of how many.
+fn print_rows(maps: &[Map], overheads: Overheads, here: u64) -> ([u64; 4], (u32, u32)) {
     let mut totals = [0u64; 4];
     let mut checked = (0, 0);
     for map in maps {
@@ -124,6 +133,11 @@ fn print(maps: &[Map], here: u64) {
             mib(row[3])
         );
     }
+    (totals, checked)
+}
+
+/// The totals row, what the columns mean, and the targets.
+fn print_totals(totals: [u64; 4], checked: (u32, u32), overheads: Overheads, here: u64) {
     println!(
         "{:<16} {:<15} {:>4} {:>6} {:>8} {:>5}  {:>11} {:>6}  {:>11} {:>11} {:>11}",
         "total",

@@ -80,25 +80,62 @@ pub fn run(args: &PythonArgs) -> Result<()> {
     let out = fresh_dir(&dir.join("out"))?;
     super::workload::catch_interrupt();
     let _stats = super::workload::BpfStats::enable();
-    let script = dir.join("spin.py");
-    std::fs::write(&script, SPINNER_PY).with_context(|| format!("failed to write {}", script.display()))?;
-    // Not named python*: the profiler does not look for an interpreter in it.
-    let unregistered = dir.join("interp-copy");
-    std::fs::copy(PYTHON, &unregistered).with_context(|| format!("failed to copy {PYTHON}"))?;
-    // Without frame pointers, as Debian builds the interpreter: both are walked by tables.
-    let c_spinner = super::workload::compile_c(
-        &dir,
-        "spin_nofp",
-        super::workload::SPINNER_C,
-        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
-    )?;
-    // `main`, libc's two start frames and `_start` under the recursion.
-    let c_depth = (NATIVE_FRAMES - 4).to_string();
-    let py_spy = workspace::target_dir().join("test-venv/bin/py-spy");
-    let py_spy = py_spy.exists().then_some(py_spy);
-    if py_spy.is_none() {
-        println!("py-spy not found in the test venv: run `cargo xtask setup`; its column will be n/a");
+    let workloads = Workloads::prepare(&dir)?;
+    let (rows, mut ratios, mut loads) = measure_depths(&workloads, args, &out)?;
+    print_table(&rows, args);
+    print_native_vs_c(&mut ratios, &mut loads);
+    print_walk_per_frame(&rows);
+    println!("(profiles kept in {})", out.display());
+    Ok(())
+}
+
+/// Per depth: the medians of (ours with Python frames, ours without, py-spy), in ns.
+type Row = (u32, [Option<f64>; 3]);
+
+/// Per depth: the native part of each round's Python sample over the C spinner's.
+type DepthRatios = (u32, Vec<f64>);
+
+/// What each round runs.
+struct Workloads {
+    script: PathBuf,
+    /// The interpreter under a name the profiler does not look for one in.
+    unregistered: PathBuf,
+    c_spinner: PathBuf,
+    /// The C spinner's argument: its recursion depth.
+    c_depth: String,
+    py_spy: Option<PathBuf>,
+}
+
+impl Workloads {
+    /// Writes the spinner script, copies the interpreter, compiles the C spinner and looks
+    /// for py-spy, in `dir`.
+    fn prepare(dir: &Path) -> Result<Self> {
+        let script = dir.join("spin.py");
+        std::fs::write(&script, SPINNER_PY).with_context(|| format!("failed to write {}", script.display()))?;
+        // Not named python*: the profiler does not look for an interpreter in it.
+        let unregistered = dir.join("interp-copy");
+        std::fs::copy(PYTHON, &unregistered).with_context(|| format!("failed to copy {PYTHON}"))?;
+        // Without frame pointers, as Debian builds the interpreter: both are walked by tables.
+        let c_spinner = super::workload::compile_c(
+            dir,
+            "spin_nofp",
+            super::workload::SPINNER_C,
+            &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
+        )?;
+        // `main`, libc's two start frames and `_start` under the recursion.
+        let c_depth = (NATIVE_FRAMES - 4).to_string();
+        let py_spy = workspace::target_dir().join("test-venv/bin/py-spy");
+        let py_spy = py_spy.exists().then_some(py_spy);
+        if py_spy.is_none() {
+            println!("py-spy not found in the test venv: run `cargo xtask setup`; its column will be n/a");
+        }
+        Ok(Self { script, unregistered, c_spinner, c_depth, py_spy })
     }
+}
+
+/// Runs the interleaved rounds at each depth. Returns the rows, the native-to-C ratios per
+/// depth, and the load averages seen.
+fn measure_depths(w: &Workloads, args: &PythonArgs, out: &Path) -> Result<(Vec<Row>, Vec<DepthRatios>, Vec<f64>)> {
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     let mut loads = Vec::new();
@@ -113,11 +150,11 @@ pub fn run(args: &PythonArgs) -> Result<()> {
             ));
             loads.extend(load_average());
             let depth_arg = depth.to_string();
-            let python = ours(Path::new(PYTHON), &[script.as_os_str(), depth_arg.as_ref()], args, &out)?;
-            let native = ours(&unregistered, &[script.as_os_str(), depth_arg.as_ref()], args, &out)?;
-            let c = ours(&c_spinner, &[c_depth.as_ref()], args, &out)?;
-            let peer = match &py_spy {
-                Some(py_spy) => py_spy_ns(py_spy, &script, depth, args)?,
+            let python = ours(Path::new(PYTHON), &[w.script.as_os_str(), depth_arg.as_ref()], args, out)?;
+            let native = ours(&w.unregistered, &[w.script.as_os_str(), depth_arg.as_ref()], args, out)?;
+            let c = ours(&w.c_spinner, &[w.c_depth.as_ref()], args, out)?;
+            let peer = match &w.py_spy {
+                Some(py_spy) => py_spy_ns(py_spy, &w.script, depth, args)?,
                 None => None,
             };
             for (list, ns) in runs.iter_mut().zip([python.map(|o| o.per_run), native.map(|o| o.per_run), peer]) {
@@ -129,6 +166,11 @@ pub fn run(args: &PythonArgs) -> Result<()> {
         rows.push((depth, runs.map(|mut v| median(&mut v))));
         ratios.push((depth, native_vs_c));
     }
+    Ok((rows, ratios, loads))
+}
+
+/// The medians by depth, and ours against py-spy's CPU per sample.
+fn print_table(rows: &[Row], args: &PythonArgs) {
     println!();
     println!("medians of {} interleaved rounds, {} s each at {} Hz:", args.rounds, args.seconds, args.frequency_hz);
     println!(
@@ -136,11 +178,11 @@ pub fn run(args: &PythonArgs) -> Result<()> {
         "Python frames", "ours, Python (ns)", "ours, native (ns)", "walk (ns)", "py-spy CPU (ns/sample)"
     );
     let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
-    for (depth, [python, native, peer]) in &rows {
+    for (depth, [python, native, peer]) in rows {
         let walk = python.zip(*native).map(|(p, n)| p - n);
         println!("{:>14} {:>22} {:>22} {:>16} {:>22}", depth, show(*python), show(*native), show(walk), show(*peer));
     }
-    for (depth, [python, _, peer]) in &rows {
+    for (depth, [python, _, peer]) in rows {
         match (python, peer) {
             (Some(ours), Some(peer)) => println!(
                 "{depth} frames: ours {:.2}x py-spy's CPU per sample, target < 1: {}",
@@ -150,7 +192,10 @@ pub fn run(args: &PythonArgs) -> Result<()> {
             _ => println!("{depth} frames: n/a (no bpf_stats, or no py-spy)"),
         }
     }
-    print_native_vs_c(&mut ratios, &mut loads);
+}
+
+/// How much each Python frame adds to the walk, between the shallowest and deepest depth.
+fn print_walk_per_frame(rows: &[Row]) {
     let walks: Vec<(f64, f64)> =
         rows.iter().filter_map(|(d, [p, n, _])| Some((f64::from(*d), (*p)? - (*n)?))).collect();
     if let [first, .., last] = walks[..] {
@@ -161,8 +206,6 @@ pub fn run(args: &PythonArgs) -> Result<()> {
             last.0
         );
     }
-    println!("(profiles kept in {})", out.display());
-    Ok(())
 }
 
 /// The native part of a Python sample against the C spinners', round by round, and the

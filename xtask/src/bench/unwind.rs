@@ -152,13 +152,34 @@ fn at_twelve_frames(
     args: &UnwindArgs,
     out: &std::path::Path,
 ) -> Result<()> {
+    let rounds = args.rounds.max(1);
+    let by_round = rounds_at_twelve(no_fp, fp, args, out, rounds)?;
+    let column = |i: usize| median(&mut by_round.iter().filter_map(|round| round[i]).collect::<Vec<_>>());
+    let medians: AtTwelve = std::array::from_fn(column);
+    print_medians_at_twelve(&medians, rounds);
+    print_verdicts_at_twelve(&medians);
+    print_rounds_vs_bpftrace(&by_round);
+    Ok(())
+}
+
+/// The figures at 12 frames, ns per sample: ours with tables and with frame pointers,
+/// bpftrace's `ustack`, the floors (one map update; one user-stack read with it; 12 reads
+/// with it) and the one-map-update floor on idle CPUs.
+type AtTwelve = [Option<f64>; 7];
+
+/// Each round's figures side by side: medians are taken per column, and a ratio within one
+/// round leaves out the drift between rounds.
+fn rounds_at_twelve(
+    no_fp: &std::path::Path,
+    fp: &std::path::Path,
+    args: &UnwindArgs,
+    out: &std::path::Path,
+    rounds: usize,
+) -> Result<Vec<AtTwelve>> {
     let depth = DEPTHS[0];
     let seconds = args.seconds.min(10);
-    // Each round's figures side by side: medians are taken per column, and a ratio within
-    // one round leaves out the drift between rounds.
-    let mut by_round: Vec<[Option<f64>; 7]> = Vec::new();
+    let mut by_round: Vec<AtTwelve> = Vec::new();
     let hz = args.frequency_hz;
-    let rounds = args.rounds.max(1);
     for round in 1..=rounds {
         workspace::stage(&format!(
             "{} frames, round {round} of {rounds}: ours (tables, frame ptrs), bpftrace ustack, floors",
@@ -177,8 +198,13 @@ fn at_twelve_frames(
         by_round.push(measured);
         bail_if_interrupted()?;
     }
-    let column = |i: usize| median(&mut by_round.iter().filter_map(|round| round[i]).collect::<Vec<_>>());
-    let [tables, pointers, peer, floor, read_floor, walk_floor, idle_floor] = std::array::from_fn(column);
+    Ok(by_round)
+}
+
+/// The medians at 12 frames, and the least a user-stack sample costs here.
+fn print_medians_at_twelve(medians: &AtTwelve, rounds: usize) {
+    let depth = DEPTHS[0];
+    let [tables, pointers, peer, floor, read_floor, walk_floor, idle_floor] = *medians;
     println!();
     println!("{} frames, medians of {rounds} interleaved rounds (ns per sample):", depth + 4);
     let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
@@ -195,6 +221,11 @@ fn at_twelve_frames(
             read / update
         );
     }
+}
+
+/// The bars at 12 frames against the floors and bpftrace.
+fn print_verdicts_at_twelve(medians: &AtTwelve) {
+    let [tables, pointers, peer, floor, read_floor, walk_floor, _] = *medians;
     let verdict = |what: &str, ns: Option<f64>, base: Option<f64>, bar: f64, strict: bool| match (ns, base) {
         (Some(ns), Some(base)) => {
             let ratio = ns / base;
@@ -218,6 +249,10 @@ fn at_twelve_frames(
     }
     verdict("unwind tables vs bpftrace's frame-pointer ustack", tables, peer, 1.0, true);
     verdict("frame pointers vs bpftrace's frame-pointer ustack", pointers, peer, 1.0, true);
+}
+
+/// Ours against bpftrace's `ustack`, round by round.
+fn print_rounds_vs_bpftrace(by_round: &[AtTwelve]) {
     for (what, ours) in [("unwind tables", 0), ("frame pointers", 1)] {
         let mut ratios: Vec<f64> = by_round.iter().filter_map(|round| Some(round[ours]? / round[2]?)).collect();
         if ratios.is_empty() {
@@ -231,7 +266,6 @@ fn at_twelve_frames(
             "  {what} vs bpftrace's ustack, round by round: {listed}; median {mid:.2}x, below 1x in {below} of {n}"
         );
     }
-    Ok(())
 }
 
 /// The median, or `None` of no values.

@@ -18,7 +18,19 @@ pub struct Package {
 /// python3 (with venv), openssl and chromium when the tests will run, and linux-perf,
 /// bpftrace and elfutils when a bench will.
 pub fn packages(go: bool, bench: bool) -> Vec<Package> {
-    let mut packages = vec![
+    let mut packages = build_packages();
+    if go {
+        packages.extend(test_packages());
+    }
+    if bench {
+        packages.extend(bench_packages());
+    }
+    packages
+}
+
+/// What the build needs.
+fn build_packages() -> Vec<Package> {
+    vec![
         Package {
             name: "llvm-22-dev",
             why: "libLLVM for building bpf-linker",
@@ -30,77 +42,84 @@ pub fn packages(go: bool, bench: bool) -> Vec<Package> {
             why: "linker for Rust and the bench spinner",
             present: || probe(Command::new("gcc").arg("--version")).is_some(),
         },
-    ];
-    if go {
-        packages.push(Package {
+    ]
+}
+
+/// What the end-to-end tests need.
+fn test_packages() -> Vec<Package> {
+    vec![
+        Package {
             name: "golang-go",
             why: "`go tool pprof` for the end-to-end tests",
             present: || probe(Command::new("go").arg("version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "linux-perf",
             why: "`perf record --call-graph dwarf`, the unwinding tests' reference",
             present: || probe(Command::new("perf").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "systemd-container",
             why: "`systemd-nspawn`, a real systemd as PID 1 of a container for the unit's tests",
             present: || probe(Command::new("systemd-nspawn").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "elfutils",
             why: "`eu-stack -p`, the thread-dump tests' reference and the bench's peer",
             present: || probe(Command::new("eu-stack").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "gdb",
             why: "reads CPython's structure offsets from the interpreters' debug info (the Python tests' reference)",
             present: || probe(Command::new("gdb").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "curl",
             why: "the socket client of the end-to-end tests (`curl --unix-socket`)",
             present: || probe(Command::new("curl").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "python3",
             why: "the socket-flooding client of the hardening tests, run as nobody",
             present: || probe(Command::new("/usr/bin/python3").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "python3-venv",
             why: "the venv of the export tests' backend (opentelemetry-proto, grpcio-tools)",
             present: || probe(Command::new("/usr/bin/python3").args(["-c", "import ensurepip, venv"])).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "chromium",
             why: "headless screenshots of the flame graph SVGs, looked at as a person would",
             present: || probe(Command::new("chromium").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "openssl",
             why: "a CA and certificate for the export tests' TLS backend",
             present: || probe(Command::new("openssl").arg("version")).is_some(),
-        });
-    }
-    if bench {
-        packages.push(Package {
+        },
+    ]
+}
+
+/// What the benches need.
+fn bench_packages() -> Vec<Package> {
+    vec![
+        Package {
             name: "linux-perf",
             why: "`perf record`, the exec bench's peer",
             present: || probe(Command::new("perf").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "bpftrace",
             why: "the benches' floor (empty programs on the same hooks) and peer",
             present: || probe(Command::new("bpftrace").arg("--version")).is_some(),
-        });
-        packages.push(Package {
+        },
+        Package {
             name: "elfutils",
             why: "`eu-stack -p`, the threads bench's peer",
             present: || probe(Command::new("eu-stack").arg("--version")).is_some(),
-        });
-    }
-    packages
+        },
+    ]
 }
 
 /// Installs whatever is missing in one apt-get run (when allowed), then reports each package.
