@@ -59,8 +59,13 @@ fn read(addr: u64) -> Option<u64> {
 /// of the `[uprobes]` page. Returns how many frames it put back (0 or 1), to count.
 #[inline(always)]
 pub fn start(state: &mut WalkState) -> u32 {
-    state.trampoline = 0;
-    state.return_instance = 0;
+    // Volatile: LLVM merges plain zero stores next to the walk's others into a call of a
+    // byte-at-a-time `memset`.
+    // SAFETY: plain writes to this CPU's walk state.
+    unsafe {
+        core::ptr::write_volatile(&mut state.trampoline, 0);
+        core::ptr::write_volatile(&mut state.return_instance, 0);
+    }
     let offsets = UPROBE_OFFSETS.load();
     if offsets.task_utask == 0 {
         return 0;
