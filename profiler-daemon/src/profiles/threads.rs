@@ -92,10 +92,14 @@ pub(super) fn samples(state: &ThreadState) -> Vec<StackSample> {
 
 fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -> StackSample {
     let (mut user_stack, mut kernel_stack) = (dump.stack_id(&thread.user), dump.stack_id(&thread.kernel));
+    // A thread stopped in the kernel entered it by a syscall, mostly (eu-stack and the block
+    // profile show its pc as the syscall's return point); a CPU sample's leaf is exact.
+    let mut in_syscall = kernel_stack != StackId::NONE;
     let source = match (thread.source, cpu) {
         (StackSource::Running, Some(cpu)) => {
             // The saved kernel stack of a running thread is as stale as its registers.
             (user_stack, kernel_stack) = (cpu.user_stack, cpu.kernel_stack);
+            in_syscall = false;
             format!("cpu sample {:.1}s before", cpu.drained.elapsed().as_secs_f64())
         }
         (StackSource::Running, None) => {
@@ -122,9 +126,7 @@ fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -
     StackSample {
         user_stack,
         kernel_stack,
-        // A dumped thread's pc is where it entered the kernel: resolve treats a user leaf
-        // under a kernel stack as a return point already.
-        user_leaf_is_return: false,
+        user_leaf_is_return: in_syscall,
         values: vec![1],
         unscaled: Vec::new(),
         labels,
