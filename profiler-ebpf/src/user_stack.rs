@@ -12,6 +12,11 @@
 //! faults, and code without frame pointers (Debian's libc calls `main`) leaves garbage in
 //! `rbp`. Here a frame is followed only if it lies above the previous one and within the
 //! stack's reach, so garbage is rejected without touching memory.
+//!
+//! One file over 600 lines on purpose: the step, the mapping search, the row search and the
+//! stack window share `WalkState` and the verifier's view of one `bpf_loop` callback, and the
+//! layout of their reads is tuned together (see `docs/unwinding.md`); what can stand apart
+//! already does (`walk_state`, `uprobe_frames`, `runtimes`).
 
 #![allow(non_upper_case_globals)]
 

@@ -210,11 +210,9 @@ pub fn resolve(
         let native = user.iter().position(|&w| is_interpreted_word(w)).unwrap_or(user.len());
         let (user, interpreted_words) = user.split_at(native);
         interpreted.push(interpreted_words);
-        // A user pc under a kernel stack is exact too: after a trap or an interrupt it is the
-        // instruction to run (a uprobe's int3 or a page fault at a function's first
-        // instruction, where pc − 1 is in the function before); after a syscall it is the
-        // next instruction, in the same function (a syscall is never a function's last).
-        // Profiles whose stacks are all taken in a syscall say so (`user_leaf_is_return`).
+        // A user leaf under a kernel stack is exact unless the profile says it is a syscall's
+        // return point: after a trap (a uprobe's int3 at a function's first instruction) pc − 1
+        // is in the function before.
         let leaf_returns = sample.user_leaf_is_return;
         for (i, &ip) in user.iter().enumerate() {
             let addr = caller_adjusted(ip, i > 0 || leaf_returns);
