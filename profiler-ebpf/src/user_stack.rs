@@ -612,21 +612,28 @@ fn find_row(state: &mut WalkState) -> Found {
         return Found::Fallback(UnwindCounter::NoTable);
     };
     if table.id != 0 {
-        // The row holds up to the next row's offset (row `lo`, in the line just read), and
-        // the last row to the end of the table's reach. Unreadable: for this offset only.
-        let end = if lo < table.rows {
-            row_at(table.shards.as_ptr(), lo).map_or(offset.wrapping_add(1), |next| next.pc_offset)
-        } else {
-            u32::MAX
-        };
-        // Neighbouring rows take different ways.
-        if let Some(entry) = ROW_CACHE.get_ptr_mut(set + ((lo - 1) & 1)) {
-            // SAFETY: this CPU's entry in the cache of the walk's context, see `Scratch`: no
-            // other writer while this program runs.
-            unsafe { *entry = CachedRow { id: table.id, end, row } };
-        }
+        cache_row(table, lo, offset, set, row);
     }
     Found::Row(row)
+}
+
+/// Keeps `row`, row `lo − 1` of `table`, found for `offset`, in the set `set` of this
+/// context's [`ROW_CACHE`].
+#[inline(always)]
+fn cache_row(table: &UnwindTableInfo, lo: u32, offset: u32, set: u32, row: UnwindRow) {
+    // The row holds up to the next row's offset (row `lo`, in the line just read), and the
+    // last row to the end of the table's reach. Unreadable: for this offset only.
+    let end = if lo < table.rows {
+        row_at(table.shards.as_ptr(), lo).map_or(offset.wrapping_add(1), |next| next.pc_offset)
+    } else {
+        u32::MAX
+    };
+    // Neighbouring rows take different ways.
+    if let Some(entry) = ROW_CACHE.get_ptr_mut(set + ((lo - 1) & 1)) {
+        // SAFETY: this CPU's entry in the cache of the walk's context, see `Scratch`: no other
+        // writer while this program runs.
+        unsafe { *entry = CachedRow { id: table.id, end, row } };
+    }
 }
 
 /// The row cached at `index` of [`ROW_CACHE`] if it is of table `id` and covers `offset`.

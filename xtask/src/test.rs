@@ -19,7 +19,7 @@ use crate::workspace;
 /// ARGS go to the test harness (after `--`), e.g. a test name filter.
 pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
     // First: it reads the sources only, so a cycle fails in a second, before any build.
-    workspace::stage("module layers: no import cycle between a crate's top-level modules");
+    workspace::stage("module layers: no import cycle between a crate's top-level modules; size limits");
     layers::check(&workspace::root())?;
     if unit {
         return run_unit(args);

@@ -11,11 +11,14 @@
 //! reached as `crate::Name` counts as the module the root re-exports it from. Cycles inside
 //! one top-level module (`mod.rs` and its children) are allowed. Items under `#[cfg(test)]`
 //! (and the files of a `#[cfg(test)] mod x;`) are left out: a test may reach up, as the API's
-//! tests talk through the real client.//!
+//! tests talk through the real client.
+//!
 //! The check is here; [`graph`] owns the module graph and its cycles and floors, [`source`]
-//! the reading of a file's text into the paths it names.
+//! the reading of a file's text into the paths it names, [`limits`] the size limits on
+//! production files and functions, checked in the same pass.
 
 mod graph;
+mod limits;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -28,6 +31,9 @@ use self::graph::Graph;
 
 /// The crates checked, by their source directory under the workspace root.
 pub const CRATES: [&str; 3] = ["profiler-daemon/src", "profiler-ebpf/src", "xtask/src"];
+
+/// The crates whose sizes are limited ([`limits`]): every crate with production code.
+pub const LIMITED: [&str; 4] = ["profiler-daemon/src", "profiler-common/src", "profiler-ebpf/src", "xtask/src"];
 
 /// The node for the crate root file.
 pub(super) const ROOT: &str = "crate";
@@ -57,6 +63,25 @@ pub fn check(workspace: &Path) -> Result<()> {
             failures.join("\n  ")
         );
     }
+    check_limits(workspace)
+}
+
+/// Fails naming every production function over [`limits::MAX_FN_LINES`] lines and file over
+/// [`limits::MAX_FILE_LINES`] without its reason.
+fn check_limits(workspace: &Path) -> Result<()> {
+    let mut failures = Vec::new();
+    for dir in LIMITED {
+        let files = read_sources(&workspace.join(dir)).with_context(|| format!("failed to read {dir}"))?;
+        failures.extend(files.iter().flat_map(|(path, text)| limits::violations(&format!("{dir}/{path}"), text)));
+    }
+    if !failures.is_empty() {
+        bail!("size limits (ARCHITECTURE.md, \"Layers\"):\n  {}", failures.join("\n  "));
+    }
+    println!(
+        "sizes: no production function over {} lines, no file over {} without its reason",
+        limits::MAX_FN_LINES,
+        limits::MAX_FILE_LINES
+    );
     Ok(())
 }
 
