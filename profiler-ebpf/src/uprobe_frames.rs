@@ -102,18 +102,30 @@ fn stepping(state: &mut WalkState, utask: u64, offsets: &UprobeOffsets) -> bool 
     true
 }
 
+/// One `struct return_instance` of the kernel's: the user stack slot whose return address a
+/// uretprobe replaced, the address it held, and the next (outer) instance.
+struct Instance {
+    stack: u64,
+    original: u64,
+    next: u64,
+}
+
+/// The return instance at `at`, or `None` if any of its three words cannot be read.
+#[inline(always)]
+fn instance(at: u64, offsets: &UprobeOffsets) -> Option<Instance> {
+    Some(Instance {
+        stack: read(at + u64::from(offsets.instance_stack))?,
+        original: read(at + u64::from(offsets.instance_return_address))?,
+        next: read(at + u64::from(offsets.instance_next))?,
+    })
+}
+
 /// The thread was sampled in the trampoline: its probed function has returned into it, and
 /// the kernel is about to send it to the newest instance's original address. That caller is
 /// the innermost frame, its stack pointer just above the slot the return popped.
 #[inline(always)]
 fn returning(state: &mut WalkState, first: u64, offsets: &UprobeOffsets) -> bool {
-    let (Some(stack), Some(original), Some(next)) = (
-        read(first + u64::from(offsets.instance_stack)),
-        read(first + u64::from(offsets.instance_return_address)),
-        read(first + u64::from(offsets.instance_next)),
-    ) else {
-        return false;
-    };
+    let Some(Instance { stack, original, next }) = instance(first, offsets) else { return false };
     state.pc = original;
     state.sp = stack + 8;
     // A return address: looked up inside the call, at pc − 1.
@@ -136,13 +148,7 @@ pub fn restore(state: &mut WalkState, ra: u64, slot: u64) -> u64 {
         if instance == 0 {
             break;
         }
-        let (Some(stack), Some(original), Some(next)) = (
-            read(instance + u64::from(offsets.instance_stack)),
-            read(instance + u64::from(offsets.instance_return_address)),
-            read(instance + u64::from(offsets.instance_next)),
-        ) else {
-            break;
-        };
+        let Some(Instance { stack, original, next }) = self::instance(instance, &offsets) else { break };
         instance = next;
         if stack == slot {
             state.return_instance = next;

@@ -20,8 +20,7 @@ impl Session {
         let stats = config.enable_stats.then(enable_run_time_stats).transpose()?;
         let filter: u8 = (!config.pids.is_empty()).into();
         let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
-        let task_offsets = if config.thread_dumps { task_offsets()? } else { TaskOffsets::default() };
-        let uprobes = uprobe_offsets();
+        let (task_offsets, uprobes) = kernel_offsets(config.thread_dumps)?;
         let stack_key = random_key()?;
         // The per-CPU caches keep to a fixed budget: fewer entries per CPU on a host with many.
         let cpus = aya::util::nr_cpus()
@@ -116,22 +115,26 @@ fn random_key() -> Result<u64> {
     Ok(u64::from_ne_bytes(key))
 }
 
-/// The `task_struct` and `struct pid` layout of the running kernel.
-fn task_offsets() -> Result<TaskOffsets> {
-    let types = btf::Types::vmlinux().map_err(Error::TaskLayout)?;
-    btf::task_offsets(&types).map_err(Error::TaskLayout)
+/// The `task_struct` and `struct pid` layout of the running kernel (needed only for thread
+/// dumps, whose walk cannot run without it) and where it keeps what its uprobes moved, from
+/// one parse of its BTF: the parse holds every struct of the kernel in memory while it lasts.
+fn kernel_offsets(thread_dumps: bool) -> Result<(TaskOffsets, UprobeOffsets)> {
+    let types = match btf::Types::vmlinux() {
+        Ok(types) => types,
+        Err(err) if thread_dumps => return Err(Error::TaskLayout(err)),
+        Err(err) => return Ok((TaskOffsets::default(), no_uprobe_offsets(err))),
+    };
+    let task =
+        if thread_dumps { btf::task_offsets(&types).map_err(Error::TaskLayout)? } else { TaskOffsets::default() };
+    let uprobes = btf::uprobe_offsets(&types).unwrap_or_else(no_uprobe_offsets);
+    Ok((task, uprobes))
 }
 
-/// Where this kernel keeps what its uprobes moved; all 0 (walks show the `[uprobes]` page,
-/// and the log says so) when its BTF lacks them.
-fn uprobe_offsets() -> UprobeOffsets {
-    match btf::Types::vmlinux().and_then(|types| btf::uprobe_offsets(&types)) {
-        Ok(offsets) => offsets,
-        Err(err) => {
-            tracing::info!("stacks through a uprobe will show the [uprobes] page: {err}");
-            UprobeOffsets::default()
-        }
-    }
+/// All 0, when the kernel's BTF lacks what its uprobes moved: walks show the `[uprobes]`
+/// page, and the log says so.
+fn no_uprobe_offsets(err: btf::BtfError) -> UprobeOffsets {
+    tracing::info!("stacks through a uprobe will show the [uprobes] page: {err}");
+    UprobeOffsets::default()
 }
 
 fn enable_run_time_stats() -> Result<OwnedFd> {
