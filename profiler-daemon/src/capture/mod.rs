@@ -24,8 +24,7 @@ use crate::{
     config::{ProcessSelection, StackShares},
     declined::Declined,
     ebpf::{
-        self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig,
-        ShareCaps,
+        self, Batch, Counters, HeapAttachment, LiveBlock, ProgramStats, RegisterAsks, Session, SessionConfig, ShareCaps,
     },
     ids::{Pid, StackId},
     offload::{Heartbeat, Offload, OffloadStats},
@@ -176,7 +175,6 @@ pub struct Capture {
     scope: Vec<Pid>,
     sources: HashSet<Source>,
     heap: BTreeMap<Pid, HeapAttachment>,
-    futex: Option<FutexAttachment>,
     /// The pid namespace profiled, when it is not the initial one.
     pid_namespace: Option<PidNamespace>,
     /// The processes whose unwind tables are built (the configuration's `[processes]`);
@@ -191,7 +189,7 @@ pub struct Capture {
     sideband_error: Option<String>,
     /// The walkers' asks to register a process they met unregistered: the side band is read
     /// at once when one comes, even while a storm of records is read at a slower pace.
-    asks: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    asks: Option<RegisterAsks>,
     /// Asks read since start.
     asks_read: u64,
     /// The names the walkers' asks gave (see [`RegisterAsk`]), for processes nothing else
@@ -250,7 +248,6 @@ impl Capture {
             scope: config.pids.clone(),
             sources: HashSet::new(),
             heap: BTreeMap::new(),
-            futex: None,
             pid_namespace,
             selection: config.selection.clone(),
             files,
@@ -318,7 +315,6 @@ impl Capture {
                     .attach_waits(settings.block_rate_ns, fraction)
                     .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
-                self.futex = Some(attached);
             }
             Source::ThreadCreation => {
                 self.session.attach_threads().map_err(|e| CaptureError::Attach("thread-creation", e))?
@@ -474,11 +470,6 @@ impl Capture {
         self.pid_namespace
     }
 
-    /// The futex tracepoints attached and missing, if the futex programs are.
-    pub fn futex_attachment(&self) -> Option<&FutexAttachment> {
-        self.futex.as_ref()
-    }
-
     /// The kernel's run-time statistics of a program (with `enable_stats`); `None` if it was
     /// not loaded.
     pub fn program_stats(&self, program: &'static str) -> ebpf::Result<Option<ProgramStats>> {
@@ -531,7 +522,7 @@ fn open_sideband(session: &mut Session) -> (Option<Sideband>, Option<String>) {
 
 /// Takes the walkers' asks' ring. Without it a walker's ask goes unheard: the process is
 /// registered at the next drain.
-fn open_asks(session: &mut Session) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+fn open_asks(session: &mut Session) -> Option<RegisterAsks> {
     match session.take_register_asks() {
         Ok(asks) => Some(asks),
         Err(err) => {
