@@ -11,7 +11,7 @@ use crate::{
             DEFAULT_BLOCK_RATE, DEFAULT_MUTEX_FRACTION, DEFAULT_OFFCPU_EVERY, DEFAULT_OFFCPU_RATE,
             DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT,
         },
-        ProfileKind,
+        ProfileKind, DEFAULT_SOCKET,
     },
     units::parse_duration,
 };
@@ -78,9 +78,6 @@ pub struct UnwindTableArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
-
-/// The daemon's socket when neither the flag nor the configuration says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/profiler/profiler.sock";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {

@@ -27,7 +27,7 @@ pub use export::{
     Auth, ExportConfig, ExportUrl, Protocol, Secret, Template, EXPORT_BACKOFF_RANGE, EXPORT_NAME_MAX_BYTES,
     EXPORT_TIMEOUT_RANGE, SERVICE_NAME_FIELDS,
 };
-pub use raw::RawConfig;
+pub use raw::{RawConfig, DEFAULT_SOCKET};
 pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
 pub use validate::{
     BLOCK_RATE_RANGE, FREQUENCY_HZ_RANGE, INTERVAL_RANGE, MUTEX_FRACTION_RANGE, OFFCPU_SAMPLE_EVERY_RANGE,
@@ -73,7 +73,7 @@ pub struct Config {
 /// `[socket]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketConfig {
-    /// Absolute, at most [`SOCKET_PATH_MAX_BYTES`]. Default `/run/profiler/profiler.sock`.
+    /// Absolute, at most [`SOCKET_PATH_MAX_BYTES`]. Default [`DEFAULT_SOCKET`].
     pub path: PathBuf,
     /// Group given access to the socket; a syntactically valid name, not yet resolved to a
     /// gid. Default none (root only).

@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    capture::{Capture, CaptureConfig, CaptureError},
+    capture::{Capture, CaptureConfig, CaptureError, DRAIN_INTERVAL},
     cli::SnapshotArgs,
     config::StackShares,
     ebpf::Counters,
@@ -28,9 +28,6 @@ use crate::{
     sink::SnapshotFiles,
     unwind::UnwinderStats,
 };
-
-/// How often the maps are drained during a capture.
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// When the first drain comes: processes are registered with the unwinder after the drain
 /// that first shows them, and until then their stacks fall back to frame pointers.

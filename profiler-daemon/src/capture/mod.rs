@@ -41,6 +41,10 @@ use crate::{
 /// registered at the next drains.
 const START_SYNC_BUDGET: Duration = Duration::from_secs(3);
 
+/// How often both drivers drain the kernel's maps: often enough that a short-lived process
+/// is inspected while it is alive, and its stacks are read before the maps fill.
+pub const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// A step of a driver's loop that takes longer than this is logged (debug, [`log_slow`]):
 /// process events wait meanwhile unless the step follows them itself.
 const SLOW_STEP: Duration = Duration::from_millis(10);

@@ -118,6 +118,8 @@ impl Default for RawLimits {
     }
 }
 
+/// The daemon's socket (`[socket] path`) by default, and where the clients look for it.
+pub const DEFAULT_SOCKET: &str = "/run/profiler/profiler.sock";
 /// `[limits] process_share_percent` by default.
 pub const DEFAULT_PROCESS_SHARE_PERCENT: u32 = 25;
 /// `[limits] uid_share_percent` by default.
@@ -273,7 +275,7 @@ impl Default for RawConfig {
 
 impl Default for RawSocket {
     fn default() -> Self {
-        Self { path: PathBuf::from("/run/profiler/profiler.sock"), group: None }
+        Self { path: PathBuf::from(DEFAULT_SOCKET), group: None }
     }
 }
 

@@ -26,7 +26,7 @@ use super::{
     thread_dumps::ThreadDumps,
 };
 use crate::{
-    capture::{log_slow, Capture, CaptureConfig, CaptureError},
+    capture::{log_slow, Capture, CaptureConfig, CaptureError, DRAIN_INTERVAL},
     config::{Config, ProcessFacts},
     control::{Command, Commands, Next, PublishedStatus, Refusals, ReloadError, Reloaded, StatusBoard},
     ids::Pid,
@@ -44,8 +44,6 @@ use crate::{
 /// right after its exec it runs in ld.so, which maps the library a moment later.
 const HEAP_TARGET_GRACE: Duration = Duration::from_secs(10);
 
-/// How often the kernel maps are drained.
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory, and their frames in all (32 MiB of them: 200,000 stacks
