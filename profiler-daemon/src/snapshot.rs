@@ -285,24 +285,7 @@ fn wait_until(when: Instant, capture: &mut Capture, counts: &mut Counts) {
 
 /// `bpf-stats: program=... run_count=N run_time_ns=T` for each program of the kinds captured.
 fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
-    use profiler_common::programs;
-    let mut names: Vec<&'static str> = Vec::new();
-    for source in Source::ALL.into_iter().filter(|s| kinds.iter().any(|k| k.source() == *s)) {
-        match source {
-            Source::CpuClock => names.push(programs::CPU_SAMPLE),
-            Source::HeapProbes => names.extend([programs::MALLOC_ENTER, programs::FREE_ENTER, programs::ALLOC_EXIT]),
-            Source::FutexWaits => names.extend(programs::FUTEX),
-            Source::ThreadCreation => names.push(programs::THREAD_CREATE),
-            Source::TaskIterator => names.push(programs::THREAD_DUMP),
-            Source::Switches => names.extend([
-                programs::OFFCPU_SWITCH,
-                programs::OFFCPU_SWITCH_IN,
-                programs::OFFCPU_EMPTY_SWITCH,
-                programs::OFFCPU_EMPTY_SWITCH_IN,
-            ]),
-        }
-    }
-    for program in names {
+    for &program in Source::of_kinds(kinds).flat_map(Source::programs) {
         let Some(stats) = capture.program_stats(program).map_err(CaptureError::Counters)? else { continue };
         eprintln!(
             "bpf-stats: program={program} run_count={} run_time_ns={} verified_insns={}",

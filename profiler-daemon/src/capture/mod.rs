@@ -223,7 +223,7 @@ impl Capture {
     /// unwinder (so their first samples are unwound from tables, not frame pointers), and
     /// attaches every source but the heap probes.
     pub fn start(config: &CaptureConfig) -> Result<Self, CaptureError> {
-        let sources: HashSet<Source> = config.kinds.iter().map(|k| k.source()).collect();
+        let sources: HashSet<Source> = Source::of_kinds(&config.kinds).collect();
         let pid_namespace = own_pid_namespace().map_err(CaptureError::PidNamespace)?;
         let pid_namespace = (!pid_namespace.is_initial()).then_some(pid_namespace);
         if let Some(ns) = pid_namespace {
@@ -289,22 +289,17 @@ impl Capture {
         Ok(())
     }
 
-    /// Attaches every source of `sources` but the heap probes (attached per process);
-    /// `mutex`: whether the mutex profile is captured (see [`MUTEX_OFF`]).
+    /// Attaches every source of `sources`, in [`Source::ALL`]'s order, but the heap probes
+    /// (attached per process); `mutex`: whether the mutex profile is captured (see
+    /// [`MUTEX_OFF`]).
     fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
-        for source in
-            [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
-        {
-            if sources.contains(&source) {
-                self.attach(source, settings, mutex)?;
-            }
-        }
-        if sources.contains(&Source::HeapProbes) {
-            self.sources.insert(Source::HeapProbes);
+        for source in Source::ALL.into_iter().filter(|source| sources.contains(source)) {
+            self.attach(source, settings, mutex)?;
         }
         Ok(())
     }
 
+    /// Attaches one source at start: the one place a source becomes the session's calls.
     fn attach(&mut self, source: Source, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
         match source {
             Source::CpuClock => {
@@ -327,7 +322,8 @@ impl Capture {
                 .session
                 .attach_offcpu(settings.offcpu_sample_every, settings.offcpu_rate_ns)
                 .map_err(|e| CaptureError::Attach("off-cpu", e))?,
-            // Loaded with the session; nothing to attach until a dump reads it.
+            // Loaded with the session: the heap probes are attached per process
+            // ([`Capture::attach_heap`]), the task iterator is read by each dump.
             Source::HeapProbes | Source::TaskIterator => {}
         }
         self.sources.insert(source);
