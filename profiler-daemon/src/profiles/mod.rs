@@ -29,13 +29,15 @@ pub use waits::{WaitCount, WaitCounts, WaitSite};
 
 use crate::{
     catalog::Sighting,
+    config::Config,
     ebpf::{Batch, Counters},
     ids::StackId,
     pprof::{Shape, TextFormat},
     resolve::{ResolvedProfile, StackSample},
 };
 
-/// Settings that shape profiles, from the configuration or the snapshot's flags.
+/// Settings that shape profiles, from the configuration or the snapshot's flags (both through
+/// [`Config`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// CPU samples per second per CPU.
@@ -53,6 +55,23 @@ pub struct Settings {
     pub block_rate_ns: u64,
     /// The mutex profile records 1 in this many contention events, values scaled by it.
     pub mutex_fraction: u32,
+}
+
+/// The one way settings are made: from a validated [`Config`], the daemon's (its file and
+/// flags) or the snapshot's (its flags over the built-in defaults), so both drivers shape
+/// profiles from the same values by the same rule.
+impl From<&Config> for Settings {
+    fn from(config: &Config) -> Self {
+        let nanos = |duration: std::time::Duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Self {
+            frequency_hz: config.cpu.frequency_hz,
+            heap_sample_bytes: config.heap.sample_bytes,
+            offcpu_rate_ns: nanos(config.offcpu.rate),
+            offcpu_sample_every: config.offcpu.sample_every,
+            block_rate_ns: nanos(config.waits.block_rate),
+            mutex_fraction: config.waits.mutex_fraction,
+        }
+    }
 }
 
 /// Which capture a profile comes from, for its comment.
