@@ -8,10 +8,10 @@ use clap::{Args, Parser, Subcommand};
 use crate::{
     config::{
         raw::{
-            DEFAULT_BLOCK_RATE, DEFAULT_MUTEX_FRACTION, DEFAULT_OFFCPU_EVERY, DEFAULT_OFFCPU_RATE,
-            DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT,
+            DEFAULT_BLOCK_RATE, DEFAULT_HEAP_SAMPLE_BYTES, DEFAULT_MUTEX_FRACTION, DEFAULT_OFFCPU_EVERY,
+            DEFAULT_OFFCPU_RATE, DEFAULT_PROCESS_SHARE_PERCENT, DEFAULT_UID_SHARE_PERCENT,
         },
-        ProfileKind,
+        Config, ConfigError, Overrides, ProfileKind, DEFAULT_SOCKET,
     },
     units::parse_duration,
 };
@@ -79,9 +79,6 @@ pub struct UnwindTableArgs {
     pub files: Vec<PathBuf>,
 }
 
-/// The daemon's socket when neither the flag nor the configuration says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/profiler/profiler.sock";
-
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Configuration file [default: /etc/profiler/profiler.toml, optional]. Flags override it.
@@ -114,9 +111,11 @@ pub struct ClientArgs {
     pub json: bool,
 }
 
-/// Highest sampling frequency accepted: above this the sampling itself dominates the cost.
-pub const MAX_FREQUENCY_HZ: u32 = 10_000;
-
+/// `profiler snapshot`'s flags. Those with a config key (the sampling, the profiles, the
+/// shares) are checked by the config's validation, not here: [`SnapshotArgs::config`] turns
+/// them into [`Overrides`] of the built-in defaults, so a flag has the range of its key and an
+/// error names the flag. Their defaults are the config's, but for the two a short capture
+/// wants otherwise (`--frequency`, `--profiles`).
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// How long to capture, with a unit (e.g. 10s, 500ms, 2m).
@@ -126,8 +125,8 @@ pub struct SnapshotArgs {
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// CPU sampling frequency per CPU, in Hz.
-    #[arg(long = "frequency", default_value_t = 99,
-          value_parser = clap::value_parser!(u32).range(1..=MAX_FREQUENCY_HZ as i64))]
+    // Above the daemon's default: a capture of seconds needs more samples than one of hours.
+    #[arg(long = "frequency", default_value_t = 99)]
     pub frequency_hz: u32,
     /// Directory to write `<name>-<pid>/cpu.pb.gz` files into.
     #[arg(long, default_value = "./profiles")]
@@ -137,8 +136,7 @@ pub struct SnapshotArgs {
     #[arg(long, value_delimiter = ',', default_value = "cpu")]
     pub profiles: Vec<ProfileKind>,
     /// Heap: mean bytes allocated between samples (1 records every allocation).
-    #[arg(long = "heap-sample-bytes", default_value_t = 512 * 1024,
-          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    #[arg(long = "heap-sample-bytes", default_value_t = DEFAULT_HEAP_SAMPLE_BYTES)]
     pub heap_sample_bytes: u64,
     /// Heap: how many sampled live blocks can be tracked; past it new samples are dropped
     /// from the in-use view and counted. Default: 32 GiB of live heap at the sampling rate,
@@ -151,25 +149,21 @@ pub struct SnapshotArgs {
     pub offcpu_rate: Duration,
     /// Off-CPU, on kernels without sched_exit_tp (before Linux 6.16) only: record 1 in N
     /// context switches, values scaled by N (1 records every one).
-    #[arg(long = "offcpu-every", value_name = "N", default_value_t = DEFAULT_OFFCPU_EVERY,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long = "offcpu-every", value_name = "N", default_value_t = DEFAULT_OFFCPU_EVERY)]
     pub offcpu_every: u32,
     /// Block: waits at least this long are all recorded, shorter ones with probability
     /// length/rate, scaled as Go scales them (1ns records every wait).
     #[arg(long = "block-rate", value_name = "DUR", default_value = DEFAULT_BLOCK_RATE, value_parser = parse_duration)]
     pub block_rate: Duration,
     /// Mutex: record 1 in N contention events, values scaled by N (1 records every one).
-    #[arg(long = "mutex-fraction", value_name = "N", default_value_t = DEFAULT_MUTEX_FRACTION,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long = "mutex-fraction", value_name = "N", default_value_t = DEFAULT_MUTEX_FRACTION)]
     pub mutex_fraction: u32,
     /// Once the kernel's stack table is half full, a process may add new stacks only while it
     /// holds less than this percent of it (100: no cap; not applied with a single --pid).
-    #[arg(long = "process-share", value_name = "PERCENT", default_value_t = DEFAULT_PROCESS_SHARE_PERCENT,
-          value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long = "process-share", value_name = "PERCENT", default_value_t = DEFAULT_PROCESS_SHARE_PERCENT)]
     pub process_share: u32,
     /// The same for all processes of one uid together.
-    #[arg(long = "uid-share", value_name = "PERCENT", default_value_t = DEFAULT_UID_SHARE_PERCENT,
-          value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long = "uid-share", value_name = "PERCENT", default_value_t = DEFAULT_UID_SHARE_PERCENT)]
     pub uid_share: u32,
     /// Also write `<type>.svg`, a flame graph, next to each `<type>.pb.gz`.
     #[arg(long)]
@@ -178,6 +172,30 @@ pub struct SnapshotArgs {
     /// (`bpf-stats: program=... run_count=N run_time_ns=T`), for benchmarks.
     #[arg(long, hide = true)]
     pub bpf_stats: bool,
+}
+
+impl SnapshotArgs {
+    /// The flags that have a config key, as overrides of it.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            profiles: Some(self.profiles.clone()),
+            frequency_hz: Some(self.frequency_hz),
+            heap_sample_bytes: Some(self.heap_sample_bytes),
+            offcpu_rate: Some(self.offcpu_rate),
+            offcpu_sample_every: Some(self.offcpu_every),
+            block_rate: Some(self.block_rate),
+            mutex_fraction: Some(self.mutex_fraction),
+            process_share_percent: Some(self.process_share),
+            uid_share_percent: Some(self.uid_share),
+            ..Overrides::default()
+        }
+    }
+
+    /// The built-in defaults with these flags applied, validated as a config file is: what
+    /// the snapshot captures with (a flag out of range is refused, naming the flag).
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        Config::load_with(None, &self.overrides())
+    }
 }
 
 fn parse_capture_duration(text: &str) -> Result<Duration, String> {
@@ -229,7 +247,7 @@ mod tests {
         assert_eq!(args.profiles, [ProfileKind::Cpu, ProfileKind::Heap]);
         assert_eq!(args.heap_sample_bytes, 1);
         assert!(parse(&["snapshot", "--profiles", "cpu,gpu"]).is_err());
-        assert!(parse(&["snapshot", "--heap-sample-bytes", "0"]).is_err());
+        assert!(snapshot_config(&["snapshot", "--heap-sample-bytes", "0"]).is_err());
     }
 
     #[test]
@@ -255,6 +273,14 @@ mod tests {
         assert_eq!(args.output, PathBuf::from("/tmp/p"));
     }
 
+    /// What a snapshot would capture with: its flags parsed, then validated as config keys.
+    fn snapshot_config(args: &[&str]) -> Result<Config, String> {
+        let Command::Snapshot(args) = parse(args).map_err(|err| err.to_string())?.command else {
+            panic!("not snapshot")
+        };
+        args.config().map_err(|err| err.to_string())
+    }
+
     #[test]
     fn snapshot_rejects_bad_values() {
         for bad in [
@@ -265,7 +291,84 @@ mod tests {
             &["snapshot", "--pid", "-1"],
             &["snapshot", "--bogus"],
         ] {
-            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+            assert!(snapshot_config(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn snapshot_flags_out_of_their_keys_range_are_refused_naming_the_flag() {
+        for (flag, value) in [
+            ("--frequency", "0"),
+            ("--frequency", "10001"),
+            ("--heap-sample-bytes", "0"),
+            ("--heap-sample-bytes", "18446744073709551615"),
+            ("--offcpu-rate", "0s"),
+            ("--offcpu-every", "0"),
+            ("--block-rate", "11s"),
+            ("--mutex-fraction", "1000001"),
+            ("--process-share", "0"),
+            ("--uid-share", "101"),
+            ("--profiles", "cpu,cpu"),
+        ] {
+            let message = snapshot_config(&["snapshot", flag, value]).expect_err(flag);
+            assert!(message.starts_with(&format!("{flag}: ")), "{flag} {value} => {message}");
+            assert!(message.contains("allowed") || message.contains("twice"), "{flag} {value} => {message}");
+        }
+        // The bounds themselves are accepted.
+        let edges = ["snapshot", "--frequency", "10000", "--heap-sample-bytes", "1", "--block-rate", "10s"];
+        assert!(snapshot_config(&edges).is_ok());
+    }
+
+    #[test]
+    fn snapshot_flags_override_the_defaults_and_the_rest_are_the_configs() {
+        let defaults = Config::default();
+        let config = snapshot_config(&["snapshot"]).unwrap();
+        // The snapshot's own two defaults...
+        assert_eq!(config.profiles, [ProfileKind::Cpu]);
+        assert_ne!(config.cpu.frequency_hz, defaults.cpu.frequency_hz);
+        // ...and the config's for every other key a flag has.
+        assert_eq!((&config.heap, &config.offcpu, &config.waits), (&defaults.heap, &defaults.offcpu, &defaults.waits));
+        assert_eq!(config.limits, defaults.limits);
+        let flags = ["snapshot", "--mutex-fraction", "7", "--offcpu-rate", "250us", "--uid-share", "40"];
+        let config = snapshot_config(&flags).unwrap();
+        assert_eq!(config.waits.mutex_fraction, 7);
+        assert_eq!(config.offcpu.rate, Duration::from_micros(250));
+        assert_eq!(config.limits.uid_percent, 40);
+        assert_eq!(config.limits.process_percent, defaults.limits.process_percent);
+    }
+
+    #[test]
+    fn snapshot_and_daemon_get_the_same_settings_from_the_same_values() {
+        use crate::profiles::Settings;
+        let file = "profiles = [\"cpu\", \"block\", \"offcpu\"]\n[cpu]\nfrequency_hz = 250\n\
+                    [heap]\nsample_bytes = \"4KiB\"\n[offcpu]\nrate = \"3ms\"\nsample_every = 9\n\
+                    [block]\nrate = \"1500us\"\n[mutex]\nfraction = 4\n\
+                    [limits]\nprocess_share_percent = 30\nuid_share_percent = 60\n";
+        let daemon = Config::parse(file, std::path::Path::new("test.toml")).unwrap();
+        let snapshot = snapshot_config(&[
+            "snapshot",
+            "--profiles",
+            "cpu,block,offcpu",
+            "--frequency",
+            "250",
+            "--heap-sample-bytes",
+            "4096",
+            "--offcpu-rate",
+            "3ms",
+            "--offcpu-every",
+            "9",
+            "--block-rate",
+            "1.5ms",
+            "--mutex-fraction",
+            "4",
+            "--process-share",
+            "30",
+            "--uid-share",
+            "60",
+        ])
+        .unwrap();
+        assert_eq!(Settings::from(&snapshot), Settings::from(&daemon));
+        assert_eq!((&snapshot.profiles, snapshot.limits), (&daemon.profiles, daemon.limits));
+        assert_ne!(Settings::from(&daemon), Settings::from(&Config::default()), "the values are not the defaults");
     }
 }

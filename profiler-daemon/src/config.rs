@@ -1,7 +1,9 @@
-//! The daemon's configuration (`profiler run --config FILE`, `profiler check-config FILE`): the
-//! typed [`Config`], loading it from a TOML file, and the errors that name the file, the key and
-//! the allowed values. Data and validation only: applying CLI overrides, resolving the socket
-//! group to a gid and reading `/proc` for process matching belong to the callers.
+//! The daemon's configuration (`profiler run --config FILE`, `profiler check-config FILE`), and
+//! `profiler snapshot`'s flags, which are checked as the keys they replace: the typed
+//! [`Config`], loading it from a TOML file with command-line [`Overrides`], and the errors that
+//! name the file (or the flag), the key and the allowed values. Data and validation only:
+//! resolving the socket group to a gid and reading `/proc` for process matching belong to the
+//! callers.
 //!
 //! Two layers: [`raw::RawConfig`] mirrors the file (serde, unknown keys rejected, human units
 //! kept as written), and `Config::try_from(raw)` (in `config/validate.rs`) checks every value
@@ -9,6 +11,7 @@
 
 mod check;
 mod export;
+mod overrides;
 pub mod raw;
 mod select;
 mod validate;
@@ -27,7 +30,8 @@ pub use export::{
     Auth, ExportConfig, ExportUrl, Protocol, Secret, Template, EXPORT_BACKOFF_RANGE, EXPORT_NAME_MAX_BYTES,
     EXPORT_TIMEOUT_RANGE, SERVICE_NAME_FIELDS,
 };
-pub use raw::RawConfig;
+pub use overrides::Overrides;
+pub use raw::{RawConfig, DEFAULT_SOCKET};
 pub use select::{matches_any, Matcher, ProcessFacts, ProcessSelection, COMM_MAX_BYTES, PID_MAX_LIMIT, UNIT_SUFFIXES};
 pub use validate::{
     BLOCK_RATE_RANGE, FREQUENCY_HZ_RANGE, INTERVAL_RANGE, MUTEX_FRACTION_RANGE, OFFCPU_SAMPLE_EVERY_RANGE,
@@ -73,7 +77,7 @@ pub struct Config {
 /// `[socket]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketConfig {
-    /// Absolute, at most [`SOCKET_PATH_MAX_BYTES`]. Default `/run/profiler/profiler.sock`.
+    /// Absolute, at most [`SOCKET_PATH_MAX_BYTES`]. Default [`DEFAULT_SOCKET`].
     pub path: PathBuf,
     /// Group given access to the socket; a syntactically valid name, not yet resolved to a
     /// gid. Default none (root only).
@@ -161,40 +165,6 @@ impl HeapConfig {
     /// Whether the process opted in. Opt-in: an empty list matches nothing.
     pub fn matches(&self, process: &ProcessFacts<'_>) -> bool {
         matches_any(&self.include, process)
-    }
-}
-
-/// Command-line flags that override the file (`profiler run --output DIR ...`). They are
-/// applied to the file's raw values before validation, so a flag is checked exactly as the
-/// key it replaces, and an error names the flag.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Overrides {
-    pub output_dir: Option<PathBuf>,
-    pub socket: Option<PathBuf>,
-    pub interval: Option<Duration>,
-}
-
-impl Overrides {
-    fn apply(&self, raw: &mut RawConfig) {
-        if let Some(dir) = &self.output_dir {
-            raw.output_dir.clone_from(dir);
-        }
-        if let Some(socket) = &self.socket {
-            raw.socket.path.clone_from(socket);
-        }
-        if let Some(interval) = self.interval {
-            raw.interval = raw::Quantity::Text(format_duration(interval));
-        }
-    }
-
-    /// The flag that set `key`, if one did.
-    fn flag_for(&self, key: &str) -> Option<&'static str> {
-        match key {
-            "output_dir" if self.output_dir.is_some() => Some("--output"),
-            "socket.path" if self.socket.is_some() => Some("--socket"),
-            "interval" if self.interval.is_some() => Some("--interval"),
-            _ => None,
-        }
     }
 }
 

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             print(profiler_daemon::flame::draw_file(&args.file, args.sample_index.as_deref(), args.output.as_deref()))
         }
         Command::UnwindTable(args) => print(profiler_daemon::unwind::report(&args.files)),
-        Command::Threads(args) => profiler_daemon::dump::run(args).map_err(Into::into),
+        Command::Threads(args) => profiler_daemon::threads_cmd::run(args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

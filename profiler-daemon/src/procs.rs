@@ -275,7 +275,7 @@ pub fn thread_count(pid: u32) -> Option<u64> {
 
 /// The innermost namespace's pid of a process: the last field of `NSpid:` in
 /// `/proc/PID/status`.
-pub fn read_ns_pid(pid: u32) -> Option<u32> {
+fn read_ns_pid(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
@@ -342,7 +342,7 @@ pub fn read_maps(pid: u32) -> io::Result<Vec<MapEntry>> {
 }
 
 /// Parses `/proc/PID/maps`, keeping only executable mappings.
-pub fn parse_maps(text: &str) -> Vec<MapEntry> {
+fn parse_maps(text: &str) -> Vec<MapEntry> {
     let mut maps: Vec<MapEntry> = text.lines().filter_map(parse_maps_line).collect();
     maps.sort_by_key(|m| m.start);
     maps

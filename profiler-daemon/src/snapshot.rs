@@ -10,9 +10,9 @@ use std::{
 };
 
 use crate::{
-    capture::{Capture, CaptureConfig, CaptureError},
+    capture::{Capture, CaptureConfig, CaptureError, DRAIN_INTERVAL},
     cli::SnapshotArgs,
-    config::StackShares,
+    config::ConfigError,
     ebpf::Counters,
     error::Error,
     ids::Pid,
@@ -28,9 +28,6 @@ use crate::{
     sink::SnapshotFiles,
     unwind::UnwinderStats,
 };
-
-/// How often the maps are drained during a capture.
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// When the first drain comes: processes are registered with the unwinder after the drain
 /// that first shows them, and until then their stacks fall back to frame pointers.
@@ -63,13 +60,17 @@ pub enum SnapshotError {
     Setup(#[from] Error),
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A flag out of what its config key allows.
+    #[error(transparent)]
+    Flag(#[from] ConfigError),
 }
 
 type Result<T, E = SnapshotError> = std::result::Result<T, E>;
 
 /// Runs a snapshot and prints its summary to stdout.
 pub fn run(args: &SnapshotArgs) -> Result<Report> {
-    if args.profiles.contains(&ProfileKind::Heap) && args.pids.is_empty() {
+    let config = args.config()?;
+    if config.is_enabled(ProfileKind::Heap) && args.pids.is_empty() {
         return Err(SnapshotError::Setup(Error::Usage(
             "heap profiling needs --pid: its probes slow every allocation of a probed process, \
              so it is attached to chosen processes only"
@@ -81,25 +82,20 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     output::ensure_writable_dir(&args.output)?;
 
     let pids: Vec<Pid> = args.pids.iter().copied().map(Pid).collect();
-    let settings = Settings {
-        frequency_hz: args.frequency_hz,
-        heap_sample_bytes: args.heap_sample_bytes,
-        offcpu_rate_ns: args.offcpu_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
-        offcpu_sample_every: args.offcpu_every,
-        block_rate_ns: args.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
-        mutex_fraction: args.mutex_fraction,
-    };
+    let settings = Settings::from(&config);
     let mut capture = Capture::start(&CaptureConfig {
         pids: pids.clone(),
-        kinds: args.profiles.clone(),
+        kinds: config.profiles.clone(),
         settings,
-        heap_max_live: args.heap_max_live.unwrap_or(profiler_common::maps::heap_live_entries(args.heap_sample_bytes)),
+        heap_max_live: args
+            .heap_max_live
+            .unwrap_or(profiler_common::maps::heap_live_entries(settings.heap_sample_bytes)),
         max_stacks: usize::MAX,
         max_frames: usize::MAX,
         enable_stats: args.bpf_stats,
         heartbeat: None,
         selection: Default::default(),
-        shares: StackShares { process_percent: args.process_share, uid_percent: args.uid_share },
+        shares: config.limits,
         state_dir: None,
     })?;
     if capture.has(Source::HeapProbes) {
@@ -107,7 +103,7 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
             capture.attach_heap(pid)?;
         }
     }
-    tracing::info!(profiles = ?args.profiles, pids = ?args.pids, "attached; capturing");
+    tracing::info!(profiles = ?config.profiles, pids = ?args.pids, "attached; capturing");
     // One line on stderr once everything is attached: what is measured starts here (a
     // script can start its workload on it).
     let whom = if pids.is_empty() { "every process".to_string() } else { format!("{} process(es)", pids.len()) };
@@ -129,12 +125,12 @@ pub fn run(args: &SnapshotArgs) -> Result<Report> {
     let duration = start.elapsed().unwrap_or(args.duration);
     let counters = capture.counters()?;
     if args.bpf_stats {
-        print_bpf_stats(&capture, &args.profiles)?;
+        print_bpf_stats(&capture, &config.profiles)?;
     }
     let unwind_stats = capture.unwinder_stats();
     let follow_latency = capture.follow_latency();
     let process_events = capture.sideband_stats().0;
-    let written = write(&capture, &counts, &args.profiles, settings, Window { start, duration }, &counters, args)?;
+    let written = write(&capture, &counts, &config.profiles, settings, Window { start, duration }, &counters, args)?;
     // Detaches every program (uprobes take ~100 ms each) before the summary is printed.
     drop(capture);
     print_summary(&written, &counters, &args.output);
@@ -288,24 +284,7 @@ fn wait_until(when: Instant, capture: &mut Capture, counts: &mut Counts) {
 
 /// `bpf-stats: program=... run_count=N run_time_ns=T` for each program of the kinds captured.
 fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
-    use profiler_common::programs;
-    let mut names: Vec<&'static str> = Vec::new();
-    for source in Source::ALL.into_iter().filter(|s| kinds.iter().any(|k| k.source() == *s)) {
-        match source {
-            Source::CpuClock => names.push(programs::CPU_SAMPLE),
-            Source::HeapProbes => names.extend([programs::MALLOC_ENTER, programs::FREE_ENTER, programs::ALLOC_EXIT]),
-            Source::FutexWaits => names.extend(programs::FUTEX),
-            Source::ThreadCreation => names.push(programs::THREAD_CREATE),
-            Source::TaskIterator => names.push(programs::THREAD_DUMP),
-            Source::Switches => names.extend([
-                programs::OFFCPU_SWITCH,
-                programs::OFFCPU_SWITCH_IN,
-                programs::OFFCPU_EMPTY_SWITCH,
-                programs::OFFCPU_EMPTY_SWITCH_IN,
-            ]),
-        }
-    }
-    for program in names {
+    for &program in Source::of_kinds(kinds).flat_map(Source::programs) {
         let Some(stats) = capture.program_stats(program).map_err(CaptureError::Counters)? else { continue };
         eprintln!(
             "bpf-stats: program={program} run_count={} run_time_ns={} verified_insns={}",

@@ -17,7 +17,7 @@
 use std::{
     ffi::CString,
     fs::File,
-    io::{self, Read},
+    io,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::{
@@ -78,8 +78,11 @@ pub fn open_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Fil
     Ok(file)
 }
 
-/// Reads all of such a file (see [`open_owned`]), at most `cap` bytes.
-pub fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Refused> {
+/// Reads all of such a file (see [`open_owned`]), at most `cap` bytes. The tests' way in:
+/// production opens the file and reads it as it goes (`symbolize::perf_map`).
+#[cfg(test)]
+fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Refused> {
+    use std::io::Read;
     let file = open_owned(pid, path, owners, cap)?;
     let mut bytes = Vec::new();
     file.take(cap + 1).read_to_end(&mut bytes).map_err(Refused::Read)?;

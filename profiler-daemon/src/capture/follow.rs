@@ -56,14 +56,15 @@ impl Capture {
     /// next step; the ring must be empty for the next ask to wake the loop again.
     pub(super) fn read_asks(&mut self) {
         let Some(asks) = &mut self.asks else { return };
-        while let Some(ask) = asks.next() {
-            if let Some((pid, name)) = parse_ask(&ask) {
+        let (names, declined, read) = (&mut self.asked_names, &mut self.declined, &mut self.asks_read);
+        asks.drain(|ask| {
+            if let Some((pid, name)) = parse_ask(ask) {
                 tracing::trace!(%pid, name, "a walker asked for a registration");
-                note_ask(&mut self.asked_names, pid, name);
-                self.declined.asked(pid);
+                note_ask(names, pid, name);
+                declined.asked(pid);
             }
-            self.asks_read += 1;
-        }
+            *read += 1;
+        });
     }
 
     /// Applies the kernel's process events since the last call (forks, execs, mappings,

@@ -24,8 +24,7 @@ use crate::{
     config::{ProcessSelection, StackShares},
     declined::Declined,
     ebpf::{
-        self, Batch, Counters, FutexAttachment, HeapAttachment, LiveBlock, ProgramStats, Session, SessionConfig,
-        ShareCaps,
+        self, Batch, Counters, HeapAttachment, LiveBlock, ProgramStats, RegisterAsks, Session, SessionConfig, ShareCaps,
     },
     ids::{Pid, StackId},
     offload::{Heartbeat, Offload, OffloadStats},
@@ -41,6 +40,10 @@ use crate::{
 /// (building their tables), so their first samples are unwound from tables; the rest are
 /// registered at the next drains.
 const START_SYNC_BUDGET: Duration = Duration::from_secs(3);
+
+/// How often both drivers drain the kernel's maps: often enough that a short-lived process
+/// is inspected while it is alive, and its stacks are read before the maps fill.
+pub const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A step of a driver's loop that takes longer than this is logged (debug, [`log_slow`]):
 /// process events wait meanwhile unless the step follows them itself.
@@ -176,7 +179,6 @@ pub struct Capture {
     scope: Vec<Pid>,
     sources: HashSet<Source>,
     heap: BTreeMap<Pid, HeapAttachment>,
-    futex: Option<FutexAttachment>,
     /// The pid namespace profiled, when it is not the initial one.
     pid_namespace: Option<PidNamespace>,
     /// The processes whose unwind tables are built (the configuration's `[processes]`);
@@ -191,7 +193,7 @@ pub struct Capture {
     sideband_error: Option<String>,
     /// The walkers' asks to register a process they met unregistered: the side band is read
     /// at once when one comes, even while a storm of records is read at a slower pace.
-    asks: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    asks: Option<RegisterAsks>,
     /// Asks read since start.
     asks_read: u64,
     /// The names the walkers' asks gave (see [`RegisterAsk`]), for processes nothing else
@@ -221,7 +223,7 @@ impl Capture {
     /// unwinder (so their first samples are unwound from tables, not frame pointers), and
     /// attaches every source but the heap probes.
     pub fn start(config: &CaptureConfig) -> Result<Self, CaptureError> {
-        let sources: HashSet<Source> = config.kinds.iter().map(|k| k.source()).collect();
+        let sources: HashSet<Source> = Source::of_kinds(&config.kinds).collect();
         let pid_namespace = own_pid_namespace().map_err(CaptureError::PidNamespace)?;
         let pid_namespace = (!pid_namespace.is_initial()).then_some(pid_namespace);
         if let Some(ns) = pid_namespace {
@@ -250,7 +252,6 @@ impl Capture {
             scope: config.pids.clone(),
             sources: HashSet::new(),
             heap: BTreeMap::new(),
-            futex: None,
             pid_namespace,
             selection: config.selection.clone(),
             files,
@@ -288,22 +289,17 @@ impl Capture {
         Ok(())
     }
 
-    /// Attaches every source of `sources` but the heap probes (attached per process);
-    /// `mutex`: whether the mutex profile is captured (see [`MUTEX_OFF`]).
+    /// Attaches every source of `sources`, in [`Source::ALL`]'s order, but the heap probes
+    /// (attached per process); `mutex`: whether the mutex profile is captured (see
+    /// [`MUTEX_OFF`]).
     fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
-        for source in
-            [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
-        {
-            if sources.contains(&source) {
-                self.attach(source, settings, mutex)?;
-            }
-        }
-        if sources.contains(&Source::HeapProbes) {
-            self.sources.insert(Source::HeapProbes);
+        for source in Source::ALL.into_iter().filter(|source| sources.contains(source)) {
+            self.attach(source, settings, mutex)?;
         }
         Ok(())
     }
 
+    /// Attaches one source at start: the one place a source becomes the session's calls.
     fn attach(&mut self, source: Source, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
         match source {
             Source::CpuClock => {
@@ -318,7 +314,6 @@ impl Capture {
                     .attach_waits(settings.block_rate_ns, fraction)
                     .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
-                self.futex = Some(attached);
             }
             Source::ThreadCreation => {
                 self.session.attach_threads().map_err(|e| CaptureError::Attach("thread-creation", e))?
@@ -327,7 +322,8 @@ impl Capture {
                 .session
                 .attach_offcpu(settings.offcpu_sample_every, settings.offcpu_rate_ns)
                 .map_err(|e| CaptureError::Attach("off-cpu", e))?,
-            // Loaded with the session; nothing to attach until a dump reads it.
+            // Loaded with the session: the heap probes are attached per process
+            // ([`Capture::attach_heap`]), the task iterator is read by each dump.
             Source::HeapProbes | Source::TaskIterator => {}
         }
         self.sources.insert(source);
@@ -474,11 +470,6 @@ impl Capture {
         self.pid_namespace
     }
 
-    /// The futex tracepoints attached and missing, if the futex programs are.
-    pub fn futex_attachment(&self) -> Option<&FutexAttachment> {
-        self.futex.as_ref()
-    }
-
     /// The kernel's run-time statistics of a program (with `enable_stats`); `None` if it was
     /// not loaded.
     pub fn program_stats(&self, program: &'static str) -> ebpf::Result<Option<ProgramStats>> {
@@ -531,7 +522,7 @@ fn open_sideband(session: &mut Session) -> (Option<Sideband>, Option<String>) {
 
 /// Takes the walkers' asks' ring. Without it a walker's ask goes unheard: the process is
 /// registered at the next drain.
-fn open_asks(session: &mut Session) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+fn open_asks(session: &mut Session) -> Option<RegisterAsks> {
     match session.take_register_asks() {
         Ok(asks) => Some(asks),
         Err(err) => {

@@ -10,6 +10,8 @@ use serde::{
     Deserialize, Deserializer,
 };
 
+use crate::units::format_bytes;
+
 /// The whole file. An empty file is `RawConfig::default()`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -118,6 +120,10 @@ impl Default for RawLimits {
     }
 }
 
+/// The daemon's socket (`[socket] path`) by default, and where the clients look for it.
+pub const DEFAULT_SOCKET: &str = "/run/profiler/profiler.sock";
+/// `[heap] sample_bytes` by default, 512 KiB: Go's `runtime.MemProfileRate` default.
+pub const DEFAULT_HEAP_SAMPLE_BYTES: u64 = 512 << 10;
 /// `[limits] process_share_percent` by default.
 pub const DEFAULT_PROCESS_SHARE_PERCENT: u32 = 25;
 /// `[limits] uid_share_percent` by default.
@@ -273,7 +279,7 @@ impl Default for RawConfig {
 
 impl Default for RawSocket {
     fn default() -> Self {
-        Self { path: PathBuf::from("/run/profiler/profiler.sock"), group: None }
+        Self { path: PathBuf::from(DEFAULT_SOCKET), group: None }
     }
 }
 
@@ -319,9 +325,9 @@ impl Default for RawCpu {
 }
 
 impl Default for RawHeap {
-    /// 512 KiB mean sampling interval: Go's runtime.MemProfileRate default.
+    /// See [`DEFAULT_HEAP_SAMPLE_BYTES`].
     fn default() -> Self {
-        Self { include: Vec::new(), sample_bytes: Quantity::text("512KiB") }
+        Self { include: Vec::new(), sample_bytes: Quantity::Text(format_bytes(DEFAULT_HEAP_SAMPLE_BYTES)) }
     }
 }
 

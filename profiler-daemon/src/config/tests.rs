@@ -352,6 +352,7 @@ fn flags_override_the_file_and_are_checked_like_its_keys() {
         output_dir: Some("/var/lib/b".into()),
         socket: None,
         interval: Some(std::time::Duration::from_secs(5)),
+        ..Overrides::default()
     };
     let config = Config::load_with(Some(&file), &overrides).unwrap();
     assert_eq!(config.output_dir, Path::new("/var/lib/b"));

@@ -6,7 +6,7 @@ use std::{ops::RangeInclusive, path::Path, path::PathBuf, time::Duration};
 use super::{
     check::{absolute_path, duration, duration_in},
     export::exports_from_raw,
-    raw::{Quantity, RawConfig, RawRetention},
+    raw::{Quantity, RawConfig, RawRetention, DEFAULT_SOCKET},
     select::matchers_from_raw,
     Config, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind, Retention, SocketConfig,
     StackShares, ThreadsConfig, WaitSampling,
@@ -140,12 +140,12 @@ fn integer_in(value: i64, key: &str, range: RangeInclusive<u32>) -> Result<u32, 
 }
 
 fn socket_path(path: &Path, key: &str) -> Result<PathBuf, InvalidValue> {
-    let path = absolute_path(path, key, "/run/profiler/profiler.sock")?;
+    let path = absolute_path(path, key, DEFAULT_SOCKET)?;
     let length = path.as_os_str().len();
     if length > SOCKET_PATH_MAX_BYTES {
         let problem = format!(
             "the path is {length} bytes; a unix socket path is at most {SOCKET_PATH_MAX_BYTES} bytes, so \
-             choose a shorter one, e.g. \"/run/profiler/profiler.sock\""
+             choose a shorter one, e.g. {DEFAULT_SOCKET:?}"
         );
         return Err(InvalidValue::new(key, problem));
     }

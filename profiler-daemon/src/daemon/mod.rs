@@ -161,6 +161,11 @@ pub fn load_config(args: &RunArgs) -> Result<Config, crate::config::ConfigError>
             None
         }
     };
-    let overrides = Overrides { output_dir: args.output.clone(), socket: args.socket.clone(), interval: args.interval };
+    let overrides = Overrides {
+        output_dir: args.output.clone(),
+        socket: args.socket.clone(),
+        interval: args.interval,
+        ..Overrides::default()
+    };
     Config::load_with(path, &overrides)
 }

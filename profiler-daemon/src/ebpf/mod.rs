@@ -51,6 +51,7 @@ pub use task_iter::ThreadIterator;
 pub use threads::{RawThreadCount, ThreadCounters};
 pub use unwind::{RuntimeCounters, UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
+pub use walker::RegisterAsks;
 
 use crate::{
     ids::{Pid, StackId},

@@ -2,6 +2,8 @@
 //! reads, the processes registered with it (deletions batched), the runtimes' process maps,
 //! the execs it notes and the registrations it asks for or is told to stop asking for.
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use aya::maps::{Array, MapData, RingBuf};
 use profiler_common::{maps, UnwindProcess, UnwindRow, UnwindTableInfo};
 
@@ -12,6 +14,26 @@ use crate::ids::Pid;
 pub(super) const REMOVALS_DUE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 /// ...or this many.
 pub(super) const REMOVALS_DUE_AT: usize = 256;
+
+/// The walkers' asks to register a process ([`Session::take_register_asks`]): a ring of
+/// `profiler_common::RegisterAsk` records, readable (its descriptor) when one is queued.
+pub struct RegisterAsks(RingBuf<MapData>);
+
+impl RegisterAsks {
+    /// Calls `each` with the bytes of every record queued, emptying the ring (the next
+    /// record then makes the descriptor readable again).
+    pub fn drain(&mut self, mut each: impl FnMut(&[u8])) {
+        while let Some(record) = self.0.next() {
+            each(&record);
+        }
+    }
+}
+
+impl AsFd for RegisterAsks {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
 
 impl Session {
     /// Copies up to one shard of unwind-table rows into shard `shard` of the row memory.
@@ -116,9 +138,9 @@ impl Session {
     /// The walkers' asks to register a process they met unregistered (a ring of tgids):
     /// taken once, by the owner of the wait loop, which reads the side band at once when
     /// one comes.
-    pub fn take_register_asks(&mut self) -> Result<RingBuf<MapData>> {
+    pub fn take_register_asks(&mut self) -> Result<RegisterAsks> {
         let map = self.ebpf.take_map(maps::REGISTER_ASKS).ok_or_else(|| missing(maps::REGISTER_ASKS))?;
-        RingBuf::try_from(map).map_err(map_error("open", maps::REGISTER_ASKS))
+        RingBuf::try_from(map).map(RegisterAsks).map_err(map_error("open", maps::REGISTER_ASKS))
     }
 
     /// Stops the walkers asking for process `pid`'s registration: the selection leaves it

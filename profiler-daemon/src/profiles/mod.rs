@@ -29,13 +29,15 @@ pub use waits::{WaitCount, WaitCounts, WaitSite};
 
 use crate::{
     catalog::Sighting,
+    config::Config,
     ebpf::{Batch, Counters},
     ids::StackId,
     pprof::{Shape, TextFormat},
     resolve::{ResolvedProfile, StackSample},
 };
 
-/// Settings that shape profiles, from the configuration or the snapshot's flags.
+/// Settings that shape profiles, from the configuration or the snapshot's flags (both through
+/// [`Config`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// CPU samples per second per CPU.
@@ -53,6 +55,23 @@ pub struct Settings {
     pub block_rate_ns: u64,
     /// The mutex profile records 1 in this many contention events, values scaled by it.
     pub mutex_fraction: u32,
+}
+
+/// The one way settings are made: from a validated [`Config`], the daemon's (its file and
+/// flags) or the snapshot's (its flags over the built-in defaults), so both drivers shape
+/// profiles from the same values by the same rule.
+impl From<&Config> for Settings {
+    fn from(config: &Config) -> Self {
+        let nanos = |duration: std::time::Duration| u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Self {
+            frequency_hz: config.cpu.frequency_hz,
+            heap_sample_bytes: config.heap.sample_bytes,
+            offcpu_rate_ns: nanos(config.offcpu.rate),
+            offcpu_sample_every: config.offcpu.sample_every,
+            block_rate_ns: nanos(config.waits.block_rate),
+            mutex_fraction: config.waits.mutex_fraction,
+        }
+    }
 }
 
 /// Which capture a profile comes from, for its comment.
@@ -102,6 +121,28 @@ impl Source {
         Source::TaskIterator,
         Source::Switches,
     ];
+
+    /// The sources `kinds` need, each once, in [`Source::ALL`]'s order (the order they are
+    /// attached in).
+    pub fn of_kinds(kinds: &[ProfileKind]) -> impl Iterator<Item = Source> + '_ {
+        Self::ALL.into_iter().filter(|source| kinds.iter().any(|kind| kind.source() == *source))
+    }
+
+    /// The kernel programs this source loads, by their names in the object: the one list a
+    /// driver reads them from (`profiler snapshot --bpf-stats` reports each one's cost).
+    pub fn programs(self) -> &'static [&'static str] {
+        use profiler_common::programs as p;
+        match self {
+            Self::CpuClock => &[p::CPU_SAMPLE],
+            Self::HeapProbes => &p::HEAP,
+            Self::FutexWaits => &p::FUTEX,
+            Self::ThreadCreation => &[p::THREAD_CREATE],
+            Self::TaskIterator => &[p::THREAD_DUMP],
+            Self::Switches => {
+                &[p::OFFCPU_SWITCH, p::OFFCPU_SWITCH_IN, p::OFFCPU_EMPTY_SWITCH, p::OFFCPU_EMPTY_SWITCH_IN]
+            }
+        }
+    }
 }
 
 /// The number a snapshot's summary shows for a profile: which sample value, and its name.
@@ -407,5 +448,28 @@ mod tests {
             assert_eq!(sample.user_leaf_is_return, s.user_leaf_is_return, "{s:?}");
             assert_eq!(sample.kernel_stack, s.kernel_stack);
         }
+    }
+
+    #[test]
+    fn every_program_of_the_object_belongs_to_one_source_but_the_unwinders() {
+        use profiler_common::programs;
+        let mut owned: Vec<&str> = Source::ALL.into_iter().flat_map(Source::programs).copied().collect();
+        let count = owned.len();
+        owned.sort_unstable();
+        owned.dedup();
+        assert_eq!(owned.len(), count, "a program listed under two sources");
+        let mut rest: Vec<&str> = programs::ALL.into_iter().filter(|p| !owned.contains(p)).collect();
+        rest.sort_unstable();
+        // The exec programs are the walker's, loaded whatever the kinds.
+        assert_eq!(rest, [programs::UNWIND_EXEC, programs::UNWIND_EXEC_DONE]);
+        assert!(owned.iter().all(|p| programs::ALL.contains(p)), "a program the object does not have");
+    }
+
+    #[test]
+    fn sources_of_kinds_come_once_each_in_attach_order() {
+        let kinds = [ProfileKind::Mutex, ProfileKind::Cpu, ProfileKind::Block, ProfileKind::OffCpu];
+        let sources: Vec<Source> = Source::of_kinds(&kinds).collect();
+        assert_eq!(sources, [Source::CpuClock, Source::FutexWaits, Source::Switches]);
+        assert_eq!(Source::of_kinds(&ProfileKind::ALL).count(), Source::ALL.len(), "every source feeds a kind");
     }
 }

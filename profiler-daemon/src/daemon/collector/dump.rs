@@ -8,14 +8,14 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use super::{decide, notes, settings, Collector};
+use super::{decide, notes, Collector};
 use crate::{
     capture::log_slow,
     ebpf::Counters,
     ids::Pid,
     procs,
     profiles::Counts,
-    profiles::{Context, ProfileKind, View},
+    profiles::{Context, ProfileKind, Settings, View},
     render::{Renderer, Window},
     sink::Sink,
     sink::{DumpError, IntervalDump},
@@ -118,7 +118,7 @@ impl Collector {
                 self.forget_reused(&reused);
                 let renderer = Renderer {
                     catalog: self.capture.catalog(),
-                    settings: settings(&self.config),
+                    settings: Settings::from(&self.config),
                     context: Context::Interval,
                     window,
                     counters,

@@ -26,7 +26,7 @@ use super::{
     thread_dumps::ThreadDumps,
 };
 use crate::{
-    capture::{log_slow, Capture, CaptureConfig, CaptureError},
+    capture::{log_slow, Capture, CaptureConfig, CaptureError, DRAIN_INTERVAL},
     config::{Config, ProcessFacts},
     control::{Command, Commands, Next, PublishedStatus, Refusals, ReloadError, Reloaded, StatusBoard},
     ids::Pid,
@@ -44,8 +44,6 @@ use crate::{
 /// right after its exec it runs in ld.so, which maps the library a moment later.
 const HEAP_TARGET_GRACE: Duration = Duration::from_secs(10);
 
-/// How often the kernel maps are drained.
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often `/proc` is scanned for new heap targets.
 const HEAP_SCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct stacks kept in memory, and their frames in all (32 MiB of them: 200,000 stacks
@@ -158,7 +156,7 @@ impl Collector {
             // A reload may opt processes in to heap profiling later: its maps are kept
             // whenever heap is on.
             kinds: config.profiles.clone(),
-            settings: settings(&config),
+            settings: Settings::from(&config),
             heap_max_live: profiler_common::maps::heap_live_entries(config.heap.sample_bytes),
             max_stacks: max_stacks(),
             max_frames: MAX_FRAMES,
@@ -410,7 +408,7 @@ impl Collector {
         let Sink::Files(files) = &self.sink;
         Status {
             uptime: self.started_at.elapsed(),
-            settings: settings(&self.config),
+            settings: Settings::from(&self.config),
             serving: self.serving().kinds.into_iter().collect(),
             heap_pids: self.capture.heap_pids(),
             counters: self.capture.counters().unwrap_or_default(),
@@ -476,18 +474,6 @@ fn publish_due(since: Duration, read: bool) -> bool {
 fn heap_target_later(err: &CaptureError, age: impl FnOnce() -> Option<Duration>) -> bool {
     matches!(err, CaptureError::HeapTarget { source: TargetError::NoAllocator(_), .. })
         && age().is_some_and(|age| age < HEAP_TARGET_GRACE)
-}
-
-/// The settings that shape profiles.
-fn settings(config: &Config) -> Settings {
-    Settings {
-        frequency_hz: config.cpu.frequency_hz,
-        heap_sample_bytes: config.heap.sample_bytes,
-        offcpu_rate_ns: config.offcpu.rate.as_nanos().min(u128::from(u64::MAX)) as u64,
-        offcpu_sample_every: config.offcpu.sample_every,
-        block_rate_ns: config.waits.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
-        mutex_fraction: config.waits.mutex_fraction,
-    }
 }
 
 /// Extra comment lines for a profile of `pid`: what was probed, for heap profiles.

@@ -9,14 +9,14 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use super::{decide, dump::FOLLOW_WHILE_FINISHING, notes, settings, Collector};
+use super::{decide, dump::FOLLOW_WHILE_FINISHING, notes, Collector};
 use crate::{
     capture::CaptureError,
     control::{IndexEntry, ProfileBody, ProfileQuery, QueryError, Viewer},
     daemon::thread_dumps::{DumpQuery, Walked},
     ids::Pid,
     procs,
-    profiles::{Context, Counts, ProcessCounts, ProfileKind},
+    profiles::{Context, Counts, ProcessCounts, ProfileKind, Settings},
     render::{Renderer, Window},
     threads::ThreadDump,
 };
@@ -143,7 +143,7 @@ impl Collector {
         }
         let renderer = Renderer {
             catalog,
-            settings: settings(&self.config),
+            settings: Settings::from(&self.config),
             context: Context::Query,
             window,
             counters: &counters,

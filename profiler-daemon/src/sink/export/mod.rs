@@ -14,7 +14,7 @@ mod request;
 mod worker;
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         atomic::{AtomicI64, AtomicU64, Ordering},
         Arc, Mutex,
@@ -242,9 +242,4 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into())
-}
-
-/// The path of `dir`'s spool, for messages.
-pub fn spool_path(dir: &Path) -> PathBuf {
-    spool::spool_dir(dir)
 }

@@ -10,20 +10,30 @@ use std::{
 };
 
 use crate::{
-    capture::{Capture, CaptureConfig},
+    capture::{Capture, CaptureConfig, CaptureError},
     cli::ThreadsArgs,
-    config::StackShares,
+    config::{Config, StackShares},
     error::Error,
     ids::Pid,
     output, preflight,
     profiles::{Context, ProcessCounts, ProfileKind, Settings, View},
     render::{Renderer, Window},
     resolve::Namers,
-    snapshot::SnapshotError,
 };
 
+/// Why `profiler threads` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadsError {
+    /// Usage, privileges, the process, or writing the output.
+    #[error(transparent)]
+    Setup(#[from] Error),
+    /// Loading the task iterator, or the dump itself.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+}
+
 /// Runs `profiler threads` and writes its output.
-pub fn run(args: &ThreadsArgs) -> Result<(), SnapshotError> {
+pub fn run(args: &ThreadsArgs) -> Result<(), ThreadsError> {
     if args.debug == 0 && args.output.is_none() && std::io::stdout().is_terminal() {
         return Err(Error::Usage(
             "refusing to write a gzipped profile to a terminal: add --output FILE, or --debug 1 or 2 for text".into(),
@@ -43,15 +53,9 @@ pub fn run(args: &ThreadsArgs) -> Result<(), SnapshotError> {
 }
 
 /// The thread dump of `pid` in the form `debug` names.
-pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, SnapshotError> {
-    let settings = Settings {
-        frequency_hz: 1,
-        heap_sample_bytes: 1,
-        offcpu_rate_ns: 1,
-        offcpu_sample_every: 1,
-        block_rate_ns: 1,
-        mutex_fraction: 1,
-    };
+pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, ThreadsError> {
+    // No sampling here: the defaults only fill what a thread dump does not read.
+    let settings = Settings::from(&Config::default());
     let mut capture = Capture::start(&CaptureConfig {
         pids: vec![pid],
         kinds: vec![ProfileKind::Threads],
