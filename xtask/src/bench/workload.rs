@@ -11,20 +11,7 @@ use anyhow::{bail, Context, Result};
 /// Spins under a fixed-depth call chain built with frame pointers, so every sample walks a
 /// real user stack of known depth rather than one frame of a shell loop. `-fno-shrink-wrap`
 /// makes the spinning leaf set up its frame too, so the walk does not skip its caller.
-pub const SPINNER_C: &str = r#"
-#include <stdlib.h>
-static volatile unsigned long sink;
-__attribute__((noinline)) static void spin(int depth) {
-    if (depth == 0)
-        for (;;) sink++;
-    spin(depth - 1);
-    sink++; /* work after the call keeps it from becoming a tail call */
-}
-int main(int argc, char **argv) {
-    spin(argc > 1 ? atoi(argv[1]) : 16);
-    return 0;
-}
-"#;
+pub const SPINNER_C: &str = include_str!("../../programs/spin.c");
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -85,54 +72,12 @@ fn compile(dir: &Path) -> Result<std::path::PathBuf> {
 /// arguments of the final `printf` (a use of the players' result keeps their work).
 /// Usage: PROGRAM HANDOFFS ROUNDS.
 pub fn two_player_rounds_c(players: &str, setup: &str, done: &str) -> String {
-    format!(
-        r#"#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-
-static pthread_barrier_t start, end;
-static long per_thread, rounds;
-{players}
-static double now_ns(void) {{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}}
-
-int main(int argc, char **argv) {{
-    if (argc != 3 || !({setup}))
-        return 2;
-    long total = atol(argv[1]);
-    rounds = atol(argv[2]);
-    per_thread = total / rounds / 2;
-    pthread_barrier_init(&start, NULL, 3);
-    pthread_barrier_init(&end, NULL, 3);
-    pthread_t threads[2];
-    for (long i = 0; i < 2; i++)
-        pthread_create(&threads[i], NULL, player, (void *)i);
-    char line[16];
-    printf("ready\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return 1;
-    for (long r = 0; r < rounds; r++) {{
-        double t0 = now_ns();
-        pthread_barrier_wait(&start);
-        pthread_barrier_wait(&end);
-        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
-        fflush(stdout);
-    }}
-    printf({done});
-    fflush(stdout);
-    return 0;
-}}
-"#
-    )
+    TWO_PLAYER_ROUNDS_C.replace("@PLAYERS@", players).replace("@SETUP@", setup).replace("@DONE@", done)
 }
+
+/// The template of [`two_player_rounds_c`]: `@PLAYERS@`, `@SETUP@` and `@DONE@` mark where
+/// its arguments go.
+const TWO_PLAYER_ROUNDS_C: &str = include_str!("../../programs/two_player_rounds.c.in");
 
 /// Writes `source` to `dir/<name>.c` and compiles it with gcc and `flags` into `dir/<name>`.
 pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Result<std::path::PathBuf> {
