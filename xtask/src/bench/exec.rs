@@ -44,7 +44,7 @@ pub fn run(args: &ExecArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/exec");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let pacer = workload::compile_c(&dir, "exec_pacer", PACER_C, &["-O2"])?;
+    let pacer = crate::bench::cc::compile_text(&dir, "exec_pacer", PACER_C, &["-O2"])?;
     workload::catch_interrupt();
     let (mut ours, mut perf) = (Vec::new(), Vec::new());
     let mut rss_thirds = Vec::new();

@@ -100,7 +100,7 @@ pub fn run(args: &FutexArgs) -> Result<()> {
     }
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(
+    let bin = crate::bench::cc::compile_text(
         &dir,
         "futex_bench",
         &workload::two_player_rounds_c(FUTEX_PLAYERS_C, "1", r#""done %d\n", turn"#),

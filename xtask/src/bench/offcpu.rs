@@ -80,7 +80,7 @@ pub fn run(args: &OffCpuArgs) -> Result<()> {
     std::env::set_var("OFFCPU_BENCH_CPU", args.pin_cpu.to_string());
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(
+    let bin = crate::bench::cc::compile_text(
         &dir,
         "offcpu_bench",
         &workload::two_player_rounds_c(OFFCPU_PLAYERS_C, "pipe(ping) == 0 && pipe(pong) == 0", r#""done\n""#),

@@ -99,7 +99,7 @@ impl Workloads {
         let unregistered = dir.join("interp-copy");
         std::fs::copy(PYTHON, &unregistered).with_context(|| format!("failed to copy {PYTHON}"))?;
         // Without frame pointers, as Debian builds the interpreter: both are walked by tables.
-        let c_spinner = super::workload::compile_c(
+        let c_spinner = crate::bench::cc::compile_text(
             dir,
             "spin_nofp",
             super::workload::SPINNER_C,

@@ -49,7 +49,7 @@ pub fn run(args: &ThreadsArgs) -> Result<()> {
     let dir = workspace::target_dir().join("xtask-bench-threads");
     fresh_dir(&dir)?;
     workload::catch_interrupt();
-    let bin = workload::compile_c(&dir, WORKLOAD, WORKLOAD_C, &["-O2", "-fomit-frame-pointer", "-pthread"])?;
+    let bin = crate::bench::cc::compile_text(&dir, WORKLOAD, WORKLOAD_C, &["-O2", "-fomit-frame-pointer", "-pthread"])?;
     let daemon = Daemon::start(&dir)?;
     let mut rows = Vec::new();
     for &threads in &args.sizes {

@@ -54,5 +54,5 @@ impl Drop for Fleet {
 }
 
 fn compile(dir: &Path) -> Result<PathBuf> {
-    crate::bench::workload::compile_c(dir, "idler", IDLER_C, &["-O1", "-fno-omit-frame-pointer", "-pthread"])
+    Ok(crate::bench::cc::compile_text(dir, "idler", IDLER_C, &["-O1", "-fno-omit-frame-pointer", "-pthread"])?)
 }

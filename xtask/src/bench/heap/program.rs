@@ -19,12 +19,12 @@ const MALLOC_BENCH_C: &str = include_str!("../../../programs/malloc_bench.c");
 
 /// Compiles the program into `dir`; returns the binary.
 pub fn compile(dir: &Path) -> Result<PathBuf> {
-    crate::bench::workload::compile_c(
+    Ok(crate::bench::cc::compile_text(
         dir,
         "malloc_bench",
         MALLOC_BENCH_C,
         &["-O1", "-fno-builtin-malloc", "-fno-builtin-free"],
-    )
+    )?)
 }
 
 /// One paused copy of the program.
