@@ -53,10 +53,14 @@ pub fn clippy() -> Command {
 }
 
 /// `cargo test --release --no-run` over the workspace, with cargo's JSON messages on stdout
-/// to find the test executables.
-pub fn test_binaries() -> Command {
+/// to find the test executables: all of them, or only the test targets named in `only`
+/// (`--test NAME` each; cargo lists the names there are when one is not).
+pub fn test_binaries(only: &[String]) -> Command {
     let mut cmd = release("test");
     cmd.args(["--no-run", "--message-format=json-render-diagnostics"]).args(WORKSPACE);
+    for name in only {
+        cmd.args(["--test", name]);
+    }
     cmd
 }
 

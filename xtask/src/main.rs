@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             setup::run(setup::Needs { go: for_test, bench: false, privileges: false }).map(|()| ExitCode::SUCCESS)
         }
         Cli::Snapshot { args } => snapshot::run(&args),
-        Cli::Test { unit, args } => test::run(unit, &args),
+        Cli::Test { unit, tests, args } => test::run(unit, &tests, &args),
         Cli::Bench(bench) => bench::run(bench),
     };
     result.unwrap_or_else(|err| {
