@@ -84,8 +84,23 @@ const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "profiler-ebpf"];
 /// `cargo SUBCOMMAND --release` at the workspace root, in the environment the caller of
 /// `cargo xtask` had.
 fn release(subcommand: &str) -> Command {
-    let mut cmd = workspace::cargo();
+    let mut cmd = callers_cargo();
     cmd.args([subcommand, "--release"]);
+    cmd
+}
+
+/// `cargo SUBCOMMAND` for a package with a workspace of its own (the caller adds its
+/// `--manifest-path`), in the caller's environment like [`release`]. A debug build: it shares
+/// no artifact with the workspace's builds (it has its own lock file), and builds quicker.
+pub fn outside_workspace(subcommand: &str) -> Command {
+    let mut cmd = callers_cargo();
+    cmd.arg(subcommand);
+    cmd
+}
+
+/// Cargo at the workspace root, in the environment the caller of `cargo xtask` had.
+fn callers_cargo() -> Command {
+    let mut cmd = workspace::cargo();
     for (name, _) in std::env::vars_os() {
         if is_package_var(&name) {
             cmd.env_remove(name);

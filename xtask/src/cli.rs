@@ -33,6 +33,13 @@ pub enum Cli {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Regenerate the daemon's prost code (`profiler-daemon/src/pprof/*proto.rs`) from its
+    /// vendored .proto files.
+    Protos {
+        /// Write nothing; fail if a checked-in file is not what would be generated.
+        #[arg(long)]
+        check: bool,
+    },
     /// Benchmarks that print a comparison table (not pass/fail tests).
     #[command(subcommand)]
     Bench(bench::Bench),

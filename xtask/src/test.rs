@@ -1,6 +1,6 @@
 //! `cargo xtask test [--unit | --test NAME…] [ARGS…]`, the README's test command: the module
-//! layering check ([`layers`]), setup (with `go tool pprof`), the format and lint checks, the
-//! release build, then every test in the workspace against the release `profiler` binary, one
+//! layering check ([`layers`]), setup (with `go tool pprof`), the format and lint checks, that
+//! the generated prost code is current (`cargo xtask protos --check`), the release build, then every test in the workspace against the release `profiler` binary, one
 //! test binary after another, with each binary's wall time and the slowest tests printed at the
 //! end ([`timing`]).
 //!
@@ -42,6 +42,9 @@ pub fn run(unit: bool, only: &[String], args: &[String]) -> Result<ExitCode> {
         crate::builds::clippy().args(["--", "-D", "warnings"]),
         "fix the lints above",
     )?;
+    if crate::protos::run(true)? != ExitCode::SUCCESS {
+        bail!("the generated prost code is not current; run `cargo xtask protos` and commit the result");
+    }
     let binaries = timing::test_binaries(only)?;
     // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
     // system-wide, so running them in parallel would let them see each other.
