@@ -242,73 +242,67 @@ impl FixtureKind {
         // Build under a temporary name and rename, so an interrupted build never leaves a
         // truncated binary that looks fresh.
         let partial = out_dir.join(format!("{}.partial-{}", self.comm(), std::process::id()));
-        let mut cmd = self.compiler_command(&source, &partial);
-        let output = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("failed to run {cmd:?} (is it installed? cargo xtask setup installs it): {e}"));
-        assert!(
-            output.status.success(),
-            "failed to build fixture {}: {cmd:?} exited with {}\n{}",
-            source.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        crate::cc::run(&mut self.compiler_command(&source, &partial))
+            .unwrap_or_else(|e| panic!("failed to build fixture {}: {e}", source.display()));
         std::fs::rename(&partial, &binary)
             .unwrap_or_else(|e| panic!("failed to move {} into place: {e}", partial.display()));
         binary
     }
 
     fn compiler_command(self, source: &Path, output: &Path) -> Command {
-        let mut cmd;
         if matches!(
             self,
             Self::CpuSplitRust | Self::InlineRust | Self::RustMutex | Self::ThreadDumpRust | Self::ThreadDumpRustNoFp
         ) {
-            cmd = Command::new("rustc");
+            let mut cmd = Command::new("rustc");
             let release = matches!(self, Self::InlineRust | Self::ThreadDumpRustNoFp);
             let flags = if release { RUSTFLAGS_RELEASE } else { RUSTFLAGS };
             cmd.args(flags).args(["--crate-name", self.comm()]);
-        } else {
-            cmd = Command::new("gcc");
-            match self {
-                Self::CpuSplitNoFp
-                | Self::LibcHot
-                | Self::HeapSitesNoFp
-                | Self::ThreadDumpCNoFp
-                | Self::ShortLived
-                | Self::ForkWorkers
-                | Self::DlopenHost
-                | Self::DlSpinLibrary => cmd.args(CFLAGS_NO_FRAME_POINTERS),
-                _ => cmd.args(CFLAGS),
-            };
-            if matches!(self, Self::HeapSites | Self::HeapSitesNoFp | Self::HeapMixed | Self::HeapChurn) {
-                cmd.args(CFLAGS_HEAP);
-            }
-            if self == Self::LibcHot {
-                // Keep the memcpy call a call into libc.
-                cmd.arg("-fno-builtin-memcpy");
-            }
-            if matches!(
-                self,
-                Self::LockContention
-                    | Self::FutexRequeue
-                    | Self::ThreadChurn
-                    | Self::FifoSwap
-                    | Self::StackFlood
-                    | Self::ThreadSpawner
-                    | Self::ThreadDumpC
-                    | Self::ThreadDumpCNoFp
-                    | Self::OffCpuSleeper
-                    | Self::ManyThreads
-            ) {
-                cmd.arg("-pthread");
-            }
-            if self == Self::DlSpinLibrary {
-                cmd.args(["-shared", "-fPIC"]);
-            }
+            cmd.arg("-o").arg(output).arg(source);
+            return cmd;
         }
-        cmd.arg("-o").arg(output).arg(source);
-        cmd
+        crate::cc::command(&self.c_flags(), source, output)
+    }
+
+    /// The C compiler flags of a C fixture.
+    fn c_flags(self) -> Vec<&'static str> {
+        let mut flags = match self {
+            Self::CpuSplitNoFp
+            | Self::LibcHot
+            | Self::HeapSitesNoFp
+            | Self::ThreadDumpCNoFp
+            | Self::ShortLived
+            | Self::ForkWorkers
+            | Self::DlopenHost
+            | Self::DlSpinLibrary => CFLAGS_NO_FRAME_POINTERS.to_vec(),
+            _ => CFLAGS.to_vec(),
+        };
+        if matches!(self, Self::HeapSites | Self::HeapSitesNoFp | Self::HeapMixed | Self::HeapChurn) {
+            flags.extend(CFLAGS_HEAP);
+        }
+        if self == Self::LibcHot {
+            // Keep the memcpy call a call into libc.
+            flags.push("-fno-builtin-memcpy");
+        }
+        if matches!(
+            self,
+            Self::LockContention
+                | Self::FutexRequeue
+                | Self::ThreadChurn
+                | Self::FifoSwap
+                | Self::StackFlood
+                | Self::ThreadSpawner
+                | Self::ThreadDumpC
+                | Self::ThreadDumpCNoFp
+                | Self::OffCpuSleeper
+                | Self::ManyThreads
+        ) {
+            flags.push("-pthread");
+        }
+        if self == Self::DlSpinLibrary {
+            flags.extend(["-shared", "-fPIC"]);
+        }
+        flags
     }
 }
 

@@ -15,6 +15,7 @@
 //! Go) it panics with a message saying what to do.
 
 pub mod backend;
+pub mod cc;
 pub mod daemon;
 pub mod eu_stack;
 pub mod expect;

@@ -26,6 +26,10 @@
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
 
+// The C compile helper, shared with the end-to-end tests: its doc says why it is included
+// rather than a crate. Only the benches compile C, so it sits under them.
+#[path = "../../tests/src/cc.rs"]
+mod cc;
 mod daemon;
 mod exec;
 mod export;

@@ -53,10 +53,14 @@ pub fn clippy() -> Command {
 }
 
 /// `cargo test --release --no-run` over the workspace, with cargo's JSON messages on stdout
-/// to find the test executables.
-pub fn test_binaries() -> Command {
+/// to find the test executables: all of them, or only the test targets named in `only`
+/// (`--test NAME` each; cargo lists the names there are when one is not).
+pub fn test_binaries(only: &[String]) -> Command {
     let mut cmd = release("test");
     cmd.args(["--no-run", "--message-format=json-render-diagnostics"]).args(WORKSPACE);
+    for name in only {
+        cmd.args(["--test", name]);
+    }
     cmd
 }
 
@@ -80,8 +84,23 @@ const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "profiler-ebpf"];
 /// `cargo SUBCOMMAND --release` at the workspace root, in the environment the caller of
 /// `cargo xtask` had.
 fn release(subcommand: &str) -> Command {
-    let mut cmd = workspace::cargo();
+    let mut cmd = callers_cargo();
     cmd.args([subcommand, "--release"]);
+    cmd
+}
+
+/// `cargo SUBCOMMAND` for a package with a workspace of its own (the caller adds its
+/// `--manifest-path`), in the caller's environment like [`release`]. A debug build: it shares
+/// no artifact with the workspace's builds (it has its own lock file), and builds quicker.
+pub fn outside_workspace(subcommand: &str) -> Command {
+    let mut cmd = callers_cargo();
+    cmd.arg(subcommand);
+    cmd
+}
+
+/// Cargo at the workspace root, in the environment the caller of `cargo xtask` had.
+fn callers_cargo() -> Command {
+    let mut cmd = workspace::cargo();
     for (name, _) in std::env::vars_os() {
         if is_package_var(&name) {
             cmd.env_remove(name);

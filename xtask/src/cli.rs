@@ -25,9 +25,20 @@ pub enum Cli {
         /// Only the unit tests (no set-up, no root, no end-to-end binaries), in parallel.
         #[arg(long)]
         unit: bool,
+        /// Only this end-to-end test binary, `tests/tests/NAME.rs` or `tests/tests/NAME/`
+        /// (e.g. `systemd`, `daemon`); repeat for several. Before ARGS, which take the rest.
+        #[arg(long = "test", value_name = "NAME", conflicts_with = "unit")]
+        tests: Vec<String>,
         /// Passed to the test harness after `--test-threads=1`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Regenerate the daemon's prost code (`profiler-daemon/src/pprof/*proto.rs`) from its
+    /// vendored .proto files.
+    Protos {
+        /// Write nothing; fail if a checked-in file is not what would be generated.
+        #[arg(long)]
+        check: bool,
     },
     /// Benchmarks that print a comparison table (not pass/fail tests).
     #[command(subcommand)]
@@ -51,6 +62,22 @@ mod tests {
         assert_eq!(snapshot_args(&["x", "snapshot", "--", "--duration", "5s", "--pid", "1"]), expected);
         assert_eq!(snapshot_args(&["x", "snapshot", "--duration", "5s", "--pid", "1"]), expected);
         assert!(snapshot_args(&["x", "snapshot"]).is_empty());
+    }
+
+    #[test]
+    fn test_selects_binaries_and_keeps_the_name_filter() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).expect("parses") {
+            Cli::Test { unit, tests, args } => (unit, tests, args),
+            other => panic!("parsed as {other:?}"),
+        };
+        let (unit, tests, args) = parse(&["x", "test", "--test", "systemd", "--test", "daemon", "watchdog"]);
+        assert!(!unit);
+        assert_eq!(tests, ["systemd", "daemon"]);
+        assert_eq!(args, ["watchdog"]);
+        assert_eq!(parse(&["x", "test", "python"]), (false, vec![], vec!["python".to_string()]));
+        // After the first harness argument everything is the harness's, `--test` included.
+        assert_eq!(parse(&["x", "test", "python", "--test", "x"]).2, ["python", "--test", "x"]);
+        assert!(Cli::try_parse_from(["x", "test", "--unit", "--test", "systemd"]).is_err());
     }
 
     #[test]

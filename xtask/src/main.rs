@@ -1,4 +1,4 @@
-//! Developer orchestration for the profiler: `cargo xtask setup | snapshot | test | bench`.
+//! Developer orchestration for the profiler: `cargo xtask setup | snapshot | test | protos | bench`.
 //!
 //! Each subcommand lives in its own module; this file only parses and maps errors to an exit
 //! code once.
@@ -6,6 +6,7 @@
 mod bench;
 mod builds;
 mod cli;
+mod protos;
 mod setup;
 mod snapshot;
 mod test;
@@ -23,7 +24,8 @@ fn main() -> ExitCode {
             setup::run(setup::Needs { go: for_test, bench: false, privileges: false }).map(|()| ExitCode::SUCCESS)
         }
         Cli::Snapshot { args } => snapshot::run(&args),
-        Cli::Test { unit, args } => test::run(unit, &args),
+        Cli::Test { unit, tests, args } => test::run(unit, &tests, &args),
+        Cli::Protos { check } => protos::run(check),
         Cli::Bench(bench) => bench::run(bench),
     };
     result.unwrap_or_else(|err| {

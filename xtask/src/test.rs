@@ -1,11 +1,17 @@
-//! `cargo xtask test [--unit] [ARGS…]`, the README's test command: the module layering check
-//! ([`layers`]), setup (with `go tool pprof`), the format and lint checks, the release build,
-//! then every test in the workspace against the release `profiler` binary, one test binary
-//! after another, with each binary's wall time and the slowest tests printed at the end
-//! ([`timing`]).
+//! `cargo xtask test [--unit | --test NAME…] [ARGS…]`, the README's test command: the module
+//! layering check ([`layers`]), setup (with `go tool pprof`), the format and lint checks, that
+//! the generated prost code is current (`cargo xtask protos --check`), the release build, then every test in the workspace against the release `profiler` binary, one
+//! test binary after another, with each binary's wall time and the slowest tests printed at the
+//! end ([`timing`]).
 //!
-//! `--unit` is the quick tier: the unit tests of every crate (no end-to-end binaries, no
-//! root, no set-up beyond the build), in parallel.
+//! The tiers are selected by structure, not by test name:
+//! - `--unit` is the quick tier: the unit tests of every crate (no end-to-end binaries, no
+//!   root, no set-up beyond the build), in parallel;
+//! - `--test NAME` (repeatable) runs only those end-to-end binaries (`tests/tests/NAME.rs`,
+//!   `tests/tests/NAME/`), e.g. `--test systemd`, and no unit or doc tests.
+//!
+//! ARGS still go to every harness run, so a name filter (`cargo xtask test python`) works as
+//! before, alone or within a `--test` selection.
 
 mod layers;
 mod timing;
@@ -16,8 +22,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::workspace;
 
-/// ARGS go to the test harness (after `--`), e.g. a test name filter.
-pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
+/// `only`: the end-to-end binaries to run (none: every test binary). ARGS go to the test
+/// harness (after `--`), e.g. a test name filter.
+pub fn run(unit: bool, only: &[String], args: &[String]) -> Result<ExitCode> {
     // First: it reads the sources only, so a cycle fails in a second, before any build.
     workspace::stage("module layers: no import cycle between a crate's top-level modules; size limits");
     layers::check(&workspace::root())?;
@@ -35,15 +42,19 @@ pub fn run(unit: bool, args: &[String]) -> Result<ExitCode> {
         crate::builds::clippy().args(["--", "-D", "warnings"]),
         "fix the lints above",
     )?;
-    let binaries = timing::test_binaries()?;
+    if crate::protos::run(true)? != ExitCode::SUCCESS {
+        bail!("the generated prost code is not current; run `cargo xtask protos` and commit the result");
+    }
+    let binaries = timing::test_binaries(only)?;
     // The end-to-end tests share the kernel (perf events, tracefs) and each profiles
     // system-wide, so running them in parallel would let them see each other.
     let mut harness = vec!["--test-threads=1".to_string()];
     harness.extend(args.iter().cloned());
-    let report = timing::run_all(&binaries, &harness, &[("PROFILER_BIN", workspace::profiler_bin())])?;
+    let envs = [("PROFILER_BIN", workspace::profiler_bin())];
+    let report = timing::run_all(&binaries, &harness, &envs, only.is_empty())?;
     report.print();
     if report.failed_binaries() > 0 {
-        eprintln!("error: tests failed; rerun one with `cargo xtask test <name>`");
+        eprintln!("error: tests failed; rerun one with `cargo xtask test --test BINARY <name>`");
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)

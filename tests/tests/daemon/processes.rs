@@ -116,13 +116,8 @@ fn a_binary_replaced_on_disk_gets_its_own_symbols() {
     drop(first);
     let rebuilt = scratch.path().join("rebuilt");
     let source = profiler_tests::workspace_root().join("tests/fixtures/cpu_split.c");
-    let gcc = Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-Dhot_a=alpha_a", "-Dhot_b=alpha_b", "-o"])
-        .arg(&rebuilt)
-        .arg(&source)
-        .status()
-        .expect("gcc");
-    assert!(gcc.success());
+    let flags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-Dhot_a=alpha_a", "-Dhot_b=alpha_b"];
+    profiler_tests::cc::compile(&flags, &source, &rebuilt).unwrap_or_else(|e| panic!("{e}"));
     std::fs::rename(&rebuilt, &app).unwrap();
     let second = run_from(&app);
     let new = wait_for_files(&daemon, &second, 1);

@@ -9,7 +9,8 @@
 //! (`heap`), and what the daemon sees of the container's pid namespace (`pid_namespace`,
 //! ignored until the daemon handles it).
 //!
-//! Every test name contains `systemd`, so `cargo xtask test systemd` runs exactly these.
+//! `cargo xtask test --test systemd` runs exactly these (this binary; their names also all
+//! contain `systemd`, so the older `cargo xtask test systemd` still finds them).
 //! Each container boots in about a second; the watchdog test waits out `WatchdogSec=30s`.
 
 mod heap;

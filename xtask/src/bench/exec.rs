@@ -44,7 +44,7 @@ pub fn run(args: &ExecArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
     let dir = workspace::target_dir().join("xtask-bench/exec");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let pacer = workload::compile_c(&dir, "exec_pacer", PACER_C, &["-O2"])?;
+    let pacer = crate::bench::cc::compile_text(&dir, "exec_pacer", PACER_C, &["-O2"])?;
     workload::catch_interrupt();
     let (mut ours, mut perf) = (Vec::new(), Vec::new());
     let mut rss_thirds = Vec::new();
@@ -121,45 +121,7 @@ fn perf_round(dir: &Path, pacer: &Path, args: &ExecArgs) -> Result<Round> {
 
 /// Runs `/bin/true` RATE times a second (`posix_spawn` and wait, on a fixed schedule)
 /// until SIGTERM, then prints how many it started.
-const PACER_C: &str = r#"
-#include <signal.h>
-#include <spawn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <time.h>
-
-extern char **environ;
-static volatile sig_atomic_t stop;
-
-static void on_term(int sig) { (void)sig; stop = 1; }
-
-int main(int argc, char **argv) {
-    if (argc != 2)
-        return 2;
-    long period_ns = 1000000000L / atol(argv[1]);
-    signal(SIGTERM, on_term);
-    char *args[] = {"/bin/true", NULL};
-    struct timespec next;
-    clock_gettime(CLOCK_MONOTONIC, &next);
-    long started = 0;
-    while (!stop) {
-        pid_t pid;
-        if (posix_spawn(&pid, "/bin/true", NULL, NULL, args, environ) == 0) {
-            waitpid(pid, NULL, 0);
-            started++;
-        }
-        next.tv_nsec += period_ns;
-        while (next.tv_nsec >= 1000000000L) {
-            next.tv_nsec -= 1000000000L;
-            next.tv_sec++;
-        }
-        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
-    }
-    printf("%ld\n", started);
-    return 0;
-}
-"#;
+const PACER_C: &str = include_str!("../../programs/exec_pacer.c");
 
 /// The pacer process, running until stopped; killed and reaped on drop if never stopped
 /// (a round that fails midway must not leave it spawning programs after the bench ends).

@@ -58,37 +58,7 @@ const MAX_OURS_VS_FLOOR: f64 = 1.10;
 /// lock+unlock loops hardly contend: a thread keeps the lock for its whole time slice), and
 /// the mutex is contended whenever both threads run. The BPF stats line shows the futex
 /// calls per handoff (see `workload::two_player_rounds_c`).
-const FUTEX_PLAYERS_C: &str = r#"
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t turn_changed = PTHREAD_COND_INITIALIZER;
-static int turn;
-
-static void *player(void *arg) {
-    int me = (int)(long)arg;
-    const char *pin = getenv("FUTEX_BENCH_CPU");
-    if (pin) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(atoi(pin), &set);
-        if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-            abort();
-    }
-    for (long r = 0; r < rounds; r++) {
-        pthread_barrier_wait(&start);
-        for (long i = 0; i < per_thread; i++) {
-            pthread_mutex_lock(&lock);
-            while (turn != me)
-                pthread_cond_wait(&turn_changed, &lock);
-            turn = !me;
-            pthread_cond_signal(&turn_changed);
-            pthread_mutex_unlock(&lock);
-        }
-        pthread_barrier_wait(&end);
-    }
-    return NULL;
-}
-
-"#;
+const FUTEX_PLAYERS_C: &str = include_str!("../../programs/futex_players.inc.c");
 
 #[derive(Clone, Copy)]
 enum Probe {
@@ -130,7 +100,7 @@ pub fn run(args: &FutexArgs) -> Result<()> {
     }
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(
+    let bin = crate::bench::cc::compile_text(
         &dir,
         "futex_bench",
         &workload::two_player_rounds_c(FUTEX_PLAYERS_C, "1", r#""done %d\n", turn"#),

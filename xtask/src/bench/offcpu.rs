@@ -53,41 +53,7 @@ const MAX_OURS_VS_FLOOR: f64 = 1.10;
 
 /// Two threads pass a byte over two pipes PAIRS / ROUNDS times per round; main times each
 /// round and prints the wall time per handoff (see `workload::two_player_rounds_c`).
-const OFFCPU_PLAYERS_C: &str = r#"
-static int ping[2], pong[2];
-
-static void pin(void) {
-    const char *cpu = getenv("OFFCPU_BENCH_CPU");
-    if (!cpu)
-        return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(atoi(cpu), &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-        abort();
-}
-
-static void *player(void *arg) {
-    int me = (int)(long)arg;
-    int in = me ? ping[0] : pong[0], out = me ? pong[1] : ping[1];
-    char byte = 'x';
-    pin();
-    for (long r = 0; r < rounds; r++) {
-        pthread_barrier_wait(&start);
-        for (long i = 0; i < per_thread; i++) {
-            if (me == 0 && write(out, &byte, 1) != 1)
-                abort();
-            if (read(in, &byte, 1) != 1)
-                abort();
-            if (me == 1 && write(out, &byte, 1) != 1)
-                abort();
-        }
-        pthread_barrier_wait(&end);
-    }
-    return NULL;
-}
-
-"#;
+const OFFCPU_PLAYERS_C: &str = include_str!("../../programs/offcpu_players.inc.c");
 
 #[derive(Clone, Copy)]
 enum Probe {
@@ -114,7 +80,7 @@ pub fn run(args: &OffCpuArgs) -> Result<()> {
     std::env::set_var("OFFCPU_BENCH_CPU", args.pin_cpu.to_string());
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = workload::compile_c(
+    let bin = crate::bench::cc::compile_text(
         &dir,
         "offcpu_bench",
         &workload::two_player_rounds_c(OFFCPU_PLAYERS_C, "pipe(ping) == 0 && pipe(pong) == 0", r#""done\n""#),

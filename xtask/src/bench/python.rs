@@ -42,24 +42,7 @@ const NATIVE_FRAMES: u32 = 13;
 const MAX_NATIVE_VS_C: f64 = 2.0;
 
 /// `depth` Python frames: `<module>`, `down` × (depth − 2), `spin`.
-const SPINNER_PY: &str = r#"import sys
-
-
-def spin():
-    acc = 0
-    while True:
-        for i in range(10000):
-            acc = (acc * 31 + i) & 0xFFFFFFFF
-
-
-def down(n):
-    if n <= 0:
-        spin()
-    down(n - 1)
-
-
-down(int(sys.argv[1]) - 2)
-"#;
+const SPINNER_PY: &str = include_str!("../../programs/spin.py");
 
 #[derive(clap::Args, Debug)]
 pub struct PythonArgs {
@@ -116,7 +99,7 @@ impl Workloads {
         let unregistered = dir.join("interp-copy");
         std::fs::copy(PYTHON, &unregistered).with_context(|| format!("failed to copy {PYTHON}"))?;
         // Without frame pointers, as Debian builds the interpreter: both are walked by tables.
-        let c_spinner = super::workload::compile_c(
+        let c_spinner = crate::bench::cc::compile_text(
             dir,
             "spin_nofp",
             super::workload::SPINNER_C,

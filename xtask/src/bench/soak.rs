@@ -95,8 +95,8 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();
-    let churn_bin = workload::compile_c(&dir, "stack_churn", CHURN_C, CFLAGS)?;
-    let split_bin = workload::compile_c(&dir, "cpu_split", SPLIT_C, CFLAGS)?;
+    let churn_bin = crate::bench::cc::compile_text(&dir, "stack_churn", CHURN_C, CFLAGS)?;
+    let split_bin = crate::bench::cc::compile_text(&dir, "cpu_split", SPLIT_C, CFLAGS)?;
 
     workspace::stage(&format!(
         "profiler run at {} Hz, {CHURNERS} churners ({LEVELS} levels), until {} stacks are learnt (at most {} min)",

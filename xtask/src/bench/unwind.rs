@@ -50,13 +50,13 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
-    let no_fp = workload::compile_c(
+    let no_fp = crate::bench::cc::compile_text(
         &dir,
         "spin_nofp",
         workload::SPINNER_C,
         &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
     )?;
-    let fp = workload::compile_c(
+    let fp = crate::bench::cc::compile_text(
         &dir,
         "spin_fp",
         workload::SPINNER_C,

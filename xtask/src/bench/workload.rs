@@ -6,25 +6,12 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 /// Spins under a fixed-depth call chain built with frame pointers, so every sample walks a
 /// real user stack of known depth rather than one frame of a shell loop. `-fno-shrink-wrap`
 /// makes the spinning leaf set up its frame too, so the walk does not skip its caller.
-pub const SPINNER_C: &str = r#"
-#include <stdlib.h>
-static volatile unsigned long sink;
-__attribute__((noinline)) static void spin(int depth) {
-    if (depth == 0)
-        for (;;) sink++;
-    spin(depth - 1);
-    sink++; /* work after the call keeps it from becoming a tail call */
-}
-int main(int argc, char **argv) {
-    spin(argc > 1 ? atoi(argv[1]) : 16);
-    return 0;
-}
-"#;
+pub const SPINNER_C: &str = include_str!("../../programs/spin.c");
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -73,7 +60,7 @@ impl Drop for Children {
 }
 
 fn compile(dir: &Path) -> Result<std::path::PathBuf> {
-    compile_c(dir, "spin", SPINNER_C, &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"])
+    Ok(crate::bench::cc::compile_text(dir, "spin", SPINNER_C, &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"])?)
 }
 
 /// The C program of a two-thread round bench (`bench futex`, `bench offcpu`): `players`
@@ -85,70 +72,12 @@ fn compile(dir: &Path) -> Result<std::path::PathBuf> {
 /// arguments of the final `printf` (a use of the players' result keeps their work).
 /// Usage: PROGRAM HANDOFFS ROUNDS.
 pub fn two_player_rounds_c(players: &str, setup: &str, done: &str) -> String {
-    format!(
-        r#"#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-
-static pthread_barrier_t start, end;
-static long per_thread, rounds;
-{players}
-static double now_ns(void) {{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}}
-
-int main(int argc, char **argv) {{
-    if (argc != 3 || !({setup}))
-        return 2;
-    long total = atol(argv[1]);
-    rounds = atol(argv[2]);
-    per_thread = total / rounds / 2;
-    pthread_barrier_init(&start, NULL, 3);
-    pthread_barrier_init(&end, NULL, 3);
-    pthread_t threads[2];
-    for (long i = 0; i < 2; i++)
-        pthread_create(&threads[i], NULL, player, (void *)i);
-    char line[16];
-    printf("ready\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return 1;
-    for (long r = 0; r < rounds; r++) {{
-        double t0 = now_ns();
-        pthread_barrier_wait(&start);
-        pthread_barrier_wait(&end);
-        printf("round %.3f\n", (now_ns() - t0) / (double)(per_thread * 2));
-        fflush(stdout);
-    }}
-    printf({done});
-    fflush(stdout);
-    return 0;
-}}
-"#
-    )
+    TWO_PLAYER_ROUNDS_C.replace("@PLAYERS@", players).replace("@SETUP@", setup).replace("@DONE@", done)
 }
 
-/// Writes `source` to `dir/<name>.c` and compiles it with gcc and `flags` into `dir/<name>`.
-pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Result<std::path::PathBuf> {
-    let (src, bin) = (dir.join(format!("{name}.c")), dir.join(name));
-    std::fs::write(&src, source).with_context(|| format!("failed to write {}", src.display()))?;
-    let status = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .args([&bin, &src])
-        .status()
-        .context("failed to run gcc; run `cargo xtask setup`")?;
-    if !status.success() {
-        bail!("gcc failed to compile {} ({status})", src.display());
-    }
-    Ok(bin)
-}
+/// The template of [`two_player_rounds_c`]: `@PLAYERS@`, `@SETUP@` and `@DONE@` mark where
+/// its arguments go.
+const TWO_PLAYER_ROUNDS_C: &str = include_str!("../../programs/two_player_rounds.c.in");
 
 /// `kernel.bpf_stats_enabled=1` while alive, then the previous value again.
 pub struct BpfStats {
@@ -204,4 +133,56 @@ pub fn catch_interrupt() {
 /// Whether Ctrl-C arrived since `catch_interrupt`.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    fn programs() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs")
+    }
+
+    fn files_ending(suffix: &str) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(programs())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.to_str().unwrap().ends_with(suffix))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Every program in `xtask/programs/` builds from its file with the shared helper: each
+    /// whole `*.c` as it is, and each `*.inc.c` fragment inside the two-player template.
+    #[test]
+    fn every_program_compiles_from_its_file() {
+        let dir = std::env::temp_dir().join(format!("xtask-programs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let whole: Vec<PathBuf> =
+            files_ending(".c").into_iter().filter(|p| !p.to_str().unwrap().ends_with(".inc.c")).collect();
+        let fragments = files_ending(".inc.c");
+        assert!(whole.len() >= 5 && fragments.len() >= 2, "{whole:?} {fragments:?}");
+        for path in &whole {
+            let name = path.file_stem().unwrap().to_str().unwrap();
+            let text = std::fs::read_to_string(path).unwrap();
+            crate::bench::cc::compile_text(&dir, name, &text, &["-O1", "-pthread"]).unwrap_or_else(|e| panic!("{e}"));
+        }
+        for path in &fragments {
+            let name = path.file_stem().unwrap().to_str().unwrap().replace(".inc", "");
+            let text = super::two_player_rounds_c(&std::fs::read_to_string(path).unwrap(), "1", r#""done\n""#);
+            crate::bench::cc::compile_text(&dir, &name, &text, &["-O1", "-pthread"]).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Each marker of the template is there once, so each argument lands in one place.
+    #[test]
+    fn the_template_has_each_marker_once() {
+        for marker in ["@PLAYERS@", "@SETUP@", "@DONE@"] {
+            assert_eq!(super::TWO_PLAYER_ROUNDS_C.matches(marker).count(), 1, "{marker}");
+        }
+        let program = super::two_player_rounds_c("P", "S", "D");
+        assert!(!program.contains('@'), "a marker left in:\n{program}");
+    }
 }

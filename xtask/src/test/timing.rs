@@ -45,9 +45,10 @@ pub struct Report {
     runs: Vec<BinaryRun>,
 }
 
-/// Builds the workspace's test binaries ([`crate::builds::test_binaries`]) and lists them.
-pub fn test_binaries() -> Result<Vec<TestBinary>> {
-    let mut cmd = crate::builds::test_binaries();
+/// Builds the workspace's test binaries ([`crate::builds::test_binaries`]), or only the test
+/// targets named in `only`, and lists them.
+pub fn test_binaries(only: &[String]) -> Result<Vec<TestBinary>> {
+    let mut cmd = crate::builds::test_binaries(only);
     workspace::stage(&workspace::shell_line(&cmd));
     let output = cmd.stderr(Stdio::inherit()).output().context("failed to run cargo test --no-run")?;
     if !output.status.success() {
@@ -87,8 +88,9 @@ fn package_name(id: &str) -> Option<&str> {
     }
 }
 
-/// Runs every binary with `harness` arguments and `envs`, echoing its output.
-pub fn run_all(binaries: &[TestBinary], harness: &[String], envs: &[(&str, PathBuf)]) -> Result<Report> {
+/// Runs every binary with `harness` arguments and `envs`, echoing its output, then the doc
+/// tests if `doc`.
+pub fn run_all(binaries: &[TestBinary], harness: &[String], envs: &[(&str, PathBuf)], doc: bool) -> Result<Report> {
     let mut report = Report::default();
     for binary in binaries {
         workspace::stage(&format!("{} ({})", binary.name, binary.executable.display()));
@@ -99,11 +101,13 @@ pub fn run_all(binaries: &[TestBinary], harness: &[String], envs: &[(&str, PathB
         }
         report.runs.push(run_one(&binary.name, cmd)?);
     }
-    // The examples in the crates' docs, as plain `cargo test` runs them.
-    let mut doc = crate::builds::doc_tests();
-    doc.arg("--").args(harness);
-    workspace::stage(&workspace::shell_line(&doc));
-    report.runs.push(run_one("doctests", doc)?);
+    if doc {
+        // The examples in the crates' docs, as plain `cargo test` runs them.
+        let mut doc = crate::builds::doc_tests();
+        doc.arg("--").args(harness);
+        workspace::stage(&workspace::shell_line(&doc));
+        report.runs.push(run_one("doctests", doc)?);
+    }
     Ok(report)
 }
 
