@@ -9,8 +9,12 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
+
+// The workspace's one C compile helper (its header says why it is included by path).
+#[allow(dead_code)] // the file also serves xtask's benches: this test uses one function of it
+#[path = "../../../tests/src/cc.rs"]
+mod cc;
 
 use super::readelf::{readelf_fdes, Columns, ReadelfFde};
 use super::rule::{cfa_offset, CfaRegister, RbpRule, Rule, Unsupported};
@@ -189,18 +193,7 @@ impl Drop for ScratchDir {
 
 /// Compiles the C fixture with `flags` into `dir`.
 fn compile_fixture(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let source = dir.join("fixture.c");
-    std::fs::write(&source, FIXTURE_C).expect("write the fixture source");
-    let binary = dir.join(name);
-    let status = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(&binary)
-        .arg(&source)
-        .status()
-        .expect("failed to run gcc (part of the build environment)");
-    assert!(status.success(), "gcc {flags:?} failed");
-    binary
+    cc::compile_text(dir, name, FIXTURE_C, flags).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn build_file(path: &Path) -> UnwindTable {
