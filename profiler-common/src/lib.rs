@@ -20,7 +20,7 @@ pub mod runtimes;
 pub mod sampling;
 pub mod share;
 pub mod stack;
-pub mod thread;
+pub mod threadcreate;
 pub mod threads;
 pub mod tracepoint;
 pub mod unwind;
@@ -36,7 +36,7 @@ pub use stack::{
     Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
     STACK_PIECE_FRAMES,
 };
-pub use thread::{ThreadCounter, ThreadKey};
+pub use threadcreate::{ThreadCounter, ThreadKey};
 pub use threads::{TaskOffsets, ThreadRecord};
 pub use unwind::{
     RegisterAsk, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,

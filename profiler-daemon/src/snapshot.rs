@@ -354,7 +354,7 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
                 truncate(&w.hottest, 60)
             );
         }
-        let (f, t) = (counters.futex, counters.threads);
+        let (f, t) = (counters.futex, counters.threadcreate);
         println!(
             "futex: {} waits, {} charged to a waker, {} threads created; dropped: in-flight map full {}, block map full {}, \
              mutex map full {}, threadcreate map full {}",

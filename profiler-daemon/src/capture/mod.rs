@@ -321,7 +321,7 @@ impl Capture {
                 self.futex = Some(attached);
             }
             Source::ThreadCreation => {
-                self.session.attach_threads().map_err(|e| CaptureError::Attach("thread-creation", e))?
+                self.session.attach_threadcreate().map_err(|e| CaptureError::Attach("thread-creation", e))?
             }
             Source::Switches => self
                 .session
@@ -500,7 +500,7 @@ fn session_config(
         heap_max_live: config.heap_max_live,
         heap: sources.contains(&Source::HeapProbes),
         waits: sources.contains(&Source::FutexWaits),
-        threads: sources.contains(&Source::ThreadCreation),
+        threadcreate: sources.contains(&Source::ThreadCreation),
         offcpu: sources.contains(&Source::Switches),
         thread_dumps: sources.contains(&Source::TaskIterator),
         enable_stats: config.enable_stats,

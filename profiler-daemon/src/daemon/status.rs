@@ -143,7 +143,7 @@ fn programs_status(s: &Status) -> serde_json::Value {
 
 /// Events recorded, by program.
 fn samples_status(s: &Status) -> serde_json::Value {
-    let (cpu, heap, futex, threads) = (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads);
+    let (cpu, heap, futex, threads) = (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threadcreate);
     json!({
         "cpu": cpu.samples,
         "heap": heap.sampled,
@@ -158,7 +158,7 @@ fn samples_status(s: &Status) -> serde_json::Value {
 /// Events and stacks lost, and where: the kernel's maps, the catalogue, the output.
 fn drops_status(s: &Status) -> serde_json::Value {
     let (cpu, heap, futex, threads, d) =
-        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
+        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threadcreate, &s.dumps);
     json!({
         "cpu_counts_map_full": cpu.counts_map_full,
         "cpu_stacks_map_full": cpu.stacks_map_full,

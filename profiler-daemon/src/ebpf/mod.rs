@@ -1,6 +1,6 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
 //! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`waits`]) and the
-//! thread-creation tracepoint ([`threads`]), drains their maps ([`drain`]), feeds the
+//! thread-creation tracepoint ([`threadcreate`]), drains their maps ([`drain`]), feeds the
 //! unwinder's maps ([`unwind`]) and reads thread dumps ([`task_iter`], with the `task_struct`
 //! layout from the kernel's BTF, [`btf`]). Errors are [`Error`], which alone carries aya's types.
 //!
@@ -23,7 +23,7 @@ mod offcpu;
 mod task_iter;
 #[cfg(test)]
 mod tests;
-mod threads;
+mod threadcreate;
 mod tracefs;
 mod unwind;
 mod waits;
@@ -48,7 +48,7 @@ pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{maps, ThreadRecord};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use task_iter::ThreadIterator;
-pub use threads::{RawThreadCount, ThreadCounters};
+pub use threadcreate::{RawThreadCount, ThreadCounters};
 pub use unwind::{RuntimeCounters, UnwindCounters, UnwindView, Where as UnwindMap};
 pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
@@ -82,7 +82,7 @@ pub struct SessionConfig {
     /// are created with one entry, as the heap maps are.
     pub waits: bool,
     /// Whether the thread-creation program may be attached (the same for its maps).
-    pub threads: bool,
+    pub threadcreate: bool,
     /// Whether the off-CPU program may be attached (the same for its maps).
     pub offcpu: bool,
     /// Whether thread dumps are taken: loads the task iterator, after reading the
@@ -116,7 +116,7 @@ pub struct Counters {
     pub cpu: CpuCounters,
     pub heap: HeapCounters,
     pub futex: FutexCounters,
-    pub threads: ThreadCounters,
+    pub threadcreate: ThreadCounters,
     pub offcpu: OffCpuCounters,
     pub unwind: UnwindCounters,
     pub runtimes: RuntimeCounters,
@@ -203,8 +203,8 @@ impl Session {
     }
 
     /// Attaches the thread-creation program (threadcreate profile). Call once.
-    pub fn attach_threads(&mut self) -> Result<()> {
-        threads::attach(&mut self.ebpf)
+    pub fn attach_threadcreate(&mut self) -> Result<()> {
+        threadcreate::attach(&mut self.ebpf)
     }
 
     /// Attaches the off-CPU program (offcpu profile), recording intervals by length at
@@ -221,7 +221,7 @@ impl Session {
             cpu: cpu::counters(&self.ebpf, self.cpu_clock)?,
             heap: heap::counters(&self.ebpf, self.live_reads_cut.load(std::sync::atomic::Ordering::Relaxed))?,
             futex: waits::counters(&self.ebpf)?,
-            threads: threads::counters(&self.ebpf)?,
+            threadcreate: threadcreate::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,
             runtimes: unwind::runtime_counters(&self.ebpf)?,

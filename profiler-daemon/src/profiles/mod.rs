@@ -336,7 +336,7 @@ mod tests {
             heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), size: 8, count: 1, bytes: 8 }],
             block: vec![wait],
             mutex: vec![RawWaitTotals { stack: StackId(16), ..wait }],
-            threads: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
+            threadcreate: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
             offcpu: vec![RawOffCpu {
                 pid: Pid(6),
                 tid: Tid(6),
