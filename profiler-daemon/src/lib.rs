@@ -45,7 +45,7 @@ pub mod sigbus;
 pub mod sink;
 pub mod snapshot;
 pub mod symbolize;
-pub mod threads;
+pub mod thread_dump;
 pub mod units;
 pub mod untrusted;
 pub mod unwind;

@@ -33,7 +33,7 @@ use crate::{
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
     runtimes::{DumpReader, Readers},
     sideband::{FollowLatency, Sideband},
-    threads::{DumpJob, DumpOutcome, ThreadDump},
+    thread_dump::{DumpJob, DumpOutcome, ThreadDump},
     unwind::{self, HeldTables, Unwinder, UnwinderStats},
 };
 
@@ -371,7 +371,7 @@ impl Capture {
         self.finish_thread_dump(ticket, walked)
     }
 
-    /// Begins a dump of every thread of `pid` (see [`crate::threads`]): registers the process
+    /// Begins a dump of every thread of `pid` (see [`crate::thread_dump`]): registers the process
     /// with the unwinder if it is not yet (so that its frames are stepped with tables), holds
     /// its tables loaded, and takes what the walk needs. The walk ([`DumpJob::run`]) may run
     /// on another thread; its outcome goes back to [`Capture::finish_thread_dump`] with the

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     ebpf::{Batch, LiveBlock},
     ids::{Pid, StackId, Tid},
-    threads::ThreadDump,
+    thread_dump::ThreadDump,
 };
 
 /// What one process got in a window, one part per kind.
