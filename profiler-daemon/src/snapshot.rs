@@ -294,7 +294,7 @@ fn print_bpf_stats(capture: &Capture, kinds: &[ProfileKind]) -> Result<()> {
         match source {
             Source::CpuClock => names.push(programs::CPU_SAMPLE),
             Source::HeapProbes => names.extend([programs::MALLOC_ENTER, programs::FREE_ENTER, programs::ALLOC_EXIT]),
-            Source::FutexWaits => names.extend(programs::FUTEX),
+            Source::Futex => names.extend(programs::FUTEX),
             Source::ThreadCreation => names.push(programs::THREAD_CREATE),
             Source::TaskIterator => names.push(programs::THREAD_DUMP),
             Source::Switches => names.extend([
@@ -341,7 +341,7 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         }
     }
     let waits: Vec<&Written> =
-        written.iter().filter(|w| matches!(w.kind.source(), Source::FutexWaits | Source::ThreadCreation)).collect();
+        written.iter().filter(|w| matches!(w.kind.source(), Source::Futex | Source::ThreadCreation)).collect();
     if !waits.is_empty() {
         println!("{:<24} {:>8} {:<12} {:>16}  top leaf function", "process", "pid", "profile", "delay ns/threads");
         for w in waits.iter().take(SUMMARY_ROWS * 3) {

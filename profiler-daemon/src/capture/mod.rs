@@ -291,8 +291,7 @@ impl Capture {
     /// Attaches every source of `sources` but the heap probes (attached per process);
     /// `mutex`: whether the mutex profile is captured (see [`MUTEX_OFF`]).
     fn attach_all(&mut self, sources: &HashSet<Source>, settings: &Settings, mutex: bool) -> Result<(), CaptureError> {
-        for source in
-            [Source::CpuClock, Source::FutexWaits, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
+        for source in [Source::CpuClock, Source::Futex, Source::ThreadCreation, Source::TaskIterator, Source::Switches]
         {
             if sources.contains(&source) {
                 self.attach(source, settings, mutex)?;
@@ -309,13 +308,13 @@ impl Capture {
             Source::CpuClock => {
                 self.session.attach_cpu(settings.frequency_hz).map_err(|e| CaptureError::Attach("cpu", e))?
             }
-            Source::FutexWaits => {
+            Source::Futex => {
                 // Without the mutex profile the wakes are still followed (a waiter's wait ends
                 // at one), but none is walked for a waker's stack nobody reads.
                 let fraction = if mutex { settings.mutex_fraction } else { MUTEX_OFF as u32 };
                 let attached = self
                     .session
-                    .attach_waits(settings.block_rate_ns, fraction)
+                    .attach_futex(settings.block_rate_ns, fraction)
                     .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
                 self.futex = Some(attached);
@@ -499,7 +498,7 @@ fn session_config(
         heap_sample_bytes: config.settings.heap_sample_bytes,
         heap_max_live: config.heap_max_live,
         heap: sources.contains(&Source::HeapProbes),
-        waits: sources.contains(&Source::FutexWaits),
+        futex: sources.contains(&Source::Futex),
         threadcreate: sources.contains(&Source::ThreadCreation),
         offcpu: sources.contains(&Source::Switches),
         thread_dumps: sources.contains(&Source::TaskIterator),

@@ -22,11 +22,11 @@ use profiler_common::{
 
 use super::{
     cpu::{self, RawCpuSample},
+    futex::{self, RawWaitTotals},
     heap::{self, RawHeapTotals},
     map_error, map_mut,
     offcpu::{self, RawOffCpu},
     threadcreate::{self, RawThreadCount},
-    waits::{self, RawWaitTotals},
     Result,
 };
 use crate::ids::{Pid, StackId};
@@ -58,7 +58,7 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let set = set as usize;
     let cpu = cpu::drain(ebpf, set)?;
     let heap = heap::drain(ebpf, set)?;
-    let (block, mutex) = waits::drain(ebpf, set)?;
+    let (block, mutex) = futex::drain(ebpf, set)?;
     let threadcreate = threadcreate::drain(ebpf, set)?;
     let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.

@@ -9,7 +9,7 @@ use aya::{Ebpf, EbpfLoader};
 use profiler_common::{globals, maps, TaskOffsets, UprobeOffsets};
 
 use super::{
-    btf, filters::select_pids, heap, offcpu, task_iter, threadcreate, unwind, waits, Error, Result, Session,
+    btf, filters::select_pids, futex, heap, offcpu, task_iter, threadcreate, unwind, Error, Result, Session,
     SessionConfig, EBPF_OBJECT,
 };
 
@@ -73,7 +73,7 @@ impl Session {
 fn shrink_unused_maps(loader: &mut EbpfLoader<'_>, config: &SessionConfig) {
     let unused: [(bool, &[&str]); 4] = [
         (config.heap, &heap::MAPS),
-        (config.waits, &waits::MAPS),
+        (config.futex, &futex::MAPS),
         (config.threadcreate, &threadcreate::MAPS),
         (config.offcpu, &offcpu::MAPS),
     ];

@@ -1,5 +1,5 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
-//! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`waits`]) and the
+//! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`futex`]) and the
 //! thread-creation tracepoint ([`threadcreate`]), drains their maps ([`drain`]), feeds the
 //! unwinder's maps ([`unwind`]) and reads thread dumps ([`task_iter`], with the `task_struct`
 //! layout from the kernel's BTF, [`btf`]). Errors are [`Error`], which alone carries aya's types.
@@ -16,6 +16,7 @@ mod cpu;
 mod drain;
 mod error;
 mod filters;
+mod futex;
 mod heap;
 mod live;
 mod load;
@@ -26,7 +27,6 @@ mod tests;
 mod threadcreate;
 mod tracefs;
 mod unwind;
-mod waits;
 mod walker;
 
 use std::{
@@ -43,6 +43,7 @@ pub use cpu::{CpuCounters, RawCpuSample};
 pub use drain::Batch;
 use error::{map_error, missing, program_error};
 pub use error::{Error, Result};
+pub use futex::{FutexAttachment, FutexCounters, RawWaitTotals};
 pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
 pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{maps, ThreadRecord};
@@ -50,7 +51,6 @@ pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use task_iter::ThreadIterator;
 pub use threadcreate::{RawThreadCount, ThreadCounters};
 pub use unwind::{RuntimeCounters, UnwindCounters, UnwindView, Where as UnwindMap};
-pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 
 use crate::{
     ids::{Pid, StackId},
@@ -80,7 +80,7 @@ pub struct SessionConfig {
     pub heap: bool,
     /// Whether the futex programs (block and mutex) may be attached; without them their maps
     /// are created with one entry, as the heap maps are.
-    pub waits: bool,
+    pub futex: bool,
     /// Whether the thread-creation program may be attached (the same for its maps).
     pub threadcreate: bool,
     /// Whether the off-CPU program may be attached (the same for its maps).
@@ -198,8 +198,8 @@ impl Session {
 
     /// Attaches the futex programs (block and mutex profiles), system-wide but for the
     /// process filter. Call once.
-    pub fn attach_waits(&mut self, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
-        waits::attach(&mut self.ebpf, block_rate_ns, mutex_fraction)
+    pub fn attach_futex(&mut self, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
+        futex::attach(&mut self.ebpf, block_rate_ns, mutex_fraction)
     }
 
     /// Attaches the thread-creation program (threadcreate profile). Call once.
@@ -220,7 +220,7 @@ impl Session {
         Ok(Counters {
             cpu: cpu::counters(&self.ebpf, self.cpu_clock)?,
             heap: heap::counters(&self.ebpf, self.live_reads_cut.load(std::sync::atomic::Ordering::Relaxed))?,
-            futex: waits::counters(&self.ebpf)?,
+            futex: futex::counters(&self.ebpf)?,
             threadcreate: threadcreate::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,

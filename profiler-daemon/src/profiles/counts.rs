@@ -7,6 +7,7 @@ use std::{
 };
 
 use super::{
+    contention::WaitCounts,
     cpu::CpuCounts,
     evicted::{evict, fold},
     exited, heap,
@@ -14,7 +15,6 @@ use super::{
     offcpu::{OffCpuCounts, OffCpuTime},
     threadcreate::ThreadCounts,
     threads::ThreadState,
-    waits::WaitCounts,
     ProfileKind,
 };
 use crate::{

@@ -5,6 +5,7 @@
 //! [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
 
 mod block;
+mod contention;
 mod counts;
 mod cpu;
 mod evicted;
@@ -14,18 +15,17 @@ mod mutex;
 mod offcpu;
 mod threadcreate;
 mod threads;
-mod waits;
 
 use std::collections::HashSet;
 
 pub use crate::kind::{ProfileKind, View};
+pub use contention::{WaitCount, WaitCounts, WaitSite};
 pub use counts::{Counts, ProcessCounts};
 pub use cpu::{CpuCounts, SampleKey};
 pub use heap::{HeapCount, HeapCounts, HeapSite};
 pub use offcpu::OffCpuCounts;
 pub use threadcreate::ThreadCounts;
 pub use threads::{CpuSighting, ThreadState};
-pub use waits::{WaitCount, WaitCounts, WaitSite};
 
 use crate::{
     catalog::Sighting,
@@ -84,7 +84,7 @@ pub enum Source {
     /// Allocator uprobes, attached to chosen processes only.
     HeapProbes,
     /// The futex syscall tracepoints (block and mutex share them).
-    FutexWaits,
+    Futex,
     /// `task:task_newtask`.
     ThreadCreation,
     /// The task iterator of thread dumps (read on demand, attached to nothing).
@@ -97,7 +97,7 @@ impl Source {
     pub const ALL: [Source; 6] = [
         Source::CpuClock,
         Source::HeapProbes,
-        Source::FutexWaits,
+        Source::Futex,
         Source::ThreadCreation,
         Source::TaskIterator,
         Source::Switches,
@@ -117,7 +117,7 @@ impl ProfileKind {
         match self {
             Self::Cpu => Source::CpuClock,
             Self::Heap => Source::HeapProbes,
-            Self::Block | Self::Mutex => Source::FutexWaits,
+            Self::Block | Self::Mutex => Source::Futex,
             Self::ThreadCreate => Source::ThreadCreation,
             Self::Threads => Source::TaskIterator,
             Self::OffCpu => Source::Switches,
@@ -184,7 +184,7 @@ impl ProfileKind {
         match self {
             Self::Cpu => cpu::shape(settings),
             Self::Heap => heap::shape(settings),
-            Self::Block | Self::Mutex => waits::SHAPE,
+            Self::Block | Self::Mutex => contention::SHAPE,
             Self::ThreadCreate => threadcreate::SHAPE,
             Self::Threads => threads::SHAPE,
             Self::OffCpu => offcpu::shape(settings),
@@ -209,8 +209,8 @@ impl ProfileKind {
     /// interpreter loop's native ones. Returns comment lines on what it left out.
     pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) -> Vec<String> {
         match self {
-            Self::Block => waits::label(resolved),
-            Self::Mutex => return vec![waits::label_locks_only(resolved)],
+            Self::Block => contention::label(resolved),
+            Self::Mutex => return vec![contention::label_locks_only(resolved)],
             Self::Threads => threads::merge_interpreted(resolved, &counts.threads),
             Self::Cpu | Self::Heap | Self::ThreadCreate | Self::OffCpu => {}
         }

@@ -379,7 +379,7 @@ impl Collector {
         config.cpu.frequency_hz = self.config.cpu.frequency_hz;
         config.heap.sample_bytes = self.config.heap.sample_bytes;
         config.offcpu = self.config.offcpu.clone();
-        config.waits = self.config.waits.clone();
+        config.contention = self.config.contention.clone();
         self.config = config;
         self.heap_failed.clear();
         Ok(Reloaded { restart_needed })
@@ -485,8 +485,8 @@ fn settings(config: &Config) -> Settings {
         heap_sample_bytes: config.heap.sample_bytes,
         offcpu_rate_ns: config.offcpu.rate.as_nanos().min(u128::from(u64::MAX)) as u64,
         offcpu_sample_every: config.offcpu.sample_every,
-        block_rate_ns: config.waits.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
-        mutex_fraction: config.waits.mutex_fraction,
+        block_rate_ns: config.contention.block_rate.as_nanos().min(u128::from(u64::MAX)) as u64,
+        mutex_fraction: config.contention.mutex_fraction,
     }
 }
 
