@@ -18,7 +18,7 @@ use crate::{
     procs::PidNamespace,
     profiles::{ProfileKind, Settings},
     sideband::{latency::BOUNDS_US, FollowLatency, SidebandStats},
-    sink::{export::SinkStatus, DumpStats},
+    sink::{export::ExportStatus, DumpStats},
     unwind::UnwinderStats,
 };
 
@@ -53,8 +53,8 @@ pub struct Status {
     pub output_dir: PathBuf,
     pub interval: Duration,
     pub dumps: DumpStats,
-    /// Each `[[export]]` sink's counts.
-    pub exports: Vec<SinkStatus>,
+    /// Each `[[export]]`'s counts.
+    pub exports: Vec<ExportStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
     /// Files the symbolizer closed for being idle (their symbols kept).
@@ -303,12 +303,12 @@ fn counters_only(doc: serde_json::Value) -> serde_json::Value {
     kept
 }
 
-/// Each sink by name: its backend and counts. Profiles are counted once each: `sent`
+/// Each export by name: its backend and counts. Profiles are counted once each: `sent`
 /// (acknowledged), `failed` (refused for good), `dropped` (deleted by retention before they
 /// were sent) or still in `queue_depth`; `retried` counts failed tries.
-fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
-    let sinks = sinks.iter().map(|s| {
-        let sink = json!({
+fn export_status(exports: &[ExportStatus]) -> serde_json::Value {
+    let exports = exports.iter().map(|s| {
+        let export = json!({
             "protocol": s.protocol.as_str(),
             "url": s.url,
             "sent": s.sent,
@@ -319,9 +319,9 @@ fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
             "bytes_sent": s.bytes_sent,
             "last_error": s.last_error,
         });
-        (s.name.clone(), sink)
+        (s.name.clone(), export)
     });
-    serde_json::Value::Object(sinks.collect())
+    serde_json::Value::Object(exports.collect())
 }
 
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel

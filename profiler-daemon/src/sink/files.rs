@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{
-    export::{Exporter, SinkStatus},
+    export::{ExportStatus, Exporter},
     retention,
     spool::{self, Entry, Manifest},
 };
@@ -102,7 +102,7 @@ impl IntervalFiles {
     }
 
     /// A reload's new directory, limits and exports. The exporter is restarted when its
-    /// directory or exports changed (each sink resumes from its cursor).
+    /// directory or exports changed (each export resumes from its cursor).
     pub fn reconfigure(&mut self, dir: &Path, retention: &Retention, exports: &[ExportConfig]) {
         let restart = dir != self.dir || exports != self.exports;
         self.dir = dir.to_path_buf();
@@ -130,7 +130,7 @@ impl IntervalFiles {
     }
 
     /// Each export's counts, for `/status`.
-    pub fn export_status(&self) -> Vec<SinkStatus> {
+    pub fn export_status(&self) -> Vec<ExportStatus> {
         self.exporter.as_ref().map(Exporter::status).unwrap_or_default()
     }
 
