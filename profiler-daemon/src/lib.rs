@@ -25,6 +25,7 @@ pub mod ebpf;
 pub(crate) mod elf;
 pub mod error;
 pub mod flame;
+pub mod heartbeat;
 pub mod ids;
 pub mod kind;
 pub mod offload;
@@ -32,7 +33,6 @@ pub mod opened;
 pub mod output;
 pub mod pprof;
 pub mod preflight;
-pub mod primitive;
 pub mod procs;
 pub mod profiles;
 #[cfg(test)]

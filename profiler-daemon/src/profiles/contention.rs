@@ -7,13 +7,12 @@ use std::collections::{HashMap, HashSet};
 
 use profiler_common::{WaitOp, WaitOutcome, WAIT_COUNT_ONE};
 
-use super::unwind_comment;
+use super::{primitive, unwind_comment};
 use crate::{
     catalog::Sighting,
     ebpf::{Counters, FutexCounters, RawWaitTotals},
     ids::StackId,
     pprof::Shape,
-    primitive,
     resolve::{LabelValue, ResolvedProfile, StackSample},
 };
 

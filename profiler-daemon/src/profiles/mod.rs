@@ -1,8 +1,12 @@
 //! What each profile kind is. One file per kind (`cpu`, `heap`, `block`, `mutex`,
-//! `threadcreate`, `threads`, `offcpu`) owns its slice of a drained batch, its counts, its pprof shape, its
-//! samples and values, its leaf rule, its comment, its labels and its headline; the rest of
-//! the daemon reaches a kind only through the one delegating `match` per hook below.
-//! [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
+//! `threadcreate`, `threads`, `offcpu`) owns its slice of a drained batch, its counts, its
+//! pprof shape, its samples and values, its leaf rule, its comment, its labels and its
+//! headline; the rest of the daemon reaches a kind only through the one delegating `match`
+//! per hook below. [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
+//!
+//! The other files serve several kinds: [`contention`] is what block and mutex share and
+//! [`primitive`] their `primitive` label; [`counts`] holds every kind's counts per process,
+//! [`exited`] and [`evicted`] bound them.
 
 mod block;
 mod contention;
@@ -13,6 +17,7 @@ pub mod exited;
 pub mod heap;
 mod mutex;
 mod offcpu;
+mod primitive;
 mod threadcreate;
 mod threads;
 

@@ -29,8 +29,8 @@ use crate::{
     capture::{log_slow, Capture, CaptureConfig, CaptureError},
     config::{Config, ProcessFacts},
     control::{Command, Commands, Next, PublishedStatus, Refusals, ReloadError, Reloaded, StatusBoard},
+    heartbeat::Heartbeat,
     ids::Pid,
-    offload::Heartbeat,
     output, procs,
     profiles::{
         heap::{attachment_comment, TargetError},
