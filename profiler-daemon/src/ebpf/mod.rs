@@ -63,7 +63,7 @@ use crate::{
 const FLIP_SETTLE: Duration = Duration::from_millis(5);
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
 /// Load-time choices (globals and map sizes cannot change after load).
 #[derive(Clone, Debug)]
