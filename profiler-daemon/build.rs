@@ -1,5 +1,6 @@
 //! Builds the eBPF object from the `profiler-ebpf` crate (nightly, `-Z build-std=core`,
-//! bpf-linker) and leaves it in `OUT_DIR/profiler`, which `ebpf/mod.rs` embeds.
+//! bpf-linker) and leaves it in `OUT_DIR/profiler-ebpf` (named after the crate's one binary,
+//! not `profiler`, which is the daemon's), which `ebpf/mod.rs` embeds.
 
 use anyhow::{anyhow, Context as _};
 

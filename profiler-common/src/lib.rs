@@ -20,8 +20,8 @@ pub mod runtimes;
 pub mod sampling;
 pub mod share;
 pub mod stack;
-pub mod thread;
-pub mod threads;
+pub mod thread_dump;
+pub mod threadcreate;
 pub mod tracepoint;
 pub mod unwind;
 pub mod walk;
@@ -36,8 +36,8 @@ pub use stack::{
     Stack, KERNEL_STACK_CHUNKS, KERNEL_STACK_DEPTH, MAX_USER_STACK_DEPTH, NO_STACK, OVER_SHARE_STACK, STACK_CHUNKS,
     STACK_PIECE_FRAMES,
 };
-pub use thread::{ThreadCounter, ThreadKey};
-pub use threads::{TaskOffsets, ThreadRecord};
+pub use thread_dump::{TaskOffsets, ThreadRecord};
+pub use threadcreate::{ThreadCounter, ThreadKey};
 pub use unwind::{
     RegisterAsk, SmallUnwindProcess, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
     UnwindProcessOf, UnwindRow, UnwindTableInfo, UprobeOffsets, WalkTotals, WALK_STATE_BYTES,

@@ -1,7 +1,7 @@
 //! One step of the user-stack walk, from a frame's registers to its caller's: the arithmetic
 //! of an [`UnwindRow`] (CFA from rsp or rbp, the saved rbp, PLT entries, signal frames, the
 //! end of the stack), the frame-pointer step and the leaf guess. Shared by the userspace
-//! walker of thread dumps (`profiler-daemon/src/threads/walk.rs`), which is also the host
+//! walker of thread dumps (`profiler-daemon/src/thread_dump/walk.rs`), which is also the host
 //! twin that tests these rules, and written to the kernel walker's semantics
 //! (`profiler-ebpf/src/user_stack.rs`), which finds rows the same way and applies them in
 //! the same order. How a row is found, and how stack memory is read, is each walker's own.

@@ -327,11 +327,11 @@ mod tests {
         assert_eq!(config.profiles, [ProfileKind::Cpu]);
         assert_ne!(config.cpu.frequency_hz, defaults.cpu.frequency_hz);
         // ...and the config's for every other key a flag has.
-        assert_eq!((&config.heap, &config.offcpu, &config.waits), (&defaults.heap, &defaults.offcpu, &defaults.waits));
+        assert_eq!((&config.heap, &config.offcpu, &config.contention), (&defaults.heap, &defaults.offcpu, &defaults.contention));
         assert_eq!(config.limits, defaults.limits);
         let flags = ["snapshot", "--mutex-fraction", "7", "--offcpu-rate", "250us", "--uid-share", "40"];
         let config = snapshot_config(&flags).unwrap();
-        assert_eq!(config.waits.mutex_fraction, 7);
+        assert_eq!(config.contention.mutex_fraction, 7);
         assert_eq!(config.offcpu.rate, Duration::from_micros(250));
         assert_eq!(config.limits.uid_percent, 40);
         assert_eq!(config.limits.process_percent, defaults.limits.process_percent);

@@ -65,8 +65,9 @@ pub struct Config {
     pub threads: ThreadsConfig,
     /// The off-CPU profile's sampling.
     pub offcpu: OffCpuConfig,
-    /// `[block] rate` and `[mutex] fraction`: how block and mutex events are sampled.
-    pub waits: WaitSampling,
+    /// `[block] rate` and `[mutex] fraction`: how the contention profiles (block and mutex) are
+    /// sampled.
+    pub contention: ContentionSampling,
     /// `[limits]`: each process's and uid's share of the kernel's stack table.
     pub limits: StackShares,
     /// `[[export]]`: backends the interval profiles are pushed to; empty (the default)
@@ -115,7 +116,7 @@ pub struct HeapConfig {
 /// `[block] rate` and `[mutex] fraction`, as Go's `SetBlockProfileRate` and
 /// `SetMutexProfileFraction`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitSampling {
+pub struct ContentionSampling {
     /// Waits at least this long are always recorded, shorter ones with probability
     /// length/rate (scaled as Go scales them); within [`BLOCK_RATE_RANGE`].
     pub block_rate: Duration,

@@ -320,7 +320,7 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
         }
     }
     let waits: Vec<&Written> =
-        written.iter().filter(|w| matches!(w.kind.source(), Source::FutexWaits | Source::ThreadCreation)).collect();
+        written.iter().filter(|w| matches!(w.kind.source(), Source::Futex | Source::ThreadCreation)).collect();
     if !waits.is_empty() {
         println!("{:<24} {:>8} {:<12} {:>16}  top leaf function", "process", "pid", "profile", "delay ns/threads");
         for w in waits.iter().take(SUMMARY_ROWS * 3) {
@@ -333,7 +333,7 @@ fn print_summary(written: &[Written], counters: &Counters, dir: &Path) {
                 truncate(&w.hottest, 60)
             );
         }
-        let (f, t) = (counters.futex, counters.threads);
+        let (f, t) = (counters.futex, counters.threadcreate);
         println!(
             "futex: {} waits, {} charged to a waker, {} threads created; dropped: in-flight map full {}, block map full {}, \
              mutex map full {}, threadcreate map full {}",

@@ -26,13 +26,14 @@ use crate::{
     ebpf::{
         self, Batch, Counters, HeapAttachment, LiveBlock, ProgramStats, RegisterAsks, Session, SessionConfig, ShareCaps,
     },
+    heartbeat::Heartbeat,
     ids::{Pid, StackId},
-    offload::{Heartbeat, Offload, OffloadStats},
+    offload::{Offload, OffloadStats},
     procs::{self, own_pid_namespace, PidNamespace},
     profiles::{self, heap::TargetError, ProfileKind, Settings, Source},
     runtimes::{DumpReader, Readers},
     sideband::{FollowLatency, Sideband},
-    threads::{DumpJob, DumpOutcome, ThreadDump},
+    thread_dump::{DumpJob, DumpOutcome, ThreadDump},
     unwind::{self, HeldTables, Unwinder, UnwinderStats},
 };
 
@@ -305,18 +306,18 @@ impl Capture {
             Source::CpuClock => {
                 self.session.attach_cpu(settings.frequency_hz).map_err(|e| CaptureError::Attach("cpu", e))?
             }
-            Source::FutexWaits => {
+            Source::Futex => {
                 // Without the mutex profile the wakes are still followed (a waiter's wait ends
                 // at one), but none is walked for a waker's stack nobody reads.
                 let fraction = if mutex { settings.mutex_fraction } else { MUTEX_OFF as u32 };
                 let attached = self
                     .session
-                    .attach_waits(settings.block_rate_ns, fraction)
+                    .attach_futex(settings.block_rate_ns, fraction)
                     .map_err(|e| CaptureError::Attach("futex", e))?;
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
             }
             Source::ThreadCreation => {
-                self.session.attach_threads().map_err(|e| CaptureError::Attach("thread-creation", e))?
+                self.session.attach_threadcreate().map_err(|e| CaptureError::Attach("thread-creation", e))?
             }
             Source::Switches => self
                 .session
@@ -367,7 +368,7 @@ impl Capture {
         self.finish_thread_dump(ticket, walked)
     }
 
-    /// Begins a dump of every thread of `pid` (see [`crate::threads`]): registers the process
+    /// Begins a dump of every thread of `pid` (see [`crate::thread_dump`]): registers the process
     /// with the unwinder if it is not yet (so that its frames are stepped with tables), holds
     /// its tables loaded, and takes what the walk needs. The walk ([`DumpJob::run`]) may run
     /// on another thread; its outcome goes back to [`Capture::finish_thread_dump`] with the
@@ -490,8 +491,8 @@ fn session_config(
         heap_sample_bytes: config.settings.heap_sample_bytes,
         heap_max_live: config.heap_max_live,
         heap: sources.contains(&Source::HeapProbes),
-        waits: sources.contains(&Source::FutexWaits),
-        threads: sources.contains(&Source::ThreadCreation),
+        futex: sources.contains(&Source::Futex),
+        threadcreate: sources.contains(&Source::ThreadCreation),
         offcpu: sources.contains(&Source::Switches),
         thread_dumps: sources.contains(&Source::TaskIterator),
         enable_stats: config.enable_stats,

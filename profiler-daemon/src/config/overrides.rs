@@ -168,7 +168,7 @@ mod tests {
         for nanos in [1, 999, 1_500_000, 2_000_000_000, 90_000_000_000] {
             let rate = Duration::from_nanos(nanos);
             let config = Config::load_with(None, &Overrides { block_rate: Some(rate), ..Overrides::default() });
-            assert_eq!(config.map(|c| c.waits.block_rate).ok(), (rate <= Duration::from_secs(10)).then_some(rate));
+            assert_eq!(config.map(|c| c.contention.block_rate).ok(), (rate <= Duration::from_secs(10)).then_some(rate));
         }
     }
 }

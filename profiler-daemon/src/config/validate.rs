@@ -8,8 +8,8 @@ use super::{
     export::exports_from_raw,
     raw::{Quantity, RawConfig, RawRetention, DEFAULT_SOCKET},
     select::matchers_from_raw,
-    Config, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind, Retention, SocketConfig,
-    StackShares, ThreadsConfig, WaitSampling,
+    Config, ContentionSampling, CpuConfig, HeapConfig, InvalidValue, OffCpuConfig, ProcessSelection, ProfileKind,
+    Retention, SocketConfig, StackShares, ThreadsConfig,
 };
 use crate::units::{format_bytes, format_duration, parse_bytes};
 
@@ -62,7 +62,7 @@ impl TryFrom<RawConfig> for Config {
                 sample_bytes: bytes_in(&raw.heap.sample_bytes, "heap.sample_bytes", SAMPLE_BYTES_RANGE)?,
             },
             threads: ThreadsConfig { interval_dumps: raw.threads.interval_dumps },
-            waits: WaitSampling {
+            contention: ContentionSampling {
                 block_rate: duration_in(&raw.block.rate, "block.rate", BLOCK_RATE_RANGE)?,
                 mutex_fraction: integer_in(raw.mutex.fraction, "mutex.fraction", MUTEX_FRACTION_RANGE)?,
             },

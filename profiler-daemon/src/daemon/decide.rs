@@ -219,10 +219,10 @@ pub fn restart_needed(old: &Config, new: &Config, loaded: &[Source]) -> Vec<&'st
     if new.offcpu.sample_every != old.offcpu.sample_every {
         keys.push("offcpu.sample_every");
     }
-    if new.waits.block_rate != old.waits.block_rate {
+    if new.contention.block_rate != old.contention.block_rate {
         keys.push("block.rate");
     }
-    if new.waits.mutex_fraction != old.waits.mutex_fraction {
+    if new.contention.mutex_fraction != old.contention.mutex_fraction {
         keys.push("mutex.fraction");
     }
     if new.limits.process_percent != old.limits.process_percent {
@@ -389,7 +389,7 @@ mod tests {
     fn reloads_name_what_needs_a_restart() {
         let config = |profiles: &[ProfileKind]| Config { profiles: profiles.to_vec(), ..Config::default() };
         let old = config(&[ProfileKind::Cpu, ProfileKind::Block]);
-        let loaded = [Source::CpuClock, Source::FutexWaits];
+        let loaded = [Source::CpuClock, Source::Futex];
         assert!(restart_needed(&old, &old, &loaded).is_empty());
         // Mutex shares block's programs: no restart; heap's are not loaded: restart.
         let more = config(&[ProfileKind::Cpu, ProfileKind::Block, ProfileKind::Mutex, ProfileKind::Heap]);

@@ -22,7 +22,7 @@ use crate::{
     config::{Config, Overrides},
     control::{self, CollectorHandle},
     error::{chain, Error},
-    offload::Heartbeat,
+    heartbeat::Heartbeat,
     output, preflight,
 };
 pub use collector::StartError;

@@ -18,7 +18,7 @@ use crate::{
     procs::PidNamespace,
     profiles::{ProfileKind, Settings},
     sideband::{latency::BOUNDS_US, FollowLatency, SidebandStats},
-    sink::{export::SinkStatus, DumpStats},
+    sink::{export::ExportStatus, DumpStats},
     unwind::UnwinderStats,
 };
 
@@ -53,8 +53,8 @@ pub struct Status {
     pub output_dir: PathBuf,
     pub interval: Duration,
     pub dumps: DumpStats,
-    /// Each `[[export]]` sink's counts.
-    pub exports: Vec<SinkStatus>,
+    /// Each `[[export]]`'s counts.
+    pub exports: Vec<ExportStatus>,
     pub symbol_cache_resets: u64,
     pub symbol_file_closes: u64,
     /// Files the symbolizer closed for being idle (their symbols kept).
@@ -143,7 +143,7 @@ fn programs_status(s: &Status) -> serde_json::Value {
 
 /// Events recorded, by program.
 fn samples_status(s: &Status) -> serde_json::Value {
-    let (cpu, heap, futex, threads) = (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads);
+    let (cpu, heap, futex, threads) = (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threadcreate);
     json!({
         "cpu": cpu.samples,
         "heap": heap.sampled,
@@ -158,7 +158,7 @@ fn samples_status(s: &Status) -> serde_json::Value {
 /// Events and stacks lost, and where: the kernel's maps, the catalogue, the output.
 fn drops_status(s: &Status) -> serde_json::Value {
     let (cpu, heap, futex, threads, d) =
-        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threads, &s.dumps);
+        (s.counters.cpu, s.counters.heap, s.counters.futex, s.counters.threadcreate, &s.dumps);
     json!({
         "cpu_counts_map_full": cpu.counts_map_full,
         "cpu_stacks_map_full": cpu.stacks_map_full,
@@ -303,12 +303,12 @@ fn counters_only(doc: serde_json::Value) -> serde_json::Value {
     kept
 }
 
-/// Each sink by name: its backend and counts. Profiles are counted once each: `sent`
+/// Each export by name: its backend and counts. Profiles are counted once each: `sent`
 /// (acknowledged), `failed` (refused for good), `dropped` (deleted by retention before they
 /// were sent) or still in `queue_depth`; `retried` counts failed tries.
-fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
-    let sinks = sinks.iter().map(|s| {
-        let sink = json!({
+fn export_status(exports: &[ExportStatus]) -> serde_json::Value {
+    let exports = exports.iter().map(|s| {
+        let export = json!({
             "protocol": s.protocol.as_str(),
             "url": s.url,
             "sent": s.sent,
@@ -319,9 +319,9 @@ fn export_status(sinks: &[SinkStatus]) -> serde_json::Value {
             "bytes_sent": s.bytes_sent,
             "last_error": s.last_error,
         });
-        (s.name.clone(), sink)
+        (s.name.clone(), export)
     });
-    serde_json::Value::Object(sinks.collect())
+    serde_json::Value::Object(exports.collect())
 }
 
 /// The unwinder: tables loaded (size, build time) against the memory budget, and the kernel

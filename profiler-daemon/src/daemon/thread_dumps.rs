@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use crate::{
     capture::{DumpStarted, DumpTicket},
     control::{ProfileBody, ProfileQuery, QueryError},
-    threads::DumpOutcome,
+    thread_dump::DumpOutcome,
 };
 
 /// A thread-dump query waiting for its dump.
@@ -103,7 +103,7 @@ impl ThreadDumps {
         let (job_slot, job_back) = mpsc::sync_channel(1);
         let spawned = std::thread::Builder::new().name("thread-dump".into()).spawn(move || {
             let Ok(job) = job_back.recv() else { return };
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| crate::threads::DumpJob::run(job)));
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| crate::thread_dump::DumpJob::run(job)));
             let _ = sender.send(outcome);
             if let Some(bell) = bell {
                 ring(&bell);

@@ -22,11 +22,11 @@ use profiler_common::{
 
 use super::{
     cpu::{self, RawCpuSample},
+    futex::{self, RawWaitTotals},
     heap::{self, RawHeapTotals},
     map_error, map_mut,
     offcpu::{self, RawOffCpu},
-    threads::{self, RawThreadCount},
-    waits::{self, RawWaitTotals},
+    threadcreate::{self, RawThreadCount},
     Result,
 };
 use crate::ids::{Pid, StackId};
@@ -41,7 +41,7 @@ pub struct Batch {
     /// Woken futex waits by the stack that woke them (the mutex profile).
     pub mutex: Vec<RawWaitTotals>,
     /// Threads created, by creating stack.
-    pub threads: Vec<RawThreadCount>,
+    pub threadcreate: Vec<RawThreadCount>,
     /// Sampled switches and time off CPU, by (thread, state, stacks), unscaled.
     pub offcpu: Vec<RawOffCpu>,
     /// Stack → frames (leaf first).
@@ -58,8 +58,8 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let set = set as usize;
     let cpu = cpu::drain(ebpf, set)?;
     let heap = heap::drain(ebpf, set)?;
-    let (block, mutex) = waits::drain(ebpf, set)?;
-    let threads = threads::drain(ebpf, set)?;
+    let (block, mutex) = futex::drain(ebpf, set)?;
+    let threadcreate = threadcreate::drain(ebpf, set)?;
     let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, set as u32)?;
@@ -69,7 +69,7 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
         .filter(|(key, used)| key & SHARE_UID == 0 && used.refused > 0)
         .map(|(key, used)| (Pid(key as u32), used.refused))
         .collect();
-    Ok(Batch { cpu, heap, block, mutex, threads, offcpu, stacks, over_share })
+    Ok(Batch { cpu, heap, block, mutex, threadcreate, offcpu, stacks, over_share })
 }
 
 /// Reads and deletes set `set`'s entries of the stack map, which the kernel meanwhile fills

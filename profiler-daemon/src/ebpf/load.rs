@@ -9,8 +9,8 @@ use aya::{Ebpf, EbpfLoader};
 use profiler_common::{globals, maps, TaskOffsets, UprobeOffsets};
 
 use super::{
-    btf, filters::select_pids, heap, offcpu, task_iter, threads, unwind, waits, Error, Result, Session, SessionConfig,
-    EBPF_OBJECT,
+    btf, filters::select_pids, futex, heap, offcpu, task_iter, threadcreate, unwind, Error, Result, Session,
+    SessionConfig, EBPF_OBJECT,
 };
 
 impl Session {
@@ -72,8 +72,8 @@ impl Session {
 fn shrink_unused_maps(loader: &mut EbpfLoader<'_>, config: &SessionConfig) {
     let unused: [(bool, &[&str]); 4] = [
         (config.heap, &heap::MAPS),
-        (config.waits, &waits::MAPS),
-        (config.threads, &threads::MAPS),
+        (config.futex, &futex::MAPS),
+        (config.threadcreate, &threadcreate::MAPS),
         (config.offcpu, &offcpu::MAPS),
     ];
     for map in unused.into_iter().filter(|(used, _)| !used).flat_map(|(_, maps)| maps.iter()) {

@@ -1,6 +1,6 @@
 //! The only module that touches aya: loads the embedded eBPF object, attaches the CPU sampler
-//! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`waits`]) and the
-//! thread-creation tracepoint ([`threads`]), drains their maps ([`drain`]), feeds the
+//! ([`cpu`]), the allocator probes ([`heap`]), the futex tracepoints ([`futex`]) and the
+//! thread-creation tracepoint ([`threadcreate`]), drains their maps ([`drain`]), feeds the
 //! unwinder's maps ([`unwind`]) and reads thread dumps ([`task_iter`], with the `task_struct`
 //! layout from the kernel's BTF, [`btf`]). Errors are [`Error`], which alone carries aya's types.
 //!
@@ -16,6 +16,7 @@ mod cpu;
 mod drain;
 mod error;
 mod filters;
+mod futex;
 mod heap;
 mod live;
 mod load;
@@ -23,10 +24,9 @@ mod offcpu;
 mod task_iter;
 #[cfg(test)]
 mod tests;
-mod threads;
+mod threadcreate;
 mod tracefs;
 mod unwind;
-mod waits;
 mod walker;
 
 use std::{
@@ -43,14 +43,14 @@ pub use cpu::{CpuCounters, RawCpuSample};
 pub use drain::Batch;
 use error::{map_error, missing, program_error};
 pub use error::{Error, Result};
+pub use futex::{FutexAttachment, FutexCounters, RawWaitTotals};
 pub use heap::{HeapAttachment, HeapCounters, HeapTarget, LiveBlock, RawHeapTotals, HEAP_FUNCTIONS};
 pub use offcpu::{OffCpuCounters, RawOffCpu};
 use profiler_common::{maps, ThreadRecord};
 pub use profiler_common::{CgroupFilterMode, ShareCaps};
 pub use task_iter::ThreadIterator;
-pub use threads::{RawThreadCount, ThreadCounters};
+pub use threadcreate::{RawThreadCount, ThreadCounters};
 pub use unwind::{RuntimeCounters, UnwindCounters, UnwindView, Where as UnwindMap};
-pub use waits::{FutexAttachment, FutexCounters, RawWaitTotals};
 pub use walker::RegisterAsks;
 
 use crate::{
@@ -64,7 +64,7 @@ use crate::{
 const FLIP_SETTLE: Duration = Duration::from_millis(5);
 
 /// The eBPF object built by `build.rs` (aya-build) from the `profiler-ebpf` crate.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
 /// Load-time choices (globals and map sizes cannot change after load).
 #[derive(Clone, Debug)]
@@ -81,9 +81,9 @@ pub struct SessionConfig {
     pub heap: bool,
     /// Whether the futex programs (block and mutex) may be attached; without them their maps
     /// are created with one entry, as the heap maps are.
-    pub waits: bool,
+    pub futex: bool,
     /// Whether the thread-creation program may be attached (the same for its maps).
-    pub threads: bool,
+    pub threadcreate: bool,
     /// Whether the off-CPU program may be attached (the same for its maps).
     pub offcpu: bool,
     /// Whether thread dumps are taken: loads the task iterator, after reading the
@@ -117,7 +117,7 @@ pub struct Counters {
     pub cpu: CpuCounters,
     pub heap: HeapCounters,
     pub futex: FutexCounters,
-    pub threads: ThreadCounters,
+    pub threadcreate: ThreadCounters,
     pub offcpu: OffCpuCounters,
     pub unwind: UnwindCounters,
     pub runtimes: RuntimeCounters,
@@ -199,13 +199,13 @@ impl Session {
 
     /// Attaches the futex programs (block and mutex profiles), system-wide but for the
     /// process filter. Call once.
-    pub fn attach_waits(&mut self, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
-        waits::attach(&mut self.ebpf, block_rate_ns, mutex_fraction)
+    pub fn attach_futex(&mut self, block_rate_ns: u64, mutex_fraction: u32) -> Result<FutexAttachment> {
+        futex::attach(&mut self.ebpf, block_rate_ns, mutex_fraction)
     }
 
     /// Attaches the thread-creation program (threadcreate profile). Call once.
-    pub fn attach_threads(&mut self) -> Result<()> {
-        threads::attach(&mut self.ebpf)
+    pub fn attach_threadcreate(&mut self) -> Result<()> {
+        threadcreate::attach(&mut self.ebpf)
     }
 
     /// Attaches the off-CPU program (offcpu profile), recording intervals by length at
@@ -221,8 +221,8 @@ impl Session {
         Ok(Counters {
             cpu: cpu::counters(&self.ebpf, self.cpu_clock)?,
             heap: heap::counters(&self.ebpf, self.live_reads_cut.load(std::sync::atomic::Ordering::Relaxed))?,
-            futex: waits::counters(&self.ebpf)?,
-            threads: threads::counters(&self.ebpf)?,
+            futex: futex::counters(&self.ebpf)?,
+            threadcreate: threadcreate::counters(&self.ebpf)?,
             offcpu: offcpu::counters(&self.ebpf, self.offcpu_walks_at_switch_out)?,
             unwind: unwind::counters(&self.ebpf)?,
             runtimes: unwind::runtime_counters(&self.ebpf)?,

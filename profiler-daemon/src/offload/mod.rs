@@ -34,7 +34,6 @@
 //! progress is read, and [`heartbeat`] the daemon's liveness beaten while a caller waits.
 
 mod charge;
-mod heartbeat;
 mod stuck;
 #[cfg(test)]
 mod tests;
@@ -56,10 +55,9 @@ use self::{
 };
 pub use self::{
     charge::{Charge, Charger, Lane},
-    heartbeat::Heartbeat,
     worker::WorkerState,
 };
-use crate::procs::Device;
+use crate::{heartbeat::Heartbeat, procs::Device};
 
 /// A job that has used no CPU for this long is taken to be stuck in the kernel.
 pub const STALL_AFTER: Duration = Duration::from_secs(5);

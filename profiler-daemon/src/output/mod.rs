@@ -1,7 +1,7 @@
 //! Where profiles go on disk: `DIR/<name>-<pid>/<type>.pb.gz`, written atomically (a
 //! temporary file in the same directory, made durable, then renamed) so no reader sees a
 //! partial file, even after a crash. One file is [`write_atomic`]; a dump's many files are a
-//! [`Batch`], made durable together.
+//! [`StagedFiles`], made durable together.
 //!
 //! The output directory `DIR` is trusted as configured (a symbolic link in its path is the
 //! operator's choice). Below it, the daemon trusts nothing it did not create itself: it
@@ -11,20 +11,21 @@
 //! directory) is refused, never followed. Temporary names are random and created with
 //! `O_CREAT|O_EXCL`, so nobody can plant one in advance. Modes are explicit, not left to
 //! the umask: directories [`DIR_MODE`], files [`FILE_MODE`] (a stricter umask narrows them
-//! further).//!
-//! The names and single writes are here; [`batch`] owns a dump's [`Batch`], and [`at`] the
-//! calls relative to an open directory that both use (no symbolic link below `DIR` followed,
+//! further).
+//!
+//! The names and single writes are here; [`staged`] owns a dump's [`StagedFiles`], and [`at`]
+//! the calls relative to an open directory that both use (no symbolic link below `DIR` followed,
 //! random temporary names, explicit modes).
 
 mod at;
-mod batch;
+mod staged;
 #[cfg(test)]
 mod tests;
 
 use std::{ffi::OsStr, os::unix::io::AsFd, path::Path};
 
 use self::at::{create_temp, install, open_parent, open_root, unlink_at, write_temp};
-pub use self::batch::{Batch, Committed, BATCH_MAX_OPEN};
+pub use self::staged::{Committed, StagedFiles, STAGED_MAX_OPEN};
 use crate::error::{Error, Result};
 
 /// The mode of every directory the daemon creates for profiles: owner and group may list

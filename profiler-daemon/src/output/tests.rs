@@ -35,7 +35,7 @@ fn writes_atomically_and_reports_bad_dirs() {
 fn a_batch_appears_on_commit_and_leaves_no_temporaries() {
     let dir = std::env::temp_dir().join(format!("profiler-batch-test-{}", std::process::id()));
     let (a, b) = (dir.join("p-1/cpu.pb.gz"), dir.join("q-2/heap.pb.gz"));
-    let mut batch = Batch::default();
+    let mut batch = StagedFiles::default();
     batch.stage(&dir, &a, b"abc").unwrap();
     batch.stage(&dir, &b, b"hello").unwrap();
     assert!(!a.exists() && !b.exists(), "nothing visible before commit");
@@ -50,13 +50,13 @@ fn a_batch_appears_on_commit_and_leaves_no_temporaries() {
 
     // Staged but dropped without a commit: neither the file nor its temporary remains.
     let c = dir.join("p-1/block.pb.gz");
-    Batch::default().stage(&dir, &c, b"x").unwrap();
+    StagedFiles::default().stage(&dir, &c, b"x").unwrap();
     assert!(!c.exists());
     assert_eq!(fs::read_dir(dir.join("p-1")).unwrap().count(), 1);
 
     // A directory that cannot be created fails at stage time, naming the file.
     let blocked = a.join("sub/cpu.pb.gz");
-    let err = Batch::default().stage(&dir, &blocked, b"x").unwrap_err();
+    let err = StagedFiles::default().stage(&dir, &blocked, b"x").unwrap_err();
     assert!(err.to_string().contains("sub/cpu.pb.gz"), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }
@@ -104,7 +104,7 @@ fn files_are_0640_and_directories_0750_under_umask_022() {
     ensure_writable_dir(&dir).unwrap();
     let (one, two) = (dir.join("p-1/cpu.pb.gz"), dir.join("q-2/heap.pb.gz"));
     write_atomic(&dir, &one, b"abc").unwrap();
-    let mut batch = Batch::default();
+    let mut batch = StagedFiles::default();
     batch.stage(&dir, &two, b"hello").unwrap();
     assert!(batch.commit().failed.is_empty());
     // What the umask alone gives (0644 and 0755), for contrast: readable by everyone.
@@ -141,7 +141,7 @@ fn a_symlink_at_a_process_directory_is_refused() {
     let err = write_atomic(&dir, &file, b"abc").unwrap_err().to_string();
     assert!(err.contains(&format!("{} is a symbolic link", dir.join("p-1").display())), "{err}");
     assert!(err.contains("remove it"), "{err}");
-    let err = Batch::default().stage(&dir, &file, b"abc").unwrap_err().to_string();
+    let err = StagedFiles::default().stage(&dir, &file, b"abc").unwrap_err().to_string();
     assert!(err.contains("symbolic link"), "{err}");
     let spool = dir.join(".spool");
     std::os::unix::fs::symlink(&victim, &spool).unwrap();
@@ -164,7 +164,7 @@ fn a_symlink_at_a_file_name_is_refused_and_temp_names_are_not_predictable() {
     std::os::unix::fs::symlink(&target, dir.join(format!("p-1/.cpu.pb.gz.tmp-{}", std::process::id()))).unwrap();
     let err = write_atomic(&dir, &file, b"abc").unwrap_err().to_string();
     assert!(err.contains(&format!("{} exists and is not a regular file", file.display())), "{err}");
-    let mut batch = Batch::default();
+    let mut batch = StagedFiles::default();
     batch.stage(&dir, &file, b"abc").unwrap();
     let done = batch.commit();
     assert!(done.written.is_empty() && done.failed.len() == 1, "{done:?}");
@@ -179,7 +179,7 @@ fn a_symlink_at_a_file_name_is_refused_and_temp_names_are_not_predictable() {
 fn two_writes_never_share_a_temporary_name() {
     let dir = scratch("tempnames");
     let file = dir.join("p-1/cpu.pb.gz");
-    let mut batch = Batch::default();
+    let mut batch = StagedFiles::default();
     batch.stage(&dir, &file, b"one").unwrap();
     batch.stage(&dir, &file, b"two").unwrap();
     let temps: Vec<_> = fs::read_dir(dir.join("p-1")).unwrap().map(|e| e.unwrap().file_name()).collect();

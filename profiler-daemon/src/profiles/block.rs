@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{waits::drop_comments, Context, Counts, ProcessCounts, Settings};
+use super::{contention::drop_comments, Context, Counts, ProcessCounts, Settings};
 use crate::{
     catalog::Sighting,
     ebpf::{Batch, Counters},
@@ -17,7 +17,7 @@ pub(super) fn count(batch: &Batch, counts: &mut Counts) {
 }
 
 pub(super) fn sightings<'a>(batch: &'a Batch, out: &mut Vec<Sighting<'a>>) {
-    super::waits::sightings(&batch.block, out);
+    super::contention::sightings(&batch.block, out);
 }
 
 pub(super) fn stacks(counts: &ProcessCounts, out: &mut HashSet<StackId>) {

@@ -7,6 +7,7 @@ use std::{
 };
 
 use super::{
+    contention::WaitCounts,
     cpu::CpuCounts,
     evicted::{evict, fold},
     exited, heap,
@@ -14,13 +15,12 @@ use super::{
     offcpu::{OffCpuCounts, OffCpuTime},
     threadcreate::ThreadCounts,
     threads::ThreadState,
-    waits::WaitCounts,
     ProfileKind,
 };
 use crate::{
     ebpf::{Batch, LiveBlock},
     ids::{Pid, StackId, Tid},
-    threads::ThreadDump,
+    thread_dump::ThreadDump,
 };
 
 /// What one process got in a window, one part per kind.

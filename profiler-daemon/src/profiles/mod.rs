@@ -1,10 +1,15 @@
 //! What each profile kind is. One file per kind (`cpu`, `heap`, `block`, `mutex`,
-//! `threadcreate`, `threads`, `offcpu`) owns its slice of a drained batch, its counts, its pprof shape, its
-//! samples and values, its leaf rule, its comment, its labels and its headline; the rest of
-//! the daemon reaches a kind only through the one delegating `match` per hook below.
-//! [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
+//! `threadcreate`, `threads`, `offcpu`) owns its slice of a drained batch, its counts, its
+//! pprof shape, its samples and values, its leaf rule, its comment, its labels and its
+//! headline; the rest of the daemon reaches a kind only through the one delegating `match`
+//! per hook below. [`ProfileKind`] and [`View`] (the endpoint names) are in [`kind`].
+//!
+//! The other files serve several kinds: [`contention`] is what block and mutex share and
+//! [`primitive`] their `primitive` label; [`counts`] holds every kind's counts per process,
+//! [`exited`] and [`evicted`] bound them.
 
 mod block;
+mod contention;
 mod counts;
 mod cpu;
 mod evicted;
@@ -12,20 +17,20 @@ pub mod exited;
 pub mod heap;
 mod mutex;
 mod offcpu;
+mod primitive;
 mod threadcreate;
 mod threads;
-mod waits;
 
 use std::collections::HashSet;
 
 pub use crate::kind::{ProfileKind, View};
+pub use contention::{WaitCount, WaitCounts, WaitSite};
 pub use counts::{Counts, ProcessCounts};
 pub use cpu::{CpuCounts, SampleKey};
 pub use heap::{HeapCount, HeapCounts, HeapSite};
 pub use offcpu::OffCpuCounts;
 pub use threadcreate::ThreadCounts;
 pub use threads::{CpuSighting, ThreadState};
-pub use waits::{WaitCount, WaitCounts, WaitSite};
 
 use crate::{
     catalog::Sighting,
@@ -68,8 +73,8 @@ impl From<&Config> for Settings {
             heap_sample_bytes: config.heap.sample_bytes,
             offcpu_rate_ns: nanos(config.offcpu.rate),
             offcpu_sample_every: config.offcpu.sample_every,
-            block_rate_ns: nanos(config.waits.block_rate),
-            mutex_fraction: config.waits.mutex_fraction,
+            block_rate_ns: nanos(config.contention.block_rate),
+            mutex_fraction: config.contention.mutex_fraction,
         }
     }
 }
@@ -103,7 +108,7 @@ pub enum Source {
     /// Allocator uprobes, attached to chosen processes only.
     HeapProbes,
     /// The futex syscall tracepoints (block and mutex share them).
-    FutexWaits,
+    Futex,
     /// `task:task_newtask`.
     ThreadCreation,
     /// The task iterator of thread dumps (read on demand, attached to nothing).
@@ -116,7 +121,7 @@ impl Source {
     pub const ALL: [Source; 6] = [
         Source::CpuClock,
         Source::HeapProbes,
-        Source::FutexWaits,
+        Source::Futex,
         Source::ThreadCreation,
         Source::TaskIterator,
         Source::Switches,
@@ -135,7 +140,7 @@ impl Source {
         match self {
             Self::CpuClock => &[p::CPU_SAMPLE],
             Self::HeapProbes => &p::HEAP,
-            Self::FutexWaits => &p::FUTEX,
+            Self::Futex => &p::FUTEX,
             Self::ThreadCreation => &[p::THREAD_CREATE],
             Self::TaskIterator => &[p::THREAD_DUMP],
             Self::Switches => {
@@ -158,7 +163,7 @@ impl ProfileKind {
         match self {
             Self::Cpu => Source::CpuClock,
             Self::Heap => Source::HeapProbes,
-            Self::Block | Self::Mutex => Source::FutexWaits,
+            Self::Block | Self::Mutex => Source::Futex,
             Self::ThreadCreate => Source::ThreadCreation,
             Self::Threads => Source::TaskIterator,
             Self::OffCpu => Source::Switches,
@@ -225,7 +230,7 @@ impl ProfileKind {
         match self {
             Self::Cpu => cpu::shape(settings),
             Self::Heap => heap::shape(settings),
-            Self::Block | Self::Mutex => waits::SHAPE,
+            Self::Block | Self::Mutex => contention::SHAPE,
             Self::ThreadCreate => threadcreate::SHAPE,
             Self::Threads => threads::SHAPE,
             Self::OffCpu => offcpu::shape(settings),
@@ -250,8 +255,8 @@ impl ProfileKind {
     /// interpreter loop's native ones. Returns comment lines on what it left out.
     pub fn label(self, resolved: &mut ResolvedProfile, counts: &ProcessCounts) -> Vec<String> {
         match self {
-            Self::Block => waits::label(resolved),
-            Self::Mutex => return vec![waits::label_locks_only(resolved)],
+            Self::Block => contention::label(resolved),
+            Self::Mutex => return vec![contention::label_locks_only(resolved)],
             Self::Threads => threads::merge_interpreted(resolved, &counts.threads),
             Self::Cpu | Self::Heap | Self::ThreadCreate | Self::OffCpu => {}
         }
@@ -377,7 +382,7 @@ mod tests {
             heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), size: 8, count: 1, bytes: 8 }],
             block: vec![wait],
             mutex: vec![RawWaitTotals { stack: StackId(16), ..wait }],
-            threads: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
+            threadcreate: vec![RawThreadCount { pid: Pid(5), stack: StackId(17), count: 1 }],
             offcpu: vec![RawOffCpu {
                 pid: Pid(6),
                 tid: Tid(6),
@@ -469,7 +474,7 @@ mod tests {
     fn sources_of_kinds_come_once_each_in_attach_order() {
         let kinds = [ProfileKind::Mutex, ProfileKind::Cpu, ProfileKind::Block, ProfileKind::OffCpu];
         let sources: Vec<Source> = Source::of_kinds(&kinds).collect();
-        assert_eq!(sources, [Source::CpuClock, Source::FutexWaits, Source::Switches]);
+        assert_eq!(sources, [Source::CpuClock, Source::Futex, Source::Switches]);
         assert_eq!(Source::of_kinds(&ProfileKind::ALL).count(), Source::ALL.len(), "every source feeds a kind");
     }
 }

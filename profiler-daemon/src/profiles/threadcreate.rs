@@ -30,13 +30,13 @@ impl ThreadCounts {
 }
 
 pub(super) fn count(batch: &Batch, counts: &mut Counts) {
-    for raw in &batch.threads {
+    for raw in &batch.threadcreate {
         *counts.process_mut(raw.pid).threadcreate.created.entry(raw.stack).or_default() += raw.count;
     }
 }
 
 pub(super) fn sightings<'a>(batch: &'a Batch, out: &mut Vec<Sighting<'a>>) {
-    out.extend(batch.threads.iter().map(|t| Sighting {
+    out.extend(batch.threadcreate.iter().map(|t| Sighting {
         pid: t.pid,
         user_stack: t.stack,
         kernel_stack: StackId::NONE,
@@ -73,7 +73,7 @@ pub(super) fn samples(counts: &ThreadCounts) -> Vec<StackSample> {
 }
 
 pub(super) fn comments(context: Context, counters: &Counters) -> Vec<String> {
-    let t = counters.threads;
+    let t = counters.threadcreate;
     vec![
         format!(
             "profiler {} threadcreate profile: clones with CLONE_THREAD by creating stack (forks are not counted); {}",
@@ -92,8 +92,10 @@ mod tests {
 
     #[test]
     fn counts_threads_per_creating_stack() {
-        let batch =
-            Batch { threads: vec![RawThreadCount { pid: Pid(3), stack: StackId(9), count: 4 }], ..Batch::default() };
+        let batch = Batch {
+            threadcreate: vec![RawThreadCount { pid: Pid(3), stack: StackId(9), count: 4 }],
+            ..Batch::default()
+        };
         let mut counts = Counts::default();
         count(&batch, &mut counts);
         count(&batch, &mut counts);

@@ -1,6 +1,8 @@
-//! Go's goroutine profile for any process: every thread at one moment (`goroutine/count`),
-//! one sample per thread, labelled `tid`, `thread` (its name), `state` (`R`, `S`, `D`, …),
-//! `syscall`, `wchan` and `stack` (where its user stack comes from).
+//! The `threads` kind, Go's goroutine profile for any process: every thread at one moment
+//! (`goroutine/count`), one sample per thread, labelled `tid`, `thread` (its name), `state`
+//! (`R`, `S`, `D`, …), `syscall`, `wchan` and `stack` (where its user stack comes from). The
+//! file is named after its kind, as every `profiles/<kind>.rs` is; the thread dump it shows
+//! is taken in [`crate::thread_dump`].
 //!
 //! A point-in-time kind, like the heap's `inuse`: batches add nothing to it but, for each
 //! thread, the stacks of its latest CPU samples (a thread on a CPU when it is dumped has
@@ -26,7 +28,7 @@ use crate::{
     pprof::Shape,
     resolve::{LabelValue, ResolvedProfile, StackSample},
     runtimes::{DumpSummary, RuntimeFrame},
-    threads::{DumpedThread, StackSource, ThreadDump},
+    thread_dump::{DumpedThread, StackSource, ThreadDump},
 };
 
 /// How long a thread's latest CPU sample stands for it when it is found running.
@@ -181,7 +183,7 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
             lines.push(format!(
                 "{} threads left out: a dump walks the {} of the lowest thread ids",
                 dump.left_out,
-                crate::threads::MAX_THREADS_WALKED
+                crate::thread_dump::MAX_THREADS_WALKED
             ));
         }
         lines.push(walk_comment(dump));
@@ -222,7 +224,7 @@ mod tests {
     use crate::{
         ebpf::RawCpuSample,
         ids::Pid,
-        threads::{procfs::ThreadFacts, WalkCounts},
+        thread_dump::{procfs::ThreadFacts, WalkCounts},
     };
 
     fn thread(tid: u32, source: StackSource, user: Vec<u64>) -> DumpedThread {

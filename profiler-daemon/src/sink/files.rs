@@ -1,6 +1,6 @@
 //! The daemon's interval files: for each selected process with data, `DIR/<name>-<pid>/
 //! <kind>-<UTC timestamp>.pb.gz` per enabled kind, written atomically as one
-//! [`output::Batch`]; then retention. Failures (disk full, permission denied, a vanished
+//! [`output::StagedFiles`]; then retention. Failures (disk full, permission denied, a vanished
 //! directory) are counted and reported, never fatal: the next interval tries again.
 //!
 //! With `[[export]]` tables, the directory is also the exporters' spool: a dump's files
@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{
-    export::{Exporter, SinkStatus},
+    export::{ExportStatus, Exporter},
     retention,
     spool::{self, Entry, Manifest},
 };
@@ -52,7 +52,7 @@ pub struct DumpStats {
 pub struct DumpPhases {
     /// Building and encoding the profiles (symbolizing what the cache lacks).
     pub render: Duration,
-    /// Writing them: temporary files, one `syncfs`, renames (see [`output::Batch`]).
+    /// Writing them: temporary files, one `syncfs`, renames (see [`output::StagedFiles`]).
     pub write: Duration,
     /// Deleting by age and size.
     pub retention: Duration,
@@ -102,7 +102,7 @@ impl IntervalFiles {
     }
 
     /// A reload's new directory, limits and exports. The exporter is restarted when its
-    /// directory or exports changed (each sink resumes from its cursor).
+    /// directory or exports changed (each export resumes from its cursor).
     pub fn reconfigure(&mut self, dir: &Path, retention: &Retention, exports: &[ExportConfig]) {
         let restart = dir != self.dir || exports != self.exports;
         self.dir = dir.to_path_buf();
@@ -130,7 +130,7 @@ impl IntervalFiles {
     }
 
     /// Each export's counts, for `/status`.
-    pub fn export_status(&self) -> Vec<SinkStatus> {
+    pub fn export_status(&self) -> Vec<ExportStatus> {
         self.exporter.as_ref().map(Exporter::status).unwrap_or_default()
     }
 
@@ -192,7 +192,7 @@ impl IntervalFiles {
             cpu_start: Some(cpu_start),
             dir: self.dir.clone(),
             written: DumpStats::default(),
-            batch: output::Batch::default(),
+            files: output::StagedFiles::default(),
             phases: DumpPhases::default(),
             last_error: None,
             exporting: self.exporter.is_some(),
@@ -257,7 +257,7 @@ pub struct IntervalDump {
     started: Instant,
     /// The CPU clock of the thread that began the dump, while that thread works on it.
     cpu_start: Option<Duration>,
-    batch: output::Batch,
+    files: output::StagedFiles,
     phases: DumpPhases,
     last_error: Option<crate::Error>,
     /// Whether the files are to be exported (listed in a manifest).
@@ -287,7 +287,7 @@ impl IntervalDump {
         let started = Instant::now();
         let dir = self.dir.join(output::process_dir_name(&profile.name, profile.pid.0));
         let path = unused_path(&dir, profile.kind, &self.stamp);
-        match self.batch.stage(&self.dir, &path, &profile.encoded.gzip()) {
+        match self.files.stage(&self.dir, &path, &profile.encoded.gzip()) {
             Ok(()) if self.exporting => {
                 let entry = spool_entry(&self.dir, &path, profile, facts);
                 self.staged.push((path, entry));
@@ -298,7 +298,7 @@ impl IntervalDump {
                 self.last_error = Some(err);
             }
         }
-        if self.batch.is_full() {
+        if self.files.is_full() {
             self.commit();
         }
         self.phases.write += started.elapsed();
@@ -306,7 +306,7 @@ impl IntervalDump {
 
     /// Puts the staged files in place and counts them.
     fn commit(&mut self) {
-        let done = self.batch.commit();
+        let done = self.files.commit();
         for (path, _) in &done.written {
             if let Some(at) = self.staged.iter().position(|(staged, _)| staged == path) {
                 self.spooled.push(self.staged.swap_remove(at).1);

@@ -1,10 +1,10 @@
 //! Where finished profiles go. `profiler snapshot` writes [`SnapshotFiles`]; the daemon's
-//! interval dumps go to its [`Sink`]: files, with retention ([`IntervalFiles`]). The
-//! exporters (Pyroscope, OTLP; [`export`]) are not variants beside it but readers of it:
-//! the dump directory is their spool ([`spool`]), so what they send is what was written, in
-//! order, across restarts, and a backend that is down costs disk that retention bounds, not
-//! memory. Socket answers are not a sink: the collector sends each back on its query's reply
-//! channel.
+//! interval dumps go to files, with retention ([`IntervalFiles`]). The exports (each
+//! `[[export]]`: Pyroscope, OTLP; [`export`]) are not destinations beside those files but
+//! readers of them: the dump directory is their spool ([`spool`]), so what they send is what
+//! was written, in order, across restarts, and a backend that is down costs disk that
+//! retention bounds, not memory. Socket answers do not come here: the collector sends each
+//! back on its query's reply channel.
 
 pub mod export;
 mod files;
@@ -60,10 +60,4 @@ impl SnapshotFiles {
         output::write_atomic(&self.dir, &path, &svg)?;
         Ok(Some(path))
     }
-}
-
-/// Where the daemon's interval profiles go.
-pub enum Sink {
-    /// Timestamped files in the output directory, with retention.
-    Files(IntervalFiles),
 }

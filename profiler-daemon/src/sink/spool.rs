@@ -3,16 +3,16 @@
 //! never lists it), each dump that an export will send leaves a *manifest*: its sequence
 //! number, its window, and per file the path and what the labels need (pid, name, exe,
 //! unit, container), captured while the process was known, since a pid means nothing after
-//! the process is gone. Each sink keeps a *cursor*, `<sink>.cursor`: the first file (manifest
+//! the process is gone. Each export keeps a *cursor*, `<export>.cursor`: the first file (manifest
 //! and index) it has not had acknowledged. Sending in manifest order and moving the cursor
 //! only past acknowledged files gives at-least-once delivery, in order, across restarts.
 //!
-//! Retention stays the only thing that deletes profiles: a file it deleted before a sink sent
-//! it is counted as dropped by that sink, and everything it keeps is still sent. Manifests
-//! every sink has passed are deleted ([`remove_before`]).
+//! Retention stays the only thing that deletes profiles: a file it deleted before an export sent
+//! it is counted as dropped by that export, and everything it keeps is still sent. Manifests
+//! every export has passed are deleted ([`remove_before`]).
 //!
 //! Owns: the manifest and cursor formats and their files. Does not own: when to write them
-//! (the dump, [`super::IntervalFiles`]; the sinks, `super::export`).
+//! (the dump, [`super::IntervalFiles`]; the exports, `super::export`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -54,7 +54,7 @@ pub struct Entry {
     pub container: Option<String>,
 }
 
-/// Where a sink stands: the next file to send is `files[index]` of manifest `seq` (an index
+/// Where an export stands: the next file to send is `files[index]` of manifest `seq` (an index
 /// past the end means the manifest is done).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Cursor {
@@ -72,8 +72,8 @@ fn manifest_path(output_dir: &Path, seq: u64) -> PathBuf {
     spool_dir(output_dir).join(format!("{seq:020}{MANIFEST_SUFFIX}"))
 }
 
-fn cursor_path(output_dir: &Path, sink: &str) -> PathBuf {
-    spool_dir(output_dir).join(format!("{sink}{CURSOR_SUFFIX}"))
+fn cursor_path(output_dir: &Path, export: &str) -> PathBuf {
+    spool_dir(output_dir).join(format!("{export}{CURSOR_SUFFIX}"))
 }
 
 /// The sequence numbers of the manifests in the spool (names only; nothing is read).
@@ -120,9 +120,9 @@ pub fn read(output_dir: &Path, seq: u64) -> io::Result<Manifest> {
         .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {err}", path.display())))
 }
 
-/// The cursor of `sink`, if it has one.
-pub fn read_cursor(output_dir: &Path, sink: &str) -> io::Result<Option<Cursor>> {
-    match fs::read(cursor_path(output_dir, sink)) {
+/// The cursor of `export`, if it has one.
+pub fn read_cursor(output_dir: &Path, export: &str) -> io::Result<Option<Cursor>> {
+    match fs::read(cursor_path(output_dir, export)) {
         Ok(bytes) => {
             serde_json::from_slice(&bytes).map(Some).map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))
         }
@@ -131,10 +131,10 @@ pub fn read_cursor(output_dir: &Path, sink: &str) -> io::Result<Option<Cursor>> 
     }
 }
 
-/// Records that `sink` has everything before `cursor` acknowledged.
-pub fn write_cursor(output_dir: &Path, sink: &str, cursor: Cursor) -> crate::error::Result<()> {
+/// Records that `export` has everything before `cursor` acknowledged.
+pub fn write_cursor(output_dir: &Path, export: &str, cursor: Cursor) -> crate::error::Result<()> {
     let json = serde_json::to_vec(&cursor).expect("a cursor serializes");
-    crate::output::write_atomic(output_dir, &cursor_path(output_dir, sink), &json)
+    crate::output::write_atomic(output_dir, &cursor_path(output_dir, export), &json)
 }
 
 /// Deletes the manifests numbered below `seq`; returns how many went.

@@ -34,9 +34,9 @@ pub(super) fn spooled_files(output: &Path) -> HashMap<Vec<u8>, PathBuf> {
     files
 }
 
-/// `/status`'s `export.<sink>.<field>`.
-pub(super) fn sink_count(daemon: &Daemon, sink: &str, field: &str) -> u64 {
-    daemon.status_u64(&format!("/export/{sink}/{field}"))
+/// `/status`'s `export.<name>.<field>`.
+pub(super) fn export_count(daemon: &Daemon, export: &str, field: &str) -> u64 {
+    daemon.status_u64(&format!("/export/{export}/{field}"))
 }
 
 pub(super) fn hostname() -> String {
@@ -89,7 +89,7 @@ fn every_profile_type_arrives_with_its_labels_and_values() {
     let _threads = Fixture::spawn_with_args(FixtureKind::ThreadSpawner, &["2", "120"]);
 
     let names = ["process_cpu", "memory", "block", "mutex", "threadcreate"];
-    // Each sink delivers at its own pace: wait until each has every type, not for a count
+    // Each export delivers at its own pace: wait until each has every type, not for a count
     // (the first dump may come before the heap probes attach).
     let arrived = wait_for(ARRIVAL, || {
         let received = backend.received();
@@ -107,10 +107,10 @@ fn every_profile_type_arrives_with_its_labels_and_values() {
     let received = backend.received();
     check_pyroscope(&backend, &received, &spooled, &cpu);
     check_otlp(&received, &spooled, &cpu);
-    for sink in ["pyroscope", "otlp"] {
-        assert!(sink_count(&daemon, sink, "sent") >= 5, "{sink}: {}", daemon.status()["export"]);
-        assert_eq!(sink_count(&daemon, sink, "failed"), 0, "{sink}: {}", daemon.status()["export"]);
-        assert_eq!(sink_count(&daemon, sink, "dropped"), 0);
+    for export in ["pyroscope", "otlp"] {
+        assert!(export_count(&daemon, export, "sent") >= 5, "{export}: {}", daemon.status()["export"]);
+        assert_eq!(export_count(&daemon, export, "failed"), 0, "{export}: {}", daemon.status()["export"]);
+        assert_eq!(export_count(&daemon, export, "dropped"), 0);
     }
 }
 

@@ -12,7 +12,7 @@ use profiler_tests::daemon::{file_name, wait_for, Daemon, DaemonConfig};
 use profiler_tests::{preflight, Fixture, FixtureKind, TempDir};
 use serde_json::json;
 
-use super::export::{sink_count, spooled_files, ARRIVAL};
+use super::export::{export_count, spooled_files, ARRIVAL};
 use super::{CPU_SPLIT, FIXTURE_S};
 
 /// A daemon exporting cpu_split's CPU profiles to `backend` with short timeouts and backoff.
@@ -39,10 +39,10 @@ fn arrivals(backend: &Backend, spooled: &HashMap<Vec<u8>, PathBuf>) -> Vec<(Path
         .collect()
 }
 
-/// Waits until the sink has nothing queued and at least `sent` profiles acknowledged.
+/// Waits until the export has nothing queued and at least `sent` profiles acknowledged.
 fn wait_drained(daemon: &Daemon, sent: u64) {
     let drained = wait_for(ARRIVAL, || {
-        sink_count(daemon, "pyroscope", "queue_depth") == 0 && sink_count(daemon, "pyroscope", "sent") >= sent
+        export_count(daemon, "pyroscope", "queue_depth") == 0 && export_count(daemon, "pyroscope", "sent") >= sent
     });
     assert!(drained, "the backlog did not drain within {ARRIVAL:?}: {}", daemon.status()["export"]);
 }
@@ -98,9 +98,9 @@ fn a_failing_backend_is_retried_until_everything_arrives_in_order() {
     assert!(seen(5));
     wait_drained(&daemon, 3);
     let status = daemon.status();
-    assert!(sink_count(&daemon, "pyroscope", "retried") >= 5, "{}", status["export"]);
-    assert_eq!(sink_count(&daemon, "pyroscope", "failed"), 0, "{}", status["export"]);
-    assert_eq!(sink_count(&daemon, "pyroscope", "dropped"), 0);
+    assert!(export_count(&daemon, "pyroscope", "retried") >= 5, "{}", status["export"]);
+    assert_eq!(export_count(&daemon, "pyroscope", "failed"), 0, "{}", status["export"]);
+    assert_eq!(export_count(&daemon, "pyroscope", "dropped"), 0);
     let last_error = status["export"]["pyroscope"]["last_error"].as_str().unwrap_or_default().to_owned();
     assert!(!last_error.is_empty(), "the last failure is shown: {}", status["export"]);
 
@@ -109,11 +109,11 @@ fn a_failing_backend_is_retried_until_everything_arrives_in_order() {
     assert!(in_written_order(&first), "not sent in the order written: {first:?}");
     let mut all: Vec<&PathBuf> = spooled.values().collect();
     all.sort();
-    let sent = sink_count(&daemon, "pyroscope", "sent") as usize;
+    let sent = export_count(&daemon, "pyroscope", "sent") as usize;
     assert!(first.len() >= sent, "{} files arrived, {sent} acknowledged", first.len());
 }
 
-/// A backend that is down while three dumps are written: the sink retries (connection
+/// A backend that is down while three dumps are written: the export retries (connection
 /// refused, shown as its last error), queues, keeps nothing in memory but its cursor, and when
 /// the backend is back sends the backlog in order, each file once.
 #[test]
@@ -125,11 +125,11 @@ fn a_backend_that_was_down_gets_the_backlog_in_order() {
     backend.stop();
     let daemon = Daemon::start(&config(&backend, ""));
     let _cpu = Fixture::spawn(FixtureKind::CpuSplitC, FIXTURE_S);
-    let queued = wait_for(ARRIVAL, || sink_count(&daemon, "pyroscope", "queue_depth") >= 3);
+    let queued = wait_for(ARRIVAL, || export_count(&daemon, "pyroscope", "queue_depth") >= 3);
     assert!(queued, "nothing queued while the backend is down: {}", daemon.status()["export"]);
     let error = daemon.status()["export"]["pyroscope"]["last_error"].as_str().unwrap_or_default().to_owned();
     assert!(error.contains("failed to connect to 127.0.0.1:"), "{error}");
-    assert!(sink_count(&daemon, "pyroscope", "retried") >= 1);
+    assert!(export_count(&daemon, "pyroscope", "retried") >= 1);
     backend.restart();
     wait_drained(&daemon, 3);
     let spooled = spooled_files(daemon.output());
@@ -156,8 +156,8 @@ fn a_restart_mid_backlog_loses_nothing_and_repeats_nothing_acknowledged() {
     let mut first_daemon = Daemon::start(&config);
     wait_drained(&first_daemon, 2);
     backend.stop();
-    let acknowledged = sink_count(&first_daemon, "pyroscope", "sent");
-    let queued = wait_for(ARRIVAL, || sink_count(&first_daemon, "pyroscope", "queue_depth") >= 2);
+    let acknowledged = export_count(&first_daemon, "pyroscope", "sent");
+    let queued = wait_for(ARRIVAL, || export_count(&first_daemon, "pyroscope", "queue_depth") >= 2);
     assert!(queued, "{}", first_daemon.status()["export"]);
     first_daemon.signal(libc::SIGTERM);
     assert!(
@@ -181,7 +181,7 @@ fn a_restart_mid_backlog_loses_nothing_and_repeats_nothing_acknowledged() {
 }
 
 /// With the backend down, retention (`max_total_bytes`) has to delete the oldest files: the
-/// sink counts them as dropped, and when the backend is back every file retention kept
+/// export counts them as dropped, and when the backend is back every file retention kept
 /// arrives; dropped + arrived covers everything written.
 #[test]
 fn a_full_spool_drops_the_oldest_and_counts_them() {
@@ -198,7 +198,7 @@ fn a_full_spool_drops_the_oldest_and_counts_them() {
     assert!(trimmed, "retention deleted nothing: {}", daemon.status()["output"]);
     backend.restart();
     let drained = wait_for(ARRIVAL, || {
-        sink_count(&daemon, "pyroscope", "queue_depth") == 0 && sink_count(&daemon, "pyroscope", "dropped") >= 1
+        export_count(&daemon, "pyroscope", "queue_depth") == 0 && export_count(&daemon, "pyroscope", "dropped") >= 1
     });
     assert!(drained, "{}", daemon.status()["export"]);
     let kept = spooled_files(daemon.output());
@@ -215,7 +215,7 @@ fn a_full_spool_drops_the_oldest_and_counts_them() {
     let missing: Vec<&&PathBuf> = kept_before.iter().filter(|f| file_name(f) < newest_arrived).collect();
     assert!(missing.is_empty(), "files retention kept were not sent: {missing:?}");
     let status = daemon.status();
-    let (dropped, sent) = (sink_count(&daemon, "pyroscope", "dropped"), sink_count(&daemon, "pyroscope", "sent"));
+    let (dropped, sent) = (export_count(&daemon, "pyroscope", "dropped"), export_count(&daemon, "pyroscope", "sent"));
     let written = status["output"]["files_written"].as_u64().unwrap();
     assert!(
         dropped + sent <= written && dropped + sent + 2 >= written,
@@ -244,7 +244,7 @@ fn tls_verifies_the_backend_against_the_ca_file() {
     config.output_dir = Some(untrusted.path().join("out"));
     let before = backend.received().len();
     let daemon = Daemon::start(&config);
-    let refused = wait_for(ARRIVAL, || sink_count(&daemon, "pyroscope", "retried") >= 2);
+    let refused = wait_for(ARRIVAL, || export_count(&daemon, "pyroscope", "retried") >= 2);
     let error = daemon.status()["export"]["pyroscope"]["last_error"].as_str().unwrap_or_default().to_owned();
     assert!(refused && error.contains("TLS handshake"), "{error}");
     assert_eq!(backend.received().len(), before, "a profile went to a backend whose certificate is not trusted");

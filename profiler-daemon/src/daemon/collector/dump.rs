@@ -17,7 +17,6 @@ use crate::{
     profiles::Counts,
     profiles::{Context, ProfileKind, Settings, View},
     render::{Renderer, Window},
-    sink::Sink,
     sink::{DumpError, IntervalDump},
 };
 
@@ -45,7 +44,7 @@ impl Collector {
     /// The last interval's files, then a moment for the exporters to send them.
     pub(super) fn final_dump(&mut self) {
         self.dump();
-        let Sink::Files(files) = &mut self.sink;
+        let files = &mut self.files;
         files.close();
     }
 
@@ -71,8 +70,8 @@ impl Collector {
             }
         }
         let counters = self.capture.counters().unwrap_or_default();
-        let Sink::Files(sink) = &mut self.sink;
-        let begun = sink.begin(end, file_count(&targets));
+        let files = &mut self.files;
+        let begun = files.begin(end, file_count(&targets));
         log_slow("dump: live heap, thread dumps", started);
         let result = begun.and_then(|mut dump| {
             self.write_profiles(&mut dump, &targets, &mut interval, window, &counters);
@@ -143,13 +142,13 @@ impl Collector {
     /// unwound without its tables. The collector follows them while another thread waits for
     /// the disk.
     fn finish_files(&mut self, mut dump: IntervalDump) -> Result<(), DumpError> {
-        let Sink::Files(sink) = &mut self.sink;
+        let files = &mut self.files;
         let capture = &mut self.capture;
         let mut reused = Vec::new();
         dump.leave_thread();
         let started = Instant::now();
         let finished = std::thread::scope(|scope| {
-            let finishing = scope.spawn(move || sink.finish(dump));
+            let finishing = scope.spawn(move || files.finish(dump));
             while !finishing.is_finished() {
                 reused.extend(capture.follow());
                 std::thread::sleep(FOLLOW_WHILE_FINISHING);

@@ -29,15 +29,15 @@ use crate::{
     capture::{log_slow, Capture, CaptureConfig, CaptureError, DRAIN_INTERVAL},
     config::{Config, ProcessFacts},
     control::{Command, Commands, Next, PublishedStatus, Refusals, ReloadError, Reloaded, StatusBoard},
+    heartbeat::Heartbeat,
     ids::Pid,
-    offload::Heartbeat,
     output, procs,
     profiles::{
         heap::{attachment_comment, TargetError},
         Counts, ProfileKind, Settings, Source,
     },
     resolve::Namers,
-    sink::{IntervalFiles, Sink},
+    sink::IntervalFiles,
 };
 
 /// A process younger than this that maps no C library yet is not refused heap profiling:
@@ -85,7 +85,8 @@ struct Collector {
     heap_failed: BTreeMap<Pid, String>,
     live_blocks: usize,
     sym: Namers,
-    sink: Sink,
+    /// Where interval dumps are written (and, through the spool, what exporters send).
+    files: IntervalFiles,
     last_error: Option<String>,
     /// Times the symbol caches were dropped for being over the memory budget.
     symbol_cache_resets: u64,
@@ -175,7 +176,7 @@ impl Collector {
         sym.symbols.load_kernel_symbols();
         let now = SystemTime::now();
         Ok(Self {
-            sink: Sink::Files(IntervalFiles::new(&config.output_dir, &config.retention, &config.exports)),
+            files: IntervalFiles::new(&config.output_dir, &config.retention, &config.exports),
             config,
             capture,
             interval: Counts::default(),
@@ -369,7 +370,7 @@ impl Collector {
         if !restart_needed.is_empty() {
             tracing::warn!(keys = ?restart_needed, "these settings take effect after a restart");
         }
-        let Sink::Files(files) = &mut self.sink;
+        let files = &mut self.files;
         files.reconfigure(&config.output_dir, &config.retention, &config.exports);
         self.capture.select(&config.processes);
         // The kernel keeps sampling at the rates it was loaded with: scale by those (the
@@ -377,7 +378,7 @@ impl Collector {
         config.cpu.frequency_hz = self.config.cpu.frequency_hz;
         config.heap.sample_bytes = self.config.heap.sample_bytes;
         config.offcpu = self.config.offcpu.clone();
-        config.waits = self.config.waits.clone();
+        config.contention = self.config.contention.clone();
         self.config = config;
         self.heap_failed.clear();
         Ok(Reloaded { restart_needed })
@@ -405,7 +406,7 @@ impl Collector {
 
     fn status(&self) -> Status {
         let catalog = self.capture.catalog();
-        let Sink::Files(files) = &self.sink;
+        let files = &self.files;
         Status {
             uptime: self.started_at.elapsed(),
             settings: Settings::from(&self.config),

@@ -18,7 +18,7 @@ use crate::{
     procs,
     profiles::{Context, Counts, ProcessCounts, ProfileKind, Settings},
     render::{Renderer, Window},
-    threads::ThreadDump,
+    thread_dump::ThreadDump,
 };
 
 /// On-demand captures (`seconds=S`) in flight at once.

@@ -12,7 +12,7 @@
 //!   one word per Python frame to the stacks it takes, and [`crate::resolve`] has them named
 //!   ([`PythonReader::name_stacks`], [`PythonDump::name_words`]);
 //! - thread dumps: [`frames`] walks each thread state's frame chain in userspace.
-//!   [`PythonReader::begin`] starts one dump's reading, which `threads::take` calls in each
+//!   [`PythonReader::begin`] starts one dump's reading, which `thread_dump::take` calls in each
 //!   round of its walks ([`PythonDump::read`]); [`PythonDump::finish`] gives what was read
 //!   ([`PythonRead`]), which the dump applies to its threads and sums up. It reads
 //!   threads the dump walked (blocked in the kernel, so their chains hold still); a thread
@@ -526,7 +526,7 @@ mod tests {
     use super::*;
     use crate::{
         ids::Tid,
-        threads::{procfs::ThreadFacts, DumpedThread, StackSource, ThreadDump},
+        thread_dump::{procfs::ThreadFacts, DumpedThread, StackSource, ThreadDump},
     };
 
     #[test]

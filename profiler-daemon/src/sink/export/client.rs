@@ -1,10 +1,10 @@
-//! A sink's HTTP/1.1 client: one connection to its backend, kept alive between pushes and
-//! opened again when the server closed it or an exchange failed. A sink sends one request at
+//! An export's HTTP/1.1 client: one connection to its backend, kept alive between pushes and
+//! opened again when the server closed it or an exchange failed. An export sends one request at
 //! a time (in order), so a pool would buy nothing. TLS is rustls with the `ring` provider,
-//! verified against the system's roots or the sink's `ca_file` ([`tls_config`]).
+//! verified against the system's roots or the export's `ca_file` ([`tls_config`]).
 //!
 //! Every exchange (connecting, TLS, the request and the whole answer) is bounded by the
-//! sink's `timeout`; an answer's body is read up to [`MAX_ANSWER_BYTES`].
+//! export's `timeout`; an answer's body is read up to [`MAX_ANSWER_BYTES`].
 
 use std::{io, path::Path, sync::Arc, time::Duration};
 

@@ -1,11 +1,11 @@
 //! Pushing interval profiles to backends (`[[export]]`): Grafana Pyroscope's push API and OTLP
 //! profiles over HTTP. The dump directory is the spool ([`super::spool`]): the collector
-//! writes a dump's files and its manifest, then wakes the [`Exporter`]; each sink sends the
+//! writes a dump's files and its manifest, then wakes the [`Exporter`]; each export sends the
 //! files in order from its cursor and moves the cursor only past what its backend
 //! acknowledged. The network never touches the collector thread: the exporter is a thread of
-//! its own with a current-thread tokio runtime, one task per sink ([`worker`]).
+//! its own with a current-thread tokio runtime, one task per export ([`worker`]).
 //!
-//! Owns: the sinks' threads, connections, retries and counts. Does not own: what is written
+//! Owns: the exports' threads, connections, retries and counts. Does not own: what is written
 //! (the dump), what is deleted (retention), the wire formats (`crate::pprof::push`,
 //! `crate::pprof::otlp`).
 
@@ -33,7 +33,7 @@ pub use request::{pyroscope_name, MAX_REQUEST_PROFILES, PYROSCOPE_MAX_PROFILE_BY
 /// what is left stays in the spool for the next start.
 pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// A sink's counts, shared between its task (which counts) and `/status` (which reads).
+/// An export's counts, shared between its task (which counts) and `/status` (which reads).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Profiles acknowledged by the backend.
@@ -47,11 +47,11 @@ pub struct Counters {
     /// Profiles in the spool not yet acknowledged (nor dropped or failed).
     pub queued: AtomicI64,
     pub bytes_sent: AtomicU64,
-    /// The manifest the sink's cursor is in: manifests below every sink's are deleted.
+    /// The manifest the export's cursor is in: manifests below every export's are deleted.
     pub cursor_seq: AtomicU64,
 }
 
-/// One sink's state that outlives its task.
+/// One export's state that outlives its task.
 #[derive(Debug)]
 pub struct Shared {
     pub name: String,
@@ -59,7 +59,7 @@ pub struct Shared {
     pub url: String,
     pub counters: Counters,
     last_error: Mutex<Option<String>>,
-    /// Wakes the sink when a manifest was written.
+    /// Wakes the export when a manifest was written.
     wake: Notify,
 }
 
@@ -69,9 +69,9 @@ impl Shared {
     }
 }
 
-/// A sink as `/status` shows it.
+/// An export as `/status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SinkStatus {
+pub struct ExportStatus {
     pub name: String,
     pub protocol: Protocol,
     pub url: String,
@@ -84,16 +84,16 @@ pub struct SinkStatus {
     pub last_error: Option<String>,
 }
 
-/// The running sinks: a thread that owns their tasks, and the handles to wake, read and
+/// The running exports: a thread that owns their tasks, and the handles to wake, read and
 /// stop them.
 pub struct Exporter {
-    sinks: Arc<[Arc<Shared>]>,
+    running: Arc<[Arc<Shared>]>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Exporter {
-    /// Starts one task per export, each from its cursor in `dir`'s spool. A sink without a
+    /// Starts one task per export, each from its cursor in `dir`'s spool. An export without a
     /// cursor (new in the config) starts after the manifests already there.
     pub fn start(exports: &[ExportConfig], dir: &Path) -> std::io::Result<Self> {
         let next_seq = next_seq(dir);
@@ -113,7 +113,7 @@ impl Exporter {
             };
             starts.push((export.clone(), cursor, queued(dir, cursor)));
         }
-        let sinks: Arc<[Arc<Shared>]> = starts
+        let running: Arc<[Arc<Shared>]> = starts
             .iter()
             .map(|(export, cursor, queued)| {
                 let counters = Counters {
@@ -134,37 +134,37 @@ impl Exporter {
         let (stop, stopped) = watch::channel(false);
         let workers: Vec<worker::Worker> = starts
             .into_iter()
-            .zip(sinks.iter())
+            .zip(running.iter())
             .map(|((export, cursor, _), shared)| {
                 worker::Worker::new(
                     export,
                     dir.to_path_buf(),
                     host.clone(),
                     Arc::clone(shared),
-                    Arc::clone(&sinks),
+                    Arc::clone(&running),
                     cursor,
                     stopped.clone(),
                 )
             })
             .collect();
         let thread = std::thread::Builder::new().name("exporter".into()).spawn(move || run(workers, stopped))?;
-        Ok(Self { sinks, stop, thread: Some(thread) })
+        Ok(Self { running, stop, thread: Some(thread) })
     }
 
-    /// A manifest of `files` profiles was written: count them as queued and wake the sinks.
+    /// A manifest of `files` profiles was written: count them as queued and wake the exports.
     pub fn spooled(&self, files: usize) {
-        for sink in self.sinks.iter() {
-            sink.counters.queued.fetch_add(files as i64, Ordering::Relaxed);
-            sink.wake.notify_one();
+        for export in self.running.iter() {
+            export.counters.queued.fetch_add(files as i64, Ordering::Relaxed);
+            export.wake.notify_one();
         }
     }
 
-    pub fn status(&self) -> Vec<SinkStatus> {
-        self.sinks
+    pub fn status(&self) -> Vec<ExportStatus> {
+        self.running
             .iter()
             .map(|s| {
                 let c = &s.counters;
-                SinkStatus {
+                ExportStatus {
                     name: s.name.clone(),
                     protocol: s.protocol,
                     url: s.url.clone(),
@@ -180,7 +180,7 @@ impl Exporter {
             .collect()
     }
 
-    /// Stops the sinks: each sends what is queued until it is idle, a send fails, or
+    /// Stops the exports: each sends what is queued until it is idle, a send fails, or
     /// [`STOP_GRACE`] is over; what is not acknowledged by then stays in the spool.
     pub fn stop(mut self) {
         self.halt();
@@ -200,7 +200,7 @@ impl Drop for Exporter {
     }
 }
 
-/// The exporter thread: the sinks' tasks until asked to stop, then [`STOP_GRACE`] for them
+/// The exporter thread: the exports' tasks until asked to stop, then [`STOP_GRACE`] for them
 /// to finish.
 fn run(workers: Vec<worker::Worker>, mut stopped: watch::Receiver<bool>) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -1,4 +1,4 @@
-//! One sink's loop: read the next files from the spool, send them, and move the sink's cursor
+//! One export's loop: read the next files from the spool, send them, and move the export's cursor
 //! past them only when the backend acknowledged them (or refused them for good). A failure
 //! that may pass (no connection, a timeout, 408, 429, 5xx) is retried with exponential
 //! backoff capped at `max_backoff` (or the server's `Retry-After`), re-reading the files each
@@ -26,7 +26,7 @@ use crate::{
 
 /// The first retry waits this long; each failure in a row doubles it, up to `max_backoff`.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-/// An idle sink looks at the spool again after this long even without a wake-up (a
+/// An idle export looks at the spool again after this long even without a wake-up (a
 /// manifest written by a previous run, a lost notification).
 const IDLE_RECHECK: Duration = Duration::from_secs(30);
 
@@ -64,7 +64,7 @@ pub struct Worker {
     pub dir: PathBuf,
     pub host: Host,
     pub shared: Arc<Shared>,
-    /// Every sink's shared state, to find the manifests all of them have passed.
+    /// Every export's shared state, to find the manifests all of them have passed.
     pub all: Arc<[Arc<Shared>]>,
     pub cursor: Cursor,
     pub stop: watch::Receiver<bool>,
@@ -103,7 +103,7 @@ impl Worker {
             match self.send(&collected.profiles).await {
                 Ok(rejected) => {
                     if failures > 0 {
-                        tracing::info!(sink = self.config.name, "export recovered after {failures} failed tries");
+                        tracing::info!(export = self.config.name, "export recovered after {failures} failed tries");
                     }
                     failures = 0;
                     let sent = collected.profiles.len() as u64;
@@ -114,7 +114,7 @@ impl Worker {
                 Err(Failure::Permanent(error)) => {
                     failures = 0;
                     tracing::error!(
-                        sink = self.config.name,
+                        export = self.config.name,
                         files = collected.profiles.len(),
                         "profiles refused for good: {error}"
                     );
@@ -124,7 +124,7 @@ impl Worker {
                 }
                 Err(Failure::Retry { error, after }) => {
                     if failures == 0 {
-                        tracing::warn!(sink = self.config.name, "export failed, retrying with backoff: {error}");
+                        tracing::warn!(export = self.config.name, "export failed, retrying with backoff: {error}");
                     }
                     self.shared.counters.retried.fetch_add(1, Ordering::Relaxed);
                     self.shared.record_error(error);
@@ -170,14 +170,14 @@ impl Worker {
         counters.queued.fetch_sub(collected.files() as i64, Ordering::Relaxed);
         if collected.dropped > 0 {
             tracing::error!(
-                sink = self.config.name,
+                export = self.config.name,
                 files = collected.dropped,
                 "profiles deleted by retention before they were sent"
             );
         }
         if let Some(refused) = collected.refused.last() {
             let error = crate::error::chain(refused);
-            tracing::error!(sink = self.config.name, files = collected.refused.len(), "{error}");
+            tracing::error!(export = self.config.name, files = collected.refused.len(), "{error}");
             self.shared.record_error(error);
         }
         self.cursor = collected.end;

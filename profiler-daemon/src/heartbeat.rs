@@ -1,4 +1,6 @@
-//! [`Heartbeat`]: when the daemon last showed it was alive.
+//! [`Heartbeat`]: when the daemon last showed it was alive, which the front reads before it
+//! pings systemd's watchdog. Its own module at the bottom floor, since both the collector and
+//! the offload workers (below it) beat it.
 
 use std::{
     sync::{
@@ -9,8 +11,9 @@ use std::{
 };
 
 /// When the daemon last showed it was alive. The collector beats it once per loop and a
-/// waiting caller every [`POLL`](super::POLL); the front pings systemd's watchdog only while it is
-/// recent, so a collector stuck for real (not one waiting on a stuck file) is restarted.
+/// caller waiting on an offload worker at every poll (`offload::POLL`); the front pings
+/// systemd's watchdog only while it is recent, so a collector stuck for real (not one
+/// waiting on a stuck file) is restarted.
 #[derive(Clone, Debug)]
 pub struct Heartbeat {
     started: Instant,

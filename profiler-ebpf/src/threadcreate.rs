@@ -8,7 +8,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use profiler_common::{maps::THREAD_COUNTS_MAX_ENTRIES, thread::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK};
+use profiler_common::{
+    maps::THREAD_COUNTS_MAX_ENTRIES, threadcreate::CLONE_THREAD, ThreadCounter, ThreadKey, NO_STACK,
+};
 
 use crate::{
     maps::{active_set, add_or_insert_in_set, bump, wanted_task, Scratch},

@@ -1,4 +1,4 @@
-//! [`Batch`]: a dump's many files written atomically with one flush of the disk.
+//! [`StagedFiles`]: a dump's many files written atomically with one flush of the disk.
 
 use std::{
     collections::BTreeMap,
@@ -15,10 +15,10 @@ use std::{
 use super::at::{install, open_parent, unlink_at, write_temp};
 use crate::error::{Error, Result};
 
-/// Files open at once in a [`Batch`]: a dump of thousands of processes commits every this
-/// many files. With one open directory per process directory among them (at most as many
-/// again), that stays below the usual limit of 1024 descriptors.
-pub const BATCH_MAX_OPEN: usize = 256;
+/// Files open at once in a [`StagedFiles`]: a dump of thousands of processes commits every
+/// this many files. With one open directory per process directory among them (at most as
+/// many again), that stays below the usual limit of 1024 descriptors.
+pub const STAGED_MAX_OPEN: usize = 256;
 
 /// Several files written atomically with one flush of the disk: each is written to a
 /// temporary file in its directory, then one `syncfs` makes them all durable, then each is
@@ -35,7 +35,7 @@ pub const BATCH_MAX_OPEN: usize = 256;
 ///
 /// Uncommitted temporary files are removed on drop.
 #[derive(Default)]
-pub struct Batch {
+pub struct StagedFiles {
     staged: Vec<Staged>,
     /// The directories of the staged files, opened once each (by path, until the commit).
     dirs: BTreeMap<PathBuf, Arc<OwnedFd>>,
@@ -49,18 +49,18 @@ struct Staged {
     bytes: u64,
 }
 
-/// What a [`Batch::commit`] did: the files now in place (with their sizes), and the errors
-/// of those that are not.
+/// What a [`StagedFiles::commit`] did: the files now in place (with their sizes), and the
+/// errors of those that are not.
 #[derive(Debug, Default)]
 pub struct Committed {
     pub written: Vec<(PathBuf, u64)>,
     pub failed: Vec<Error>,
 }
 
-impl Batch {
+impl StagedFiles {
     /// Writes `bytes` to a temporary file beside `path`, creating the directories between
     /// `root` and `path` as [`write_atomic`] does; the file appears at `path` on
-    /// [`Batch::commit`].
+    /// [`StagedFiles::commit`].
     pub fn stage(&mut self, root: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
         let fail = |cause| Error::Write { path: path.to_path_buf(), cause };
         let parent = path.parent().unwrap_or(path).to_path_buf();
@@ -78,9 +78,9 @@ impl Batch {
         Ok(())
     }
 
-    /// Whether [`BATCH_MAX_OPEN`] files are staged and the batch should be committed.
+    /// Whether [`STAGED_MAX_OPEN`] files are staged and they should be committed.
     pub fn is_full(&self) -> bool {
-        self.staged.len() >= BATCH_MAX_OPEN
+        self.staged.len() >= STAGED_MAX_OPEN
     }
 
     /// Makes the staged files durable (one `syncfs` per file system), renames them into
@@ -131,7 +131,7 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
+impl Drop for StagedFiles {
     fn drop(&mut self) {
         for s in &self.staged {
             let _ = unlink_at(s.dir.as_fd(), &s.tmp);

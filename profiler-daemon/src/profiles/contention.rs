@@ -1,19 +1,18 @@
-//! What the block and mutex profiles share: futex waits counted by (op, outcome, stack), Go's
-//! contention shape (`contentions/count`, `delay/nanoseconds`), and the `futex_op`,
-//! `outcome` and `primitive` labels. Each profile says which stack a wait is counted under
-//! (the waiter's in block, the waker's in mutex).
+//! What the two contention profiles, block and mutex, share: futex waits counted by (op,
+//! outcome, stack), Go's contention shape (`contentions/count`, `delay/nanoseconds`), and the
+//! `futex_op`, `outcome` and `primitive` labels. Each profile says which stack a wait is
+//! counted under (the waiter's in block, the waker's in mutex).
 
 use std::collections::{HashMap, HashSet};
 
 use profiler_common::{WaitOp, WaitOutcome, WAIT_COUNT_ONE};
 
-use super::unwind_comment;
+use super::{primitive, unwind_comment};
 use crate::{
     catalog::Sighting,
     ebpf::{Counters, FutexCounters, RawWaitTotals},
     ids::StackId,
     pprof::Shape,
-    primitive,
     resolve::{LabelValue, ResolvedProfile, StackSample},
 };
 

@@ -1,7 +1,7 @@
 //! The thread dump's record: what the task iterator (`iter/task`) writes, one per thread of
 //! the process it is given: ids, scheduler facts, the user registers the thread saved at its
 //! last entry into the kernel, and its kernel stack. Userspace walks the user stack from
-//! those registers (`profiler-daemon/src/threads/`); nothing here is counted in the kernel.
+//! those registers (`profiler-daemon/src/thread_dump/`); nothing here is counted in the kernel.
 
 use crate::KERNEL_STACK_DEPTH;
 
