@@ -327,7 +327,10 @@ mod tests {
         assert_eq!(config.profiles, [ProfileKind::Cpu]);
         assert_ne!(config.cpu.frequency_hz, defaults.cpu.frequency_hz);
         // ...and the config's for every other key a flag has.
-        assert_eq!((&config.heap, &config.offcpu, &config.contention), (&defaults.heap, &defaults.offcpu, &defaults.contention));
+        assert_eq!(
+            (&config.heap, &config.offcpu, &config.contention),
+            (&defaults.heap, &defaults.offcpu, &defaults.contention)
+        );
         assert_eq!(config.limits, defaults.limits);
         let flags = ["snapshot", "--mutex-fraction", "7", "--offcpu-rate", "250us", "--uid-share", "40"];
         let config = snapshot_config(&flags).unwrap();

@@ -317,7 +317,7 @@ impl Capture {
                 tracing::info!(tracepoints = ?attached.attached, missing = ?attached.missing, "futex tracepoints attached");
             }
             Source::ThreadCreation => {
-                self.session.attach_threadcreate().map_err(|e| CaptureError::Attach("thread-creation", e))?
+                self.session.attach_threadcreate().map_err(|e| CaptureError::Attach("threadcreate", e))?
             }
             Source::Switches => self
                 .session

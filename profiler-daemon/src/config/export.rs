@@ -15,7 +15,7 @@ use super::{
 pub const EXPORT_TIMEOUT_RANGE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(300);
 /// `max_backoff`: the longest wait between two tries of the same request.
 pub const EXPORT_BACKOFF_RANGE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
-/// A sink's name is a file name in the spool (its cursor), so it is kept short and plain.
+/// An export's name is a file name in the spool (its cursor), so it is kept short and plain.
 pub const EXPORT_NAME_MAX_BYTES: usize = 64;
 
 /// Headers the exporter sets itself; `Authorization` has its own keys.
@@ -38,7 +38,7 @@ pub const SERVICE_NAME_FIELDS: [&str; 6] = ["service", "unit", "container", "nam
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportConfig {
     /// Unique among the exports; `[A-Za-z0-9_-]`, at most [`EXPORT_NAME_MAX_BYTES`]. Names
-    /// the sink in `/status` and its cursor in the spool. Default: the protocol's name.
+    /// the export in `/status` and its cursor in the spool. Default: the protocol's name.
     pub name: String,
     pub protocol: Protocol,
     pub url: ExportUrl,
@@ -220,7 +220,7 @@ fn export(raw: &RawExport, key: &str) -> Result<ExportConfig, InvalidValue> {
         }
     };
     let name = match &raw.name {
-        Some(name) => sink_name(name, &at("name"))?,
+        Some(name) => export_name(name, &at("name"))?,
         None => protocol.as_str().to_owned(),
     };
     let url = url(&raw.url, &at("url"))?;
@@ -242,11 +242,11 @@ fn export(raw: &RawExport, key: &str) -> Result<ExportConfig, InvalidValue> {
     })
 }
 
-fn sink_name(name: &str, key: &str) -> Result<String, InvalidValue> {
+fn export_name(name: &str, key: &str) -> Result<String, InvalidValue> {
     let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
     if name.is_empty() || name.len() > EXPORT_NAME_MAX_BYTES || !name.chars().all(plain) {
         let problem = format!(
-            "{name:?} is not a sink name; write 1 to {EXPORT_NAME_MAX_BYTES} letters, digits, '-' or '_', \
+            "{name:?} is not an export name; write 1 to {EXPORT_NAME_MAX_BYTES} letters, digits, '-' or '_', \
              e.g. \"pyroscope-eu\""
         );
         return Err(InvalidValue::new(key, problem));

@@ -429,7 +429,7 @@ fn rejects_bad_export_tables() {
     assert_rejected(&table("timeout = \"0s\""), "export[0].timeout", "allowed 1s to 5m");
     assert_rejected(&table("max_backoff = \"2h\""), "export[0].max_backoff", "allowed 1s to 1h");
     assert_rejected(&table("ca_file = \"/ca.pem\""), "export[0].ca_file", "only applies to an https url");
-    assert_rejected(&table("name = \"a b\""), "export[0].name", "is not a sink name");
+    assert_rejected(&table("name = \"a b\""), "export[0].name", "is not an export name");
     assert_rejected(
         &table("headers = { Authorization = \"x\" }"),
         "export[0].headers.Authorization",
