@@ -18,9 +18,9 @@ use profiler_tests::heap_sites::{
     alloc_space_matches, average_size_label, site_is_leaf_and_chained, site_value, site_values_match, truth_of,
     EXACT_TOLERANCE, SITES,
 };
-use profiler_tests::run::{run_profiler_until, Running};
+use profiler_tests::run::{run_profiler_resuming, run_profiler_until, Running};
 use profiler_tests::{assert_success, expect, go_pprof, listing, preflight, process_dir};
-use profiler_tests::{run_profiler, summary, Fixture, FixtureKind, Profile, TempDir};
+use profiler_tests::{summary, Fixture, FixtureKind, Profile, TempDir};
 
 /// Sites whose in-use bytes are made of blocks large against the default 512 KiB interval,
 /// so sampling barely varies them: 8 and 2 MiB blocks (sampled with probability 1 − e^−16
@@ -40,7 +40,8 @@ const TOTAL_TOLERANCE: f64 = 0.2;
 
 /// The fixture waits this long after `ready` before allocating: the profiler attaches its
 /// probes within ~0.3 s of starting.
-const DELAY_S: &str = "1.5";
+/// The fixtures stop after `ready` until the profiler is capturing ([`Fixture::resume`]).
+const DELAY_S: &str = "stop";
 /// Long enough to outlast the capture; the guard kills it after.
 const LINGER_S: &str = "30";
 const CAPTURE: &str = "4s";
@@ -122,6 +123,8 @@ fn unselected_process_is_not_probed() {
     let mut other = heap_fixture(LINGER_S);
     let output = snapshot(&chosen, &out, &["--profiles", "cpu,heap", "--heap-sample-bytes", "1"]);
     assert_success(&output, "snapshot --pid CHOSEN with another heap fixture running");
+    // The other one allocates after the capture: probed, it would have counted by now.
+    other.resume();
     chosen.expect_line("allocated");
     other.expect_line("allocated");
     let stray = process_dir(out.path(), other.comm(), other.pid());
@@ -223,7 +226,7 @@ fn full_live_map_is_reported() {
     }
 }
 
-/// A fixture that exits right after allocating, 1.5 s into a 4 s capture, and is reaped at
+/// A fixture that exits right after allocating, early in a 4 s capture, and is reaped at
 /// once: the profiler exits 0, writes a heap profile that decodes, says the process exited,
 /// and names the sites, with their values, although the process is gone.
 #[test]
@@ -233,18 +236,16 @@ fn process_exiting_during_capture_is_handled() {
     }
     let out = TempDir::new("heap-exit");
     let mut fixture = heap_fixture("0");
-    let output = std::thread::scope(|scope| {
-        let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
-        let profiler = scope.spawn(move || {
-            let args = ["--profiles", "heap", "--heap-sample-bytes", "1"];
-            run_profiler(&snapshot_args(&pid, &out_arg, &args))
-        });
-        fixture.expect_line("allocated");
-        // Reap as its parent would: the profiler must not need /proc/PID afterwards.
-        let status = fixture.wait();
-        assert!(status.success(), "fixture exited with {status}");
-        profiler.join().expect("profiler runner panicked")
-    });
+    let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
+    let args = ["--profiles", "heap", "--heap-sample-bytes", "1"];
+    let mut profiler = Running::start_with_env(&snapshot_args(&pid, &out_arg, &args), &[]);
+    profiler.wait_capturing();
+    fixture.resume();
+    fixture.expect_line("allocated");
+    // Reap as its parent would: the profiler must not need /proc/PID afterwards.
+    let status = fixture.wait();
+    assert!(status.success(), "fixture exited with {status}");
+    let output = profiler.finish();
     assert_success(&output, "snapshot of a heap fixture that exits mid-capture");
     let path = expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid());
     let profile = Profile::decode(&path);
@@ -375,10 +376,11 @@ fn heap_fixture(linger_s: &str) -> Fixture {
     Fixture::spawn_with_args(FixtureKind::HeapSites, &[DELAY_S, linger_s])
 }
 
-/// `profiler snapshot --pid PID --duration CAPTURE --output DIR EXTRA...`, to completion.
+/// `profiler snapshot --pid PID --duration CAPTURE --output DIR EXTRA...`, to completion,
+/// the fixture resumed once the profiler is capturing.
 fn snapshot(fixture: &Fixture, out: &TempDir, extra: &[&str]) -> Output {
     let (pid, out_arg) = (fixture.pid().to_string(), out.path_arg());
-    run_profiler(&snapshot_args(&pid, &out_arg, extra))
+    run_profiler_resuming(&snapshot_args(&pid, &out_arg, extra), &[], fixture)
 }
 
 fn snapshot_args<'a>(pid: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

@@ -6,6 +6,7 @@
 
 use profiler_tests::heap_sites::{site_is_leaf_and_chained, site_values_match, SITES};
 use profiler_tests::perf::{self, cumulative};
+use profiler_tests::run::run_profiler_resuming;
 use profiler_tests::{assert_success, expect, go_pprof, preflight, run_profiler};
 use profiler_tests::{Fixture, FixtureKind, Profile, TempDir};
 
@@ -174,10 +175,11 @@ fn heap_sites_without_frame_pointers_are_attributed() {
         return;
     }
     let out = TempDir::new("nofp-heap");
-    let mut fixture = Fixture::spawn_with_args(FixtureKind::HeapSitesNoFp, &["1.5", "30"]);
+    // Stopped after `ready` until the profiler is capturing.
+    let mut fixture = Fixture::spawn_with_args(FixtureKind::HeapSitesNoFp, &["stop", "30"]);
     let pid = fixture.pid().to_string();
     let out_arg = out.path_arg();
-    let output = run_profiler(&[
+    let args = [
         "snapshot",
         "--pid",
         &pid,
@@ -189,7 +191,8 @@ fn heap_sites_without_frame_pointers_are_attributed() {
         "heap",
         "--heap-sample-bytes",
         "1",
-    ]);
+    ];
+    let output = run_profiler_resuming(&args, &[], &fixture);
     assert_success(&output, "heap snapshot of a fixture without frame pointers");
     fixture.expect_line("allocated");
     let profile = Profile::decode(&expect::heap_profile_written(out.path(), fixture.comm(), fixture.pid()));

@@ -230,7 +230,32 @@ pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
     if !exports("malloc") || !exports("free") {
         return Err(TargetError::NoAllocator(pid));
     }
+    let free = HEAP_FUNCTIONS.iter().position(|&f| f == "free").expect("free is probed");
+    offsets[free] = offsets[free].map(|offset| past_null_test(opened.file(), offset));
     Ok(HeapTarget { pid, library, path, offsets })
+}
+
+/// Where to probe `free`, whose entry is at file `offset` of `library`. glibc's begins
+/// `test rdi, rdi; je …` (free(NULL) returns at once). x86 uprobes emulate a `je` (and a
+/// `push`, how the other allocator functions begin) but cannot emulate a `test`: they
+/// single-step it from a copy, a second trap per call, which was three quarters of the CPU
+/// an allocating loop spent in the probes. So the probe goes on the `je`, 3 bytes in: the
+/// registers are the same there (a `test` writes only flags), every call passes it, and
+/// nothing else jumps to it. Any other first instruction keeps the probe at the entry.
+fn past_null_test(library: &std::fs::File, offset: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    const TEST_RDI_RDI: [u8; 3] = [0x48, 0x85, 0xff];
+    let mut code = [0u8; 5];
+    if library.read_exact_at(&mut code, offset).is_err() {
+        return offset;
+    }
+    // `je rel8` (74) or `je rel32` (0f 84).
+    let je = code[3] == 0x74 || code[3..5] == [0x0f, 0x84];
+    if code[..3] == TEST_RDI_RDI && je {
+        offset + TEST_RDI_RDI.len() as u64
+    } else {
+        offset
+    }
 }
 
 /// The C library a process maps: glibc's `libc.so.6` or musl's `libc.musl-*`/`ld-musl-*`.
@@ -408,5 +433,43 @@ mod tests {
         let err = target(Pid(std::process::id())).map(|t| t.library);
         assert!(err.as_deref().is_ok_and(|l| l.contains("libc")), "the test binary maps glibc: {err:?}");
         assert!(matches!(target(PID), Err(TargetError::Maps { .. })));
+    }
+
+    #[test]
+    fn free_is_probed_past_its_null_test_only_where_that_is_what_it_starts_with() {
+        use std::io::Write;
+        let code = |bytes: &[u8]| {
+            let mut file = tempfile_in_tmp();
+            file.write_all(&[0x90; 16]).unwrap();
+            file.write_all(bytes).unwrap();
+            file
+        };
+        // glibc 2.36's free: test rdi,rdi; je rel32.
+        assert_eq!(past_null_test(&code(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0, 0]), 16), 19);
+        assert_eq!(past_null_test(&code(&[0x48, 0x85, 0xff, 0x74, 0x10]), 16), 19, "je rel8");
+        assert_eq!(past_null_test(&code(&[0x48, 0x85, 0xff, 0x75, 0x10]), 16), 16, "jne: not free(NULL)'s return");
+        assert_eq!(past_null_test(&code(&[0xf3, 0x0f, 0x1e, 0xfa, 0x48]), 16), 16, "endbr64 first");
+        assert_eq!(past_null_test(&code(&[0x48, 0x85]), 16), 16, "past the end of the file");
+    }
+
+    /// An unnamed file that disappears when closed.
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path =
+            std::env::temp_dir().join(format!("heap-code-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let file = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+
+    /// This machine's C library, where it has one: its `free` gets the probe past the test.
+    #[test]
+    fn this_machines_glibc_free_begins_with_its_null_test() {
+        let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        let Ok(file) = std::fs::File::open(libc) else {
+            eprintln!("skipped: no {libc}");
+            return;
+        };
+        let offset = symbolize::symbol_offsets(std::path::Path::new(libc), &["free"])[0].expect("libc exports free");
+        assert_eq!(past_null_test(&file, offset), offset + 3, "Debian's glibc free starts test rdi,rdi; je");
     }
 }
