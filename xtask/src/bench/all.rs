@@ -72,6 +72,9 @@ pub struct Headline {
     /// `None`: not measured (n/a).
     pub pass: Option<bool>,
     pub full_command: String,
+    /// Why there is no value, shown as a note under the table (a path or a tool's message
+    /// would widen a column past reading).
+    pub why: Option<String>,
 }
 
 impl Headline {
@@ -89,27 +92,29 @@ impl Headline {
             target,
             pass: value.map(|v| bar.holds(v)),
             full_command: format!("cargo xtask bench {bench}"),
+            why: None,
         }
     }
 
-    /// Says why there is no value (a missing peer, say) where the value would be.
+    /// Says why, if there is no value (a missing peer, say).
     pub fn missing_because(mut self, why: &str) -> Headline {
         if self.value.is_none() {
-            self.shown = format!("n/a ({why})");
+            self.why = Some(why.to_string());
         }
         self
     }
 
-    /// The one row of a bench that did not run, or failed: `why` in place of a value.
+    /// The one row of a bench that did not run, or failed, and why.
     pub fn not_run(bench: &'static str, why: &str) -> Headline {
         Headline {
             bench,
             figure: "(not run)".to_string(),
             value: None,
-            shown: why.to_string(),
+            shown: "n/a".to_string(),
             target: String::new(),
             pass: None,
             full_command: format!("cargo xtask bench {bench}"),
+            why: Some(why.to_string()),
         }
     }
 }
@@ -131,8 +136,8 @@ const BENCHES: [(&str, Quick); 11] = [
     ("export", super::export::quick),
 ];
 
-/// The longest reason shown in a row; the bench's own output above the table has the rest.
-const MAX_REASON_CHARS: usize = 90;
+/// The longest reason shown under the table; the bench's own output above it has the rest.
+const MAX_REASON_CHARS: usize = 200;
 
 pub fn run(args: &AllArgs) -> Result<()> {
     if !args.quick {
@@ -183,16 +188,31 @@ fn timings(took: &[(&str, Duration)]) -> String {
     took.iter().map(|(bench, d)| format!("{bench} {}s", d.as_secs())).collect::<Vec<_>>().join(", ")
 }
 
-/// The table, columns as wide as their widest cell.
+/// The table, columns as wide as their widest cell, and under it the notes that say why a
+/// value is missing (`n/a [N]`).
 fn table(rows: &[Headline]) -> String {
     let verdict = |pass: Option<bool>| match pass {
         Some(true) => "PASS",
         Some(false) => "MISS",
         None => "n/a",
     };
+    let mut notes = Vec::new();
+    let shown: Vec<String> = rows
+        .iter()
+        .map(|r| match &r.why {
+            Some(why) => {
+                notes.push(format!("[{}] {}: {why}\n", notes.len() + 1, r.bench));
+                format!("{} [{}]", r.shown, notes.len())
+            }
+            None => r.shown.clone(),
+        })
+        .collect();
     let header = ["bench", "figure", "value", "target", "verdict", "in full"];
-    let cells: Vec<[&str; 6]> =
-        rows.iter().map(|r| [r.bench, &r.figure, &r.shown, &r.target, verdict(r.pass), &r.full_command]).collect();
+    let cells: Vec<[&str; 6]> = rows
+        .iter()
+        .zip(&shown)
+        .map(|(r, shown)| [r.bench, &r.figure, shown, &r.target, verdict(r.pass), &r.full_command])
+        .collect();
     let width = |i: usize| cells.iter().map(|c| c[i].chars().count()).chain([header[i].len()]).max().unwrap_or(0);
     let widths: Vec<usize> = (0..header.len()).map(width).collect();
     let line = |cells: [&str; 6]| {
@@ -205,7 +225,7 @@ fn table(rows: &[Headline]) -> String {
     for c in cells {
         text += &line(c);
     }
-    text
+    text + &notes.concat()
 }
 
 #[cfg(test)]
@@ -219,7 +239,10 @@ mod tests {
         let at_most = Headline::new("cpu", "x", Some(48.0), Bar::AtMost(48.0), Unit::Mib);
         assert_eq!((at_most.pass, at_most.target.as_str()), (Some(true), "<= 48.0 MiB"));
         let missing = Headline::new("python", "x", None, Bar::Below(1.0), Unit::Ratio).missing_because("no py-spy");
-        assert_eq!((missing.pass, missing.shown.as_str()), (None, "n/a (no py-spy)"));
+        assert_eq!((missing.pass, missing.shown.as_str(), missing.why.as_deref()), (None, "n/a", Some("no py-spy")));
+        let measured =
+            Headline::new("python", "x", Some(0.5), Bar::Below(1.0), Unit::Ratio).missing_because("no py-spy");
+        assert_eq!(measured.why, None);
         assert_eq!(missing.full_command, "cargo xtask bench python");
     }
 
@@ -231,12 +254,13 @@ mod tests {
         ];
         let text = table(&rows);
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines.len(), 5, "{text}");
         let column = |line: &str, cell: &str| line.find(cell).unwrap_or_else(|| panic!("{cell} in {line}"));
         assert_eq!(column(lines[0], "value"), column(lines[2], "0.50x"));
         assert_eq!(column(lines[0], "verdict"), column(lines[2], "PASS"));
         assert_eq!(column(lines[0], "in full"), column(lines[3], "cargo xtask bench threads"));
-        assert!(lines[3].contains("n/a"), "{text}");
+        assert_eq!(column(lines[0], "value"), column(lines[3], "n/a [1]"));
+        assert_eq!(lines[4], "[1] threads: failed: eu-stack is missing");
     }
 
     #[test]
