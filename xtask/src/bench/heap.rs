@@ -66,9 +66,9 @@ pub fn run(args: &HeapArgs) -> Result<()> {
     measure(args.iterations, PASSES).map(|_| ())
 }
 
-/// `bench all --quick`: one pass of 200,000 pairs per configuration, and the three targets.
+/// `bench all --quick`: one pass of 100,000 pairs per configuration, and the three targets.
 pub fn quick() -> Result<Vec<Headline>> {
-    Ok(report::headlines(&measure(200_000, 1)?))
+    Ok(report::headlines(&measure(100_000, 1)?))
 }
 
 /// `iterations` pairs per configuration over `passes` interleaved passes; prints the table.

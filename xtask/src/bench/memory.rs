@@ -72,6 +72,7 @@ pub fn quick() -> Result<Vec<super::all::Headline>> {
     let here = possible_cpus()?;
     let measured: Vec<(Shape, u64)> = maps.iter().map(|m| (m.shape, m.memlock)).collect();
     let overheads = Overheads::calibrate(&measured, here);
+    println!("\nmap, type, key, value, entries, flags, kernel now, check, full here, at 64 and 256 CPUs:");
     let (totals, checked) = print_rows(&maps, overheads, here);
     print_totals(totals, checked, overheads, here);
     let at_256 = totals[3] as f64 / (1 << 20) as f64;

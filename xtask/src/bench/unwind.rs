@@ -110,6 +110,15 @@ pub fn quick() -> Result<Vec<Headline>> {
     let tables = ours_ns(&no_fp, depth, &args, &out)?;
     let peer = bpftrace_on_spinners(&fp, depth, hz, seconds, "@[ustack] = count();")?;
     let floor = bpftrace_on_spinners(&fp, depth, hz, seconds, "@[pid] = count();")?;
+    let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
+    println!(
+        "{} frames, one round, per sample: ours with unwind tables {}, bpftrace ustack (frame pointers) {}, \
+         floor (one map update) {}",
+        depth + 4,
+        show(tables),
+        show(peer),
+        show(floor)
+    );
     let ratio = |base: Option<f64>| Some(tables? / base?);
     let why = "bpftrace or bpf_stats missing";
     Ok(vec![
