@@ -22,12 +22,15 @@
 //! sample at 10-200 Python frames, with Python unwinding off, and py-spy's CPU.
 //! `cargo xtask bench soak` (module `soak`): a million distinct stacks through the daemon's
 //! stack table, then a known stack, and the daemon's memory meanwhile.
+//! `cargo xtask bench all --quick` (module `all`): every bench's headline figures from one
+//! short round each, in one table.
 //!
 //! Benchmarks, not tests: they report PASS/MISS against targets and exit 0 unless a run
 //! itself fails. Tools run one after the other so none measures another.
 
 // The C compile helper, shared with the end-to-end tests: its doc says why it is included
 // rather than a crate. Only the benches compile C, so it sits under them.
+mod all;
 #[path = "../../tests/src/cc.rs"]
 mod cc;
 mod cpu;
@@ -93,6 +96,10 @@ pub enum Bench {
     /// 999 Hz), then a known 75/25 split beside them: stacks learnt, the split, refusals,
     /// peak RSS and whether it stays flat once the table is full.
     Soak(soak::SoakArgs),
+    /// With --quick: every bench's headline figures (ratios against its peers and floors, the
+    /// issues' MiB budgets) from one short round each, in one table with PASS/MISS and the
+    /// command that runs each bench in full; a few minutes in all. Soak is left out.
+    All(all::AllArgs),
 }
 
 pub fn run(bench: Bench) -> Result<ExitCode> {
@@ -109,6 +116,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Memory(args) => memory::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Python(args) => python::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::All(args) => all::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 

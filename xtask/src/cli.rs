@@ -102,6 +102,13 @@ mod tests {
     }
 
     #[test]
+    fn bench_all_takes_quick() {
+        let cli = Cli::try_parse_from(["x", "bench", "all", "--quick"]).expect("parses");
+        assert!(matches!(cli, Cli::Bench(bench::Bench::All(_))));
+        assert!(Cli::try_parse_from(["x", "bench", "all", "--quick", "--rounds", "3"]).is_err());
+    }
+
+    #[test]
     fn bench_heap_iterations() {
         let cli = Cli::try_parse_from(["x", "bench", "heap", "--iterations", "1000"]).expect("parses");
         assert!(matches!(cli, Cli::Bench(bench::Bench::Heap(_))));

@@ -16,6 +16,7 @@ use std::process::Command;
 use anyhow::Result;
 
 use super::{
+    all::{Bar, Headline, Unit},
     bail_if_interrupted, fresh_dir, measure,
     measure::Run,
     peer,
@@ -69,6 +70,22 @@ impl Round {
 
 pub fn run(args: &CpuArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    medians(args).map(|_| ())
+}
+
+/// `bench all --quick`: one round of 10 s at 99 Hz, its three targets.
+pub fn quick() -> Result<Vec<Headline>> {
+    let medians = medians(&CpuArgs { seconds: 10, frequency_hz: 99, rounds: 1 })?;
+    Ok(vec![
+        Headline::new("cpu", "BPF ns/sample / bpftrace's", medians.ns, Bar::Below(1.0), Unit::Ratio)
+            .missing_because("bpftrace or bpf_stats missing"),
+        Headline::new("cpu", "snapshot CPU time / perf record's", medians.cpu, Bar::Below(1.0), Unit::Ratio),
+        Headline::new("cpu", "snapshot peak RSS", medians.rss, Bar::AtMost(MAX_RSS_MIB), Unit::Mib),
+    ])
+}
+
+/// The rounds, printed as they end, and their medians, printed and returned.
+fn medians(args: &CpuArgs) -> Result<Medians> {
     let dir = workspace::target_dir().join("xtask-bench");
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();
@@ -86,9 +103,9 @@ pub fn run(args: &CpuArgs) -> Result<()> {
     ));
     let floor = peer::bpftrace_floor_ns(args.frequency_hz, floor_secs);
     bail_if_interrupted()?;
-    print_summary(&rounds, floor);
+    let medians = print_summary(&rounds, floor);
     println!("(outputs kept in {})", out.display());
-    Ok(())
+    Ok(medians)
 }
 
 /// The three runs of round `index`, in an order rotated by the round.
@@ -160,8 +177,16 @@ fn print_round(index: u32, round: &Round) {
     );
 }
 
+/// The medians the targets judge: CPU time and BPF ns per sample as ratios against the peers
+/// run beside the profiler, and the peak RSS in MiB.
+struct Medians {
+    cpu: Option<f64>,
+    ns: Option<f64>,
+    rss: Option<f64>,
+}
+
 /// The medians and the targets, as ratios against the peers run beside the profiler.
-fn print_summary(rounds: &[Round], (empty_ns, one_update_ns): (Option<f64>, Option<f64>)) {
+fn print_summary(rounds: &[Round], (empty_ns, one_update_ns): (Option<f64>, Option<f64>)) -> Medians {
     let median_of = |f: &dyn Fn(&Round) -> Option<f64>| median(rounds.iter().filter_map(f).collect());
     let cpu = median_of(&|r| Some(r.cpu_ratio()));
     let ns = median_of(&|r| r.ns_ratio());
@@ -184,6 +209,7 @@ fn print_summary(rounds: &[Round], (empty_ns, one_update_ns): (Option<f64>, Opti
     target("BPF ns/sample < 1.0x bpftrace's", &format!("{}x", shown(ns, 2)), ns.map(|r| r < 1.0));
     target("CPU time < 1.0x perf record's", &format!("{}x", shown(cpu, 2)), cpu.map(|r| r < 1.0));
     target(&format!("peak RSS <= {MAX_RSS_MIB} MiB"), &shown(rss, 1), rss.map(|r| r <= MAX_RSS_MIB));
+    Medians { cpu, ns, rss }
 }
 
 /// The median of `values`, `None` when there are none.

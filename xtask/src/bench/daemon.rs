@@ -65,41 +65,63 @@ pub fn run(args: &DaemonArgs) -> Result<()> {
         bail!("--threads-per-process must be at least 1");
     }
     crate::setup::prepare_bench()?;
-    let dir = workspace::target_dir().join("xtask-bench/daemon");
-    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let dir = bench_dir()?;
     workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
     let mut tables = Vec::new();
     for &processes in &args.processes {
-        let spinners = args.spinners.min(processes);
-        let idlers = processes - spinners;
-        let wake_every = (idlers / FLEET_WAKES_PER_SECOND).max(1) as u64;
-        workspace::stage(&format!(
-            "starting {spinners} spinners and {idlers} idle processes of {} threads, waking every {wake_every} s",
-            args.threads_per_process
-        ));
-        let fleet = Fleet::start(&dir, spinners, idlers, args.threads_per_process, wake_every)?;
-        let stale = set_aside_old_outputs(&dir, &args.frequencies)?;
-        let mut runs = Vec::new();
-        for &frequency_hz in &args.frequencies {
-            workspace::stage(&format!(
-                "profiler run at {frequency_hz} Hz for {} min, interval {} s, {processes} processes",
-                args.minutes,
-                INTERVAL.as_secs()
-            ));
-            runs.push(measure(&dir, frequency_hz, args.minutes)?);
-            bail_if_interrupted()?;
-        }
-        drop(fleet);
-        for old in stale {
-            let _ = std::fs::remove_dir_all(old);
-        }
-        report::print(&runs, processes, args.threads_per_process);
-        tables.push((processes, runs));
+        tables.push((processes, table(&dir, args, processes)?));
     }
     report::print_slope(&tables);
     println!("(profiles and logs kept in {})", dir.display());
     Ok(())
+}
+
+/// `bench all --quick`: 200 processes, the daemon at the default 19 Hz for one minute (the
+/// shortest the bench takes); its CPU share and peak RSS against the targets.
+pub fn quick() -> Result<Vec<super::all::Headline>> {
+    let args =
+        DaemonArgs { processes: vec![200], threads_per_process: 1, spinners: 20, minutes: 1, frequencies: vec![19] };
+    let dir = bench_dir()?;
+    let _stats = workload::BpfStats::enable();
+    let runs = table(&dir, &args, args.processes[0])?;
+    Ok(report::headlines(&runs, args.processes[0]))
+}
+
+fn bench_dir() -> Result<PathBuf> {
+    let dir = workspace::target_dir().join("xtask-bench/daemon");
+    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A fleet of `processes`, the daemon at each frequency among it in turn; prints the table
+/// and returns the runs.
+fn table(dir: &Path, args: &DaemonArgs, processes: usize) -> Result<Vec<Run>> {
+    let spinners = args.spinners.min(processes);
+    let idlers = processes - spinners;
+    let wake_every = (idlers / FLEET_WAKES_PER_SECOND).max(1) as u64;
+    workspace::stage(&format!(
+        "starting {spinners} spinners and {idlers} idle processes of {} threads, waking every {wake_every} s",
+        args.threads_per_process
+    ));
+    let fleet = Fleet::start(dir, spinners, idlers, args.threads_per_process, wake_every)?;
+    let stale = set_aside_old_outputs(dir, &args.frequencies)?;
+    let mut runs = Vec::new();
+    for &frequency_hz in &args.frequencies {
+        workspace::stage(&format!(
+            "profiler run at {frequency_hz} Hz for {} min, interval {} s, {processes} processes",
+            args.minutes,
+            INTERVAL.as_secs()
+        ));
+        runs.push(measure(dir, frequency_hz, args.minutes)?);
+        bail_if_interrupted()?;
+    }
+    drop(fleet);
+    for old in stale {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    report::print(&runs, processes, args.threads_per_process);
+    Ok(runs)
 }
 
 /// Moves the previous invocation's profiles aside (`out-<f>hz.old`), to be deleted once every

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::daemon::{sample, Daemon};
 use super::{bail_if_interrupted, measure, workload};
 use crate::workspace;
@@ -42,6 +43,22 @@ struct Round {
 
 pub fn run(args: &ExecArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    follow(args).map(|_| ())
+}
+
+/// `bench all --quick`: one round of 5 s of warm-up and 10 s at 500 programs a second; the
+/// daemon's CPU against perf's, and the records lost.
+pub fn quick() -> Result<Vec<Headline>> {
+    let (ratio, lost) = follow(&ExecArgs { rate: 500, seconds: 10, warmup: 5, rounds: 1 })?;
+    Ok(vec![
+        Headline::new("exec", "daemon CPU / perf record -e dummy's", Some(ratio), Bar::AtMost(1.0), Unit::Ratio),
+        Headline::new("exec", "process event records lost", Some(lost as f64), Bar::AtMost(0.0), Unit::Count),
+    ])
+}
+
+/// Every round, daemon then perf; prints the table. Returns the daemon's CPU over perf's
+/// (medians) and the records its rings lost.
+fn follow(args: &ExecArgs) -> Result<(f64, u64)> {
     let dir = workspace::target_dir().join("xtask-bench/exec");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let pacer = crate::bench::cc::compile_text(&dir, "exec_pacer", PACER_C, &["-O2"])?;
@@ -65,7 +82,7 @@ pub fn run(args: &ExecArgs) -> Result<()> {
         bail_if_interrupted()?;
     }
     print(&ours, &perf, &rss_thirds, lost, args);
-    Ok(())
+    Ok((cpu_ratio(&ours, &perf), lost))
 }
 
 /// The daemon following the load: its CPU over the window, its RSS in thirds, lost records.
@@ -157,12 +174,19 @@ impl Drop for Pacer {
     }
 }
 
+/// The median round's CPU per second (the upper one of an even count).
+fn median(rounds: &[Round]) -> f64 {
+    let mut v: Vec<f64> = rounds.iter().map(|r| r.cpu_per_s).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The daemon's median CPU over perf's: the target.
+fn cpu_ratio(ours: &[Round], perf: &[Round]) -> f64 {
+    median(ours) / median(perf).max(f64::MIN_POSITIVE)
+}
+
 fn print(ours: &[Round], perf: &[Round], rss_thirds: &[(u64, u64)], lost: u64, args: &ExecArgs) {
-    let median = |rounds: &[Round]| {
-        let mut v: Vec<f64> = rounds.iter().map(|r| r.cpu_per_s).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let rate = |rounds: &[Round]| {
         rounds.iter().map(|r| r.execs).sum::<u64>() as f64 / (rounds.len() as f64 * (args.warmup + args.seconds) as f64)
     };
@@ -170,7 +194,7 @@ fn print(ours: &[Round], perf: &[Round], rss_thirds: &[(u64, u64)], lost: u64, a
     println!("{:<28} {:>14} {:>14}", "", "profiler run", "perf record");
     println!("{:<28} {:>14.0} {:>14.0}", "programs run per second", rate(ours), rate(perf));
     println!("{:<28} {:>13.2}% {:>13.2}%", "CPU, % of a core (median)", median(ours) * 100.0, median(perf) * 100.0);
-    let ratio = median(ours) / median(perf).max(f64::MIN_POSITIVE);
+    let ratio = cpu_ratio(ours, perf);
     let verdict = if ratio <= 1.0 { "PASS" } else { "MISS" };
     println!("daemon CPU / perf's: {ratio:.2} (target at most 1.00): {verdict}");
     for (round, (first, last)) in rss_thirds.iter().enumerate() {

@@ -8,10 +8,12 @@
 
 mod backend;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::daemon::{fleet::Fleet, sample, Daemon, INTERVAL};
 use super::report::target;
 use super::{bail_if_interrupted, workload};
@@ -66,36 +68,9 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         bail!("need at least one minute and one process");
     }
     crate::setup::prepare_bench()?;
-    let dir = workspace::target_dir().join("xtask-bench/export");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let (dir, _fleet, mut backend) = fleet_and_backend(args.processes)?;
     workload::catch_interrupt();
-    let spinners = (args.processes / 10).max(1);
-    let idlers = args.processes - spinners.min(args.processes);
-    workspace::stage(&format!("starting {spinners} spinners and {idlers} idle processes"));
-    let _fleet = Fleet::start(&dir, spinners, idlers, 1, 1)?;
-    let mut backend = backend::Backend::start()?;
-    let length = Duration::from_secs(args.minutes * 60);
-
-    // Both daemons at once, on the same fleet at the same time: neither pays for the other's
-    // page cache or the fleet's start, and each one's own CPU time is its own.
-    workspace::stage(&format!(
-        "export off and on side by side (pyroscope to 127.0.0.1:{}), profiler run at {FREQUENCY_HZ} Hz for {} min",
-        backend.port(),
-        args.minutes
-    ));
-    let (off_dir, on_dir) = (dir.join("off"), dir.join("on"));
-    for sub in [&off_dir, &on_dir] {
-        std::fs::create_dir_all(sub).with_context(|| format!("failed to create {}", sub.display()))?;
-    }
-    let export = format!(
-        "\n[[export]]\nname = \"bench\"\nprotocol = \"pyroscope\"\nurl = \"http://127.0.0.1:{}\"\n",
-        backend.port()
-    );
-    let quiet = Daemon::start(&off_dir, &off_dir.join("out"), FREQUENCY_HZ, "")?;
-    let daemon = Daemon::start(&on_dir, &on_dir.join("out"), FREQUENCY_HZ, &export)?;
-    std::thread::sleep(WARMUP);
-    let [off, on] = measure(&[&quiet, &daemon], length)?;
+    let (quiet, daemon, [off, on]) = side_by_side(&dir, &backend, Duration::from_secs(args.minutes * 60))?;
     let pushed = backend.requests();
     bail_if_interrupted()?;
 
@@ -123,6 +98,73 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     print(&[&off, &on, &quiet_during, &during], pushed, backlog, drained.then_some((found, drain)), requests, bytes);
     println!("(profiles and logs kept in {})", dir.display());
     Ok(())
+}
+
+/// `bench all --quick`: export off and on side by side among 200 processes for 30 s after
+/// the warm-up, no outage; CPU and RSS with export on against without.
+pub fn quick() -> Result<Vec<Headline>> {
+    let (dir, _fleet, backend) = fleet_and_backend(200)?;
+    let (quiet, daemon, [off, on]) = side_by_side(&dir, &backend, Duration::from_secs(30))?;
+    quiet.stop()?;
+    daemon.stop()?;
+    println!(
+        "export off: CPU {:.3}%, steady RSS {:.1} MiB; export on ({} pushes): CPU {:.3}%, steady RSS {:.1} MiB",
+        off.cpu_percent(),
+        off.steady_rss_mib(),
+        backend.requests(),
+        on.cpu_percent(),
+        on.steady_rss_mib()
+    );
+    let ratio = on.cpu.as_secs_f64() / off.cpu.as_secs_f64().max(1e-9);
+    let growth = on.steady_rss_mib() - off.steady_rss_mib();
+    Ok(vec![
+        Headline::new("export", "daemon CPU, export on / off", Some(ratio), Bar::AtMost(MAX_CPU_RATIO), Unit::Ratio),
+        Headline::new(
+            "export",
+            "steady RSS, export on - off",
+            Some(growth),
+            Bar::AtMost(MAX_RSS_GROWTH_MIB),
+            Unit::Mib,
+        ),
+    ])
+}
+
+/// A fresh bench directory, the fleet of `processes` (a tenth spinning) and the backend.
+fn fleet_and_backend(processes: usize) -> Result<(PathBuf, Fleet, backend::Backend)> {
+    let dir = workspace::target_dir().join("xtask-bench/export");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let spinners = (processes / 10).max(1);
+    let idlers = processes - spinners.min(processes);
+    workspace::stage(&format!("starting {spinners} spinners and {idlers} idle processes"));
+    let fleet = Fleet::start(&dir, spinners, idlers, 1, 1)?;
+    Ok((dir, fleet, backend::Backend::start()?))
+}
+
+/// Both daemons at once, on the same fleet at the same time: neither pays for the other's
+/// page cache or the fleet's start, and each one's own CPU time is its own. Returns the
+/// daemon without export, the one with, and their runs over `length` after [`WARMUP`].
+fn side_by_side(dir: &Path, backend: &backend::Backend, length: Duration) -> Result<(Daemon, Daemon, [Run; 2])> {
+    workspace::stage(&format!(
+        "export off and on side by side (pyroscope to 127.0.0.1:{}), profiler run at {FREQUENCY_HZ} Hz for {} s \
+         after {} s of warm-up",
+        backend.port(),
+        length.as_secs(),
+        WARMUP.as_secs()
+    ));
+    let (off_dir, on_dir) = (dir.join("off"), dir.join("on"));
+    for sub in [&off_dir, &on_dir] {
+        std::fs::create_dir_all(sub).with_context(|| format!("failed to create {}", sub.display()))?;
+    }
+    let export = format!(
+        "\n[[export]]\nname = \"bench\"\nprotocol = \"pyroscope\"\nurl = \"http://127.0.0.1:{}\"\n",
+        backend.port()
+    );
+    let quiet = Daemon::start(&off_dir, &off_dir.join("out"), FREQUENCY_HZ, "")?;
+    let daemon = Daemon::start(&on_dir, &on_dir.join("out"), FREQUENCY_HZ, &export)?;
+    std::thread::sleep(WARMUP);
+    let runs = measure(&[&quiet, &daemon], length)?;
+    Ok((quiet, daemon, runs))
 }
 
 /// Each daemon's CPU time over `length` and its RSS every [`SAMPLE_EVERY`].

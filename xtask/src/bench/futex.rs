@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::heap::program::MallocBench;
 use super::heap::report::Measured;
 use super::heap::tracer::Tracer;
@@ -92,6 +93,27 @@ const TRACEPOINTS: [&str; 10] = [
 
 pub fn run(args: &FutexArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    measure(args, PASSES).map(|_| ())
+}
+
+/// `bench all --quick`: one pass of 100,000 handoffs per configuration, unpinned, at the
+/// profiler's default sampling; ours on the process and system-wide against the floor.
+pub fn quick() -> Result<Vec<Headline>> {
+    let runs = measure(&FutexArgs { iterations: 100_000, pin_cpu: None, sampling: String::new() }, 1)?;
+    let floor = &runs[1];
+    Ok(runs[2..]
+        .iter()
+        .map(|run| {
+            let figure = format!("{} / floor (median)", run.name);
+            let ratio = Some(run.median() / floor.median());
+            Headline::new("futex", &figure, ratio, Bar::AtMost(MAX_OURS_VS_FLOOR), Unit::Ratio)
+        })
+        .collect())
+}
+
+/// Every configuration in `passes` interleaved passes; prints the table and returns the runs,
+/// in [`CONFIGS`] order.
+fn measure(args: &FutexArgs, passes: u64) -> Result<Vec<Measured>> {
     match args.pin_cpu {
         // Read by the program's threads; set while this process has one thread and before
         // the program is started.
@@ -107,12 +129,12 @@ pub fn run(args: &FutexArgs) -> Result<()> {
         &["-O1", "-pthread"],
     )?;
     let out = fresh_dir(&dir.join("futex-out"))?;
-    let pairs = (args.iterations / PASSES).max(u64::from(ROUNDS) * 4);
+    let pairs = (args.iterations / passes).max(u64::from(ROUNDS) * 4);
     workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
     let mut measured: Vec<Measured> = CONFIGS.iter().map(|&(name, _)| Measured::new(name)).collect();
-    for pass in 0..PASSES {
-        workspace::stage(&format!("pass {}/{PASSES}: {pairs} handoffs per configuration", pass + 1));
+    for pass in 0..passes {
+        workspace::stage(&format!("pass {}/{passes}: {pairs} handoffs per configuration", pass + 1));
         for k in 0..CONFIGS.len() {
             let i = (pass as usize + k) % CONFIGS.len();
             let (rounds, stderr) = run_once(&bin, &out, pairs, CONFIGS[i].1, &args.sampling)?;
@@ -125,9 +147,9 @@ pub fn run(args: &FutexArgs) -> Result<()> {
             measured[i].add(rounds, stderr);
         }
     }
-    print(&measured, pairs * PASSES);
+    print(&measured, pairs * passes);
     println!("(profiles kept in {})", out.display());
-    Ok(())
+    Ok(measured)
 }
 
 fn run_once(bin: &Path, out: &Path, pairs: u64, probe: Probe, sampling: &str) -> Result<(Vec<f64>, String)> {

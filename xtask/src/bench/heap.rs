@@ -25,6 +25,7 @@ use anyhow::{bail, Result};
 use self::program::MallocBench;
 use self::report::Measured;
 use self::tracer::Tracer;
+use super::all::Headline;
 use super::{bail_if_interrupted, fresh_dir, workload};
 use crate::workspace;
 
@@ -35,7 +36,7 @@ pub struct HeapArgs {
     iterations: u64,
 }
 
-/// Interleaved passes over all configurations.
+/// Interleaved passes over all configurations (one in `bench all --quick`).
 const PASSES: u64 = 4;
 /// Timed rounds per run; each configuration gets PASSES × ROUNDS rounds.
 const ROUNDS: u32 = 5;
@@ -61,21 +62,33 @@ const CONFIGS: [(&str, Probe); 5] = [
 
 pub fn run(args: &HeapArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    workload::catch_interrupt();
+    measure(args.iterations, PASSES).map(|_| ())
+}
+
+/// `bench all --quick`: one pass of 100,000 pairs per configuration, and the three targets.
+pub fn quick() -> Result<Vec<Headline>> {
+    Ok(report::headlines(&measure(100_000, 1)?))
+}
+
+/// `iterations` pairs per configuration over `passes` interleaved passes; prints the table.
+fn measure(iterations: u64, passes: u64) -> Result<report::Runs> {
     let dir = workspace::target_dir().join("xtask-bench");
     std::fs::create_dir_all(&dir)?;
     let bench = Bench {
         bin: program::compile(&dir)?,
         out: fresh_dir(&dir.join("heap-out"))?,
-        pairs: (args.iterations / PASSES).max(u64::from(ROUNDS)),
+        pairs: (iterations / passes).max(u64::from(ROUNDS)),
+        passes,
     };
-    workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
     let measured = bench.passes()?;
     let [none, floor, every, sampled, unselected] =
         <[Measured; 5]>::try_from(measured).unwrap_or_else(|_| unreachable!("five configurations"));
-    report::print(&report::Runs { none, floor, every, sampled, unselected });
+    let runs = report::Runs { none, floor, every, sampled, unselected };
+    report::print(&runs);
     println!("(profiles kept in {})", bench.out.display());
-    Ok(())
+    Ok(runs)
 }
 
 /// What probes the measured process during a run.
@@ -94,6 +107,8 @@ struct Bench {
     out: PathBuf,
     /// Pairs per run.
     pairs: u64,
+    /// Interleaved passes over every configuration.
+    passes: u64,
 }
 
 impl Bench {
@@ -101,8 +116,8 @@ impl Bench {
     /// slow stretch of the machine does not land on one configuration only.
     fn passes(&self) -> Result<Vec<Measured>> {
         let mut measured: Vec<Measured> = CONFIGS.iter().map(|&(name, _)| Measured::new(name)).collect();
-        for pass in 0..PASSES {
-            workspace::stage(&format!("pass {}/{PASSES}: {} pairs per configuration", pass + 1, self.pairs));
+        for pass in 0..self.passes {
+            workspace::stage(&format!("pass {}/{}: {} pairs per configuration", pass + 1, self.passes, self.pairs));
             for k in 0..CONFIGS.len() {
                 let i = (pass as usize + k) % CONFIGS.len();
                 let (rounds, stderr) = self.run_once(CONFIGS[i].1)?;

@@ -55,6 +55,31 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
     Ok(())
 }
 
+/// `bench all --quick`: the same capture (it is short already), its table, and the total at
+/// 256 possible CPUs against the target.
+pub fn quick() -> Result<Vec<super::all::Headline>> {
+    use super::all::{Bar, Headline, Unit};
+    let out = fresh_dir(&workspace::target_dir().join("xtask-bench/memory"))?;
+    let target = Target(Command::new("sleep").arg("600").spawn().context("failed to start sleep")?);
+    let cmd = profiler_cmd(&workspace::profiler_bin(), &out, target.0.id());
+    let tracer = Tracer::start("profiler", cmd, PROFILER_ATTACHED)?;
+    std::thread::sleep(Duration::from_secs(MemoryArgs { seconds: 3 }.seconds));
+    let maps = read_maps(tracer.pid())?;
+    let stopped = tracer.stop()?;
+    if !stopped.status.success() {
+        bail!("the profiler failed ({}); its stderr:\n{}", stopped.status, stopped.stderr);
+    }
+    let here = possible_cpus()?;
+    let measured: Vec<(Shape, u64)> = maps.iter().map(|m| (m.shape, m.memlock)).collect();
+    let overheads = Overheads::calibrate(&measured, here);
+    println!("\nmap, type, key, value, entries, flags, kernel now, check, full here, at 64 and 256 CPUs:");
+    let (totals, checked) = print_rows(&maps, overheads, here);
+    print_totals(totals, checked, overheads, here);
+    let at_256 = totals[3] as f64 / (1 << 20) as f64;
+    let figure = format!("BPF maps' kernel memory at {} CPUs, all kinds on", CPU_COUNTS[1]);
+    Ok(vec![Headline::new("memory", &figure, Some(at_256), Bar::AtMost(MAX_MIB_AT_256), Unit::Mib)])
+}
+
 fn profiler_cmd(bin: &Path, out: &Path, pid: u32) -> Command {
     let mut cmd = Command::new(bin);
     cmd.env("RUST_LOG", "info")

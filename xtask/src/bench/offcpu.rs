@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::heap::program::MallocBench;
 use super::heap::report::Measured;
 use super::heap::tracer::Tracer;
@@ -76,6 +77,26 @@ const CONFIGS: [(&str, Probe); 6] = [
 
 pub fn run(args: &OffCpuArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    measure(args).map(|_| ())
+}
+
+/// `bench all --quick`: one pass of 100,000 handoffs per configuration on CPU 1, and the
+/// default sampling against the floor.
+pub fn quick() -> Result<Vec<Headline>> {
+    let runs = measure(&OffCpuArgs { iterations: 100_000, rounds: 1, pin_cpu: 1 })?;
+    let ratio = runs[2].median() / runs[1].median();
+    Ok(vec![Headline::new(
+        "offcpu",
+        "default sampling (1 ms) / floor (median)",
+        Some(ratio),
+        Bar::AtMost(MAX_OURS_VS_FLOOR),
+        Unit::Ratio,
+    )])
+}
+
+/// Every configuration in `--rounds` interleaved passes; prints the table and returns the
+/// runs, in [`CONFIGS`] order.
+fn measure(args: &OffCpuArgs) -> Result<Vec<Measured>> {
     // Read by the program's threads; set while this process has one thread.
     std::env::set_var("OFFCPU_BENCH_CPU", args.pin_cpu.to_string());
     let dir = workspace::target_dir().join("xtask-bench");
@@ -108,7 +129,7 @@ pub fn run(args: &OffCpuArgs) -> Result<()> {
     }
     print(&measured, pairs * passes);
     println!("(profiles kept in {})", out.display());
-    Ok(())
+    Ok(measured)
 }
 
 fn run_once(bin: &Path, out: &Path, pairs: u64, probe: Probe) -> Result<(Vec<f64>, String)> {

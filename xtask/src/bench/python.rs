@@ -24,6 +24,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::{bail_if_interrupted, fresh_dir, measure, report, unwind::median};
 use crate::workspace;
 
@@ -64,12 +65,46 @@ pub fn run(args: &PythonArgs) -> Result<()> {
     super::workload::catch_interrupt();
     let _stats = super::workload::BpfStats::enable();
     let workloads = Workloads::prepare(&dir)?;
-    let (rows, mut ratios, mut loads) = measure_depths(&workloads, args, &out)?;
+    let (rows, mut ratios, mut loads) = measure_depths(&workloads, args, &out, &DEPTHS)?;
     print_table(&rows, args);
     print_native_vs_c(&mut ratios, &mut loads);
     print_walk_per_frame(&rows);
     println!("(profiles kept in {})", out.display());
     Ok(())
+}
+
+/// `bench all --quick`: one round at the shallowest depth, ours against py-spy and the
+/// native part of a Python sample against the C spinners'.
+pub fn quick() -> Result<Vec<Headline>> {
+    let args = PythonArgs { seconds: 8, frequency_hz: 99, rounds: 1 };
+    let dir = workspace::target_dir().join("xtask-bench-python");
+    let out = fresh_dir(&dir.join("out"))?;
+    let _stats = super::workload::BpfStats::enable();
+    let workloads = Workloads::prepare(&dir)?;
+    let depth = DEPTHS[0];
+    let (rows, mut ratios, mut loads) = measure_depths(&workloads, &args, &out, &[depth])?;
+    print_table(&rows, &args);
+    print_native_vs_c(&mut ratios, &mut loads);
+    let [python, _, peer] = rows.first().map_or([None; 3], |row| row.1);
+    let native_vs_c = ratios.first_mut().and_then(|(_, ratios)| median(ratios));
+    Ok(vec![
+        Headline::new(
+            "python",
+            &format!("{depth} Python frames: ours / py-spy's CPU per sample"),
+            python.zip(peer).map(|(ours, peer)| ours / peer),
+            Bar::Below(1.0),
+            Unit::Ratio,
+        )
+        .missing_because("no py-spy, or no bpf_stats"),
+        Headline::new(
+            "python",
+            &format!("{depth} Python frames: native part / C spinners'"),
+            native_vs_c,
+            Bar::AtMost(MAX_NATIVE_VS_C),
+            Unit::Ratio,
+        )
+        .missing_because("no bpf_stats, or no samples walked"),
+    ])
 }
 
 /// Per depth: the medians of (ours with Python frames, ours without, py-spy), in ns.
@@ -116,13 +151,18 @@ impl Workloads {
     }
 }
 
-/// Runs the interleaved rounds at each depth. Returns the rows, the native-to-C ratios per
+/// Runs the interleaved rounds at each of `depths`. Returns the rows, the native-to-C ratios per
 /// depth, and the load averages seen.
-fn measure_depths(w: &Workloads, args: &PythonArgs, out: &Path) -> Result<(Vec<Row>, Vec<DepthRatios>, Vec<f64>)> {
+fn measure_depths(
+    w: &Workloads,
+    args: &PythonArgs,
+    out: &Path,
+    depths: &[u32],
+) -> Result<(Vec<Row>, Vec<DepthRatios>, Vec<f64>)> {
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     let mut loads = Vec::new();
-    for depth in DEPTHS {
+    for &depth in depths {
         let mut runs: [Vec<f64>; 3] = Default::default();
         let mut native_vs_c = Vec::new();
         for round in 1..=args.rounds {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::{bail_if_interrupted, daemon::sample, fresh_dir, measure, workload};
 use crate::workspace;
 
@@ -43,6 +44,27 @@ struct Row {
 
 pub fn run(args: &ThreadsArgs) -> Result<()> {
     crate::setup::prepare_bench()?;
+    dump_all(args).map(|_| ())
+}
+
+/// `bench all --quick`: one dump per tool of a process of 10 threads, and ours against
+/// eu-stack's wall time.
+pub fn quick() -> Result<Vec<Headline>> {
+    let size = 10;
+    let rows = dump_all(&ThreadsArgs { rounds: 1, sizes: vec![size] })?;
+    let wall = |tool: &str| rows.iter().find(|r| r.tool.starts_with(tool)).map(|r| r.wall.as_secs_f64());
+    let vs_eu_stack = |tool: &str| Some(wall(tool)? / wall("eu-stack")?);
+    Ok([("profiler threads", "CLI, cold"), ("profiler daemon", "daemon query, warm")]
+        .into_iter()
+        .map(|(tool, what)| {
+            let figure = format!("{size} threads, {what}: wall / eu-stack's");
+            Headline::new("threads", &figure, vs_eu_stack(tool), Bar::Below(1.0), Unit::Ratio)
+        })
+        .collect())
+}
+
+/// Every size, `--rounds` dumps per tool; prints the table and returns its rows.
+fn dump_all(args: &ThreadsArgs) -> Result<Vec<Row>> {
     if Command::new("eu-stack").arg("--version").output().is_err() {
         bail!("eu-stack is missing: apt-get install elfutils (cargo xtask setup --for-test installs it)");
     }
@@ -61,7 +83,7 @@ pub fn run(args: &ThreadsArgs) -> Result<()> {
         bail_if_interrupted()?;
     }
     print(&rows, &args.sizes);
-    Ok(())
+    Ok(rows)
 }
 
 fn measure_size(bin: &Path, daemon: &Daemon, threads: usize, rounds: usize) -> Result<Vec<Row>> {

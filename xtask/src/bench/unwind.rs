@@ -17,6 +17,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use super::all::{Bar, Headline, Unit};
 use super::{bail_if_interrupted, fresh_dir, measure, report, workload};
 use crate::workspace;
 
@@ -50,18 +51,7 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     let out = fresh_dir(&dir.join("out"))?;
     workload::catch_interrupt();
     let _stats = workload::BpfStats::enable();
-    let no_fp = crate::bench::cc::compile_text(
-        &dir,
-        "spin_nofp",
-        workload::SPINNER_C,
-        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
-    )?;
-    let fp = crate::bench::cc::compile_text(
-        &dir,
-        "spin_fp",
-        workload::SPINNER_C,
-        &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"],
-    )?;
+    let (no_fp, fp) = spinners(&dir)?;
     let mut rows: Vec<Row> = Vec::new();
     for depth in DEPTHS {
         let no_fp_ns = ours_ns(&no_fp, depth, args, &out)?;
@@ -105,6 +95,67 @@ pub fn run(args: &UnwindArgs) -> Result<()> {
     }
     println!("(profiles kept in {})", out.display());
     Ok(())
+}
+
+/// `bench all --quick`: at 12 frames, one run each of ours with unwind tables, bpftrace's
+/// frame-pointer `ustack` and the one-map-update floor on the same spinners, and the bars.
+pub fn quick() -> Result<Vec<Headline>> {
+    let args = UnwindArgs { seconds: 8, frequency_hz: 99, rounds: 1 };
+    let dir = workspace::target_dir().join("xtask-bench-unwind");
+    let out = fresh_dir(&dir.join("out"))?;
+    let _stats = workload::BpfStats::enable();
+    let (no_fp, fp) = spinners(&dir)?;
+    let (depth, hz, seconds) = (DEPTHS[0], args.frequency_hz, args.seconds);
+    workspace::stage(&format!("{} frames: ours (tables), bpftrace ustack, the one-map-update floor", depth + 4));
+    let tables = ours_ns(&no_fp, depth, &args, &out)?;
+    let peer = bpftrace_on_spinners(&fp, depth, hz, seconds, "@[ustack] = count();")?;
+    let floor = bpftrace_on_spinners(&fp, depth, hz, seconds, "@[pid] = count();")?;
+    let show = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{ns:.0} ns"));
+    println!(
+        "{} frames, one round, per sample: ours with unwind tables {}, bpftrace ustack (frame pointers) {}, \
+         floor (one map update) {}",
+        depth + 4,
+        show(tables),
+        show(peer),
+        show(floor)
+    );
+    let ratio = |base: Option<f64>| Some(tables? / base?);
+    let why = "bpftrace or bpf_stats missing";
+    Ok(vec![
+        Headline::new(
+            "unwind",
+            "12 frames, tables: ns/sample / bpftrace ustack's",
+            ratio(peer),
+            Bar::Below(1.0),
+            Unit::Ratio,
+        )
+        .missing_because(why),
+        Headline::new(
+            "unwind",
+            "12 frames, tables: ns/sample / one-map-update floor",
+            ratio(floor),
+            Bar::AtMost(MAX_VS_FLOOR_AT_12),
+            Unit::Ratio,
+        )
+        .missing_because(why),
+    ])
+}
+
+/// The spinner built without frame pointers (unwound by tables) and with them.
+fn spinners(dir: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let no_fp = crate::bench::cc::compile_text(
+        dir,
+        "spin_nofp",
+        workload::SPINNER_C,
+        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
+    )?;
+    let fp = crate::bench::cc::compile_text(
+        dir,
+        "spin_fp",
+        workload::SPINNER_C,
+        &["-O1", "-fno-omit-frame-pointer", "-fno-shrink-wrap"],
+    )?;
+    Ok((no_fp, fp))
 }
 
 /// ns per sample of `profiler snapshot --bpf-stats` of [`SPINNERS`] spinners `bin` at `depth`.

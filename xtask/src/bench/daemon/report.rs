@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::bench::all::{Bar, Headline, Unit};
 use crate::bench::report::target;
 
 /// The continuous-profiling budget, at the default 19 Hz.
@@ -197,6 +198,28 @@ pub fn print(runs: &[Run], processes: usize, threads: usize) {
             Some(s.max_dump_ms < MAX_DUMP_MS),
         );
     }
+}
+
+/// The targets as `bench all --quick` rows: at 19 Hz, the CPU share; at each frequency, the
+/// peak RSS. Flatness and dump time are left to the full bench: a minute shows neither.
+pub fn headlines(runs: &[Run], processes: usize) -> Vec<Headline> {
+    let mut rows = Vec::new();
+    for run in runs {
+        let summary = Summary::of(&run.samples);
+        let hz = run.frequency_hz;
+        if hz == 19 {
+            let figure = format!("19 Hz, {processes} processes: daemon CPU");
+            let cpu = summary.as_ref().map(|s| s.cpu_percent);
+            rows.push(Headline::new("daemon", &figure, cpu, Bar::AtMost(MAX_CPU_PERCENT_AT_19_HZ), Unit::CoreShare));
+        }
+        let figure = format!("{hz} Hz, {processes} processes: daemon peak RSS");
+        let rss = summary.as_ref().map(|s| s.peak_rss_mib);
+        rows.push(
+            Headline::new("daemon", &figure, rss, Bar::AtMost(max_rss_mib(processes)), Unit::Mib)
+                .missing_because("too few samples"),
+        );
+    }
+    rows
 }
 
 /// The cost of 1,000 more processes, per frequency, between the first and the last table

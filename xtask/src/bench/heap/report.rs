@@ -3,6 +3,7 @@
 //! cost per run. Pure (numbers in, text out),
 //! so it is unit-tested without root.
 
+use crate::bench::all::{Bar, Headline, Unit};
 use crate::bench::report::{bpf_stats_of, target};
 
 /// Every-allocation profiling may cost at most this much over bare uprobes.
@@ -93,6 +94,18 @@ pub fn print(runs: &Runs) {
     ratio_target("every allocation / floor", &runs.every, floor, MAX_EVERY_VS_FLOOR);
     ratio_target("512 KiB sampling / floor", &runs.sampled, floor, MAX_SAMPLED_VS_FLOOR);
     ratio_target("unselected / no profiler", &runs.unselected, none, MAX_UNSELECTED_VS_NONE);
+}
+
+/// The targets as `bench all --quick` rows: fastest rounds, as [`print`] judges them.
+pub fn headlines(runs: &Runs) -> Vec<Headline> {
+    let row = |figure: &str, run: &Measured, base: &Measured, max: f64| {
+        Headline::new("heap", figure, Some(run.fastest() / base.fastest()), Bar::AtMost(max), Unit::Ratio)
+    };
+    vec![
+        row("every allocation / uprobe floor (fastest)", &runs.every, &runs.floor, MAX_EVERY_VS_FLOOR),
+        row("512 KiB sampling / uprobe floor (fastest)", &runs.sampled, &runs.floor, MAX_SAMPLED_VS_FLOOR),
+        row("unselected / no profiler (fastest)", &runs.unselected, &runs.none, MAX_UNSELECTED_VS_NONE),
+    ]
 }
 
 fn ratio_target(name: &str, run: &Measured, base: &Measured, max: f64) {
