@@ -420,19 +420,20 @@ fn count_after(text: &str, key: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// How long `heap_churn` churns in the return-probe test: at 99 Hz, ~600 samples.
-const CHURN_FOR_S: &str = "6";
+/// How long `heap_churn` churns in the return-probe test: at 99 Hz, ~1,000 samples.
+const CHURN_FOR_S: &str = "12";
 
 /// CPU samples taken inside a heap-profiled `malloc`/`free` (review F15). While the heap
 /// probes' uretprobe is pending, the allocator's return slot holds the `[uprobes]`
 /// trampoline; a walk that took it for the caller lost `churn_site` (and without frame
 /// pointers, everything above). And `free`'s first instruction (a `test`) is single-stepped
 /// from a copy in the `[uprobes]` page, where most samples land: those showed the page, not
-/// `free`. Every sample of `heap_churn` is in `churn_site`/`keep_site` or below, called from
+/// `free` (it is now probed past that instruction, see `profiles::heap::past_null_test`). Every sample of `heap_churn` is in `churn_site`/`keep_site` or below, called from
 /// `main`: of the samples with an allocator frame, at least 95% must hold the site → `main`,
-/// at most 2% of all may show the `[uprobes]` page (they were ~80% before), and the profile
+/// at most 9% of all may show the `[uprobes]` page (they were ~80% before), and the profile
 /// must say frames were restored.
-/// Sized for ≥ 200 allocator samples (of ~600 at 99 Hz), so a 5% miss is ≥ 10 samples.
+/// Sized for ≥ 200 allocator samples (614 in one run, 211 in 6 s on a busy machine), so a 5%
+/// miss is ≥ 10 samples.
 #[test]
 fn cpu_samples_inside_a_probed_allocator_reach_main() {
     if !preflight() {
@@ -477,10 +478,13 @@ fn cpu_samples_inside_a_probed_allocator_reach_main() {
     );
     let comments = profile.comments.join("\n");
     // The few left in the page: sampled in the return syscall after the kernel popped the
-    // instance and before the trampoline's own `ret` (about 1 in 600 here).
+    // instance and before the trampoline's own `ret`. 1 in 600 while `free`'s first
+    // instruction was single-stepped (most samples were there); since `free` is probed past
+    // it, the return path is a larger share of the process's time: 17 of 370 (4.6%), so
+    // 4.6% + 3.5σ (σ = √(0.046·0.954/370) = 1.1%) is the bound.
     let all = profile.total("samples");
     assert!(
-        unnamed as f64 <= 0.02 * all as f64,
+        unnamed as f64 <= 0.09 * all as f64,
         "{unnamed} of {all} samples with an unnamed user frame (the [uprobes] page?): {:?}",
         profile.function_names()
     );
