@@ -130,9 +130,26 @@ mod tests {
     #[test]
     fn live_block_capacity_follows_the_sampling_rate() {
         assert_eq!(maps::heap_live_entries(512 * 1024), maps::HEAP_LIVE_MIN_ENTRIES);
-        assert_eq!(maps::heap_live_entries(256 * 1024), 131_072);
+        assert_eq!(maps::heap_live_entries(128 * 1024), 131_072);
         assert_eq!(maps::heap_live_entries(1), maps::HEAP_LIVE_MAX_ENTRIES);
         assert_eq!(maps::heap_live_entries(0), maps::HEAP_LIVE_MAX_ENTRIES);
+    }
+
+    #[test]
+    fn heap_totals_capacity_follows_the_sampling_rate() {
+        assert_eq!(maps::heap_totals_entries(512 * 1024), maps::HEAP_TOTALS_MIN_ENTRIES);
+        assert_eq!(maps::heap_totals_entries(256 * 1024), 16_384);
+        assert_eq!(maps::heap_totals_entries(1), maps::HEAP_TOTALS_MAX_ENTRIES);
+        assert_eq!(maps::heap_totals_entries(0), maps::HEAP_TOTALS_MAX_ENTRIES);
+    }
+
+    /// Each table takes a shard at least, so the slots never outnumber the shards.
+    #[test]
+    fn unwind_table_slots_follow_the_row_budget() {
+        assert_eq!(maps::unwind_table_slots(maps::UNWIND_ROWS_DEFAULT_ENTRIES), 1_024);
+        assert_eq!(maps::unwind_table_slots(unwind::SHARD_ROWS), 1);
+        assert_eq!(maps::unwind_table_slots(0), 1);
+        assert_eq!(maps::unwind_table_slots(u32::MAX), maps::UNWIND_TABLES_MAX_ENTRIES);
     }
 
     #[test]

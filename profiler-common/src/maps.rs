@@ -2,7 +2,8 @@
 
 /// Hash of [`crate::CpuSampleKey`] → sample count, for map set 0. Like every counts map
 /// (`*_COUNTS_*`, `HEAP_TOTALS_*`), shared by all CPUs (atomic adds), so its kernel
-/// memory does not grow with the number of CPUs.
+/// memory does not grow with the number of CPUs, and allocated on insert: userspace empties
+/// the drained set within milliseconds of a flip, so a pair holds about one set's entries.
 pub const CPU_COUNTS_0: &str = "CPU_COUNTS_0";
 /// The same for map set 1 (see [`CONTROL`]).
 pub const CPU_COUNTS_1: &str = "CPU_COUNTS_1";
@@ -157,15 +158,42 @@ pub const REGISTER_ASKED: &str = "REGISTER_ASKED";
 /// may be selected); userspace deletes those of exited processes.
 pub const REGISTER_DECLINED: &str = "REGISTER_DECLINED";
 
-/// Default rows of `UNWIND_ROWS`: 32 MiB, 1,024 shards.
+/// Default rows of `UNWIND_ROWS`: 32 MiB, 1,024 shards. Not smaller: the distinct files
+/// mapped executable on a 2-CPU build machine (cargo, rustc's driver and LLVM, libc...) took
+/// 28 MiB of tables, and a table that does not fit is walked with frame pointers.
 pub const UNWIND_ROWS_DEFAULT_ENTRIES: u32 = 4 << 20;
-/// Tables loaded at once.
+/// Tables loaded at once, at most: `UNWIND_TABLES` is sized at load with
+/// [`unwind_table_slots`].
 pub const UNWIND_TABLES_MAX_ENTRIES: u32 = 2_048;
+
+/// Slots of `UNWIND_TABLES` for `rows` rows of `UNWIND_ROWS`: a table takes at least one
+/// shard of [`crate::unwind::SHARD_ROWS`] rows, so there are never more tables than shards
+/// (1,024 at the default budget; a slot is 1 KiB of kernel memory).
+pub const fn unwind_table_slots(rows: u32) -> u32 {
+    let shards = rows / crate::unwind::SHARD_ROWS;
+    if shards == 0 {
+        1
+    } else if shards > UNWIND_TABLES_MAX_ENTRIES {
+        UNWIND_TABLES_MAX_ENTRIES
+    } else {
+        shards
+    }
+}
+
+/// Processes the kernel side is sized for: each map keyed by process holds this many (or,
+/// for `UNWIND_PROCESSES_LARGE`, the share of them that needs its large entries). A map of
+/// processes is allocated as they come, so a host with fewer pays for fewer; past it, a
+/// process is walked with frame pointers (counted: `/status` unwind `process_maps_full`).
+/// 4,096 is several times what a large host runs that the profiler walks; 8,192 cost 11 MiB
+/// of the kernel memory budget (`cargo xtask bench memory`).
+pub const SIZED_PROCESSES: u32 = 4_096;
 /// Processes the walker knows at once with small mapping lists (776 B each)...
-pub const UNWIND_PROCESSES_MAX_ENTRIES: u32 = 8_192;
-/// ...and with large ones (6 KiB each): those with more than 32 executable mappings
-/// (a refused one is counted and walked with frame pointers).
-pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = 768;
+pub const UNWIND_PROCESSES_MAX_ENTRIES: u32 = SIZED_PROCESSES;
+/// ...and with large ones (6 KiB each): those with more than 32 executable mappings, which
+/// few processes have (none of the 31 with executable mappings on a build machine; Python
+/// with many extension modules, browsers, some JVMs do): 3 in 32 of the processes. A
+/// refused one is counted and walked with frame pointers.
+pub const UNWIND_PROCESSES_LARGE_MAX_ENTRIES: u32 = SIZED_PROCESSES * 3 / 32;
 /// Execs remembered between two looks.
 pub const UNWIND_EXECS_MAX_ENTRIES: u32 = 4_096;
 /// Bytes of `REGISTER_ASKS` (two pages): 256 asks of 24 bytes (and the ring's 8-byte
@@ -176,7 +204,7 @@ pub const REGISTER_ASKS_BYTES: u32 = 8_192;
 pub const REGISTER_ASKED_MAX_ENTRIES: u32 = 1_024;
 /// Processes declined at once (allocated as used); past it, an unselected process asks
 /// through the LRU as before, and the refusals are counted.
-pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = 32_768;
+pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = SIZED_PROCESSES;
 
 /// Distinct (process, allocating stack, size) keys per map set, drained every second: a
 /// stack allocating several sizes takes one key per size sampled in that second.
@@ -191,19 +219,45 @@ pub const REGISTER_DECLINED_MAX_ENTRIES: u32 = 32_768;
 /// byte: every call) a program of many sizes can fill it; a sample that finds no room is
 /// dropped and counted (`HeapCounter::TotalsMapFull`: `/status` drops
 /// `heap_totals_map_full`, each heap profile's comment, the snapshot summary).
+/// The map is sized at load to the sampling rate ([`heap_totals_entries`]); this is its most.
 pub const HEAP_TOTALS_MAX_ENTRIES: u32 = 32_768;
+/// ...and its least, when the sampling rate is coarse.
+pub const HEAP_TOTALS_MIN_ENTRIES: u32 = 8_192;
+/// Allocation per second, in bytes over every profiled process, that each set of the totals
+/// map is sized to take with every sample a new key (one key per `sample_bytes` of it).
+pub const HEAP_TOTALS_SAMPLED_BYTES_PER_SEC: u64 = 4 << 30;
+
+/// Entries of each heap totals set at `sample_bytes` per sample:
+/// [`HEAP_TOTALS_SAMPLED_BYTES_PER_SEC`] of allocation a second each sampled under a new key,
+/// within [`HEAP_TOTALS_MIN_ENTRIES`]..=[`HEAP_TOTALS_MAX_ENTRIES`]. At the default 512 KiB
+/// that is the minimum, 8,192 (0.8 MiB of kernel memory when full): filling it in a second
+/// takes 4 GiB/s of allocation by probed processes, all at stacks or sizes not yet seen that
+/// second; a finer rate gets more entries.
+pub const fn heap_totals_entries(sample_bytes: u64) -> u32 {
+    let wanted = HEAP_TOTALS_SAMPLED_BYTES_PER_SEC / if sample_bytes == 0 { 1 } else { sample_bytes };
+    if wanted < HEAP_TOTALS_MIN_ENTRIES as u64 {
+        HEAP_TOTALS_MIN_ENTRIES
+    } else if wanted > HEAP_TOTALS_MAX_ENTRIES as u64 {
+        HEAP_TOTALS_MAX_ENTRIES
+    } else {
+        wanted as u32
+    }
+}
 /// Sampled live blocks tracked at once (all processes), at most: what the object
 /// declares. Userspace sizes the map at load with [`heap_live_entries`].
 pub const HEAP_LIVE_MAX_ENTRIES: u32 = 262_144;
 /// ...and at least, when the sampling rate is coarse.
-pub const HEAP_LIVE_MIN_ENTRIES: u32 = 65_536;
+pub const HEAP_LIVE_MIN_ENTRIES: u32 = 32_768;
 /// Live heap, in bytes over every profiled process, that the live-block map is sized to
-/// follow at the sampling rate: one entry per `sample_bytes` of it.
-pub const HEAP_LIVE_TRACKED_BYTES: u64 = 32 << 30;
+/// follow at the sampling rate: one entry per `sample_bytes` of it. Heap profiling is
+/// opt-in per process; 16 GiB of live heap in the processes opted in keeps the map to
+/// 3.3 MiB of the kernel memory budget at the default rate (32 GiB took 6.5 MiB). Past it, new
+/// samples are dropped from `inuse` and counted; a coarser rate tracks more (32 GiB at 1 MiB).
+pub const HEAP_LIVE_TRACKED_BYTES: u64 = 16 << 30;
 
 /// Capacity of the live-block map at `sample_bytes` per sample: [`HEAP_LIVE_TRACKED_BYTES`]
 /// of live heap, within [`HEAP_LIVE_MIN_ENTRIES`]..=[`HEAP_LIVE_MAX_ENTRIES`]. At the
-/// default 512 KiB that is the minimum, 64 Ki entries (~6.5 MiB of kernel memory when
+/// default 512 KiB that is the minimum, 32 Ki entries (~3.3 MiB of kernel memory when
 /// full) instead of the 26 MiB a fixed maximum would take.
 pub const fn heap_live_entries(sample_bytes: u64) -> u32 {
     let wanted = HEAP_LIVE_TRACKED_BYTES / if sample_bytes == 0 { 1 } else { sample_bytes };
@@ -217,7 +271,7 @@ pub const fn heap_live_entries(sample_bytes: u64) -> u32 {
 }
 /// Threads inside an allocator call at once: those running one, and those preempted in
 /// one. Even at 256 CPUs a few hundred.
-pub const HEAP_PENDING_MAX_ENTRIES: u32 = 4_096;
+pub const HEAP_PENDING_MAX_ENTRIES: u32 = 1_024;
 
 /// Hash of [`crate::WaitKey`] → [`crate::WaitTotals`] by waiting stack (the block
 /// profile), for map set 0.
@@ -270,7 +324,7 @@ pub const CPU_COUNTS_MAX_ENTRIES: u32 = 16_384;
 /// set being filled has nearly all of it.
 pub const STACKS_MAX_ENTRIES: u32 = 16_384;
 /// Processes that can be selected with `--pid` (the map is sized to the list at load).
-pub const TARGET_PIDS_MAX_ENTRIES: u32 = 4_096;
+pub const TARGET_PIDS_MAX_ENTRIES: u32 = SIZED_PROCESSES;
 /// Hash of cgroup id (`u64`, the cgroup directory's inode number) → `u8` 1: the cgroups
 /// the configuration's `[processes]` cgroup and unit matchers select (or exclude).
 pub const CGROUP_FILTER: &str = "CGROUP_FILTER";

@@ -11,14 +11,19 @@ use aya_ebpf::{
 use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
 
 use crate::{
-    maps::{active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch},
+    maps::{
+        active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch,
+        COUNTS_MAP_FLAGS,
+    },
     stack::{capture_kernel, capture_user, StackError},
 };
 
 #[map]
-pub static CPU_COUNTS_0: HashMap<CpuSampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_0: HashMap<CpuSampleKey, u64> =
+    HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static CPU_COUNTS_1: HashMap<CpuSampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, 0);
+pub static CPU_COUNTS_1: HashMap<CpuSampleKey, u64> =
+    HashMap::with_max_entries(CPU_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 
 #[map]
 pub static CPU_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CpuCounter::COUNT, 0);

@@ -59,20 +59,25 @@ use profiler_common::{
 
 use crate::{
     maps::{
-        active_set, add_or_insert_in_set, atomic_add, bump, current_task_of, wanted_task, Scratch, Task, STACK_HASH_KEY,
+        active_set, add_or_insert_in_set, atomic_add, bump, current_task_of, wanted_task, Scratch, Task,
+        COUNTS_MAP_FLAGS, STACK_HASH_KEY,
     },
     stack::capture_user,
     tracepoint::read_field,
 };
 
 #[map]
-pub static BLOCK_COUNTS_0: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static BLOCK_COUNTS_0: HashMap<WaitKey, WaitTotals> =
+    HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static BLOCK_COUNTS_1: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static BLOCK_COUNTS_1: HashMap<WaitKey, WaitTotals> =
+    HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static MUTEX_COUNTS_0: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static MUTEX_COUNTS_0: HashMap<WaitKey, WaitTotals> =
+    HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static MUTEX_COUNTS_1: HashMap<WaitKey, WaitTotals> = HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, 0);
+pub static MUTEX_COUNTS_1: HashMap<WaitKey, WaitTotals> =
+    HashMap::with_max_entries(WAIT_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 
 // Arrays, not hashes: a slot is found with a shift and a mask where a hash lookup hashes the
 // key and walks a bucket; every futex call pays one or two of these (`bench futex`).

@@ -28,7 +28,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert_in_set, bump, current_task, Scratch, Task},
+    maps::{active_set, add_or_insert_in_set, bump, current_task, Scratch, Task, COUNTS_MAP_FLAGS},
     stack::capture_user,
 };
 
@@ -37,9 +37,11 @@ use crate::{
 pub static HEAP_SAMPLE_BYTES: Global<u64> = Global::new(524_288);
 
 #[map]
-pub static HEAP_TOTALS_0: HashMap<HeapKey, HeapTotals> = HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+pub static HEAP_TOTALS_0: HashMap<HeapKey, HeapTotals> =
+    HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static HEAP_TOTALS_1: HashMap<HeapKey, HeapTotals> = HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, 0);
+pub static HEAP_TOTALS_1: HashMap<HeapKey, HeapTotals> =
+    HashMap::with_max_entries(HEAP_TOTALS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 
 // Sized for many live blocks; allocate entries as they come instead of preallocating.
 #[map]

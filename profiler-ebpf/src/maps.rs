@@ -214,6 +214,15 @@ pub fn atomic_add_u32(counter: *mut u32, n: u32) {
     unsafe { core::sync::atomic::AtomicU32::from_ptr(counter) }.fetch_add(n, core::sync::atomic::Ordering::Relaxed);
 }
 
+/// Flags of every counts map of a pair (`*_COUNTS_0`/`_1`, `HEAP_TOTALS_0`/`_1`): entries
+/// are allocated as keys are first inserted, not preallocated. Userspace drains a set and
+/// deletes every entry of it within milliseconds of a flip, so of a pair only the set being
+/// filled holds entries for long: allocated on insert, a pair costs about one full set of
+/// kernel memory where two preallocated sets cost two whatever their use. The price is an
+/// allocation from the kernel's per-CPU element cache at a key's first insert of a set (the
+/// stack map has allocated its entries so from every program kind since it was made).
+pub const COUNTS_MAP_FLAGS: u32 = BPF_F_NO_PREALLOC;
+
 /// Adds `delta` to `key`'s value word by word with atomic adds, or inserts `delta` when the
 /// key is new. False when the map is full. `V` is made of `u64` counters only (each count's
 /// first value is its increment). Another CPU may create the key between the lookup and the

@@ -50,15 +50,17 @@ use profiler_common::{
 use crate::{
     maps::{
         active_set, add_or_insert_in_set, atomic_add, bump, cgroup_wanted, current_comm, current_task, current_task_of,
-        wanted, Scratch,
+        wanted, Scratch, COUNTS_MAP_FLAGS,
     },
     stack::{capture_kernel_skipping, capture_user_inline},
 };
 
 #[map]
-pub static OFFCPU_COUNTS_0: HashMap<OffCpuKey, OffCpuTotals> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, 0);
+pub static OFFCPU_COUNTS_0: HashMap<OffCpuKey, OffCpuTotals> =
+    HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static OFFCPU_COUNTS_1: HashMap<OffCpuKey, OffCpuTotals> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, 0);
+pub static OFFCPU_COUNTS_1: HashMap<OffCpuKey, OffCpuTotals> =
+    HashMap::with_max_entries(OFFCPU_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 
 #[map]
 pub static OFFCPU_OUT: Array<OutSlot> = Array::with_max_entries(OUT_SLOTS, 0);

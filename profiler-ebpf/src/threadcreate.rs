@@ -13,15 +13,17 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{active_set, add_or_insert_in_set, bump, wanted_task, Scratch},
+    maps::{active_set, add_or_insert_in_set, bump, wanted_task, Scratch, COUNTS_MAP_FLAGS},
     stack::capture_user,
     tracepoint::read_field,
 };
 
 #[map]
-pub static THREAD_COUNTS_0: HashMap<ThreadKey, u64> = HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+pub static THREAD_COUNTS_0: HashMap<ThreadKey, u64> =
+    HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 #[map]
-pub static THREAD_COUNTS_1: HashMap<ThreadKey, u64> = HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, 0);
+pub static THREAD_COUNTS_1: HashMap<ThreadKey, u64> =
+    HashMap::with_max_entries(THREAD_COUNTS_MAX_ENTRIES, COUNTS_MAP_FLAGS);
 
 #[map]
 pub static THREAD_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ThreadCounter::COUNT, 0);

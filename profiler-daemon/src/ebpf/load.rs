@@ -44,7 +44,12 @@ impl Session {
             .override_global(globals::STACK_HASH_KEY, &stack_key, true)
             .override_global(globals::STACK_SHARE_CAPS, &config.share_caps, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
-            .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows);
+            .map_max_entries(maps::UNWIND_ROWS, config.unwind_rows)
+            // No more table slots than the rows have shards: each table takes one at least.
+            .map_max_entries(maps::UNWIND_TABLES, maps::unwind_table_slots(config.unwind_rows));
+        // Each set holds the keys of one drain's samples: as many as the rate can make.
+        let heap_totals = maps::heap_totals_entries(config.heap_sample_bytes);
+        loader.map_max_entries(maps::HEAP_TOTALS_0, heap_totals).map_max_entries(maps::HEAP_TOTALS_1, heap_totals);
         shrink_unused_maps(&mut loader, config);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
         let exec_tracking_error = set_up_loaded(&mut ebpf, config)?;

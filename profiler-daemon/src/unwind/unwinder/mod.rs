@@ -26,7 +26,7 @@ use std::{
 };
 
 use profiler_common::{
-    maps::UNWIND_TABLES_MAX_ENTRIES,
+    maps::unwind_table_slots,
     unwind::{MAX_PROCESS_MAPPINGS, NO_TABLE, SHARD_ROWS},
     UnwindMapping, UnwindProcess,
 };
@@ -119,7 +119,7 @@ impl Unwinder {
             .map(|(key, reason)| (key.clone(), format!("refused before a restart: {reason}")))
             .collect();
         Self {
-            registry: Registry::new(shards, UNWIND_TABLES_MAX_ENTRIES),
+            registry: Registry::new(shards, unwind_table_slots(session.unwind_rows())),
             offload,
             files: HashMap::new(),
             recent_stats: HashMap::new(),
