@@ -78,12 +78,7 @@ pub fn quick() -> Result<Vec<super::all::Headline>> {
     if !stopped.status.success() {
         bail!("the profiler failed ({}); its stderr:\n{}", stopped.status, stopped.stderr);
     }
-    let here = possible_cpus()?;
-    let measured: Vec<(Shape, u64)> = maps.iter().map(|m| (m.shape, m.memlock)).collect();
-    let overheads = Overheads::calibrate(&measured, here);
-    println!("\nmap, type, key, value, entries, flags, kernel now, check, full here, at 64 and 256 CPUs:");
-    let (totals, checked) = print_rows(&maps, overheads, here);
-    print_totals(totals, checked, overheads, here);
+    let totals = print(&maps, possible_cpus()?);
     let at_256 = totals[3] as f64 / (1 << 20) as f64;
     let figure = format!("BPF maps' kernel memory at {} CPUs, all kinds on", CPU_COUNTS[1]);
     Ok(vec![Headline::new("memory", &figure, Some(at_256), Bar::AtMost(MAX_MIB_AT_256), Unit::Mib)])
@@ -109,8 +104,9 @@ impl Drop for Target {
 }
 
 /// The maps' table: each map's memory now, the formula's check of it, and its size full here
-/// and on larger hosts; then the totals and the targets.
-fn print(maps: &[Map], here: u64) {
+/// and on larger hosts; then the totals and the targets, and the 256-CPU figure by what the
+/// maps scale with. Returns the totals (now, full here, at 64 and 256 CPUs).
+fn print(maps: &[Map], here: u64) -> [u64; 4] {
     let measured: Vec<(Shape, u64)> = maps.iter().map(|m| (m.shape, m.memlock)).collect();
     let overheads = Overheads::calibrate(&measured, here);
     println!();
@@ -121,6 +117,7 @@ fn print(maps: &[Map], here: u64) {
     let (totals, checked, mut by_scaling) = print_rows(maps, overheads, here);
     print_totals(totals, checked, overheads, here);
     print_by_scaling(&mut by_scaling);
+    totals
 }
 
 /// One row per map. Returns the columns' totals (now, full here, at 64 and 256 CPUs), how
