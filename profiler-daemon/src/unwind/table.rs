@@ -493,7 +493,6 @@ mod tests {
         if std::env::var_os("PROFILER_TEST_MANY_FDES").is_none() {
             return;
         }
-        const MIB: u64 = 1024;
         let (fdes, advances) = (8, 500_000);
         let (elf, _) = elf_with_debug_frame_of(fdes, advances);
         let before = status_kib("VmHWM:");
