@@ -39,7 +39,7 @@ const FIRST_DRAIN: Duration = Duration::from_millis(200);
 /// rustc, node, a JVM and an unstripped Rust binary running). The capture itself holds
 /// about 13 MiB; the peak is this plus the largest one file's parse (its symbol tables,
 /// and at most [`MAX_DEBUG_INFO_BYTES`] of DWARF).
-const FILES_BUDGET_BYTES: u64 = 16 << 20;
+const FILES_BUDGET_BYTES: u64 = 24 << 20;
 
 /// Files with more DWARF than this are named from their symbol tables in a snapshot: an
 /// unstripped Rust release binary's 50 MiB, read at once, was 30 MiB of the peak on its own.

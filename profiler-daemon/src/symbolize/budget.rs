@@ -8,7 +8,7 @@
 /// when what cannot be closed (the symbols found, the capture's own memory) is already over
 /// the budget, files are closed once per this much growth, not after every file (which would
 /// parse libc again for every process).
-pub const REGROWTH_BYTES: u64 = 8 << 20;
+pub const REGROWTH_BYTES: u64 = 16 << 20;
 
 /// The budget and what the last close left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
