@@ -37,8 +37,11 @@ const FIRST_DRAIN: Duration = Duration::from_millis(200);
 /// written (see [`crate::symbolize::FilesBudget`]): every process seen is named at the end,
 /// and the files of them all, parsed at once, were most of a snapshot's peak (197 MiB with
 /// rustc, node, a JVM and an unstripped Rust binary running). The capture itself holds
-/// about 13 MiB; the peak is this plus the largest one file's parse (its symbol tables,
-/// and at most [`MAX_DEBUG_INFO_BYTES`] of DWARF).
+/// 13-18 MiB (its executable's pages included): a lower budget only closes files more often
+/// (16 MiB doubled the snapshot's CPU time for the same peak). The peak is this budget (or
+/// what a close left plus [`crate::symbolize::budget::REGROWTH_BYTES`]) plus the largest
+/// one file's parse: its symbol tables (libLLVM's: about 30 MiB) and at most
+/// [`MAX_DEBUG_INFO_BYTES`] of DWARF.
 const FILES_BUDGET_BYTES: u64 = 24 << 20;
 
 /// Files with more DWARF than this are named from their symbol tables in a snapshot: an

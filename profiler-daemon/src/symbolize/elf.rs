@@ -192,20 +192,22 @@ fn names_debug_file(opened: &OpenedFile) -> bool {
 /// `max_debug_info`, when set.
 fn debug_info_refusal(opened: &OpenedFile, path: &str, max_debug_info: Option<u64>) -> Option<String> {
     let mapped = MappedFile::map(opened.file()).ok()?;
-    if let Some(cap) = max_debug_info {
-        let bytes = debug_info_bytes(mapped.bytes()).unwrap_or(0);
-        if bytes > cap {
-            return Some(format!(
-                "{path}: {} MiB of debug info, over the {} MiB one file may use here: named from its symbol \
-                 table, without source lines",
-                bytes >> 20,
-                cap >> 20
-            ));
-        }
+    // A section past the inflate cap first: it is the reason that names the section.
+    if let Some((name, why)) = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?.first() {
+        return Some(format!(
+            "{path}: compressed section {name} {why}: named from its symbol table, without source lines"
+        ));
     }
-    let refused = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?;
-    let (name, why) = refused.first()?;
-    Some(format!("{path}: compressed section {name} {why}: named from its symbol table, without source lines"))
+    let cap = max_debug_info?;
+    let bytes = debug_info_bytes(mapped.bytes()).ok()?;
+    (bytes > cap).then(|| {
+        format!(
+            "{path}: {} MiB of debug info, over the {} MiB one file may use here: named from its symbol table, \
+             without source lines",
+            bytes >> 20,
+            cap >> 20
+        )
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! ~30 MiB of debug info, paged in and parsed, would be most of the daemon's memory, and its
 //! own frames need names, not source lines.
 
-mod budget;
+pub mod budget;
 mod elf;
 mod perf_map;
 
