@@ -33,6 +33,22 @@ use crate::{
 /// that first shows them, and until then their stacks fall back to frame pointers.
 const FIRST_DRAIN: Duration = Duration::from_millis(200);
 
+/// Resident memory past which the symbolizer's files are closed while the profiles are
+/// written (see [`crate::symbolize::FilesBudget`]): every process seen is named at the end,
+/// and the files of them all, parsed at once, were most of a snapshot's peak (197 MiB with
+/// rustc, node, a JVM and an unstripped Rust binary running). The capture itself holds
+/// 13-18 MiB (its executable's pages included): a lower budget only closes files more often
+/// (16 MiB doubled the snapshot's CPU time for the same peak). The peak is this budget (or
+/// what a close left plus [`crate::symbolize::budget::REGROWTH_BYTES`]) plus the largest
+/// one file's parse: its symbol tables (libLLVM's: about 30 MiB) and at most
+/// [`MAX_DEBUG_INFO_BYTES`] of DWARF.
+const FILES_BUDGET_BYTES: u64 = 24 << 20;
+
+/// Files with more DWARF than this are named from their symbol tables in a snapshot: an
+/// unstripped Rust release binary's 50 MiB, read at once, was 30 MiB of the peak on its own.
+/// CPython's 16 MiB (pyenv's build) still gets source lines.
+const MAX_DEBUG_INFO_BYTES: u64 = 16 << 20;
+
 /// One written profile, for the summary.
 #[derive(Debug, Clone)]
 pub struct Written {
@@ -164,6 +180,8 @@ fn write(
     };
     let mut files = SnapshotFiles::new(&args.output);
     let mut sym = Namers::new(capture.symbolizer());
+    sym.symbols.set_files_budget(FILES_BUDGET_BYTES);
+    sym.symbols.set_max_debug_info(MAX_DEBUG_INFO_BYTES);
     let empty = Default::default();
     let mut written = Vec::new();
     for &kind in kinds {
@@ -205,6 +223,9 @@ fn write(
                 path,
             });
         }
+    }
+    if let Some(budget) = sym.symbols.files_budget() {
+        tracing::debug!(closes = budget.closes, "symbolizer files closed over the files budget");
     }
     Ok(written)
 }

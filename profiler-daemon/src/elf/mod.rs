@@ -231,6 +231,25 @@ impl<'a> Elf<'a> {
     }
 }
 
+/// The bytes of DWARF (`.debug_*` sections) in `bytes`, as a reader holds them: a compressed
+/// section counts what it declares it inflates to.
+pub fn debug_info_bytes(bytes: &[u8]) -> Result<u64, ElfError> {
+    let elf = Elf::parse(bytes)?;
+    let mut total = 0u64;
+    for section in elf.sections.iter().filter(|s| s.kind != SHT_NOBITS) {
+        if !elf.name(section).is_some_and(|name| name.starts_with(b".debug_")) {
+            continue;
+        }
+        let size = if section.flags & SHF_COMPRESSED != 0 {
+            u64_at(file_range(bytes, section.offset, section.size)?, 8)?
+        } else {
+            section.size
+        };
+        total = total.saturating_add(size);
+    }
+    Ok(total)
+}
+
 /// The compressed sections (`SHF_COMPRESSED`) of `bytes` a reader that inflates a whole
 /// section at once (blazesym) must not be given, each as (section name, why): those that
 /// declare more than `cap` bytes, those whose stream holds more than `cap` whatever they
@@ -357,6 +376,15 @@ pub(crate) mod tests {
         assert_eq!(inflate(&compressed(1000, &stream)).unwrap().len(), 1000, "the declared size bounds it");
         let bomb = inflate(&compressed(MAX_INFLATED_BYTES + 1, &stream)).unwrap_err();
         assert!(matches!(bomb, ElfError::OverCap { .. }), "{bomb}");
+    }
+
+    #[test]
+    fn debug_info_counts_debug_sections_only_and_compressed_ones_inflated() {
+        assert_eq!(debug_info_bytes(&elf_with_section(".debug_line", 0, &[0; 300])).unwrap(), 300);
+        assert_eq!(debug_info_bytes(&elf_with_section(".text", 0, &[0; 300])).unwrap(), 0);
+        let declared = compressed(5000, &[0; 10]);
+        assert_eq!(debug_info_bytes(&elf_with_section(".debug_info", SHF_COMPRESSED, &declared)).unwrap(), 5000);
+        assert!(debug_info_bytes(b"not an elf").is_err());
     }
 
     /// A minimal ELF file with one compressed section `.debug_x` holding `raw`.

@@ -30,7 +30,7 @@ use blazesym::symbolize::{
 
 use super::{collect, new_blaze, Frames};
 use crate::{
-    elf::{links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
+    elf::{debug_info_bytes, links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
     ids::Pid,
     offload::Charger,
     opened::{self, OpenedFile},
@@ -83,6 +83,9 @@ pub struct ElfFiles {
     files: HashMap<FileKey, FileSymbols>,
     /// (device, inode) of the profiler's own executable, named from its symbol table only.
     own_exe: Option<Option<(u64, u64)>>,
+    /// Files with more DWARF than this are named from their symbol tables (when set: see
+    /// [`super::Symbolizer::set_max_debug_info`]).
+    pub max_debug_info: Option<u64>,
 }
 
 impl ElfFiles {
@@ -111,7 +114,8 @@ impl ElfFiles {
         if let Some(opened) = opened {
             if !file.checked {
                 file.checked = true;
-                file.no_debug_info = if own_exe { None } else { debug_info_refusal(&opened, &map.path) };
+                file.no_debug_info =
+                    if own_exe { None } else { debug_info_refusal(&opened, &map.path, self.max_debug_info) };
                 file.no_debug_link = !owned_by_root(&opened) && names_debug_file(&opened);
                 file.build_id = super::build_id(&opened.fd_path());
             }
@@ -184,12 +188,26 @@ fn names_debug_file(opened: &OpenedFile) -> bool {
 /// Why the debug info of `opened` (mapped at `path`) must not be read, if it must not:
 /// blazesym inflates a compressed debug section whole, and a file any user can write may
 /// declare (or hold) gigabytes, or use a compression it cannot read (and then names
-/// nothing). Such a file is named from its symbol table.
-fn debug_info_refusal(opened: &OpenedFile, path: &str) -> Option<String> {
+/// nothing). Such a file is named from its symbol table, and so is one with more DWARF than
+/// `max_debug_info`, when set.
+fn debug_info_refusal(opened: &OpenedFile, path: &str, max_debug_info: Option<u64>) -> Option<String> {
     let mapped = MappedFile::map(opened.file()).ok()?;
-    let refused = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?;
-    let (name, why) = refused.first()?;
-    Some(format!("{path}: compressed section {name} {why}: named from its symbol table, without source lines"))
+    // A section past the inflate cap first: it is the reason that names the section.
+    if let Some((name, why)) = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?.first() {
+        return Some(format!(
+            "{path}: compressed section {name} {why}: named from its symbol table, without source lines"
+        ));
+    }
+    let cap = max_debug_info?;
+    let bytes = debug_info_bytes(mapped.bytes()).ok()?;
+    (bytes > cap).then(|| {
+        format!(
+            "{path}: {} MiB of debug info, over the {} MiB one file may use here: named from its symbol table, \
+             without source lines",
+            bytes >> 20,
+            cap >> 20
+        )
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! ~30 MiB of debug info, paged in and parsed, would be most of the daemon's memory, and its
 //! own frames need names, not source lines.
 
+pub mod budget;
 mod elf;
 mod perf_map;
 
@@ -29,6 +30,7 @@ use blazesym::{
     symbolize::{source::Kernel, source::Source, CodeInfo, Input, Symbolized, Symbolizer as Blaze},
     MaybeDefault,
 };
+pub use budget::{resident_bytes, FilesBudget};
 pub use elf::ElfAnswer;
 use elf::{ElfFiles, ElfRequest};
 pub use perf_map::{perf_map_line, PERF_MAP_BUDGET_BYTES, PERF_MAP_MAX_BYTES};
@@ -68,6 +70,9 @@ pub struct Symbolizer {
     /// Perf map reads refused since start (not a regular file, not the process's, too
     /// large, over the budget, stalled).
     pub perf_maps_refused: u64,
+    /// The resident-memory budget checked after each file read, when set
+    /// ([`Symbolizer::set_files_budget`]).
+    files_budget: Option<FilesBudget>,
 }
 
 impl Default for Symbolizer {
@@ -92,6 +97,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             perf_map_bytes: 0,
             perf_maps_refused: 0,
+            files_budget: None,
         }
     }
 
@@ -119,17 +125,55 @@ impl Symbolizer {
             self.files.call("dropping the symbol caches", None, |state| *state.get::<ElfFiles>() = ElfFiles::default());
     }
 
+    /// Closes every file (keeping the symbols found) and gives freed heap back whenever this
+    /// process's resident memory is past `limit` after a file was read (see [`FilesBudget`]):
+    /// for a run that names many processes' files at once and keeps none for later.
+    pub fn set_files_budget(&mut self, limit: u64) {
+        self.files_budget = Some(FilesBudget::new(limit));
+    }
+
+    /// Names files with more than `bytes` of DWARF (`.debug_*` sections) from their symbol
+    /// tables, with a note saying so: reading one file's debug info maps and parses it (50 MiB
+    /// in an unstripped Rust release binary), which no files budget can close mid-read.
+    pub fn set_max_debug_info(&mut self, bytes: u64) {
+        let _ = self.files.call("limiting the debug info read", None, move |state| {
+            state.get::<ElfFiles>().max_debug_info = Some(bytes)
+        });
+    }
+
+    /// The files budget, with how often it closed the files; `None` when unset.
+    pub fn files_budget(&self) -> Option<FilesBudget> {
+        self.files_budget
+    }
+
     /// Symbolizes `offsets` in the file `map` maps in process `pid` (see [`elf`] for which
     /// file that is); `Err` says why nothing could be read (a stalled device).
     pub fn elf(&mut self, pid: Pid, map: &MapEntry, offsets: &[u64]) -> Result<ElfAnswer, String> {
         let request = ElfRequest { pid, map: map.clone(), offsets: offsets.to_vec() };
         let what = format!("{} (pid {pid})", map.path);
-        self.files
+        let answer = self
+            .files
             .call(&what, Charge::file(map.device, pid), move |state| {
                 let charger = state.charger();
                 state.get::<ElfFiles>().symbolize(&request, &charger)
             })
-            .map_err(|stall| stall.to_string())
+            .map_err(|stall| stall.to_string());
+        self.keep_files_budget();
+        answer
+    }
+
+    /// Closes the files when the budget says so.
+    fn keep_files_budget(&mut self) {
+        let Some(budget) = self.files_budget else { return };
+        if !resident_bytes().is_some_and(|resident| budget.due(resident)) {
+            return;
+        }
+        self.close_files();
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        if let (Some(budget), Some(resident)) = (&mut self.files_budget, resident_bytes()) {
+            budget.closed(resident);
+        }
     }
 
     /// Names JIT code addresses of process `pid` with its perf map at `path` as the process

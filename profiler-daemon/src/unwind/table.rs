@@ -6,10 +6,13 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
-use profiler_common::UnwindRow;
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian, UnwindContext};
+use profiler_common::{
+    unwind::{MAX_TABLE_SHARDS, SHARD_ROWS},
+    UnwindRow,
+};
 
-use super::cfi::{self, Budget, FdeRows, Limits, SectionCfi, SectionError};
+use super::cfi::{self, Budget, FdeAt, FdeRows, Limits, SectionError, SectionIndex};
 use super::rule::{gap_row, ReasonCounts, Rule};
 use crate::elf::{Elf, ElfError, Section};
 
@@ -25,6 +28,10 @@ pub enum BuildError {
     Cfi { section: &'static str, source: gimli::Error },
     #[error("CFI spans {span:#x} bytes, more than a row's 32-bit offset can address")]
     SpanTooLarge { span: u64 },
+    /// More rows, once merged, than the kernel's walker can search in one table: refused
+    /// while building, before more memory is spent on rows that would not be loaded.
+    #[error("the table has over {cap} rows, more than one table may hold")]
+    TooLarge { cap: u64 },
     /// A cap that bounds what one (possibly hostile) file can cost to build.
     #[error("{what} is {size}, over the cap of {cap}")]
     OverCap { what: &'static str, size: u64, cap: u64 },
@@ -48,6 +55,9 @@ impl BuildError {
 /// The most CFI rows one file may produce before merging: libLLVM, among the largest
 /// libraries, has about 1.3 M; each costs ~24 bytes while the table is built.
 pub const MAX_ROWS: usize = 8 << 20;
+
+/// The most rows (merged) one table may have: what the kernel's table can address.
+pub const MAX_TABLE_ROWS: usize = MAX_TABLE_SHARDS * SHARD_ROWS as usize;
 
 /// What building one table found and cost, for `/status` and the bench.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -108,47 +118,83 @@ pub fn build(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
     build_with(elf_bytes, Limits::FILE)
 }
 
-/// [`build`] under `limits` (the tests' small ones).
+/// [`build`] under `limits` (the tests' small ones). Its memory, besides the section bytes
+/// read from the file: an index entry per FDE, one FDE's rows, and the merged rows (at most
+/// [`MAX_TABLE_ROWS`] of 8 bytes).
 pub(crate) fn build_with(elf_bytes: &[u8], limits: Limits) -> Result<UnwindTable, BuildError> {
     let started = Instant::now();
     let elf = Elf::parse(elf_bytes)?;
     let mut budget = Budget::new(limits);
+    let eh_data = elf.section(".eh_frame").map(|header| elf.data(&header).map(|data| (header, data))).transpose()?;
+    let debug_data = elf.section(".debug_frame").map(|header| elf.data(&header)).transpose()?;
     // .eh_frame first: at equal starts the earlier section wins (see `assemble`).
     let mut sections = Vec::new();
-    if let Some(header) = elf.section(".eh_frame") {
-        sections.push(read_eh_frame(&elf, &header, &mut budget)?);
+    if let Some((header, data)) = &eh_data {
+        sections.push(Cfi::eh_frame(&elf, header, data));
     }
-    if let Some(header) = elf.section(".debug_frame") {
-        sections.push(read_debug_frame(&elf, &header, &mut budget)?);
+    if let Some(data) = &debug_data {
+        sections.push(Cfi::debug_frame(data));
     }
     if sections.is_empty() {
         return Err(BuildError::NoCfi);
     }
-    let mut table = assemble(sections, &elf.executable_ranges())?;
+    let indexes = sections.iter().map(|cfi| cfi.index(&mut budget)).collect::<Result<Vec<_>, _>>()?;
+    let mut ctx = UnwindContext::new();
+    let read = |order: usize, at| sections[order].read(at, &mut ctx, &mut budget);
+    let mut table = assemble(indexes, &elf.executable_ranges(), read)?;
     table.stats.build_duration = started.elapsed();
     Ok(table)
 }
 
-fn read_eh_frame(elf: &Elf<'_>, header: &Section, budget: &mut Budget) -> Result<SectionCfi, BuildError> {
-    let data = elf.data(header)?;
-    let mut section = EhFrame::new(&data, LittleEndian);
-    section.set_address_size(8);
-    // .eh_frame pointers are usually pc-relative; text- and data-relative ones need these.
-    let mut bases = BaseAddresses::default().set_eh_frame(header.addr);
-    if let Some(text) = elf.section(".text") {
-        bases = bases.set_text(text.addr);
-    }
-    if let Some(got) = elf.section(".got") {
-        bases = bases.set_got(got.addr);
-    }
-    cfi::read_section(&section, &bases, budget).map_err(|err| section_error(".eh_frame", err))
+/// One section of CFI and the bases its pointers are read with.
+enum Cfi<'d> {
+    Eh(EhFrame<cfi::Slice<'d>>, BaseAddresses),
+    Debug(DebugFrame<cfi::Slice<'d>>),
 }
 
-fn read_debug_frame(elf: &Elf<'_>, header: &Section, budget: &mut Budget) -> Result<SectionCfi, BuildError> {
-    let data = elf.data(header)?;
-    let mut section = DebugFrame::new(&data, LittleEndian);
-    section.set_address_size(8);
-    cfi::read_section(&section, &BaseAddresses::default(), budget).map_err(|err| section_error(".debug_frame", err))
+impl<'d> Cfi<'d> {
+    fn eh_frame(elf: &Elf<'_>, header: &Section, data: &'d [u8]) -> Self {
+        let mut section = EhFrame::new(data, LittleEndian);
+        section.set_address_size(8);
+        // .eh_frame pointers are usually pc-relative; text- and data-relative ones need these.
+        let mut bases = BaseAddresses::default().set_eh_frame(header.addr);
+        if let Some(text) = elf.section(".text") {
+            bases = bases.set_text(text.addr);
+        }
+        if let Some(got) = elf.section(".got") {
+            bases = bases.set_got(got.addr);
+        }
+        Cfi::Eh(section, bases)
+    }
+
+    fn debug_frame(data: &'d [u8]) -> Self {
+        let mut section = DebugFrame::new(data, LittleEndian);
+        section.set_address_size(8);
+        Cfi::Debug(section)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Cfi::Eh(..) => ".eh_frame",
+            Cfi::Debug(_) => ".debug_frame",
+        }
+    }
+
+    fn index(&self, budget: &mut Budget) -> Result<SectionIndex, BuildError> {
+        match self {
+            Cfi::Eh(section, bases) => cfi::index_section(section, bases, budget),
+            Cfi::Debug(section) => cfi::index_section(section, &BaseAddresses::default(), budget),
+        }
+        .map_err(|err| section_error(self.name(), err))
+    }
+
+    fn read(&self, at: FdeAt, ctx: &mut UnwindContext<usize>, budget: &mut Budget) -> Result<FdeRows, BuildError> {
+        match self {
+            Cfi::Eh(section, bases) => cfi::read_fde(section, bases, ctx, at, budget),
+            Cfi::Debug(section) => cfi::read_fde(section, &BaseAddresses::default(), ctx, at, budget),
+        }
+        .map_err(|err| section_error(self.name(), err))
+    }
 }
 
 fn section_error(section: &'static str, err: SectionError) -> BuildError {
@@ -158,72 +204,90 @@ fn section_error(section: &'static str, err: SectionError) -> BuildError {
     }
 }
 
-/// Lays the FDEs of all sections out by address and encodes them. An FDE that starts inside
-/// an earlier one is dropped; the earlier one wins (at equal starts, the earlier section).
-pub(crate) fn assemble(sections: Vec<SectionCfi>, executable: &[Range<u64>]) -> Result<UnwindTable, BuildError> {
-    let mut stats = BuildStats::default();
-    let mut fdes: Vec<(usize, FdeRows)> = Vec::new();
-    for (order, section) in sections.into_iter().enumerate() {
-        stats.skipped_fdes += section.unparsed_fdes;
-        fdes.extend(section.fdes.into_iter().map(|fde| (order, fde)));
+/// Lays the FDEs of all sections out by address, reading each with `read(section, fde)` in
+/// that order, and encodes their rows as they come. An FDE that starts inside an earlier one
+/// is dropped unread; the earlier one wins (at equal starts, the earlier section).
+pub(crate) fn assemble(
+    indexes: Vec<SectionIndex>,
+    executable: &[Range<u64>],
+    mut read: impl FnMut(usize, FdeAt) -> Result<FdeRows, BuildError>,
+) -> Result<UnwindTable, BuildError> {
+    let mut rows = Encoder::default();
+    let mut fdes: Vec<(FdeAt, usize)> = Vec::with_capacity(indexes.iter().map(|index| index.fdes.len()).sum());
+    for (order, index) in indexes.into_iter().enumerate() {
+        rows.stats.skipped_fdes += index.unparsed_fdes;
+        fdes.extend(index.fdes.into_iter().map(|at| (at, order)));
     }
-    fdes.sort_by_key(|(order, fde)| (fde.start, *order));
+    fdes.sort_by_key(|(at, order)| (at.start, *order));
 
     let in_code = |address| executable.is_empty() || executable.iter().any(|r| r.contains(&address));
-    let mut rules: Vec<(u64, Option<Rule>)> = Vec::new();
     let mut covered_to = 0;
-    for (_, fde) in fdes {
-        if !in_code(fde.start) || (!rules.is_empty() && fde.start < covered_to) {
-            stats.skipped_fdes += 1;
+    for (at, order) in fdes {
+        if !in_code(at.start) || (rows.started() && at.start < covered_to) {
+            rows.stats.skipped_fdes += 1;
             continue;
         }
-        if !rules.is_empty() && fde.start > covered_to {
-            rules.push((covered_to, None));
+        let fde = read(order, at)?;
+        if rows.started() && fde.start > covered_to {
+            rows.push(covered_to, None)?;
         }
-        rules.extend(fde.rows.into_iter().map(|(address, rule)| (address, Some(rule))));
-        if rules.len() > MAX_ROWS {
-            return Err(BuildError::OverCap {
-                what: "the CFI row count",
-                size: rules.len() as u64,
-                cap: MAX_ROWS as u64,
-            });
+        for (address, rule) in fde.rows {
+            rows.push(address, Some(rule))?;
         }
         covered_to = fde.end;
-        stats.fdes += 1;
+        rows.stats.fdes += 1;
     }
-    if !rules.is_empty() {
-        rules.push((covered_to, None));
+    if rows.started() {
+        rows.push(covered_to, None)?;
     }
-    stats.rows_before_merge = rules.len() as u64;
-    stats.unsupported = count_unsupported(&rules);
-    // Keeps the first of each run of equal rules: it starts the run's range.
-    rules.dedup_by(|next, kept| next.1 == kept.1);
-    encode(rules, stats)
+    Ok(rows.finish())
 }
 
-fn count_unsupported(rules: &[(u64, Option<Rule>)]) -> ReasonCounts {
-    let mut counts = ReasonCounts::default();
-    for (_, rule) in rules {
-        if let Some(Rule::Unsupported(reason)) = rule {
-            counts.add(*reason);
+/// The table's rows as they are laid out: each merged with its identical neighbour (the
+/// first of a run starts the run's range) and encoded as it comes, so no row is held twice.
+#[derive(Default)]
+struct Encoder {
+    base_address: Option<u64>,
+    /// The rule of the last row pushed (`None` for a gap), once one was.
+    last: Option<Option<Rule>>,
+    rows: Vec<UnwindRow>,
+    stats: BuildStats,
+}
+
+impl Encoder {
+    fn started(&self) -> bool {
+        self.last.is_some()
+    }
+
+    /// Adds the row at `address` (`None`: a gap between functions).
+    fn push(&mut self, address: u64, rule: Option<Rule>) -> Result<(), BuildError> {
+        self.stats.rows_before_merge += 1;
+        if self.stats.rows_before_merge > MAX_ROWS as u64 {
+            let size = self.stats.rows_before_merge;
+            return Err(BuildError::OverCap { what: "the CFI row count", size, cap: MAX_ROWS as u64 });
         }
+        if let Some(Rule::Unsupported(reason)) = rule {
+            self.stats.unsupported.add(reason);
+        }
+        if self.last == Some(rule) {
+            return Ok(());
+        }
+        let base = *self.base_address.get_or_insert(address);
+        let span = address.wrapping_sub(base);
+        let offset = u32::try_from(span).map_err(|_| BuildError::SpanTooLarge { span })?;
+        if self.rows.len() >= MAX_TABLE_ROWS {
+            return Err(BuildError::TooLarge { cap: MAX_TABLE_ROWS as u64 });
+        }
+        self.rows.push(rule.map_or_else(|| gap_row(offset), |rule| rule.encode(offset)));
+        self.last = Some(rule);
+        Ok(())
     }
-    counts
-}
 
-fn encode(rules: Vec<(u64, Option<Rule>)>, mut stats: BuildStats) -> Result<UnwindTable, BuildError> {
-    let base_address = rules.first().map_or(0, |(address, _)| *address);
-    let rows = rules
-        .into_iter()
-        .map(|(address, rule)| {
-            let span = address - base_address;
-            let offset = u32::try_from(span).map_err(|_| BuildError::SpanTooLarge { span })?;
-            Ok(rule.map_or_else(|| gap_row(offset), |rule| rule.encode(offset)))
-        })
-        .collect::<Result<Vec<_>, BuildError>>()?;
-    stats.rows = rows.len() as u64;
-    stats.bytes = (rows.len() * std::mem::size_of::<UnwindRow>()) as u64;
-    Ok(UnwindTable { base_address, rows, stats })
+    fn finish(mut self) -> UnwindTable {
+        self.stats.rows = self.rows.len() as u64;
+        self.stats.bytes = (self.rows.len() * std::mem::size_of::<UnwindRow>()) as u64;
+        UnwindTable { base_address: self.base_address.unwrap_or(0), rows: self.rows, stats: self.stats }
+    }
 }
 
 #[cfg(test)]
@@ -240,8 +304,10 @@ mod tests {
     }
 
     fn table(fdes: Vec<FdeRows>) -> UnwindTable {
-        let section = SectionCfi { fdes, unparsed_fdes: 0 };
-        assemble(vec![section], &[0x1000..0x5000, 0x5000..0x9000]).expect("table builds")
+        let index = fdes.iter().enumerate().map(|(offset, fde)| FdeAt { start: fde.start, offset }).collect();
+        let section = SectionIndex { fdes: index, unparsed_fdes: 0 };
+        let read = |_, at: FdeAt| Ok(fdes[at.offset].clone());
+        assemble(vec![section], &[0x1000..0x5000, 0x5000..0x9000], read).expect("table builds")
     }
 
     #[test]
@@ -327,16 +393,25 @@ mod tests {
     /// `DW_CFA_advance_loc 1`: `advances + 1` rows of one byte each. Also the length of
     /// each entry, as the budget counts them.
     fn debug_frame(advances: usize) -> (Vec<u8>, usize) {
+        debug_frame_of(1, advances)
+    }
+
+    /// [`debug_frame`] with `fdes` such FDEs, each starting where the one before ends.
+    fn debug_frame_of(fdes: usize, advances: usize) -> (Vec<u8>, usize) {
         let mut cie = u32::MAX.to_le_bytes().to_vec(); // the CIE id
         cie.extend([1, 0, 1, 0x78, 16]); // version, no augmentation, code ×1, data ×−8, RA = r16
         cie.extend([0x0c, 7, 8, 0x90, 1]); // DW_CFA_def_cfa rsp 8; DW_CFA_offset r16 cfa−8
-        let mut fde = 0u32.to_le_bytes().to_vec(); // its CIE, at offset 0
-        fde.extend(0x1000u64.to_le_bytes());
-        fde.extend((advances as u64 + 1).to_le_bytes());
-        fde.resize(fde.len() + advances, 0x41);
-        let program = cie.len() + fde.len();
-        let mut section = Vec::with_capacity(program + 8);
-        for entry in [cie, fde] {
+        let mut entries = vec![cie];
+        for i in 0..fdes as u64 {
+            let mut fde = 0u32.to_le_bytes().to_vec(); // its CIE, at offset 0
+            fde.extend((0x1000 + i * (advances as u64 + 1)).to_le_bytes());
+            fde.extend((advances as u64 + 1).to_le_bytes());
+            fde.resize(fde.len() + advances, 0x41);
+            entries.push(fde);
+        }
+        let program = entries[0].len() + entries[1].len();
+        let mut section = Vec::new();
+        for entry in entries {
             section.extend((entry.len() as u32).to_le_bytes());
             section.extend(entry);
         }
@@ -345,6 +420,11 @@ mod tests {
 
     fn elf_with_debug_frame(advances: usize) -> (Vec<u8>, usize) {
         let (section, program) = debug_frame(advances);
+        (crate::elf::tests::elf_with_section(".debug_frame", 0, &section), program)
+    }
+
+    fn elf_with_debug_frame_of(fdes: usize, advances: usize) -> (Vec<u8>, usize) {
+        let (section, program) = debug_frame_of(fdes, advances);
         (crate::elf::tests::elf_with_section(".debug_frame", 0, &section), program)
     }
 
@@ -387,6 +467,45 @@ mod tests {
         eprintln!("peak RSS grew by {grown} KiB in {:?}", started.elapsed());
         assert!(matches!(built, Err(BuildError::OverBudget { .. })), "{built:?}");
         assert!(grown < 64 * MIB, "peak RSS grew by {grown} KiB building a refused table");
+    }
+
+    /// Building a table holds one FDE's rows at a time, never the file's: 8 FDEs of 500,001
+    /// rows each, all merged into one (24 bytes a row before merging: 96 MiB if all were held
+    /// at once, as they were when a snapshot peaked at 105 MiB building libLLVM's table). Run
+    /// in a process of its own, whose peak RSS no other test moves.
+    #[test]
+    fn building_holds_one_fde_of_rows_at_a_time() {
+        let exe = std::env::current_exe().unwrap();
+        let child = "unwind::table::tests::many_fdes_in_their_own_process";
+        let out = std::process::Command::new(exe)
+            .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
+            .env("PROFILER_TEST_MANY_FDES", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+    }
+
+    #[test]
+    #[ignore = "run by building_holds_one_fde_of_rows_at_a_time in a process of its own"]
+    fn many_fdes_in_their_own_process() {
+        if std::env::var_os("PROFILER_TEST_MANY_FDES").is_none() {
+            return;
+        }
+        let (fdes, advances) = (8, 500_000);
+        let (elf, _) = elf_with_debug_frame_of(fdes, advances);
+        let before = status_kib("VmHWM:");
+        let table = build(&elf).expect("builds");
+        let grown = status_kib("VmHWM:").saturating_sub(before);
+        eprintln!("peak RSS grew by {grown} KiB for {} rows", table.stats().rows_before_merge);
+        assert_eq!(table.stats().rows_before_merge, (fdes * (advances + 1) + 1) as u64, "every row and the end gap");
+        assert_eq!(table.stats().rows, 2, "one rule from 0x1000, and the gap after the last FDE");
+        let row_bytes = (std::mem::size_of::<(u64, Rule)>() * fdes * advances) as u64 / 1024;
+        assert!(
+            grown < row_bytes / 3,
+            "peak RSS grew by {grown} KiB: the rows of every FDE ({row_bytes} KiB) were held"
+        );
     }
 
     #[test]

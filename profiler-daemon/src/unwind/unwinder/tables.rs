@@ -61,7 +61,12 @@ impl Unwinder {
             Some(Ok(table)) => table,
             Some(Err(err)) => {
                 tracing::debug!(file = %entry.path, error = %err, "no unwind table");
-                self.stats.build_failures += 1;
+                // Refused while building, for what loading would have refused it for.
+                if matches!(err, crate::unwind::BuildError::TooLarge { .. }) {
+                    self.stats.too_large += 1;
+                } else {
+                    self.stats.build_failures += 1;
+                }
                 if err.is_over_budget() {
                     tracing::warn!(file = %entry.path, error = %err, "no unwind table; not read again, even after a restart");
                     self.refused.add(key, &err.to_string());
