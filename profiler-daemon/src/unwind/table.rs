@@ -440,11 +440,18 @@ mod tests {
     /// test moves.
     #[test]
     fn one_huge_fde_is_refused_before_its_rows_are_built() {
+        in_own_process("one_huge_fde_in_its_own_process", "PROFILER_TEST_HUGE_FDE");
+    }
+
+    /// Runs the ignored test `name` of this module alone in a new process of this test
+    /// binary, with `env` set (the child returns at once without it), and fails with its
+    /// output unless it ran and passed.
+    fn in_own_process(name: &str, env: &str) {
         let exe = std::env::current_exe().unwrap();
-        let child = "unwind::table::tests::one_huge_fde_in_its_own_process";
+        let child = format!("unwind::table::tests::{name}");
         let out = std::process::Command::new(exe)
-            .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
-            .env("PROFILER_TEST_HUGE_FDE", "1")
+            .args(["--exact", &child, "--ignored", "--nocapture", "--test-threads=1"])
+            .env(env, "1")
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -475,16 +482,7 @@ mod tests {
     /// in a process of its own, whose peak RSS no other test moves.
     #[test]
     fn building_holds_one_fde_of_rows_at_a_time() {
-        let exe = std::env::current_exe().unwrap();
-        let child = "unwind::table::tests::many_fdes_in_their_own_process";
-        let out = std::process::Command::new(exe)
-            .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
-            .env("PROFILER_TEST_MANY_FDES", "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{text}");
-        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        in_own_process("many_fdes_in_their_own_process", "PROFILER_TEST_MANY_FDES");
     }
 
     #[test]
