@@ -209,6 +209,13 @@ pub enum TargetError {
          heap profiling probes the C library's allocator"
     )]
     NoAllocator(Pid),
+    #[error("failed to open pid {pid}'s C library {library} through its mapping: it {source}")]
+    Unopened {
+        pid: Pid,
+        library: String,
+        #[source]
+        source: crate::opened::NotOpened,
+    },
 }
 
 /// Where to probe process `pid`: the C library it maps, opened through its root (so a
@@ -220,7 +227,8 @@ pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
     // Its symbols are read from the mapping itself, opened once and checked (a FIFO or a
     // symlink the process put at its library's path is never opened here).
     let entry = maps.iter().find(|m| *m.path == *library).ok_or(TargetError::NoAllocator(pid))?;
-    let opened = crate::opened::open_mapping(pid, entry).map_err(|_| TargetError::NoAllocator(pid))?;
+    let opened = crate::opened::open_mapping(pid, entry)
+        .map_err(|source| TargetError::Unopened { pid, library: library.clone(), source })?;
     let found = symbolize::symbol_offsets(&opened.fd_path(), &HEAP_FUNCTIONS);
     let mut offsets = [None; HEAP_FUNCTIONS.len()];
     for (slot, offset) in offsets.iter_mut().zip(found) {
