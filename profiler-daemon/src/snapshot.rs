@@ -44,9 +44,11 @@ const FIRST_DRAIN: Duration = Duration::from_millis(200);
 /// [`MAX_DEBUG_INFO_BYTES`] of DWARF.
 const FILES_BUDGET_BYTES: u64 = 24 << 20;
 
-/// Files with more DWARF than this are named from their symbol tables in a snapshot: an
-/// unstripped Rust release binary's 50 MiB, read at once, was 30 MiB of the peak on its own.
-/// CPython's 16 MiB (pyenv's build) still gets source lines.
+/// Files with more DWARF than this are named from their symbol tables in a system-wide
+/// snapshot: an unstripped Rust release binary's 50 MiB, read at once, was 30 MiB of the peak
+/// on its own. CPython's 16 MiB (pyenv's build) still gets source lines. A snapshot of chosen
+/// processes (`--pid`) names only them, so their files get their lines and inlined frames
+/// whatever their size: that is what the user asked for.
 const MAX_DEBUG_INFO_BYTES: u64 = 16 << 20;
 
 /// One written profile, for the summary.
@@ -181,7 +183,9 @@ fn write(
     let mut files = SnapshotFiles::new(&args.output);
     let mut sym = Namers::new(capture.symbolizer());
     sym.symbols.set_files_budget(FILES_BUDGET_BYTES);
-    sym.symbols.set_max_debug_info(MAX_DEBUG_INFO_BYTES);
+    if args.pids.is_empty() {
+        sym.symbols.set_max_debug_info(MAX_DEBUG_INFO_BYTES);
+    }
     let empty = Default::default();
     let mut written = Vec::new();
     for &kind in kinds {
