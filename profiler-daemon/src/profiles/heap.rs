@@ -227,8 +227,11 @@ pub fn target(pid: Pid) -> Result<HeapTarget, TargetError> {
     // Its symbols are read from the mapping itself, opened once and checked (a FIFO or a
     // symlink the process put at its library's path is never opened here).
     let entry = maps.iter().find(|m| *m.path == *library).ok_or(TargetError::NoAllocator(pid))?;
-    let opened = crate::opened::open_mapping(pid, entry)
-        .map_err(|source| TargetError::Unopened { pid, library: library.clone(), source })?;
+    let opened = crate::opened::open_mapping(pid, entry).map_err(|source| TargetError::Unopened {
+        pid,
+        library: library.clone(),
+        source,
+    })?;
     let found = symbolize::symbol_offsets(&opened.fd_path(), &HEAP_FUNCTIONS);
     let mut offsets = [None; HEAP_FUNCTIONS.len()];
     for (slot, offset) in offsets.iter_mut().zip(found) {

@@ -470,10 +470,11 @@ fn publish_due(since: Duration, read: bool) -> bool {
 }
 
 /// Whether a heap target that failed with `err` is looked at again at the next scan rather
-/// than refused for good: a process that maps no C library yet and is younger than
+/// than refused for good: a process that maps no C library yet (or whose library could not
+/// be opened through its mapping: it may be mid-exec) and is younger than
 /// [`HEAP_TARGET_GRACE`] (`age`, read only then) may still be in ld.so.
 fn heap_target_later(err: &CaptureError, age: impl FnOnce() -> Option<Duration>) -> bool {
-    matches!(err, CaptureError::HeapTarget { source: TargetError::NoAllocator(_), .. })
+    matches!(err, CaptureError::HeapTarget { source: TargetError::NoAllocator(_) | TargetError::Unopened { .. }, .. })
         && age().is_some_and(|age| age < HEAP_TARGET_GRACE)
 }
 
