@@ -234,11 +234,22 @@ pub const HEAP_TOTALS_SAMPLED_BYTES_PER_SEC: u64 = 4 << 30;
 /// takes 4 GiB/s of allocation by probed processes, all at stacks or sizes not yet seen that
 /// second; a finer rate gets more entries.
 pub const fn heap_totals_entries(sample_bytes: u64) -> u32 {
-    let wanted = HEAP_TOTALS_SAMPLED_BYTES_PER_SEC / if sample_bytes == 0 { 1 } else { sample_bytes };
-    if wanted < HEAP_TOTALS_MIN_ENTRIES as u64 {
-        HEAP_TOTALS_MIN_ENTRIES
-    } else if wanted > HEAP_TOTALS_MAX_ENTRIES as u64 {
-        HEAP_TOTALS_MAX_ENTRIES
+    entries_per_sample(
+        HEAP_TOTALS_SAMPLED_BYTES_PER_SEC,
+        sample_bytes,
+        HEAP_TOTALS_MIN_ENTRIES,
+        HEAP_TOTALS_MAX_ENTRIES,
+    )
+}
+
+/// One entry per `sample_bytes` of `bytes`, within `min..=max`: how the heap maps follow the
+/// sampling rate.
+const fn entries_per_sample(bytes: u64, sample_bytes: u64, min: u32, max: u32) -> u32 {
+    let wanted = bytes / if sample_bytes == 0 { 1 } else { sample_bytes };
+    if wanted < min as u64 {
+        min
+    } else if wanted > max as u64 {
+        max
     } else {
         wanted as u32
     }
@@ -260,14 +271,7 @@ pub const HEAP_LIVE_TRACKED_BYTES: u64 = 16 << 30;
 /// default 512 KiB that is the minimum, 32 Ki entries (~3.3 MiB of kernel memory when
 /// full) instead of the 26 MiB a fixed maximum would take.
 pub const fn heap_live_entries(sample_bytes: u64) -> u32 {
-    let wanted = HEAP_LIVE_TRACKED_BYTES / if sample_bytes == 0 { 1 } else { sample_bytes };
-    if wanted < HEAP_LIVE_MIN_ENTRIES as u64 {
-        HEAP_LIVE_MIN_ENTRIES
-    } else if wanted > HEAP_LIVE_MAX_ENTRIES as u64 {
-        HEAP_LIVE_MAX_ENTRIES
-    } else {
-        wanted as u32
-    }
+    entries_per_sample(HEAP_LIVE_TRACKED_BYTES, sample_bytes, HEAP_LIVE_MIN_ENTRIES, HEAP_LIVE_MAX_ENTRIES)
 }
 /// Threads inside an allocator call at once: those running one, and those preempted in
 /// one. Even at 256 CPUs a few hundred.
