@@ -21,6 +21,7 @@ use super::{
     measure::Run,
     peer,
     report::{bpf_stats, target},
+    unwind::median,
     workload,
 };
 use crate::workspace;
@@ -187,7 +188,7 @@ struct Medians {
 
 /// The medians and the targets, as ratios against the peers run beside the profiler.
 fn print_summary(rounds: &[Round], (empty_ns, one_update_ns): (Option<f64>, Option<f64>)) -> Medians {
-    let median_of = |f: &dyn Fn(&Round) -> Option<f64>| median(rounds.iter().filter_map(f).collect());
+    let median_of = |f: &dyn Fn(&Round) -> Option<f64>| median(&mut rounds.iter().filter_map(f).collect::<Vec<_>>());
     let cpu = median_of(&|r| Some(r.cpu_ratio()));
     let ns = median_of(&|r| r.ns_ratio());
     let rss = median_of(&|r| Some(r.rss_mib()));
@@ -210,27 +211,4 @@ fn print_summary(rounds: &[Round], (empty_ns, one_update_ns): (Option<f64>, Opti
     target("CPU time < 1.0x perf record's", &format!("{}x", shown(cpu, 2)), cpu.map(|r| r < 1.0));
     target(&format!("peak RSS <= {MAX_RSS_MIB} MiB"), &shown(rss, 1), rss.map(|r| r <= MAX_RSS_MIB));
     Medians { cpu, ns, rss }
-}
-
-/// The median of `values`, `None` when there are none.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_even_and_none() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(Vec::new()), None);
-    }
 }

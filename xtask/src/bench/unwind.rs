@@ -379,3 +379,15 @@ fn slope(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     let b = sxy / sxx;
     Some((b, my - b * mx, sxy * sxy / (sxx * syy)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&mut []), None);
+    }
+}
