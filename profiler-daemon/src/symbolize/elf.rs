@@ -16,6 +16,10 @@
 //! a program that ran once (a script's interpreter with its debug info: 14 MiB here) gives its
 //! memory back once it has been idle a while ([`ElfFiles::close_idle`]), and the files of the
 //! programs running now are not parsed again for it.
+//!
+//! A Go binary is named from its pclntab first ([`super::go`]): Go's own names, lines and
+//! inlined calls, also when it is stripped. What its table does not cover (the C code of a
+//! cgo build) goes to blazesym.
 
 use std::{
     collections::HashMap,
@@ -28,7 +32,7 @@ use blazesym::symbolize::{
     Input, Symbolizer as Blaze,
 };
 
-use super::{collect, new_blaze, Frames};
+use super::{collect, go::GoTable, new_blaze, Frames};
 use crate::{
     elf::{debug_info_bytes, links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
     ids::Pid,
@@ -75,6 +79,60 @@ struct FileSymbols {
     /// The file open and parsed, with when it was last asked for addresses not yet found
     /// and the descriptor it parses (its path names that descriptor).
     parser: Option<(Blaze, Instant, OpenedFile)>,
+    /// Its pclntab, when it is a Go binary.
+    go: GoFile,
+    /// Why its pclntab was not read, or read without inlined calls.
+    go_note: Option<String>,
+}
+
+/// Whether a file was looked at as a Go binary, and its mapped pclntab while it is open.
+#[derive(Default)]
+enum GoFile {
+    /// Not looked at yet, or closed while idle.
+    #[default]
+    Unread,
+    /// No Go binary, or one whose pclntab could not be read (see `go_note`).
+    NotGo,
+    /// Its table, with when it was last asked for addresses.
+    Open(GoTable, Instant),
+}
+
+impl FileSymbols {
+    /// Names the offsets of `todo` its pclntab names, if it is a Go binary (read on first
+    /// use); returns the rest, for blazesym.
+    fn name_from_go(&mut self, opened: &OpenedFile, path: &str, todo: Vec<u64>) -> Vec<u64> {
+        if matches!(self.go, GoFile::Unread) {
+            self.go = match GoTable::open(opened.file()) {
+                Ok(Some(table)) => {
+                    if !table.expands_inlined_calls() {
+                        let version = table.version.as_deref().unwrap_or("of unknown version");
+                        self.go_note = Some(format!(
+                            "{path}: Go binary ({version}) whose moduledata was not found: inlined calls are not \
+                             expanded"
+                        ));
+                    }
+                    GoFile::Open(table, Instant::now())
+                }
+                Ok(None) => GoFile::NotGo,
+                Err(err) => {
+                    self.go_note = Some(format!("{path}: Go pclntab not read ({err}): named from its symbol table"));
+                    GoFile::NotGo
+                }
+            };
+        }
+        let GoFile::Open(table, used) = &mut self.go else { return todo };
+        *used = Instant::now();
+        let frames = &mut self.frames;
+        todo.into_iter()
+            .filter(|&offset| match table.frames(offset) {
+                Some(found) => {
+                    frames.insert(offset, found);
+                    false
+                }
+                None => true,
+            })
+            .collect()
+    }
 }
 
 /// The worker's state: blazesym's open files and everything found so far.
@@ -119,6 +177,7 @@ impl ElfFiles {
                 file.no_debug_link = !owned_by_root(&opened) && names_debug_file(&opened);
                 file.build_id = super::build_id(&opened.fd_path());
             }
+            let todo = file.name_from_go(&opened, &map.path, todo);
             if !todo.is_empty() {
                 let debug_syms = !own_exe && file.no_debug_info.is_none() && !file.no_debug_link;
                 // A parser kept from before parses the descriptor it was made with (the same
@@ -132,7 +191,7 @@ impl ElfFiles {
                     file.frames.insert(*offset, frames);
                 }
             }
-            note = note.or_else(|| file.no_debug_info.clone());
+            note = note.or_else(|| file.go_note.clone()).or_else(|| file.no_debug_info.clone());
         }
         ElfAnswer {
             frames: request.offsets.iter().map(|off| file.frames.get(off).cloned().unwrap_or_default()).collect(),
@@ -154,6 +213,10 @@ impl ElfFiles {
         for file in self.files.values_mut() {
             if file.parser.as_ref().is_some_and(|(_, used, _)| used.elapsed() >= idle) {
                 file.parser = None;
+                closed += 1;
+            }
+            if matches!(&file.go, GoFile::Open(_, used) if used.elapsed() >= idle) {
+                file.go = GoFile::Unread;
                 closed += 1;
             }
         }

@@ -16,6 +16,7 @@
 
 pub mod budget;
 mod elf;
+mod go;
 mod perf_map;
 
 use std::{collections::HashMap, ffi::OsStr, path::Path};
