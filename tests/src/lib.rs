@@ -3,7 +3,7 @@
 //!
 //! Owns: building the fixtures (`fixture`), running the binary with a timeout (`run`), looking
 //! at a decoded profile as symbolized stacks (`pprof`, the only module that touches the daemon's
-//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), Go's own text profiles and their grammar (`go_text`), reading
+//! prost types), running Go's own `go tool pprof` over the same files (`go_pprof`), the Go fixture built as Go programs ship (`go_build`), Go's own text profiles and their grammar (`go_text`), reading
 //! the summary the binary prints (`summary`), `perf`'s DWARF unwinding to compare with (`perf`), the heap fixture's ground truth and the checks
 //! against it (`heap_sites`), elfutils' `eu-stack` as the thread dumps' reference (`eu_stack`),
 //! the assertions several tests share (`expect`), a FUSE file system that stops answering
@@ -21,6 +21,7 @@ pub mod eu_stack;
 pub mod expect;
 pub mod fixture;
 pub mod fuse;
+pub mod go_build;
 pub mod go_pprof;
 pub mod go_text;
 pub mod heap_sites;
