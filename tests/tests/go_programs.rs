@@ -8,7 +8,8 @@
 //! `main.hotA ← main.dispatch ← main.main ← runtime.main` (the frame-pointer walk through
 //! Go code), the inlined `main.mix` must be an inlined frame of `main.hotA` at its own line
 //! (as in Go's profile), and the lines of the fixture's functions must be the ones Go's own
-//! profile names. In the cgo build, the C function `c_spin_b` must sit under `main.hotB`.
+//! profile names. In the cgo build, the C function `c_spin_b` is named, under
+//! `runtime.asmcgocall`; the walk from there to `main.hotB` is not done yet (ignored test).
 //! Both profiles are decoded by our decoder: nothing is symbolized from the local binary.
 
 use std::collections::BTreeMap;
@@ -42,16 +43,55 @@ fn pie_go_build_is_named_from_its_pclntab() {
     check(GoBuild::Pie);
 }
 
+/// The cgo build: its C function is named (from the symbol table: it is outside the Go
+/// text), directly under `runtime.asmcgocall` (named from the pclntab); the Go side is
+/// checked as in the other builds. The C function is called from `main.hotB` only, so its
+/// samples count as hotB's in the share.
 #[test]
-#[ignore = "the walk stops at runtime.asmcgocall: its CFI does not describe its switch to the g0 stack"]
-fn cgo_build_names_the_c_function_under_its_go_caller() {
+fn cgo_build_names_its_c_function_and_its_go_code() {
     check(GoBuild::Cgo);
+}
+
+/// What Go's own profile shows and ours does not yet: the C function under the Go function
+/// that called it.
+#[test]
+#[ignore = "the kernel walker stops at runtime.asmcgocall, which moved the stack pointer to the g0 stack: it \
+            follows no stack switch (Go's own traceback reads the goroutine's saved sp)"]
+fn cgo_build_walks_from_its_c_function_to_its_go_caller() {
+    if !preflight() {
+        return;
+    }
+    let (ours, _, _) = profile(GoBuild::Cgo);
+    check_chain(&ours, &["c_spin_b", "main.hotB", "main.dispatch", "main.main"], "Cgo");
 }
 
 fn check(build: GoBuild) {
     if !preflight() {
         return;
     }
+    let (ours, theirs, truth) = profile(build);
+    let what = format!("{build:?}");
+    // Our walk does not yet cross from C to Go (see the ignored test above).
+    let hot_b = if build == GoBuild::Cgo { ["main.hotB", "c_spin_b"].as_slice() } else { &["main.hotB"] };
+    check_share(&ours, truth, hot_b, &format!("{what}: our profile"));
+    check_share(&theirs, truth, &["main.hotB"], &format!("{what}: Go's own profile"));
+    check_chain(&ours, &["main.hotA", "main.dispatch", "main.main", "runtime.main"], &what);
+    check_inlined(&ours, &format!("{what}: our profile"));
+    check_inlined(&theirs, &format!("{what}: Go's own profile"));
+    let functions: Vec<&str> =
+        FIXTURE_FUNCTIONS.into_iter().filter(|f| build != GoBuild::Cgo || *f != "main.hotB").collect();
+    check_lines(&ours, &theirs, &functions, &what);
+    if build == GoBuild::Cgo {
+        let total = ours.total("samples");
+        let in_c = ours.value_where("samples", |s| s.contains("c_spin_b"));
+        assert!(in_c * 10 >= total, "{what}: only {in_c} of {total} samples in c_spin_b");
+        check_chain(&ours, &["c_spin_b", "runtime.asmcgocall"], &what);
+    }
+}
+
+/// Runs `build` of the fixture under `profiler snapshot --pid`; returns our profile, Go's
+/// own and hotA's true share of hotA + hotB.
+fn profile(build: GoBuild) -> (Profile, Profile, f64) {
     let scratch = TempDir::new(build.comm());
     let out = TempDir::new(&format!("{}-out", build.comm()));
     let binary = build.build(scratch.path());
@@ -68,26 +108,15 @@ fn check(build: GoBuild) {
     let truth = a as f64 / (a + b) as f64;
     let ours = Profile::decode(&expect::profile_written(out.path(), build.comm(), go.pid()));
     let theirs = Profile::decode(&go_profile);
-    let what = format!("{build:?}");
-    check_share(&ours, truth, &format!("{what}: our profile"));
-    check_share(&theirs, truth, &format!("{what}: Go's own profile"));
-    check_chain(&ours, &["main.hotA", "main.dispatch", "main.main", "runtime.main"], &what);
-    check_inlined(&ours, &format!("{what}: our profile"));
-    check_inlined(&theirs, &format!("{what}: Go's own profile"));
-    check_lines(&ours, &theirs, &what);
-    if build == GoBuild::Cgo {
-        let total = ours.total("samples");
-        let in_c = ours.value_where("samples", |s| s.contains("c_spin_b"));
-        assert!(in_c * 10 >= total, "{what}: only {in_c} of {total} samples in c_spin_b");
-        check_chain(&ours, &["c_spin_b", "main.hotB", "main.dispatch", "main.main"], &what);
-    }
+    (ours, theirs, truth)
 }
 
-/// hotA's share of the samples in hotA or hotB is within 3.5σ of `truth` (σ of a binomial
-/// share at the profile's sample count, which must make 3.5σ at most 10 points).
-fn check_share(profile: &Profile, truth: f64, what: &str) {
-    let in_fn = |f: &str| profile.value_where("samples", |s| s.contains(f));
-    let (a, b) = (in_fn("main.hotA"), in_fn("main.hotB"));
+/// hotA's share of the samples in hotA or hotB (a sample in any of `hot_b`) is within 3.5σ
+/// of `truth` (σ of a binomial share at the profile's sample count, which must make 3.5σ at
+/// most 10 points).
+fn check_share(profile: &Profile, truth: f64, hot_b: &[&str], what: &str) {
+    let a = profile.value_where("samples", |s| s.contains("main.hotA"));
+    let b = profile.value_where("samples", |s| !s.contains("main.hotA") && hot_b.iter().any(|f| s.contains(f)));
     let n = a + b;
     assert!(
         n >= expect::min_samples_for_share(truth, truth - 0.10),
@@ -143,8 +172,8 @@ fn check_inlined(profile: &Profile, what: &str) {
 
 /// For each fixture function, the lines carrying a share of its samples in one profile are
 /// lines the other names too, and its file is the same.
-fn check_lines(ours: &Profile, theirs: &Profile, what: &str) {
-    for function in FIXTURE_FUNCTIONS {
+fn check_lines(ours: &Profile, theirs: &Profile, functions: &[&str], what: &str) {
+    for &function in functions {
         let (our_lines, our_files) = lines_of(ours, function);
         let (their_lines, their_files) = lines_of(theirs, function);
         assert_eq!(our_files, their_files, "{what}: {function}'s file");
