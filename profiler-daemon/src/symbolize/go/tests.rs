@@ -183,3 +183,23 @@ fn a_file_that_is_no_go_binary_is_left_to_the_others() {
     let own = File::open("/proc/self/exe").unwrap();
     assert!(GoTable::open(&own).unwrap().is_none());
 }
+
+#[test]
+fn a_go_binary_whose_table_is_corrupt_is_an_error_that_says_what() {
+    let dir = scratch("corrupt");
+    let Some(plain) = build(&dir, "plain", &[]) else { return };
+    let mut bytes = std::fs::read(&plain).unwrap();
+    let at = {
+        let elf = Elf::parse(&bytes).unwrap();
+        let table = elf.section(".gopclntab").unwrap();
+        let segments = load_segments(&bytes).unwrap();
+        file_offset(&segments, table.addr).unwrap() as usize
+    };
+    bytes[at..at + 4].copy_from_slice(&0xffff_fffbu32.to_le_bytes()); // Go 1.2's layout
+    let corrupt = dir.join("corrupt");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let err = GoTable::open(&File::open(&corrupt).unwrap()).err().expect("refused");
+    assert!(matches!(err, GoError::UnknownMagic(0xffff_fffb)), "{err}");
+    assert!(err.to_string().contains("0xfffffffb"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
