@@ -45,9 +45,12 @@ pub fn frames(table: &Table<'_>, func: &Func, pc: u64, tree: Option<&[u8]>) -> O
         let Some(index) = table.pcdata(func, PCDATA_INL_TREE_INDEX, at).and_then(|ix| usize::try_from(ix).ok()) else {
             break;
         };
-        let (name_off, parent_pc) = entry(tree, table.header.layout, index)?;
+        // An entry past the file, or a parent pc before the entry: the frames found so far
+        // and the function's own (at the innermost line known) are still right.
+        let Some((name_off, parent_pc)) = entry(tree, table.header.layout, index) else { break };
+        let Some(parent) = u64::try_from(parent_pc).ok().and_then(|pc| func.entry.checked_add(pc)) else { break };
         frames.push(frame(table.name(name_off).unwrap_or("?"), at));
-        at = func.entry.checked_add(u64::try_from(parent_pc).ok()?)?;
+        at = parent;
     }
     frames.push(frame(table.func_name(func)?, at));
     Some(frames)

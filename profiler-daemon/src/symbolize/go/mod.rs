@@ -91,8 +91,7 @@ impl GoTable {
         };
         let version = info.and_then(|info| buildinfo::version(&bytes[info], read));
         let table_address = vaddr(&segments, table.start as u64).ok_or(GoError::Truncated("the pclntab"))?;
-        let gofunc =
-            gofunc_offset(header.layout).and_then(|at| find_gofunc(bytes, &segments, table_address, &header, at));
+        let gofunc = find_gofunc(bytes, &elf, &segments, table_address, &header);
         Ok(Some(GoTable { mapped, table, header, segments, gofunc, version }))
     }
 
@@ -156,10 +155,12 @@ fn search_table(bytes: &[u8], segments: &[LoadSegment]) -> Option<Range<usize>> 
     None
 }
 
-/// `moduledata.gofunc`: the word at `gofunc_at` in the moduledata, found in the writable
-/// segments as the 8-aligned word pointing at the pclntab followed by one pointing at its
-/// function name table (`pcHeader`, then `funcnametab`'s data).
-fn find_gofunc(bytes: &[u8], segments: &[LoadSegment], table: u64, header: &Header, gofunc_at: usize) -> Option<u64> {
+/// `moduledata.gofunc`: the word at `gofunc_at` in the moduledata, the 8-aligned word
+/// pointing at the pclntab followed by one pointing at its function name table (`pcHeader`,
+/// then `funcnametab`'s data). Found in the loaded data, or, in a PIE built by the system
+/// linker (whose pointers are relocations applied at load), in `.rela.dyn`.
+fn find_gofunc(bytes: &[u8], elf: &Elf<'_>, segments: &[LoadSegment], table: u64, header: &Header) -> Option<u64> {
+    let gofunc_at = gofunc_offset(header.layout)?;
     let names = table.checked_add(header.funcname)?;
     for segment in segments.iter().filter(|s| !s.executable) {
         let start = usize::try_from(segment.file_offset).ok()?;
@@ -171,7 +172,27 @@ fn find_gofunc(bytes: &[u8], segments: &[LoadSegment], table: u64, header: &Head
             return u64_at(bytes, at.checked_add(gofunc_at)?);
         }
     }
-    None
+    relocated_gofunc(elf, table, names, gofunc_at as u64)
+}
+
+/// `R_X86_64_RELATIVE`: the slot at `r_offset` holds load base + `r_addend`.
+const R_X86_64_RELATIVE: u64 = 8;
+
+/// [`find_gofunc`] through the `R_X86_64_RELATIVE` relocations of `.rela.dyn`.
+fn relocated_gofunc(elf: &Elf<'_>, table: u64, names: u64, gofunc_at: u64) -> Option<u64> {
+    let rela = elf.data(&elf.section(".rela.dyn")?).ok()?;
+    let relative = || {
+        rela.chunks_exact(24).filter_map(|entry| {
+            let (slot, info, addend) = (u64_at(entry, 0)?, u64_at(entry, 8)?, u64_at(entry, 16)?);
+            (info & 0xffff_ffff == R_X86_64_RELATIVE).then_some((slot, addend))
+        })
+    };
+    let addend_at = |wanted: u64| relative().find(|&(slot, _)| slot == wanted).map(|(_, addend)| addend);
+    let module = relative()
+        .filter(|&(_, addend)| addend == table)
+        .map(|(slot, _)| slot)
+        .find(|&slot| slot.checked_add(8).and_then(addend_at) == Some(names))?;
+    addend_at(module.checked_add(gofunc_at)?)
 }
 
 /// The NUL-terminated UTF-8 string at `at` in `bytes`.

@@ -33,17 +33,22 @@ fn line_of(marker: &str) -> u32 {
 
 /// Builds `SOURCE` with `args` into `dir/name`; `None` when this machine has no `go`.
 fn build(dir: &Path, name: &str, args: &[&str]) -> Option<std::path::PathBuf> {
+    build_with(dir, name, args, "0")
+}
+
+/// [`build`] with cgo on or off (`CGO_ENABLED`).
+fn build_with(dir: &Path, name: &str, args: &[&str], cgo: &str) -> Option<std::path::PathBuf> {
     let out = dir.join(name);
     let status = Command::new("go")
         .arg("build")
         .args(args)
         .arg("-o")
         .arg(&out)
-        .arg("main.go")
+        .arg(".")
         .current_dir(dir)
         .env("GOCACHE", std::env::temp_dir().join("profiler-unit-gocache"))
         .env("GO111MODULE", "off")
-        .env("CGO_ENABLED", "0")
+        .env("CGO_ENABLED", cgo)
         .status();
     match status {
         Ok(status) if status.success() => Some(out),
@@ -55,7 +60,8 @@ fn build(dir: &Path, name: &str, args: &[&str]) -> Option<std::path::PathBuf> {
     }
 }
 
-/// `go tool nm -size`: (name, address, size) of the text symbols called `main.*`.
+/// `go tool nm -size`: (name, address, size) of the text symbols called `main.*` (local `t`
+/// ones in an externally linked binary).
 fn main_functions(binary: &Path) -> Vec<(String, u64, u64)> {
     let out = Command::new("go").args(["tool", "nm", "-size"]).arg(binary).output().unwrap();
     String::from_utf8(out.stdout)
@@ -63,7 +69,7 @@ fn main_functions(binary: &Path) -> Vec<(String, u64, u64)> {
         .lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() == 4 && f[2] == "T" && f[3].starts_with("main."))
+            (f.len() == 4 && f[2].eq_ignore_ascii_case("t") && f[3].starts_with("main."))
                 .then(|| (f[3].to_string(), u64::from_str_radix(f[0], 16).unwrap(), f[1].parse().unwrap()))
         })
         .collect()
@@ -201,5 +207,32 @@ fn a_go_binary_whose_table_is_corrupt_is_an_error_that_says_what() {
     let err = GoTable::open(&File::open(&corrupt).unwrap()).err().expect("refused");
     assert!(matches!(err, GoError::UnknownMagic(0xffff_fffb)), "{err}");
     assert!(err.to_string().contains("0xfffffffb"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A cgo PIE is linked by the system linker: its pclntab is merged into `.data.rel.ro` (no
+/// section of its own, found by its header) and its moduledata's pointers are relocations.
+#[test]
+fn a_cgo_pie_is_found_without_its_section_and_inlines_through_its_relocations() {
+    let dir = scratch("cgopie");
+    std::fs::write(
+        dir.join("c.go"),
+        "package main\n\n// int c_one(void) { return 1; }\nimport \"C\"\n\nvar _ = C.c_one\n",
+    )
+    .unwrap();
+    let Some(pie) = build_with(&dir, "cgopie", &["-buildmode=pie"], "1") else { return };
+    let bytes = std::fs::read(&pie).unwrap();
+    let elf = Elf::parse(&bytes).unwrap();
+    assert!(elf.section(".gopclntab").is_none() && elf.section(".data.rel.ro.gopclntab").is_none());
+    let (table, segments) = open(&pie);
+    assert!(table.expands_inlined_calls(), "moduledata not found through .rela.dyn");
+    let functions = main_functions(&pie);
+    let (_, start, size) = functions.iter().find(|(name, ..)| name == "main.outer").unwrap();
+    let inlined = (*start..start + size)
+        .map(|address| frames_at(&table, &segments, address))
+        .inspect(|frames| assert_eq!(frames.last().unwrap().function, "main.outer", "{frames:?}"))
+        .filter(|frames| frames[0].function == "main.triple")
+        .count();
+    assert!(inlined > 0, "main.triple is not expanded in the cgo PIE");
     std::fs::remove_dir_all(dir).unwrap();
 }
