@@ -83,6 +83,8 @@ struct FileSymbols {
     go: GoFile,
     /// Why its pclntab was not read, or read without inlined calls.
     go_note: Option<String>,
+    /// Whether it is a Go binary named from its pclntab (kept when the table is closed).
+    go_named: bool,
 }
 
 /// Whether a file was looked at as a Go binary, and its mapped pclntab while it is open.
@@ -111,6 +113,7 @@ impl FileSymbols {
                              expanded"
                         ));
                     }
+                    self.go_named = true;
                     GoFile::Open(table, Instant::now())
                 }
                 Ok(None) => GoFile::NotGo,
@@ -191,7 +194,10 @@ impl ElfFiles {
                     file.frames.insert(*offset, frames);
                 }
             }
-            note = note.or_else(|| file.go_note.clone()).or_else(|| file.no_debug_info.clone());
+            // A Go binary's lines come from its pclntab: its DWARF refused takes none away
+            // (but from the C code of a cgo build).
+            let debug_note = file.no_debug_info.clone().filter(|_| !file.go_named);
+            note = note.or_else(|| file.go_note.clone()).or(debug_note);
         }
         ElfAnswer {
             frames: request.offsets.iter().map(|off| file.frames.get(off).cloned().unwrap_or_default()).collect(),

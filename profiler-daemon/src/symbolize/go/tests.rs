@@ -236,3 +236,45 @@ fn a_cgo_pie_is_found_without_its_section_and_inlines_through_its_relocations() 
     assert!(inlined > 0, "main.triple is not expanded in the cgo PIE");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The symbolizer's file worker names a running Go process's code from its pclntab: Go's
+/// name and line (checked against `go tool objdump`), with no note that its DWARF was
+/// refused, although it was (a cap of 0 bytes): its lines do not come from there.
+#[test]
+fn the_file_worker_names_a_running_go_program_from_its_pclntab() {
+    use crate::{
+        ids::Pid,
+        offload::Charger,
+        symbolize::elf::{ElfFiles, ElfRequest},
+    };
+    let dir = scratch("running");
+    std::fs::write(
+        dir.join("main.go"),
+        SOURCE.replace("import \"fmt\"", "import (\n\t\"fmt\"\n\t\"time\"\n)").replace(
+            "func main() { fmt.Println(outer(10)) }",
+            "func main() { fmt.Println(outer(10)); time.Sleep(time.Hour) }",
+        ),
+    )
+    .unwrap();
+    let Some(binary) = build(&dir, "running", &[]) else { return };
+    let mut child = Command::new(&binary).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // Its first line is printed once its code runs (and its mappings are in place).
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let truth: Vec<_> = objdump_lines(&binary).into_iter().filter(|(f, ..)| f == "main.outer").collect();
+    let maps = crate::procs::read_maps(child.id()).unwrap();
+    let map = maps.iter().find(|m| m.contains(truth[0].1)).unwrap().clone();
+    let offsets = truth.iter().map(|(_, address, ..)| map.file_offset(*address)).collect();
+    let request = ElfRequest { pid: Pid(child.id()), map, offsets };
+    let mut files = ElfFiles::default();
+    files.max_debug_info = Some(0);
+    let answer = files.symbolize(&request, &Charger::default());
+    let _ = child.kill();
+    let _ = child.wait();
+    for ((function, address, line, _), frames) in truth.iter().zip(&answer.frames) {
+        assert_eq!(frames.last().map(|f| f.function.as_str()), Some(function.as_str()), "{address:#x}: {frames:?}");
+        assert_eq!(frames[0].line, *line, "{address:#x}: {frames:?}");
+    }
+    assert_eq!(answer.note, None, "a Go binary's lines are not its DWARF's");
+    std::fs::remove_dir_all(dir).unwrap();
+}
