@@ -32,9 +32,11 @@ pub struct Table<'a> {
     pub header: Header,
 }
 
-/// The most pcvalue steps decoded for one lookup: a function's table has one per change of
-/// value; a corrupt one must not loop long.
-const MAX_STEPS: usize = 1 << 20;
+/// The most steps of a pcvalue table that do not advance the pc, for one lookup: Go's
+/// linker writes none (a step runs to the next instruction whose value differs), so every
+/// other step moves toward the pc looked up and a table cannot loop; a corrupt one that
+/// stands still is cut here.
+const MAX_STILL_STEPS: usize = 64;
 
 impl Table<'_> {
     /// The function whose code holds `pc` (an address in the file's own layout), if `pc` is
@@ -168,16 +170,22 @@ impl Table<'_> {
             return None;
         }
         let mut at = to_usize(self.header.pctab.checked_add(u64::from(off))?)?;
-        let (mut cursor, mut value) = (func.entry, -1i32);
-        for step in 0..MAX_STEPS {
+        let (mut cursor, mut value, mut still) = (func.entry, -1i32, 0);
+        // Each step but the standing ones moves `cursor` on by a pc quantum at least, toward
+        // `pc`: the loop ends.
+        for first in std::iter::once(true).chain(std::iter::repeat(false)) {
             let (value_delta, n) = varint(self.bytes, at)?;
-            if value_delta == 0 && step > 0 {
+            if value_delta == 0 && !first {
                 return None;
             }
             at += n;
             value = value.wrapping_add((-((value_delta & 1) as i32)) ^ ((value_delta >> 1) as i32));
             let (pc_delta, n) = varint(self.bytes, at)?;
             at += n;
+            still += usize::from(pc_delta == 0);
+            if still > MAX_STILL_STEPS {
+                return None;
+            }
             cursor = cursor.checked_add(u64::from(pc_delta) * u64::from(self.header.min_lc))?;
             if pc < cursor {
                 return Some(value);
@@ -207,6 +215,28 @@ fn to_usize(value: u64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pcvalue_table_that_stands_still_is_cut() {
+        let offsets = [0x60, 0x100, 0x200, 0x300, 0x400];
+        let mut bytes = crate::symbolize::go::header::tests::written(Layout::Go120, 1, 0x1000, offsets, 0x100_000);
+        // From pctab offset 1: value +1, then (value +1, pc +0) forever.
+        let mut at = 0x301;
+        while at + 2 < bytes.len() {
+            bytes[at..at + 2].copy_from_slice(&[2, 0]);
+            at += 2;
+        }
+        let header = crate::symbolize::go::header::parse(&bytes).unwrap();
+        let table = Table { bytes: &bytes, header };
+        let func =
+            Func { at: 0, entry: 0x1000, name_off: 0, pcfile: 0, pcln: 1, npcdata: 0, cu_offset: 0, nfuncdata: 0 };
+        assert_eq!(table.line(&func, 0x1000), None);
+        // The same table moving on by one byte a step ends where it should.
+        bytes[0x301..0x307].copy_from_slice(&[2, 1, 2, 1, 2, 1]);
+        let table = Table { bytes: &bytes, header };
+        assert_eq!(table.line(&func, 0x1000), Some(0));
+        assert_eq!(table.line(&func, 0x1001), Some(1));
+    }
 
     #[test]
     fn varints_are_little_endian_groups_of_seven_bits() {
