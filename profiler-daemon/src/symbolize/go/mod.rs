@@ -172,15 +172,20 @@ fn find_gofunc(bytes: &[u8], elf: &Elf<'_>, segments: &[LoadSegment], table: u64
             return u64_at(bytes, at.checked_add(gofunc_at)?);
         }
     }
-    relocated_gofunc(elf, table, names, gofunc_at as u64)
+    // Its bytes as loaded (never inflated, whatever its flags claim).
+    let rela = elf.section(".rela.dyn").and_then(|s| range_of(segments, s.address_range(), bytes.len()))?;
+    relocated_gofunc(&bytes[rela], table, names, gofunc_at as u64)
 }
+
+/// Slots relocated to point at the pclntab that are looked at as the moduledata: one in a
+/// real binary; a file with more is not searched further (each look is a pass over all).
+const MAX_MODULE_CANDIDATES: usize = 8;
 
 /// `R_X86_64_RELATIVE`: the slot at `r_offset` holds load base + `r_addend`.
 const R_X86_64_RELATIVE: u64 = 8;
 
-/// [`find_gofunc`] through the `R_X86_64_RELATIVE` relocations of `.rela.dyn`.
-fn relocated_gofunc(elf: &Elf<'_>, table: u64, names: u64, gofunc_at: u64) -> Option<u64> {
-    let rela = elf.data(&elf.section(".rela.dyn")?).ok()?;
+/// [`find_gofunc`] through the `R_X86_64_RELATIVE` relocations of `.rela.dyn` (`rela`).
+fn relocated_gofunc(rela: &[u8], table: u64, names: u64, gofunc_at: u64) -> Option<u64> {
     let relative = || {
         rela.chunks_exact(24).filter_map(|entry| {
             let (slot, info, addend) = (u64_at(entry, 0)?, u64_at(entry, 8)?, u64_at(entry, 16)?);
@@ -191,6 +196,7 @@ fn relocated_gofunc(elf: &Elf<'_>, table: u64, names: u64, gofunc_at: u64) -> Op
     let module = relative()
         .filter(|&(_, addend)| addend == table)
         .map(|(slot, _)| slot)
+        .take(MAX_MODULE_CANDIDATES)
         .find(|&slot| slot.checked_add(8).and_then(addend_at) == Some(names))?;
     addend_at(module.checked_add(gofunc_at)?)
 }
