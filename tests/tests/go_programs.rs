@@ -125,6 +125,7 @@ fn check_share(profile: &Profile, truth: f64, hot_b: &[&str], what: &str) {
     );
     let share = a as f64 / n as f64;
     let sigma = (truth * (1.0 - truth) / n as f64).sqrt();
+    eprintln!("{what}: main.hotA's share {share:.3} of {n} samples, truth {truth:.3}, 3.5σ {:.3}", 3.5 * sigma);
     assert!(
         (share - truth).abs() <= 3.5 * sigma,
         "{what}: main.hotA's share {share:.3} ({a} of {n}), the fixture measured {truth:.3} (3.5σ = {:.3})",
