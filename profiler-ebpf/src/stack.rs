@@ -90,12 +90,52 @@ pub fn capture_kernel_skipping(
     if ret < 0 {
         return Err(StackError::Walk);
     }
-    let len = (ret as usize / 8).min(KERNEL_STACK_DEPTH);
+    match profiler_store_kernel_stack(set, slot as u32, (ret / 8) as u32, tgid) {
+        CAPTURE_WALK_FAILED => Err(StackError::Walk),
+        CAPTURE_MAP_FULL => Err(StackError::MapFull),
+        hash => Ok(hash),
+    }
+}
+
+/// The hashing and storing of a kernel stack that `bpf_get_stack` left in the scratch of
+/// `slot` (`len` frames), as a global function, for the reason [`profiler_capture_user_stack`]
+/// is one: inlined, the hash loop and the store were checked again for every way the
+/// program reached them (`cpu_sample`: 43,000 of its verified instructions). Returns what
+/// [`profiler_capture_user_stack`] does.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_store_kernel_stack(set: u32, slot: u32, len: u32, tgid: u32) -> u64 {
+    if slot > Scratch::Switch as u32 {
+        return CAPTURE_WALK_FAILED;
+    }
+    // SAFETY: `Scratch` is a `repr(u32)` enum of the values 0..=Switch, checked above.
+    let slot = unsafe { core::mem::transmute::<u32, Scratch>(slot) };
+    match store_kernel(set & 1, slot, len as usize, tgid) {
+        Ok(hash) => hash,
+        Err(StackError::Walk) => CAPTURE_WALK_FAILED,
+        Err(StackError::MapFull) => CAPTURE_MAP_FULL,
+    }
+}
+
+#[inline(always)]
+fn store_kernel(set: u32, slot: Scratch, len: usize, tgid: u32) -> Result<u64, StackError> {
+    let len = len.min(KERNEL_STACK_DEPTH);
     let head = scratch(slot)?;
     head.len = len as u32;
     head.truncated = if len == KERNEL_STACK_DEPTH { STACK_TRUNCATED } else { 0 };
-    let hash = hash_kernel(buffer, len);
+    let hash = profiler_hash_kernel_stack(slot as u32, len as u32);
     store(set, slot, hash, tgid, Walked::Kernel)
+}
+
+/// [`hash_kernel`] of the kernel scratch of `slot`, as a global function: each of the hash
+/// loop's exits (one per stack length) reached the store with its own view of the length,
+/// and the store was checked again for each. A call's result is one unknown number.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_hash_kernel_stack(slot: u32, len: u32) -> u64 {
+    let Some(buffer) = KERNEL_SCRATCH.get_ptr(slot) else { return 0 };
+    // SAFETY: this CPU's kernel scratch for the caller's context.
+    hash_kernel(unsafe { &*buffer }, len as usize)
 }
 
 /// Walks the current thread's user stack (see [`crate::user_stack`]) and stores it in map set
@@ -125,8 +165,9 @@ const CAPTURE_MAP_FULL: u64 = u64::MAX - 2;
 /// number. Inlined, the walk and the store were verified again for every way a caller
 /// reached them: `cpu_sample` and `futex_exit` needed 936,000 and 952,000 of the verifier's
 /// million instructions, and the futex programs' array bookkeeping took `futex_exit` past
-/// the limit (the block and mutex profiles failed to load). As a global function the walk
-/// costs each program that takes a user stack about 45,000. `slot` is a [`Scratch`].
+/// the limit (the block and mutex profiles failed to load). As a global function the walk is
+/// checked once per program (with the searches and the store's rare parts global functions
+/// of their own: about 30,000 instructions, see docs/unwinding.md). `slot` is a [`Scratch`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn profiler_capture_user_stack(set: u32, slot: u32, tgid: u32) -> u64 {
@@ -284,14 +325,17 @@ fn store(set: u32, slot: Scratch, hash: u64, tgid: u32, walked: Walked) -> Resul
     // map allocates) before it finds the key.
     // SAFETY: only checks for presence.
     if unsafe { STACKS.get(&set_key(hash, set)) }.is_none() {
-        let shares = pick_set(set, &STACK_SHARES_0, &STACK_SHARES_1);
-        if !take_share(shares, tgid, len.div_ceil(STACK_PIECE_FRAMES) as u64) {
+        if profiler_take_share(set, tgid, len.div_ceil(STACK_PIECE_FRAMES) as u32) == 0 {
             return Ok(OVER_SHARE_STACK);
         }
         if walked == Walked::Kernel {
             spread_kernel(slot, len)?;
         }
-        insert_chain(set, hash, slot, len)?;
+        match profiler_insert_chain(set, hash, slot as u32, len as u32) {
+            0 => {}
+            1 => return Err(StackError::MapFull),
+            _ => return Err(StackError::Walk),
+        }
     }
     if noted {
         if let Some(note) = STORED_STACKS.get_ptr_mut(note_index) {
@@ -300,6 +344,33 @@ fn store(set: u32, slot: Scratch, hash: u64, tgid: u32, walked: Walked) -> Resul
         }
     }
     Ok(hash)
+}
+
+/// [`take_share`] in set `set`'s shares map, as a global function: it runs only for a stack
+/// new to the set, and inlined, its three counts' branches multiplied the ways the store was
+/// checked. 1 when charged, 0 when refused.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_take_share(set: u32, tgid: u32, entries: u32) -> u32 {
+    take_share(pick_set(set & 1, &STACK_SHARES_0, &STACK_SHARES_1), tgid, entries as u64) as u32
+}
+
+/// [`insert_chain`] as a global function, for the same reason as [`profiler_take_share`].
+/// 0 when stored, 1 when the stack map is full, 2 when a scratch piece is missing (or `slot`
+/// is not a [`Scratch`]).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_insert_chain(set: u32, hash: u64, slot: u32, len: u32) -> u32 {
+    if slot > Scratch::Switch as u32 {
+        return 2;
+    }
+    // SAFETY: `Scratch` is a `repr(u32)` enum of the values 0..=Switch, checked above.
+    let slot = unsafe { core::mem::transmute::<u32, Scratch>(slot) };
+    match insert_chain(set & 1, hash, slot, (len as usize).min(MAX_USER_STACK_DEPTH)) {
+        Ok(()) => 0,
+        Err(StackError::MapFull) => 1,
+        Err(StackError::Walk) => 2,
+    }
 }
 
 /// Charges `entries` new stack-map entries to process `tgid` and the current uid in `shares`
