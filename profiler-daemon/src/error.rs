@@ -18,6 +18,14 @@ pub enum Error {
     #[error("no such process: pid {0} (check the pid with `ps -p {0}`)")]
     NoSuchProcess(u32),
 
+    #[error(
+        "this kernel is Linux {release}; the profiler needs Linux {}.{} or newer (its programs use \
+         `bpf_loop` and hash maps allocated on insert from perf-event programs): run it on a newer kernel",
+        crate::preflight::MIN_KERNEL.0,
+        crate::preflight::MIN_KERNEL.1
+    )]
+    KernelTooOld { release: String },
+
     /// A combination of flags that cannot work, with what to do instead.
     #[error("{0}")]
     Usage(String),

@@ -14,10 +14,34 @@ const CAP_SYSLOG: u32 = 34;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
+/// The oldest kernel the programs load on: `bpf_loop` came in 5.17, and hash maps
+/// allocated on insert (the counts maps, `maps::COUNTS_MAP_FLAGS`) are refused to perf-event
+/// programs before 6.1's BPF memory allocator.
+pub const MIN_KERNEL: (u32, u32) = (6, 1);
+
+/// Fails on a kernel older than [`MIN_KERNEL`], naming it, rather than with a verifier
+/// error from the loader. A release that does not parse is let through (the loader then
+/// says what is missing).
+pub fn check_kernel() -> Result<()> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    match kernel_version(release) {
+        Some(version) if version < MIN_KERNEL => Err(Error::KernelTooOld { release: release.to_string() }),
+        _ => Ok(()),
+    }
+}
+
+/// The major and minor version of a kernel release string (`6.12.48+deb13-amd64`).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// Fails unless the process may load BPF programs and open system-wide perf events:
 /// CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN. Warns about capabilities whose absence only
 /// degrades the result (reading other processes' mappings, kernel symbol addresses).
 pub fn check_privileges() -> Result<()> {
+    check_kernel()?;
     let caps = effective_caps();
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
@@ -58,6 +82,20 @@ fn effective_caps() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_parse_and_old_ones_are_named() {
+        assert_eq!(kernel_version("6.12.48+deb13-amd64"), Some((6, 12)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("6.1"), Some((6, 1)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert!(kernel_version("5.15.0").unwrap() < MIN_KERNEL);
+        assert!(kernel_version("6.1.0-18-amd64").unwrap() >= MIN_KERNEL);
+        let message = Error::KernelTooOld { release: "5.15.0-91-generic".into() }.to_string();
+        assert!(message.contains("Linux 5.15.0-91-generic") && message.contains("6.1 or newer"), "{message}");
+        // This machine runs the tests, so it must pass its own check.
+        check_kernel().expect("the test machine's kernel is new enough");
+    }
 
     #[test]
     fn unknown_pid_is_named() {
