@@ -120,7 +120,7 @@ pub(super) fn generic(resolved: &ResolvedProfile, name: &str, sample_types: &[(&
 }
 
 /// ` @ 0x.. 0x..` (leaf first, each address + 1, see the module doc).
-fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
+pub(super) fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
     let mut text = String::from(" @");
     for &location in &sample.locations {
         let _ = write!(text, " {:#x}", resolved.locations[location].address.wrapping_add(1));

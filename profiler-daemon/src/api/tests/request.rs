@@ -49,10 +49,10 @@ fn named_profiles() {
     ];
     for (name, view) in cases {
         let path = format!("/debug/pprof/{name}");
-        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0 };
+        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0, os_threads: false };
         assert_eq!(get(&path, Some("pid=7")), Ok(plain));
         assert_eq!(get(&path, Some("pid=7&debug=0")), Ok(plain));
-        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: 1 };
+        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: 1, os_threads: false };
         assert_eq!(get(&path, Some("pid=7&seconds=5&debug=1")), Ok(delta));
     }
 }
@@ -189,7 +189,7 @@ fn thread_dumps_take_debug_2_and_no_window() {
     for path in ["/debug/pprof/goroutine", "/debug/pprof/threads"] {
         assert_eq!(
             get(path, Some("pid=7&debug=2")),
-            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 2 })
+            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 2, os_threads: false })
         );
         let err = get(path, Some("pid=7&seconds=5")).unwrap_err();
         assert!(err.reason.contains("allowed: pid, debug"), "{}", err.reason);

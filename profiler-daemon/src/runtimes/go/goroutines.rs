@@ -74,7 +74,9 @@ pub struct Goroutine {
     /// Whole minutes waiting (Go prints `, N minutes` from 1 on).
     pub wait_minutes: i64,
     pub locked_to_thread: bool,
-    /// Return addresses, leaf first; the leaf is exact only for [`GoroutineStack::ThreadOnCpu`].
+    /// Return addresses, leaf first (the leaf is exact only for
+    /// [`GoroutineStack::ThreadOnCpu`]), then `gopc` when it is not 0: the creator's pc
+    /// rides with the stack to be symbolized ([`super::profile`]).
     pub frames: Vec<u64>,
     pub truncated: bool,
     pub stack: GoroutineStack,
@@ -164,7 +166,11 @@ fn read_one(
         dump.system += 1;
         return;
     }
-    let (frames, truncated, stack) = walk(remote, layout, &g, status, threads);
+    let (mut frames, truncated, stack) = walk(remote, layout, &g, status, threads);
+    let gopc = field_u64(&g, layout.gopc);
+    if gopc != 0 {
+        frames.push(gopc);
+    }
     let moving = remote.bytes(pointer, layout.g_read as usize).map_or(true, |again| moved(layout, &g, &again));
     dump.moving += u64::from(moving);
     let labels = labels::read_map(remote, field_u64(&g, layout.labels), &mut dump.labels_cut).unwrap_or_else(|_| {
@@ -183,7 +189,7 @@ fn read_one(
         frames,
         truncated,
         stack,
-        gopc: field_u64(&g, layout.gopc),
+        gopc,
         parent_goid: layout.parent_goid.map(|at| field_u64(&g, at) as i64),
         labels,
         moving,

@@ -18,6 +18,7 @@ pub mod binary;
 pub mod goroutines;
 pub mod labels;
 pub mod layout;
+pub mod profile;
 
 use std::{collections::HashMap, time::Duration};
 
