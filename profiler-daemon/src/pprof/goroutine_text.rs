@@ -15,7 +15,8 @@
 
 use std::fmt::Write;
 
-use super::text::{addresses, frames, printable};
+use super::text::{addresses, aligned, frame_lines, printable};
+use crate::resolve::LocationInfo;
 use crate::{
     resolve::{LabelValue, ResolvedProfile, ResolvedSample},
     runtimes::go::{labels::go_string, profile as go},
@@ -43,9 +44,35 @@ pub(super) fn grouped(resolved: &ResolvedProfile, out: &mut String) {
     records.sort_by(|(ka, a, _), (kb, b, _)| b.cmp(a).then_with(|| ka.cmp(kb)));
     for (key, n, sample) in records {
         let _ = writeln!(out, "{n}{key}");
-        frames(resolved, sample, out);
+        let locations: Vec<&LocationInfo> = sample.locations.iter().map(|&l| &resolved.locations[l]).collect();
+        for line in aligned(&record_lines(&locations)) {
+            out.push_str(&line);
+            out.push('\n');
+        }
         out.push('\n');
     }
+}
+
+/// A record's frame lines as Go's `printStackRecord` picks them: the runtime's frames before
+/// the first other one hidden, `runtime.goexit` always; all of them when that leaves none.
+fn record_lines(locations: &[&LocationInfo]) -> Vec<Vec<String>> {
+    let mut lines = Vec::new();
+    let mut show = false;
+    for location in locations {
+        let mut all = Vec::new();
+        frame_lines(location, &mut all);
+        for (line, frame) in all.into_iter().zip(location.frames.iter().map(Some).chain(std::iter::repeat(None))) {
+            let name = frame.map_or("", |f| f.function.as_str());
+            if name != "runtime.goexit" && (show || !name.starts_with("runtime.")) {
+                show = true;
+                lines.push(line);
+            }
+        }
+    }
+    if !show {
+        locations.iter().for_each(|location| frame_lines(location, &mut lines));
+    }
+    lines
 }
 
 /// `debug=2`.
@@ -69,7 +96,9 @@ pub(super) fn each(resolved: &ResolvedProfile, out: &mut String) {
                 let _ = writeln!(out, "{name}(...)\n\t{file}:{} +{:#x}", frame.line, frame.offset + back);
             }
         }
-        if let Some(creator) = text(sample, go::CREATOR) {
+        // Go's `printcreatedby`: not for the main goroutine, nor for a creator it hides.
+        let goid = number(sample, go::GOID).unwrap_or(0);
+        if let Some(creator) = text(sample, go::CREATOR).filter(|c| goid != 1 && shown(c)) {
             let parent = number(sample, go::PARENT).map(|p| format!(" in goroutine {p}")).unwrap_or_default();
             let at = text(sample, go::CREATOR_AT).unwrap_or_default();
             let _ = writeln!(out, "created by {creator}{parent}\n\t{at}");
@@ -164,14 +193,10 @@ mod tests {
         let expected = "goroutine profile: total 3
 2 @ 0x101 0x201 0x301
 # labels: {\"worker\":\"a\"}
-#\t0x100\truntime.gopark+0x23\t/src/main.go:10
-#\t0x200\tmain.waitA+0x23\t\t/src/main.go:20
-#\t0x300\truntime.goexit+0x23\t/src/main.go:30
+#\t0x200\tmain.waitA+0x23\t/src/main.go:20
 
 1 @ 0x101 0x201 0x301
-#\t0x100\truntime.gopark+0x23\t/src/main.go:10
-#\t0x200\tmain.waitA+0x23\t\t/src/main.go:20
-#\t0x300\truntime.goexit+0x23\t/src/main.go:30
+#\t0x200\tmain.waitA+0x23\t/src/main.go:20
 
 ";
         assert_eq!(text, expected);

@@ -53,6 +53,12 @@ pub enum FunctionClass {
 }
 
 impl Symbols {
+    /// Whether `pc` (a file address) is inside a function.
+    pub fn is_code(&self, pc: u64) -> bool {
+        let index = self.functions.partition_point(|&(start, _, _)| start <= pc);
+        index.checked_sub(1).is_some_and(|i| pc < self.functions[i].1)
+    }
+
     /// The class of the function holding `pc`; `User` when no symbol holds it.
     pub fn class(&self, pc: u64) -> FunctionClass {
         let index = self.functions.partition_point(|&(start, _, _)| start <= pc);
@@ -186,5 +192,6 @@ mod tests {
         assert_eq!(symbols.class(0x300), FunctionClass::RuntimeShown);
         assert_eq!(symbols.class(0x43f), FunctionClass::Finalizer);
         assert_eq!(symbols.class(0x240), FunctionClass::User, "past every extent");
+        assert!(symbols.is_code(0x43f) && !symbols.is_code(0x240) && !symbols.is_code(0x50));
     }
 }

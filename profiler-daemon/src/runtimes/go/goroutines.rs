@@ -166,7 +166,8 @@ fn read_one(
         dump.system += 1;
         return;
     }
-    let (mut frames, truncated, stack) = walk(remote, layout, &g, status, threads);
+    let is_code = |pc: u64| symbols.is_code(pc.wrapping_sub(bias));
+    let (mut frames, truncated, stack) = walk(remote, layout, &g, status, threads, &is_code);
     let gopc = field_u64(&g, layout.gopc);
     if gopc != 0 {
         frames.push(gopc);
@@ -231,6 +232,7 @@ fn walk(
     g: &[u8],
     status: u32,
     threads: &HashMap<u32, ThreadStack>,
+    is_code: &dyn Fn(u64) -> bool,
 ) -> (Vec<u64>, bool, GoroutineStack) {
     let bounds = (field_u64(g, layout.stack_lo), field_u64(g, layout.stack_hi));
     if status != layout::G_RUNNING && status != layout::G_SYSCALL {
@@ -247,7 +249,7 @@ fn walk(
             (frames.iter().copied().take(MAX_FRAMES).collect(), truncated, GoroutineStack::Thread)
         }
         Some(&ThreadStack::OnCpu { pc, sp, bp }) if (bounds.0..bounds.1).contains(&sp) => {
-            let (frames, truncated) = frame_pointer_walk(remote, bounds, pc, sp, bp);
+            let (frames, truncated) = interrupted_walk(remote, bounds, pc, sp, bp, is_code);
             (frames, truncated, GoroutineStack::ThreadOnCpu)
         }
         _ if status == layout::G_SYSCALL && field_u64(g, layout.syscall_pc) != 0 => {
@@ -280,6 +282,35 @@ fn frame_pointer_walk(remote: &Remote, (lo, hi): (u64, u64), pc: u64, sp: u64, m
         bp = next;
     }
     (frames, false)
+}
+
+/// Frames from registers taken anywhere in a function (an interrupt), not at a call: a Go
+/// leaf function with no frame of its own keeps its caller's frame pointer, and its return
+/// address at `[sp]`. When `bp` does not point into the stack above `sp` (so no frame of this
+/// goroutine is there: the goroutine's first function keeps the 0 it started with), `[sp]`
+/// is taken as the return address if it is inside a function of the executable (the case a
+/// frame-pointer walk cannot see otherwise; a frameless leaf whose caller has a frame loses
+/// that caller, as the kernel's frame-pointer walk does).
+fn interrupted_walk(
+    remote: &Remote,
+    bounds: (u64, u64),
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    is_code: &dyn Fn(u64) -> bool,
+) -> (Vec<u64>, bool) {
+    if (sp..bounds.1).contains(&bp) {
+        return frame_pointer_walk(remote, bounds, pc, sp, bp);
+    }
+    match remote.u64(sp) {
+        Ok(ret) if is_code(ret) => {
+            let (mut rest, truncated) = frame_pointer_walk(remote, bounds, ret, sp + 8, bp);
+            rest.insert(0, pc);
+            rest.truncate(MAX_FRAMES);
+            (rest, truncated)
+        }
+        _ => (vec![pc], false),
+    }
 }
 
 /// A goroutine's stack, read a window at a time.
@@ -338,6 +369,19 @@ mod tests {
         let (frames, _) = frame_pointer_walk(&me, (base, slot(8)), 0x9999, slot(2), slot(10));
         assert_eq!(frames, [0x9999]);
         drop(stack);
+    }
+
+    #[test]
+    fn a_frameless_leaf_interrupted_returns_to_the_word_at_sp() {
+        // The goroutine's first function, frameless: bp is the 0 it started with.
+        let stack = [0x7777u64, 0, 0];
+        let base = stack.as_ptr() as u64;
+        let me = Remote { pid: Pid(std::process::id()) };
+        let code = |pc: u64| pc == 0x7777;
+        let (frames, _) = interrupted_walk(&me, (base, base + 24), 0x9999, base, 0, &code);
+        assert_eq!(frames, [0x9999, 0x7777]);
+        let (frames, _) = interrupted_walk(&me, (base, base + 24), 0x9999, base, 0, &|_| false);
+        assert_eq!(frames, [0x9999], "a word that is no code address is not a frame");
     }
 
     #[test]
