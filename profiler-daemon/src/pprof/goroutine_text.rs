@@ -82,7 +82,7 @@ pub(super) fn each(resolved: &ResolvedProfile, out: &mut String) {
     for sample in samples {
         let state = text(sample, go::STATE).unwrap_or_default();
         let _ = writeln!(out, "goroutine {} [{}]:", number(sample, go::GOID).unwrap_or(0), state);
-        let exact_leaf = text(sample, go::STACK).is_some_and(|how| how.contains("registers"));
+        let exact_leaf = text(sample, go::STACK).is_some_and(|how| how.contains("exact pc"));
         for (i, &location) in sample.locations.iter().enumerate() {
             let info = &resolved.locations[location];
             // Return addresses are symbolized one byte back; Go prints their own offset.

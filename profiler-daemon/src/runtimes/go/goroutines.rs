@@ -40,8 +40,12 @@ const STACK_WINDOW: u64 = 4096;
 pub enum GoroutineStack {
     /// From the `sched` it saved when it was switched out.
     Saved,
-    /// Its thread's frames, walked by the thread dump (the thread was off the CPU).
+    /// Its thread's frames, walked by the thread dump (the thread was off the CPU), from
+    /// a system call (its pc a return address).
     Thread,
+    /// Its thread's frames, walked by the thread dump, of a running goroutine whose thread
+    /// the kernel had switched out (its pc exact).
+    ThreadInterrupted,
     /// A frame-pointer walk from its thread's registers at its last kernel entry (the thread
     /// is on a CPU: stale).
     ThreadOnCpu,
@@ -52,11 +56,19 @@ pub enum GoroutineStack {
 }
 
 impl GoroutineStack {
+    /// Whether the leaf is the pc where the code was interrupted (not a return address).
+    pub fn exact_leaf(self) -> bool {
+        matches!(self, GoroutineStack::ThreadOnCpu | GoroutineStack::ThreadInterrupted)
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             GoroutineStack::Saved => "saved sched",
             GoroutineStack::Thread => "its thread's walked stack",
-            GoroutineStack::ThreadOnCpu => "its thread's registers at its last kernel entry (on a CPU: stale)",
+            GoroutineStack::ThreadInterrupted => "its thread's walked stack (interrupted: exact pc)",
+            GoroutineStack::ThreadOnCpu => {
+                "its thread's registers at its last kernel entry (on a CPU: stale; exact pc)"
+            }
             GoroutineStack::SyscallPc => "syscall pc only",
             GoroutineStack::None => "running, not walked",
         }
@@ -74,8 +86,8 @@ pub struct Goroutine {
     /// Whole minutes waiting (Go prints `, N minutes` from 1 on).
     pub wait_minutes: i64,
     pub locked_to_thread: bool,
-    /// Return addresses, leaf first (the leaf is exact only for
-    /// [`GoroutineStack::ThreadOnCpu`]), then `gopc` when it is not 0: the creator's pc
+    /// Return addresses, leaf first (the leaf is exact only where
+    /// [`GoroutineStack::exact_leaf`] says), then `gopc` when it is not 0: the creator's pc
     /// rides with the stack to be symbolized ([`super::profile`]).
     pub frames: Vec<u64>,
     pub truncated: bool,
@@ -246,7 +258,9 @@ fn walk(
     match tid.and_then(|tid| threads.get(&(tid as u32))) {
         Some(ThreadStack::Walked(frames)) if !frames.is_empty() => {
             let truncated = frames.len() > MAX_FRAMES;
-            (frames.iter().copied().take(MAX_FRAMES).collect(), truncated, GoroutineStack::Thread)
+            let how =
+                if status == layout::G_RUNNING { GoroutineStack::ThreadInterrupted } else { GoroutineStack::Thread };
+            (frames.iter().copied().take(MAX_FRAMES).collect(), truncated, how)
         }
         Some(&ThreadStack::OnCpu { pc, sp, bp }) if (bounds.0..bounds.1).contains(&sp) => {
             let (frames, truncated) = interrupted_walk(remote, bounds, pc, sp, bp, is_code);

@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use super::{GoDump, Goroutine, GoroutineStack};
+use super::{GoDump, Goroutine};
 use crate::{
     ids::StackId,
     resolve::{LabelValue, ResolvedProfile, StackSample},
@@ -70,7 +70,7 @@ fn sample(g: &Goroutine, user_stack: StackId) -> StackSample {
     StackSample {
         user_stack,
         kernel_stack: StackId::NONE,
-        user_leaf_is_return: g.stack != GoroutineStack::ThreadOnCpu,
+        user_leaf_is_return: !g.stack.exact_leaf(),
         values: vec![1],
         unscaled: Vec::new(),
         labels,
@@ -118,6 +118,7 @@ pub fn take_creators(resolved: &mut ResolvedProfile) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtimes::go::GoroutineStack;
 
     fn goroutine(goid: i64, labels: Option<Vec<(String, String)>>) -> Goroutine {
         Goroutine {
