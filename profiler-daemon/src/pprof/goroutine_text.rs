@@ -214,6 +214,15 @@ mod tests {
     }
 
     #[test]
+    fn the_main_goroutine_and_runtime_creators_print_no_created_by() {
+        let mut resolved = profile();
+        resolved.samples = vec![goroutine(1, &[], vec![1]), goroutine(2, &[], vec![1])];
+        resolved.samples[1].labels[3] = (go::CREATOR, LabelValue::Str("runtime.newproc".into()));
+        let text = go_text(&resolved, TextFormat::Threads);
+        assert!(!text.contains("created by"), "{text}");
+    }
+
+    #[test]
     fn the_runtimes_unexported_frames_are_hidden() {
         assert!(!shown("runtime.gopark"));
         assert!(shown("runtime.Gosched"));
