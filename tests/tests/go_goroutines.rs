@@ -4,7 +4,8 @@
 //! `main.spinD`, each group under its own pprof label): `debug=1`'s labelled records (their
 //! labels, frames and counts) equal Go's, `debug=2` has each of them with Go's id, state and
 //! creator, `go tool pprof` reads `debug=0`, and the fixture's 1 ms ticker shows it was not
-//! stopped.
+//! stopped. The daemon's `/debug/pprof/goroutine` answers the same, and its OS threads with
+//! `threads=os`.
 
 use std::{
     collections::BTreeMap,
@@ -14,7 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_tests::{assert_success, go_pprof, run_profiler, workspace_root, TempDir};
+use profiler_tests::{
+    assert_success,
+    daemon::{wait_for, Daemon, DaemonConfig},
+    go_pprof, preflight, run_profiler, workspace_root, TempDir,
+};
 
 /// How long the goroutines may take to reach their places (a loaded machine).
 const SETTLE: Duration = Duration::from_secs(60);
@@ -169,6 +174,9 @@ fn settled(records: &BTreeMap<Record, u64>) -> bool {
 
 #[test]
 fn a_go_process_dump_is_its_goroutines_as_go_itself_sees_them() {
+    if !preflight() {
+        return;
+    }
     let scratch = TempDir::new("go-goroutines");
     let binary = build(scratch.path());
     let mut fixture = GoFixture::start(&binary, scratch.path());
@@ -231,4 +239,35 @@ fn a_go_process_dump_is_its_goroutines_as_go_itself_sees_them() {
     let gap = Duration::from_micros(gap_us);
     eprintln!("the fixture's 1 ms ticker's longest gap while dumped: {gap:?}");
     assert!(gap < MAX_GAP, "the fixture's ticker stalled {gap:?} while dumped");
+}
+
+#[test]
+fn the_daemon_serves_goroutines_and_the_os_threads_on_request() {
+    if !preflight() {
+        return;
+    }
+    let mut config = DaemonConfig::new(&["go_goroutines"]);
+    config.profiles = vec!["threads"];
+    let daemon = Daemon::start(&config);
+    let scratch = TempDir::new("go-goroutines-daemon");
+    let binary = build(scratch.path());
+    let fixture = GoFixture::start(&binary, scratch.path());
+    let pid = fixture.pid();
+
+    let mut grouped = String::new();
+    let complete = wait_for(SETTLE, || {
+        grouped =
+            String::from_utf8_lossy(&daemon.get_ok(&format!("/debug/pprof/goroutine?pid={pid}&debug=1"))).into_owned();
+        settled(&labelled_records(&grouped))
+    });
+    assert!(complete, "the daemon's goroutine dump never showed every group:\n{grouped}");
+    assert!(grouped.starts_with("goroutine profile: total "), "{grouped}");
+
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the fixture's threads").count();
+    let os = String::from_utf8_lossy(&daemon.get_ok(&format!("/debug/pprof/goroutine?pid={pid}&debug=2&threads=os")))
+        .into_owned();
+    let dumped = os.lines().filter(|l| l.starts_with("thread ")).count();
+    // Go starts a thread now and then (a spinner's P handed off): within a few of /proc's.
+    assert!(dumped > 0 && dumped.abs_diff(threads) <= 3, "{dumped} threads dumped, /proc has {threads}:\n{os}");
+    assert!(!os.contains("goroutine "), "threads=os shows no goroutine:\n{os}");
 }
