@@ -75,10 +75,17 @@ impl Drop for GoFixture {
 
 /// Builds the fixture into `scratch` with the machine's Go (no module proxy needed).
 fn build(scratch: &Path) -> PathBuf {
+    build_with(scratch, &[])
+}
+
+/// Like [`build`], with extra `go build` flags.
+fn build_with(scratch: &Path, flags: &[&str]) -> PathBuf {
     let binary = scratch.join("go_goroutines");
     let source = workspace_root().join("tests/fixtures/go_goroutines.go");
     let output = Command::new("go")
-        .args(["build", "-o"])
+        .arg("build")
+        .args(flags)
+        .arg("-o")
         .arg(&binary)
         .arg(&source)
         .env("GOCACHE", scratch.join("gocache"))
@@ -270,4 +277,23 @@ fn the_daemon_serves_goroutines_and_the_os_threads_on_request() {
     // Go starts a thread now and then (a spinner's P handed off): within a few of /proc's.
     assert!(dumped > 0 && dumped.abs_diff(threads) <= 3, "{dumped} threads dumped, /proc has {threads}:\n{os}");
     assert!(!os.contains("goroutine "), "threads=os shows no goroutine:\n{os}");
+}
+
+/// A binary built with `-ldflags=-s -w` has no symbol table to find `runtime.allgs` by: its
+/// dump is of its OS threads, and the comment says why.
+#[test]
+fn a_stripped_go_binary_falls_back_to_its_threads_and_says_why() {
+    if !preflight() {
+        return;
+    }
+    let scratch = TempDir::new("go-goroutines-stripped");
+    let binary = build_with(scratch.path(), &["-ldflags=-s -w"]);
+    let fixture = GoFixture::start(&binary, scratch.path());
+    let file = scratch.path().join("stripped.pb.gz");
+    let output = run_profiler(&["threads", &fixture.pid(), "--debug", "0", "--output", file.to_str().unwrap()]);
+    assert_success(&output, "profiler threads of a stripped Go binary");
+    let raw = go_pprof::raw(&file);
+    assert!(raw.contains("Go binary without symbols (go1."), "{raw}");
+    let text = ours(&fixture.pid(), "2");
+    assert!(text.starts_with("thread "), "OS threads:\n{text}");
 }
