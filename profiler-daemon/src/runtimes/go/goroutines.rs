@@ -23,9 +23,10 @@ use super::{
 };
 use crate::runtimes::cpython::memory::{field_u32, field_u64, field_u8, ReadError, Remote};
 
-/// Goroutines read per dump at most (Go's own profile has no cap; 100,000 goroutines read
-/// in well under a second, and each kept costs its frames and labels).
-pub const MAX_GOROUTINES: usize = 200_000;
+/// Goroutines read per dump at most (Go's own profile has no cap): 100,000 read in about
+/// half a second on a test machine, and each kept costs about 0.5 KiB (its frames, its
+/// state; labels are shared and budgeted by [`labels::MAX_DUMP_BYTES`]).
+pub const MAX_GOROUTINES: usize = 100_000;
 /// Frames kept per goroutine: Go's goroutine profile keeps 32 (`runtime.StackRecord`).
 pub const MAX_FRAMES: usize = 32;
 /// Reads of the list per dump at most.
@@ -97,7 +98,7 @@ pub struct Goroutine {
     /// Its creator's id (Go 1.21 on).
     pub parent_goid: Option<i64>,
     /// `None` without labels; else sorted by key.
-    pub labels: Option<Vec<(String, String)>>,
+    pub labels: Option<labels::Labels>,
     /// Its status or registers changed while its stack was read.
     pub moving: bool,
 }
@@ -106,6 +107,19 @@ pub struct Goroutine {
 struct Globals {
     allgs: u64,
     fing_running: Option<u64>,
+}
+
+/// What every goroutine's read needs.
+struct Reading<'a> {
+    remote: &'a Remote,
+    layout: &'a Layout,
+    symbols: &'a Symbols,
+    globals: Globals,
+    bias: u64,
+    /// Go's `nanotime` when the read began.
+    now: i64,
+    threads: &'a HashMap<u32, ThreadStack>,
+    labels: labels::LabelReader,
 }
 
 /// Reads every goroutine. An error says why none could be (the process exited, the globals
@@ -120,15 +134,18 @@ pub fn read_all(
     let at = |i: usize| symbols.globals[i].map(|a| a.wrapping_add(bias));
     let allgs = at(0).ok_or_else(|| format!("the symbol table has no {}", GLOBALS[0]))?;
     let globals = Globals { allgs, fing_running: at(2) };
-    let now = monotonic_ns();
+    let mut reading =
+        Reading { remote, layout, symbols, globals, bias, now: monotonic_ns(), threads, labels: Default::default() };
     let mut dump = GoDump::default();
     for attempt in 1..=ATTEMPTS {
-        let (pointers, header) = list(remote, &globals, &mut dump).map_err(|e| e.to_string())?;
+        let (pointers, header) = list(remote, &reading.globals, &mut dump).map_err(|e| e.to_string())?;
         let mut round = GoDump { reread: dump.reread, left_out: dump.left_out, ..GoDump::default() };
+        reading.labels = Default::default();
         for pointer in pointers {
-            read_one(remote, layout, symbols, &globals, bias, pointer, now, threads, &mut round);
+            read_one(&mut reading, pointer, &mut round);
         }
-        let again = remote.bytes(globals.allgs, 16).map_err(|e| e.to_string())?;
+        round.labels_cut = reading.labels.cut;
+        let again = remote.bytes(reading.globals.allgs, 16).map_err(|e| e.to_string())?;
         dump = round;
         if again == header || attempt == ATTEMPTS {
             break;
@@ -157,18 +174,9 @@ fn list(remote: &Remote, globals: &Globals, dump: &mut GoDump) -> Result<(Vec<u6
 }
 
 /// Reads the `g` at `pointer` into `dump` (or counts why not).
-#[allow(clippy::too_many_arguments)]
-fn read_one(
-    remote: &Remote,
-    layout: &Layout,
-    symbols: &Symbols,
-    globals: &Globals,
-    bias: u64,
-    pointer: u64,
-    now: i64,
-    threads: &HashMap<u32, ThreadStack>,
-    dump: &mut GoDump,
-) {
+fn read_one(reading: &mut Reading, pointer: u64, dump: &mut GoDump) {
+    let Reading { remote, layout, symbols, bias, now, threads, .. } = *reading;
+    let globals = &reading.globals;
     let Ok(g) = remote.bytes(pointer, layout.g_read as usize) else {
         dump.unreadable += 1;
         return;
@@ -186,10 +194,7 @@ fn read_one(
     }
     let moving = remote.bytes(pointer, layout.g_read as usize).map_or(true, |again| moved(layout, &g, &again));
     dump.moving += u64::from(moving);
-    let labels = labels::read_map(remote, field_u64(&g, layout.labels), &mut dump.labels_cut).unwrap_or_else(|_| {
-        dump.labels_cut += 1;
-        None
-    });
+    let labels = reading.labels.read(remote, field_u64(&g, layout.labels));
     let waitsince = field_u64(&g, layout.waitsince) as i64;
     let wait_minutes =
         if status == layout::G_WAITING && waitsince != 0 { (now - waitsince) / 60_000_000_000 } else { 0 };

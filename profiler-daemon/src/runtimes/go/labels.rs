@@ -2,9 +2,52 @@
 //! `runtime/pprof.labelMap`, a `map[string]string`, whose `hmap` and buckets are read here
 //! (`src/runtime/map.go`: the bucket is 8 top hashes, 8 keys, 8 values, an overflow pointer).
 //! Bounded: [`MAX_LABELS`] per goroutine, [`MAX_STRING_BYTES`] per key or value, buckets and
-//! overflow chains by [`MAX_BUCKET_BITS`] and [`MAX_OVERFLOW`]; what is cut is counted.
+//! overflow chains by [`MAX_BUCKET_BITS`] and [`MAX_OVERFLOW`], and [`MAX_DUMP_BYTES`] of keys
+//! and values per dump, charged before they are read; what is cut is counted. Goroutines
+//! started under one `pprof.Do` share one map: [`LabelReader`] reads each map once.
+
+use std::{collections::HashMap, sync::Arc};
 
 use crate::runtimes::cpython::memory::{field_u64, field_u8, ReadError, Remote};
+
+/// A goroutine's labels, sorted by key, shared by the goroutines that share the map.
+pub type Labels = Arc<[(String, String)]>;
+
+/// Bytes of keys and values read per dump at most (a process's own labels; a hostile one
+/// could otherwise make 100,000 goroutines × 64 labels × 2 KiB).
+pub const MAX_DUMP_BYTES: u64 = 8 << 20;
+
+/// One dump's reading of label maps: each map once, within [`MAX_DUMP_BYTES`].
+pub struct LabelReader {
+    by_pointer: HashMap<u64, Option<Labels>>,
+    budget: u64,
+    /// Labels, or parts of them, cut by the bounds (or unreadable).
+    pub cut: u64,
+}
+
+impl Default for LabelReader {
+    fn default() -> Self {
+        LabelReader { by_pointer: HashMap::new(), budget: MAX_DUMP_BYTES, cut: 0 }
+    }
+}
+
+impl LabelReader {
+    /// The labels at `labels` (`g.labels`); `None` when the goroutine has none.
+    pub fn read(&mut self, remote: &Remote, labels: u64) -> Option<Labels> {
+        if let Some(known) = self.by_pointer.get(&labels) {
+            return known.clone();
+        }
+        let read = match read_map(remote, labels, &mut self.budget, &mut self.cut) {
+            Ok(pairs) => pairs.map(Labels::from),
+            Err(_) => {
+                self.cut += 1;
+                None
+            }
+        };
+        self.by_pointer.insert(labels, read.clone());
+        read
+    }
+}
 
 /// Labels kept per goroutine (Go's own profiles keep every label; a goroutine has a few).
 pub const MAX_LABELS: usize = 64;
@@ -29,8 +72,14 @@ const BUCKET_BYTES: usize = BUCKET_OVERFLOW as usize + 8;
 const MIN_TOP_HASH: u8 = 5;
 
 /// The labels at `labels` (`g.labels`): `None` when the goroutine has none (a nil pointer),
-/// else the pairs sorted by key. `cut` counts what the bounds left out.
-pub fn read_map(remote: &Remote, labels: u64, cut: &mut u64) -> Result<Option<Vec<(String, String)>>, ReadError> {
+/// else the pairs sorted by key. `budget`: bytes of strings left to read; `cut` counts what
+/// the bounds left out.
+pub fn read_map(
+    remote: &Remote,
+    labels: u64,
+    budget: &mut u64,
+    cut: &mut u64,
+) -> Result<Option<Vec<(String, String)>>, ReadError> {
     if labels == 0 {
         return Ok(None);
     }
@@ -52,7 +101,7 @@ pub fn read_map(remote: &Remote, labels: u64, cut: &mut u64) -> Result<Option<Ve
                 continue;
             }
             for index in 0..count {
-                read_chain(remote, base + index * BUCKET_BYTES as u64, &mut pairs, cut)?;
+                read_chain(remote, base + index * BUCKET_BYTES as u64, &mut pairs, budget, cut)?;
             }
         }
     }
@@ -66,6 +115,7 @@ fn read_chain(
     remote: &Remote,
     mut bucket: u64,
     pairs: &mut Vec<(String, String)>,
+    budget: &mut u64,
     cut: &mut u64,
 ) -> Result<(), ReadError> {
     for _ in 0..=MAX_OVERFLOW {
@@ -82,8 +132,8 @@ fn read_chain(
                 continue;
             }
             let at = |base: u64| base + slot as u64 * STRING_BYTES;
-            let key = string(remote, &bytes, at(BUCKET_KEYS), cut)?;
-            let value = string(remote, &bytes, at(BUCKET_VALUES), cut)?;
+            let key = string(remote, &bytes, at(BUCKET_KEYS), budget, cut)?;
+            let value = string(remote, &bytes, at(BUCKET_VALUES), budget, cut)?;
             pairs.push((key, value));
         }
         bucket = field_u64(&bytes, BUCKET_OVERFLOW);
@@ -94,13 +144,16 @@ fn read_chain(
     Ok(())
 }
 
-/// The Go string whose header (data, len) is at `at` of `bytes`, cut to [`MAX_STRING_BYTES`].
-fn string(remote: &Remote, bytes: &[u8], at: u64, cut: &mut u64) -> Result<String, ReadError> {
+/// The Go string whose header (data, len) is at `at` of `bytes`, cut to [`MAX_STRING_BYTES`]
+/// and to what is left of `budget` (charged before reading).
+fn string(remote: &Remote, bytes: &[u8], at: u64, budget: &mut u64, cut: &mut u64) -> Result<String, ReadError> {
     let (data, len) = (field_u64(bytes, at), field_u64(bytes, at + 8));
-    if len > MAX_STRING_BYTES {
+    let kept = len.min(MAX_STRING_BYTES).min(*budget);
+    if kept < len {
         *cut += 1;
     }
-    let text = remote.bytes(data, len.min(MAX_STRING_BYTES) as usize)?;
+    *budget -= kept;
+    let text = remote.bytes(data, kept as usize)?;
     Ok(String::from_utf8_lossy(&text).into_owned())
 }
 
@@ -165,11 +218,24 @@ mod tests {
     fn a_label_map_reads_back_sorted_and_prints_as_go_does() {
         let map = fake(&[("worker", "b"), ("role", "wait\"er")]);
         let me = Remote { pid: Pid(std::process::id()) };
-        let mut cut = 0;
-        let pairs = read_map(&me, &map.hmap_ptr as *const u64 as u64, &mut cut).unwrap().unwrap();
+        let (mut cut, mut budget) = (0, MAX_DUMP_BYTES);
+        let pointer = &map.hmap_ptr as *const u64 as u64;
+        let pairs = read_map(&me, pointer, &mut budget, &mut cut).unwrap().unwrap();
         assert_eq!(pairs, [("role".to_string(), "wait\"er".to_string()), ("worker".into(), "b".into())]);
-        assert_eq!(cut, 0);
+        assert_eq!((cut, budget), (0, MAX_DUMP_BYTES - 18));
         assert_eq!(go_string(&pairs), r#"{"role":"wait\"er", "worker":"b"}"#);
-        assert_eq!(read_map(&me, 0, &mut cut).unwrap(), None, "a nil pointer is no labels");
+        assert_eq!(read_map(&me, 0, &mut budget, &mut cut).unwrap(), None, "a nil pointer is no labels");
+
+        // The budget is charged before reading: what it cannot pay for is cut and counted.
+        let mut small = 6;
+        let cut_short = read_map(&me, pointer, &mut small, &mut cut).unwrap().unwrap();
+        assert_eq!(cut_short, [(String::new(), String::new()), ("worker".into(), "".into())]);
+        assert_eq!((cut, small), (3, 0));
+
+        // A shared map is read once per dump.
+        let mut reader = LabelReader::default();
+        let first = reader.read(&me, pointer).unwrap();
+        let again = reader.read(&me, pointer).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
     }
 }

@@ -62,7 +62,7 @@ fn sample(g: &Goroutine, user_stack: StackId) -> StackSample {
     if let Some(parent) = g.parent_goid {
         labels.push((PARENT, LabelValue::Num(parent, None)));
     }
-    for (key, value) in g.labels.iter().flatten() {
+    for (key, value) in g.labels.iter().flat_map(|labels| labels.iter()) {
         if let Some(key) = intern(key) {
             labels.push((key, LabelValue::Str(value.clone())));
         }
@@ -120,7 +120,7 @@ mod tests {
     use super::*;
     use crate::runtimes::go::GoroutineStack;
 
-    fn goroutine(goid: i64, labels: Option<Vec<(String, String)>>) -> Goroutine {
+    fn goroutine(goid: i64, labels: Option<crate::runtimes::go::labels::Labels>) -> Goroutine {
         Goroutine {
             goid,
             status: super::super::layout::G_WAITING,
@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn a_goroutine_is_one_sample_with_its_facts_and_pprof_labels() {
         let go = GoDump {
-            goroutines: vec![goroutine(7, Some(vec![("worker".into(), "a".into())])), goroutine(8, None)],
+            goroutines: vec![goroutine(7, Some(vec![("worker".into(), "a".into())].into())), goroutine(8, None)],
             ..GoDump::default()
         };
         let samples = samples(&go, |frames| StackId(frames.len() as u64));
