@@ -67,6 +67,9 @@ pub struct ThreadsArgs {
     /// text, threads grouped by stack; 2: every thread with its own stack.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub debug: u8,
+    /// For a Go process: its OS threads, not its goroutines (the default).
+    #[arg(long)]
+    pub os_threads: bool,
     /// Where to write the dump [default: stdout].
     #[arg(short, long)]
     pub output: Option<PathBuf>,

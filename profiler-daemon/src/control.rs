@@ -61,6 +61,8 @@ pub struct ProfileQuery {
     /// Go's `debug` parameter: 0 gzipped protobuf, 1 Go's legacy text form, 2 the thread
     /// dump's per-thread text (goroutine only).
     pub debug: u8,
+    /// A thread dump of a Go process shows its OS threads, not its goroutines (`threads=os`).
+    pub os_threads: bool,
 }
 
 /// Why a query has no profile, each with its real cause and, where there is one, the fix.

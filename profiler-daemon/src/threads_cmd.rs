@@ -42,7 +42,7 @@ pub fn run(args: &ThreadsArgs) -> Result<(), ThreadsError> {
     }
     preflight::check_privileges()?;
     preflight::check_pids(&[args.pid])?;
-    let bytes = dump(Pid(args.pid), args.debug)?;
+    let bytes = dump(Pid(args.pid), args.debug, args.os_threads)?;
     match &args.output {
         Some(path) => output::write_atomic(output::parent_dir(path), path, &bytes)?,
         None => std::io::stdout()
@@ -52,8 +52,9 @@ pub fn run(args: &ThreadsArgs) -> Result<(), ThreadsError> {
     Ok(())
 }
 
-/// The thread dump of `pid` in the form `debug` names.
-pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, ThreadsError> {
+/// The thread dump of `pid` in the form `debug` names: of a Go process, its goroutines,
+/// unless `os_threads`.
+pub fn dump(pid: Pid, debug: u8, os_threads: bool) -> Result<Vec<u8>, ThreadsError> {
     // No sampling here: the defaults only fill what a thread dump does not read.
     let settings = Settings::from(&Config::default());
     let mut capture = Capture::start(&CaptureConfig {
@@ -74,6 +75,7 @@ pub fn dump(pid: Pid, debug: u8) -> Result<Vec<u8>, ThreadsError> {
     let window = Window { start: dump.taken, duration: dump.duration };
     let mut counts = ProcessCounts::default();
     counts.threads.dump = Some(dump);
+    counts.threads.os_threads = os_threads;
     let renderer = Renderer {
         catalog: capture.catalog(),
         settings,

@@ -97,15 +97,20 @@ async fn dispatch(request: ApiRequest, front: &Front, viewer: Viewer) -> Result<
             return Ok(json(page::processes(viewer, &entries)));
         }
         ApiRequest::Status => return Ok(json(collector.status(viewer)?)),
-        ApiRequest::Profile { pid, seconds } => {
-            ProfileQuery { viewer, pid, view: View::of(ProfileKind::Cpu), window: Some(secs(seconds)), debug: 0 }
-        }
-        ApiRequest::Named { view, pid, seconds, debug } => {
-            ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug }
+        ApiRequest::Profile { pid, seconds } => ProfileQuery {
+            viewer,
+            pid,
+            view: View::of(ProfileKind::Cpu),
+            window: Some(secs(seconds)),
+            debug: 0,
+            os_threads: false,
+        },
+        ApiRequest::Named { view, pid, seconds, debug, os_threads } => {
+            ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug, os_threads }
         }
         ApiRequest::Flamegraph { view, pid, seconds } => {
             let _turn = front.gates.flame_turn(viewer).await;
-            let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug: 0 };
+            let query = ProfileQuery { viewer, pid, view, window: seconds.map(secs), debug: 0, os_threads: false };
             let body = collector.profile(query).await?;
             return Ok(flamegraph(body, format!("pid {pid} {}", view.endpoint())).await);
         }
@@ -244,10 +249,10 @@ mod tests {
     fn only_thread_dumps_are_gated_as_dumps() {
         let pid = Pid(1);
         let threads = View::of(ProfileKind::Threads);
-        assert!(is_dump(ApiRequest::Named { view: threads, pid, seconds: None, debug: 2 }));
+        assert!(is_dump(ApiRequest::Named { view: threads, pid, seconds: None, debug: 2, os_threads: false }));
         assert!(is_dump(ApiRequest::Flamegraph { view: threads, pid, seconds: None }));
         let cpu = View::of(ProfileKind::Cpu);
-        assert!(!is_dump(ApiRequest::Named { view: cpu, pid, seconds: None, debug: 0 }));
+        assert!(!is_dump(ApiRequest::Named { view: cpu, pid, seconds: None, debug: 0, os_threads: false }));
         assert!(!is_dump(ApiRequest::Profile { pid, seconds: 1 }));
     }
 

@@ -36,7 +36,7 @@ pub enum ApiRequest {
     /// `GET /debug/pprof/profile?pid=P[&seconds=S]`: CPU over the next `seconds`.
     Profile { pid: Pid, seconds: u64 },
     /// `GET /debug/pprof/{heap,allocs,block,mutex,threadcreate}?pid=P[&seconds=S][&debug=0|1]`,
-    /// `GET /debug/pprof/goroutine?pid=P[&debug=0|1|2]` (alias `threads`).
+    /// `GET /debug/pprof/goroutine?pid=P[&debug=0|1|2][&threads=os]` (alias `threads`).
     Named {
         view: View,
         pid: Pid,
@@ -45,6 +45,8 @@ pub enum ApiRequest {
         /// Go's `debug`: 0 gzipped protobuf, 1 Go's legacy text form, 2 (goroutine only)
         /// every thread with its own stack.
         debug: u8,
+        /// `threads=os` (goroutine only): a Go process's OS threads, not its goroutines.
+        os_threads: bool,
     },
     /// `GET /debug/pprof/flamegraph?pid=P[&type=T][&seconds=S]`: a profile of type `T` (an
     /// endpoint's name: profile, heap, allocs, block, mutex, threadcreate; default profile)
@@ -151,7 +153,7 @@ fn cpu(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {
 fn named(path: &str, view: View, params: &Params) -> Result<ApiRequest, BadRequest> {
     // A thread dump is a moment, not a window.
     let dump = view.kind == ProfileKind::Threads;
-    params.only(path, if dump { &["pid", "debug"] } else { &["pid", "seconds", "debug"] })?;
+    params.only(path, if dump { &["pid", "debug", "threads"] } else { &["pid", "seconds", "debug"] })?;
     let pid = pid(params)?;
     let seconds = seconds(params)?;
     let debug = match params.get("debug") {
@@ -161,7 +163,12 @@ fn named(path: &str, view: View, params: &Params) -> Result<ApiRequest, BadReque
         Some(other) if dump => return Err(BadRequest::bad(format!("debug must be 0, 1 or 2, got {other:?}"))),
         Some(other) => return Err(BadRequest::bad(format!("debug must be 0 or 1, got {other:?}"))),
     };
-    Ok(ApiRequest::Named { view, pid, seconds, debug })
+    let os_threads = match params.get("threads") {
+        None | Some("goroutines") => false,
+        Some("os") => true,
+        Some(other) => return Err(BadRequest::bad(format!("threads must be os or goroutines, got {other:?}"))),
+    };
+    Ok(ApiRequest::Named { view, pid, seconds, debug, os_threads })
 }
 
 fn flamegraph(path: &str, params: &Params) -> Result<ApiRequest, BadRequest> {

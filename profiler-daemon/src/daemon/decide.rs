@@ -351,7 +351,7 @@ mod tests {
         let on = serving(&[ProfileKind::Cpu, ProfileKind::Mutex], &[]);
         let live = &mut |_| None;
         assert!(index(&on, &ProcessSelection::default(), &catalog, &counts, Viewer::ROOT, None, live).is_empty());
-        let query = |viewer, view| ProfileQuery { viewer, pid: A, view, window: None, debug: 0 };
+        let query = |viewer, view| ProfileQuery { viewer, pid: A, view, window: None, debug: 0, os_threads: false };
         let cpu = View::of(ProfileKind::Cpu);
         let enabled = config(&[ProfileKind::Cpu, ProfileKind::Mutex, ProfileKind::Block]);
         let check = |catalog: &Catalog, q: &ProfileQuery| check_query(&on, &enabled, catalog, q, &mut |_| None);

@@ -12,6 +12,7 @@
 mod builder;
 mod encode;
 mod fold;
+mod goroutine_text;
 pub mod otlp;
 // Generated: the messages this crate does not build are kept, as the protos have them.
 #[allow(clippy::all, missing_docs, dead_code)]
@@ -44,6 +45,11 @@ pub fn go_text(resolved: &ResolvedProfile, format: TextFormat) -> String {
     match format {
         TextFormat::Heap { rate } => text::heap(resolved, rate, &mut out),
         TextFormat::Contention { mutex_period } => text::contention(resolved, mutex_period, &mut out),
+        // A Go process's dump is of its goroutines: Go's own layouts.
+        TextFormat::Count { name: "threads" } if goroutine_text::is_goroutines(resolved) => {
+            goroutine_text::grouped(resolved, &mut out)
+        }
+        TextFormat::Threads if goroutine_text::is_goroutines(resolved) => goroutine_text::each(resolved, &mut out),
         TextFormat::Count { name } => text::count(resolved, name, &mut out),
         TextFormat::Threads => thread_text::per_thread(resolved, &mut out),
         TextFormat::Generic { name, sample_types } => text::generic(resolved, name, sample_types, &mut out),

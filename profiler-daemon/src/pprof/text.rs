@@ -120,7 +120,7 @@ pub(super) fn generic(resolved: &ResolvedProfile, name: &str, sample_types: &[(&
 }
 
 /// ` @ 0x.. 0x..` (leaf first, each address + 1, see the module doc).
-fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
+pub(super) fn addresses(resolved: &ResolvedProfile, sample: &ResolvedSample) -> String {
     let mut text = String::from(" @");
     for &location in &sample.locations {
         let _ = write!(text, " {:#x}", resolved.locations[location].address.wrapping_add(1));
@@ -154,7 +154,7 @@ pub(super) fn frames(resolved: &ResolvedProfile, sample: &ResolvedSample, out: &
 
 /// A location's frame lines as tab-separated cells: `#`, the address, `function+0xoff`,
 /// `file:line`; just `#` and the address when unsymbolized.
-fn frame_lines(location: &LocationInfo, lines: &mut Vec<Vec<String>>) {
+pub(super) fn frame_lines(location: &LocationInfo, lines: &mut Vec<Vec<String>>) {
     let address = format!("{:#x}", location.address);
     if location.frames.is_empty() {
         lines.push(vec!["#".into(), address]);
@@ -217,7 +217,7 @@ fn is_format(c: char) -> bool {
 /// does: every cell but a line's last is a column; a column's width is the widest cell in
 /// a block of consecutive lines that have it, plus one, rounded up to a multiple of 8; a
 /// cell is followed by as many tabs as reach that width.
-fn aligned(lines: &[Vec<String>]) -> Vec<String> {
+pub(super) fn aligned(lines: &[Vec<String>]) -> Vec<String> {
     let mut out: Vec<String> = vec![String::new(); lines.len()];
     let mut widths = Vec::new();
     format_columns(lines, 0, lines.len(), &mut widths, &mut out);

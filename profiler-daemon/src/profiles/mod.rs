@@ -220,7 +220,10 @@ impl ProfileKind {
             Self::Block => counts.block.waits(),
             Self::Mutex => counts.mutex.waits(),
             Self::ThreadCreate => counts.threadcreate.total(),
-            Self::Threads => counts.threads.dump.as_ref().map_or(0, |d| d.threads.len() as u64),
+            Self::Threads => match counts.threads.goroutines() {
+                Some(go) => go.goroutines.len() as u64,
+                None => counts.threads.dump.as_ref().map_or(0, |d| d.threads.len() as u64),
+            },
             Self::OffCpu => counts.offcpu.switches(),
         }
     }

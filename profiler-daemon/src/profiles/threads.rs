@@ -14,6 +14,11 @@
 //! walked thread's interpreted frames take the place of the interpreter loop's native frames
 //! once the stack is symbolized ([`merge_interpreted`], by the runtime's rule in
 //! [`crate::resolve::interpreted`]), under a mapping of their own.
+//!
+//! In a Go process whose goroutines were read ([`crate::runtimes::go`]), the samples are its
+//! goroutines instead, as Go's own goroutine profile has them
+//! ([`crate::runtimes::go::profile`]), unless the OS threads were asked for
+//! ([`ThreadState::os_threads`], `?threads=os`).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -27,7 +32,10 @@ use crate::{
     ids::{StackId, Tid},
     pprof::Shape,
     resolve::{LabelValue, ResolvedProfile, StackSample},
-    runtimes::{DumpSummary, RuntimeFrame},
+    runtimes::{
+        go::{profile as go_profile, GoDump, GoRead},
+        DumpSummary, RuntimeFrame,
+    },
     thread_dump::{DumpedThread, StackSource, ThreadDump},
 };
 
@@ -52,6 +60,19 @@ pub struct ThreadState {
     pub on_cpu: HashMap<Tid, CpuSighting>,
     /// Set right before rendering; never by a batch.
     pub dump: Option<Arc<ThreadDump>>,
+    /// Show a Go process's OS threads, not its goroutines (set with [`Self::dump`]).
+    pub os_threads: bool,
+}
+
+impl ThreadState {
+    /// The goroutines to show instead of the threads: a Go process's, read, unless the OS
+    /// threads were asked for.
+    pub fn goroutines(&self) -> Option<&GoDump> {
+        match self.dump.as_ref()?.go.as_ref()? {
+            GoRead::Read(go) if !self.os_threads => Some(go),
+            _ => None,
+        }
+    }
 }
 
 pub(super) fn count(batch: &Batch, counts: &mut Counts) {
@@ -89,6 +110,9 @@ pub(super) const SHAPE: Shape = Shape {
 /// One sample per thread of the dump, by thread id.
 pub(super) fn samples(state: &ThreadState) -> Vec<StackSample> {
     let Some(dump) = &state.dump else { return Vec::new() };
+    if let Some(go) = state.goroutines() {
+        return go_profile::samples(go, |frames| dump.stack_id(frames));
+    }
     dump.threads.iter().map(|thread| sample(dump, thread, state.on_cpu.get(&thread.tid))).collect()
 }
 
@@ -139,6 +163,10 @@ fn sample(dump: &ThreadDump, thread: &DumpedThread, cpu: Option<&CpuSighting>) -
 /// locations (see [`crate::resolve::interpreted`]), by the sample's `tid` label.
 pub(super) fn merge_interpreted(resolved: &mut ResolvedProfile, state: &ThreadState) {
     let Some(dump) = &state.dump else { return };
+    if state.goroutines().is_some() {
+        go_profile::take_creators(resolved);
+        return;
+    }
     let Some(runtime) = dump.runtime.as_ref().map(DumpSummary::runtime) else { return };
     let threads: HashMap<i64, &DumpedThread> =
         dump.threads.iter().filter(|t| !t.interpreted.is_empty()).map(|t| (i64::from(t.tid.0), t)).collect();
@@ -188,6 +216,16 @@ pub(super) fn comments(context: Context, counters: &Counters, counts: &ProcessCo
         }
         lines.push(walk_comment(dump));
         lines.extend(dump.runtime.as_ref().map(DumpSummary::describe));
+        match (&dump.go, counts.threads.goroutines()) {
+            (_, Some(go)) => {
+                lines.push(format!("samples are goroutines, as Go's own goroutine profile: {}", go.describe()))
+            }
+            (Some(GoRead::Read(go)), None) => {
+                lines.push(format!("samples are OS threads (threads=os); {}", go.describe()))
+            }
+            (Some(GoRead::Fallback(why)), _) => lines.push(why.clone()),
+            _ => {}
+        }
     }
     lines.push(unwind_comment(counters));
     lines
@@ -253,13 +291,14 @@ mod tests {
             duration: Duration::from_millis(2),
             runtime: None,
             stack_hash_key: 0x5eed,
+            go: None,
         })
     }
 
     #[test]
     fn one_sample_per_thread_with_its_labels() {
         let dump = dump(vec![thread(7, StackSource::Walked, vec![1, 2])]);
-        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump.clone()) };
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(dump.clone()), os_threads: false };
         let samples = samples(&state);
         assert_eq!(samples.len(), 1);
         let s = &samples[0];
@@ -316,7 +355,7 @@ mod tests {
         let mut taken = Arc::try_unwrap(dump(vec![walked, other])).expect("one owner");
         let read = PythonStatus::Read { version: (3, 12), path: "python3.12".into() };
         taken.runtime = Some(DumpSummary::CPython(cpython::summary(read)));
-        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(Arc::new(taken)) };
+        let state = ThreadState { on_cpu: HashMap::new(), dump: Some(Arc::new(taken)), os_threads: false };
         let native = |function: &str| LocationInfo {
             address: 0x1000,
             mapping: None,

@@ -22,6 +22,7 @@
 //! [`FrameKind`] (ARCHITECTURE.md, "Adding a runtime").
 
 pub mod cpython;
+pub mod go;
 
 use std::collections::HashMap;
 

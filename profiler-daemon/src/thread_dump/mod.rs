@@ -12,6 +12,9 @@
 //! The walk needs only what [`DumpJob::prepare`] takes from the session (the process's
 //! unwind view, a duplicate of the iterator program's descriptor, the runtime's reading), so
 //! the daemon runs it off the collector thread ([`DumpJob::run`]).
+//! In a Go process, the goroutines are read after the threads' walks
+//! ([`crate::runtimes::go::read`]), with what the walks found of each thread for the
+//! goroutines running on them; the dump keeps both ([`ThreadDump::go`]).
 //! What this module does not own: turning a dump into a profile (`profiles::threads`).
 
 pub mod procfs;
@@ -29,7 +32,10 @@ pub use walk::WalkCounts;
 use crate::{
     ebpf::{self, Session, ThreadIterator, UnwindView},
     ids::{Pid, StackId, Tid},
-    runtimes::{DumpRead, DumpReader, DumpSummary, RuntimeFrame},
+    runtimes::{
+        go::{GoRead, ThreadStack},
+        DumpRead, DumpReader, DumpSummary, RuntimeFrame,
+    },
 };
 
 /// Reads of the iterator per dump at most: one, then one check per walk round.
@@ -103,6 +109,9 @@ pub struct ThreadDump {
     pub runtime: Option<DumpSummary>,
     /// The key the session's programs hash stacks with ([`Session::stack_hash_key`]).
     pub stack_hash_key: u64,
+    /// A Go process's goroutines, or why they were not read; `None` for a process that is
+    /// not Go.
+    pub go: Option<GoRead>,
 }
 
 impl ThreadDump {
@@ -121,14 +130,20 @@ impl ThreadDump {
             duration: Duration::ZERO,
             runtime: None,
             stack_hash_key,
+            go: None,
         }
     }
 
     /// The thread's user and kernel stacks as (id, frames), keyed as the kernel keys stacks.
     pub fn stacks(&self) -> impl Iterator<Item = (StackId, &[u64])> {
+        let goroutines = match &self.go {
+            Some(GoRead::Read(go)) => &go.goroutines[..],
+            _ => &[],
+        };
         self.threads
             .iter()
             .flat_map(|t| [(self.stack_id(&t.user), &t.user[..]), (self.stack_id(&t.kernel), &t.kernel[..])])
+            .chain(goroutines.iter().map(|g| (self.stack_id(&g.frames), &g.frames[..])))
     }
 
     /// Applies what reading the process's interpreted frames gave
@@ -231,12 +246,17 @@ impl<'a> DumpJob<'a> {
                 break;
             }
         }
+        let stacks = thread_stacks(&settled);
         for (_, thread) in settled {
             match finish(pid, thread) {
                 Some(thread) => dump.threads.push(thread),
                 None => dump.exited += 1,
             }
         }
+        dump.go = match crate::runtimes::go::read(pid, &stacks) {
+            GoRead::NotGo => None,
+            read => Some(read),
+        };
         dump.duration = started.elapsed();
         Ok(dump)
     }
@@ -327,6 +347,24 @@ fn walk_one(pid: Pid, view: &UnwindView, record: &ThreadRecord, counts: &mut Wal
         (frames, truncated, StackSource::Walked)
     };
     Walked { record: *record, user, truncated, source, interpreted: Vec::new() }
+}
+
+/// What the walks found of each thread, for the goroutines running on them: the frames of
+/// a walked thread, the saved registers of one on a CPU.
+fn thread_stacks(settled: &BTreeMap<u32, Walked>) -> std::collections::HashMap<u32, ThreadStack> {
+    settled
+        .iter()
+        .filter_map(|(&tid, thread)| match thread.source {
+            StackSource::Walked | StackSource::Moving if !thread.user.is_empty() => {
+                Some((tid, ThreadStack::Walked(thread.user.clone())))
+            }
+            StackSource::Running if thread.record.regs_valid != 0 => {
+                let r = &thread.record;
+                Some((tid, ThreadStack::OnCpu { pc: r.ip, sp: r.sp, bp: r.bp }))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Adds what `/proc` says; `None` when the thread is gone.

@@ -49,10 +49,10 @@ fn named_profiles() {
     ];
     for (name, view) in cases {
         let path = format!("/debug/pprof/{name}");
-        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0 };
+        let plain = ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0, os_threads: false };
         assert_eq!(get(&path, Some("pid=7")), Ok(plain));
         assert_eq!(get(&path, Some("pid=7&debug=0")), Ok(plain));
-        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: 1 };
+        let delta = ApiRequest::Named { view, pid: Pid(7), seconds: Some(5), debug: 1, os_threads: false };
         assert_eq!(get(&path, Some("pid=7&seconds=5&debug=1")), Ok(delta));
     }
 }
@@ -189,11 +189,17 @@ fn thread_dumps_take_debug_2_and_no_window() {
     for path in ["/debug/pprof/goroutine", "/debug/pprof/threads"] {
         assert_eq!(
             get(path, Some("pid=7&debug=2")),
-            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 2 })
+            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 2, os_threads: false })
         );
         let err = get(path, Some("pid=7&seconds=5")).unwrap_err();
         assert!(err.reason.contains("allowed: pid, debug"), "{}", err.reason);
         assert_eq!(get(path, Some("pid=7&debug=3")).unwrap_err().reason, "debug must be 0, 1 or 2, got \"3\"");
+        assert_eq!(
+            get(path, Some("pid=7&threads=os")),
+            Ok(ApiRequest::Named { view, pid: Pid(7), seconds: None, debug: 0, os_threads: true })
+        );
+        let err = get(path, Some("pid=7&threads=all")).unwrap_err();
+        assert_eq!(err.reason, "threads must be os or goroutines, got \"all\"");
     }
     let err = get("/debug/pprof/heap", Some("pid=7&debug=2")).unwrap_err();
     assert_eq!(err.reason, "debug must be 0 or 1, got \"2\"", "only the thread dump has a per-thread form");

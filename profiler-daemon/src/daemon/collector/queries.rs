@@ -248,6 +248,7 @@ impl Collector {
             let window = Window { start: dump.taken, duration: dump.duration };
             let mut counts = self.total.process(query.pid).cloned().unwrap_or_default();
             counts.threads.dump = Some(dump);
+            counts.threads.os_threads = query.os_threads;
             self.answer(&query, &counts, window)
         });
         let _ = reply.send(answer);
