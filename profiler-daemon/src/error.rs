@@ -21,10 +21,10 @@ pub enum Error {
     #[error(
         "this kernel is Linux {release}; the profiler needs Linux {}.{} or newer (its programs use \
          `bpf_loop` and hash maps allocated on insert from perf-event programs): run it on a newer kernel",
-        crate::preflight::MIN_KERNEL.0,
-        crate::preflight::MIN_KERNEL.1
+        needed.0,
+        needed.1
     )]
-    KernelTooOld { release: String },
+    KernelTooOld { release: String, needed: (u32, u32) },
 
     /// A combination of flags that cannot work, with what to do instead.
     #[error("{0}")]

@@ -26,7 +26,9 @@ pub fn check_kernel() -> Result<()> {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let release = release.trim();
     match kernel_version(release) {
-        Some(version) if version < MIN_KERNEL => Err(Error::KernelTooOld { release: release.to_string() }),
+        Some(version) if version < MIN_KERNEL => {
+            Err(Error::KernelTooOld { release: release.to_string(), needed: MIN_KERNEL })
+        }
         _ => Ok(()),
     }
 }
@@ -91,7 +93,7 @@ mod tests {
         assert_eq!(kernel_version("garbage"), None);
         assert!(kernel_version("5.15.0").unwrap() < MIN_KERNEL);
         assert!(kernel_version("6.1.0-18-amd64").unwrap() >= MIN_KERNEL);
-        let message = Error::KernelTooOld { release: "5.15.0-91-generic".into() }.to_string();
+        let message = Error::KernelTooOld { release: "5.15.0-91-generic".into(), needed: MIN_KERNEL }.to_string();
         assert!(message.contains("Linux 5.15.0-91-generic") && message.contains("6.1 or newer"), "{message}");
         // This machine runs the tests, so it must pass its own check.
         check_kernel().expect("the test machine's kernel is new enough");

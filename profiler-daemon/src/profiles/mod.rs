@@ -14,6 +14,7 @@ mod counts;
 mod cpu;
 mod evicted;
 pub mod exited;
+mod goroutines;
 pub mod heap;
 mod mutex;
 mod offcpu;

@@ -17,7 +17,7 @@
 //!
 //! In a Go process whose goroutines were read ([`crate::runtimes::go`]), the samples are its
 //! goroutines instead, as Go's own goroutine profile has them
-//! ([`crate::runtimes::go::profile`]), unless the OS threads were asked for
+//! ([`super::goroutines`]), unless the OS threads were asked for
 //! ([`ThreadState::os_threads`], `?threads=os`).
 
 use std::{
@@ -26,14 +26,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{unwind_comment, Context, Counts, ProcessCounts};
+use super::{goroutines as go_profile, unwind_comment, Context, Counts, ProcessCounts};
 use crate::{
     ebpf::{Batch, Counters},
     ids::{StackId, Tid},
     pprof::Shape,
     resolve::{LabelValue, ResolvedProfile, StackSample},
     runtimes::{
-        go::{profile as go_profile, GoDump, GoRead},
+        go::{GoDump, GoRead},
         DumpSummary, RuntimeFrame,
     },
     thread_dump::{DumpedThread, StackSource, ThreadDump},
