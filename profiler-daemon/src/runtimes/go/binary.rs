@@ -3,14 +3,13 @@
 //! runtime's globals and the extents of its functions, from the ELF symbol table (`.symtab`,
 //! which `-ldflags=-s` strips: then [`GoBinary::symbols`] is `None` and the caller falls back).
 
-use crate::elf::{Elf, ElfError};
+use crate::{
+    elf::{Elf, ElfError},
+    symbolize::{buildinfo_version, BUILDINFO_MAGIC},
+};
 
-/// `debug/buildinfo`'s magic: the first 14 bytes of the 32-byte header.
-const BUILDINFO_MAGIC: &[u8; 14] = b"\xff Go buildinf:";
 /// The header's flag that the version and module strings follow it inline (Go 1.18 on).
 const FLAG_INLINE_STRINGS: u8 = 2;
-/// The longest version string read (`go1.22.10` is 9 bytes; `devel …` strings are longer).
-const MAX_VERSION_BYTES: u64 = 128;
 /// Symbols read at most: a large Go binary has ~100,000; more is a hostile table.
 const MAX_SYMBOLS: usize = 2_000_000;
 const SYMBOL_LEN: usize = 24;
@@ -91,33 +90,19 @@ pub fn read(bytes: &[u8]) -> Result<Option<GoBinary>, BinaryError> {
     Ok(Some(GoBinary { version, position_independent, symbols }))
 }
 
-/// The Go version in a `.go.buildinfo` section's contents.
+/// The Go version in a `.go.buildinfo` section's contents, read by the symbolizer's reader of
+/// the same header. Before Go 1.18 the version sits behind pointers into the file, which
+/// this reader does not follow (no layout before 1.19 is known to it anyway).
 pub fn build_version(data: &[u8]) -> Result<String, BinaryError> {
-    if data.len() < 32 || &data[..14] != BUILDINFO_MAGIC {
-        return Err(BinaryError::NoHeader);
+    if let Some(version) = buildinfo_version(data, |_, _| None) {
+        return Ok(version);
     }
-    if data[15] & FLAG_INLINE_STRINGS == 0 {
-        return Err(BinaryError::OldHeader);
-    }
-    let (len, used) = uvarint(&data[32..]).ok_or(BinaryError::NoHeader)?;
-    if len > MAX_VERSION_BYTES {
-        return Err(BinaryError::NoHeader);
-    }
-    let start = 32 + used;
-    let text = data.get(start..start + len as usize).ok_or(BinaryError::NoHeader)?;
-    Ok(String::from_utf8_lossy(text).into_owned())
-}
-
-/// Go's `binary.Uvarint`: the value and the bytes it took.
-fn uvarint(bytes: &[u8]) -> Option<(u64, usize)> {
-    let mut value = 0u64;
-    for (i, &b) in bytes.iter().enumerate().take(10) {
-        value |= u64::from(b & 0x7f) << (7 * i);
-        if b < 0x80 {
-            return Some((value, i + 1));
+    match data.get(15) {
+        Some(flags) if data.len() >= 32 && data.starts_with(BUILDINFO_MAGIC) && flags & FLAG_INLINE_STRINGS == 0 => {
+            Err(BinaryError::OldHeader)
         }
+        _ => Err(BinaryError::NoHeader),
     }
-    None
 }
 
 /// The globals and function extents of `.symtab`; `None` without one.

@@ -18,6 +18,8 @@ mod header;
 mod inline;
 mod table;
 
+pub use buildinfo::{version as buildinfo_version, MAGIC as BUILDINFO_MAGIC};
+
 use std::{fs::File, ops::Range};
 
 use crate::{
