@@ -46,6 +46,13 @@ pub enum UnwindKind {
     /// CFI exists but cannot be expressed in a row; `operand` holds the reason, an index
     /// chosen by the table builder. The walk stops and counts it.
     Unsupported = 6,
+    /// The return from a cgo call into Go's `runtime.asmcgocall`, which had switched from the
+    /// goroutine's stack to the thread's system (g0) stack: the goroutine's stack pointer is
+    /// `g.stack.hi − depth`, with `depth` saved at rsp + 8 · `operand` and `g` in the word
+    /// after it (`src/runtime/asm_amd64.s`); a `g` of 0 (the call was made on the system
+    /// stack) means the word holds the caller's stack pointer itself. The caller's rbp is
+    /// unchanged. There the walk continues on the goroutine's stack, as Go's traceback does.
+    GoCgoReturn = 7,
 }
 
 impl UnwindKind {
@@ -59,6 +66,7 @@ impl UnwindKind {
             4 => Self::SignalFrame,
             5 => Self::EndOfStack,
             6 => Self::Unsupported,
+            7 => Self::GoCgoReturn,
             _ => return None,
         })
     }
@@ -300,9 +308,12 @@ pub enum UnwindCounter {
     /// [`UprobeOffsets`]): return addresses a pending uretprobe had replaced with its
     /// trampoline, and pcs in a probed instruction's out-of-line copy.
     UprobeFrames = 11,
+    /// Crossings from a cgo call's system stack back to the goroutine's stack that called it
+    /// ([`UnwindKind::GoCgoReturn`]).
+    GoStackSwitches = 12,
     /// Walks stopped at a row with unsupported CFI; the reason is `Unsupported0 + reason`
     /// (an [`Unsupported`] index). Last, so that a new reason renumbers no other counter.
-    Unsupported0 = 12,
+    Unsupported0 = 13,
 }
 
 impl UnwindCounter {

@@ -83,6 +83,7 @@ pub fn row_step<M: Memory>(regs: &mut Regs, row: &UnwindRow, mem: &mut M) -> Ste
         k if k == UnwindKind::SignalFrame as u8 => return signal_frame_step(regs, mem),
         k if k == UnwindKind::EndOfStack as u8 => return Step::Ended(c(UnwindCounter::EndOfStack)),
         k if k == UnwindKind::Unsupported as u8 => return Step::Ended(Some(unsupported(row.operand))),
+        k if k == UnwindKind::GoCgoReturn as u8 => return go_cgo_return_step(regs, row.operand, mem),
         _ => return Step::Fallback(UnwindCounter::NoCfi),
     };
     if cfa <= regs.sp || cfa >= regs.stack_top {
@@ -152,6 +153,40 @@ fn signal_frame_step<M: Memory>(regs: &mut Regs, mem: &mut M) -> Step {
     regs.pc = pc;
     regs.exact = 1;
     Step::Stepped(UnwindCounter::SignalFrames as u32)
+}
+
+/// `g.stack.hi`'s offset in Go's `runtime.g` (the first field is `stack`, `{lo, hi}`, in
+/// every version).
+pub const GO_G_STACK_HI: u64 = 8;
+
+/// Steps from Go's `runtime.asmcgocall` at the return from its C call, back to the goroutine
+/// stack it left: `depth` at rsp + 8 · `words`, `g` after it (see
+/// [`UnwindKind::GoCgoReturn`]). The goroutine's stack pointer holds asmcgocall's return
+/// address into `runtime.cgocall`; rbp is still cgocall's, as asmcgocall links no frame.
+#[inline(always)]
+pub fn go_cgo_return_step<M: Memory>(regs: &mut Regs, words: u16, mem: &mut M) -> Step {
+    let at = regs.sp.wrapping_add((words as u64) << 3);
+    let (Some(depth), Some(g)) = (mem.read_word(at, regs.sp), mem.read_word(at + 8, regs.sp)) else {
+        return Step::Ended(c(UnwindCounter::BadRead));
+    };
+    let goroutine_sp = if g == 0 {
+        depth
+    } else {
+        let Some(hi) = mem.read_word(g.wrapping_add(GO_G_STACK_HI), regs.sp) else {
+            return Step::Ended(c(UnwindCounter::BadRead));
+        };
+        hi.wrapping_sub(depth)
+    };
+    if goroutine_sp == 0 || goroutine_sp >= USER_ADDR_LIMIT || goroutine_sp & 7 != 0 {
+        return Step::Ended(c(UnwindCounter::BadFrame));
+    }
+    let Some(ra) = mem.read_word(goroutine_sp, goroutine_sp) else {
+        return Step::Ended(c(UnwindCounter::BadRead));
+    };
+    // A new stack: its frames get their own bounds, as a signal frame's do.
+    regs.sp = goroutine_sp + 8;
+    regs.stack_top = regs.sp.saturating_add(MAX_STACK_SPAN);
+    next_pc(regs, ra, UnwindCounter::GoStackSwitches)
 }
 
 /// Steps from a frame no row describes (`reason`, already counted by the caller). The
@@ -262,6 +297,29 @@ mod tests {
         assert_eq!(step, Step::Stepped(UnwindCounter::SignalFrames as u32));
         assert_eq!((regs.pc, regs.sp, regs.bp, regs.exact), (0x1777, 0x8000, 0x42, 1));
         assert_eq!(regs.stack_top, 0x8000 + MAX_STACK_SPAN);
+    }
+
+    #[test]
+    fn a_cgo_return_moves_to_the_goroutine_stack_by_its_saved_depth() {
+        // asmcgocall on the g0 stack at 0x9000: depth at +40, g at +48; g.stack.hi = 0x5000,
+        // depth 0x100, so the goroutine's sp is 0x4f00, holding the return into cgocall.
+        let g = 0x3000;
+        let mut mem = memory(&[(0x9028, 0x100), (0x9030, g), (g + GO_G_STACK_HI, 0x5000), (0x4f00, 0x1a00)]);
+        let mut regs = Regs { exact: 0, ..Regs::interrupted(0x1100, 0x9000, 0x4f40) };
+        let step = row_step(&mut regs, &row(UnwindKind::GoCgoReturn, 5, 0), &mut mem);
+        assert_eq!(step, Step::Stepped(UnwindCounter::GoStackSwitches as u32));
+        assert_eq!((regs.pc, regs.sp, regs.bp), (0x1a00, 0x4f08, 0x4f40), "rbp is still cgocall's");
+        assert_eq!(regs.stack_top, 0x4f08 + MAX_STACK_SPAN, "the goroutine's stack gets its own bounds");
+        // Called on the system stack already (no g): the word is the caller's sp itself.
+        let mut mem = memory(&[(0x9028, 0x8800), (0x9030, 0), (0x8800, 0x1b00)]);
+        let mut regs = Regs { exact: 0, ..Regs::interrupted(0x1100, 0x9000, 0) };
+        row_step(&mut regs, &row(UnwindKind::GoCgoReturn, 5, 0), &mut mem);
+        assert_eq!((regs.pc, regs.sp), (0x1b00, 0x8808));
+        // An unreadable g ends the walk, counted.
+        let mut mem = memory(&[(0x9028, 0x100), (0x9030, g)]);
+        let mut regs = Regs::interrupted(0x1100, 0x9000, 0);
+        let unread = Some(UnwindCounter::BadRead as u32);
+        assert_eq!(row_step(&mut regs, &row(UnwindKind::GoCgoReturn, 5, 0), &mut mem), Step::Ended(unread));
     }
 
     #[test]

@@ -39,6 +39,7 @@ use profiler_common::{
         sigframe, MAPPING_SEARCH_STEPS, MAX_TABLE_SHARDS, NO_TABLE, PROCESS_RUNTIMES, SHARD_ROWS, SHARD_ROWS_SHIFT,
         SMALL_MAPPING_SEARCH_STEPS, TABLE_SEARCH_STEPS,
     },
+    walk::GO_G_STACK_HI,
     RegisterAsk, SmallUnwindProcess, Stack, Unsupported, UnwindCounter, UnwindKind, UnwindMapping, UnwindProcess,
     UnwindRow, UnwindTableInfo, MAX_USER_STACK_DEPTH, STACK_CHUNKS,
 };
@@ -301,6 +302,7 @@ fn step(state: &mut WalkState) -> bool {
             count(UnwindCounter::Unsupported0 as u32 + reason);
             return false;
         }
+        k if k == UnwindKind::GoCgoReturn as u8 => return go_cgo_return_step(state, row.operand),
         _ => return fallback_step(state, UnwindCounter::NoCfi as u32),
     };
     if cfa <= state.sp || cfa >= state.stack_top {
@@ -378,6 +380,40 @@ fn signal_frame_step(state: &mut WalkState) -> bool {
     state.pc = pc;
     state.exact = 1;
     true
+}
+
+/// Steps from Go's `runtime.asmcgocall` at the return from its C call back to the goroutine
+/// stack it left (see [`UnwindKind::GoCgoReturn`] and `profiler_common::walk`'s twin).
+#[inline(always)]
+fn go_cgo_return_step(state: &mut WalkState, words: u16) -> bool {
+    let at = state.sp.wrapping_add((words as u64) << 3);
+    let (Some(depth), Some(g)) = (read_word(state, at), read_word(state, at + 8)) else {
+        count(UnwindCounter::BadRead as u32);
+        return false;
+    };
+    let goroutine_sp = if g == 0 {
+        depth
+    } else {
+        let Some(hi) = read_word(state, g.wrapping_add(GO_G_STACK_HI)) else {
+            count(UnwindCounter::BadRead as u32);
+            return false;
+        };
+        hi.wrapping_sub(depth)
+    };
+    if goroutine_sp == 0 || goroutine_sp >= USER_ADDR_LIMIT || goroutine_sp & 7 != 0 {
+        count(UnwindCounter::BadFrame as u32);
+        return false;
+    }
+    // The window is refilled from the new stack (never below its sp).
+    state.sp = goroutine_sp;
+    let Some(ra) = read_word(state, goroutine_sp) else {
+        count(UnwindCounter::BadRead as u32);
+        return false;
+    };
+    count(UnwindCounter::GoStackSwitches as u32);
+    state.sp = goroutine_sp + 8;
+    state.stack_top = state.sp.saturating_add(MAX_STACK_SPAN);
+    next_pc(state, ra)
 }
 
 /// Steps from a frame no table row describes, counting why. The interrupted frame (exact

@@ -371,6 +371,7 @@ fn unwind_status(s: &Status) -> serde_json::Value {
             "signal_frames": u.get(U::SignalFrames),
             "leaf_guesses": u.get(U::LeafGuesses),
             "uprobe_frames_restored": u.get(U::UprobeFrames),
+            "go_cgo_stack_switches": u.get(U::GoStackSwitches),
         },
         "walks_ended": {
             "outermost_frame": u.get(U::EndOfStack),

@@ -61,6 +61,8 @@ pub(crate) struct Section {
     kind: u32,
     flags: u64,
     name: u32,
+    /// `sh_link`: for a symbol table, its string table's index.
+    link: u32,
 }
 
 impl Section {
@@ -224,6 +226,39 @@ impl<'a> Elf<'a> {
         inflate(raw).map(Cow::Owned)
     }
 
+    /// The address range of the `.symtab` symbol called `name` (its value and size).
+    /// Reads every symbol until it is found: ask only of files known to hold it.
+    pub fn symbol(&self, name: &str) -> Option<std::ops::Range<u64>> {
+        const SYMBOL_LEN: usize = 24;
+        let table = self.section(".symtab")?;
+        let strings = self.sections.get(usize::try_from(table.link).ok()?)?;
+        let strings = file_range(self.bytes, strings.offset, strings.size).ok()?;
+        let symbols = file_range(self.bytes, table.offset, table.size).ok()?;
+        symbols.chunks_exact(SYMBOL_LEN).find_map(|symbol| {
+            let at = usize::try_from(u32_at(symbol, 0).ok()?).ok()?;
+            let tail = strings.get(at..)?;
+            let len = tail.iter().position(|&b| b == 0)?;
+            if &tail[..len] != name.as_bytes() {
+                return None;
+            }
+            let (value, size) = (u64_at(symbol, 8).ok()?, u64_at(symbol, 16).ok()?);
+            Some(value..value.checked_add(size)?)
+        })
+    }
+
+    /// The file bytes of the code at the address range `range`, if one executable section
+    /// with contents holds all of it.
+    pub fn code(&self, range: std::ops::Range<u64>) -> Option<&'a [u8]> {
+        let section = self.sections.iter().find(|s| {
+            s.kind != SHT_NOBITS
+                && s.flags & SHF_EXECINSTR != 0
+                && s.addr <= range.start
+                && range.end <= s.addr + s.size
+        })?;
+        let offset = section.offset.checked_add(range.start - section.addr)?;
+        file_range(self.bytes, offset, range.end - range.start).ok()
+    }
+
     fn name(&self, section: &Section) -> Option<&'a [u8]> {
         let tail = self.names.get(to_usize(u64::from(section.name)).ok()?..)?;
         let len = tail.iter().position(|&b| b == 0)?;
@@ -319,6 +354,7 @@ fn section_at(bytes: &[u8], shoff: u64, index: u64) -> Result<Section, ElfError>
         addr: u64_at(header, 16)?,
         offset: u64_at(header, 24)?,
         size: u64_at(header, 32)?,
+        link: u32_at(header, 40)?,
     })
 }
 

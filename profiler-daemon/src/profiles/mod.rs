@@ -339,8 +339,8 @@ fn unwind_comment(counters: &Counters) -> String {
         "user stack unwinding (whole machine): frames by unwind table {}, by frame pointer {} \
          (no table because: process not registered yet {}, address in no known mapping {}, \
          file has no table loaded {}, no CFI for the address {}); interrupted frames without CFI \
-         stepped as leaves {}; signal frames {}; frames restored from uprobes {}; walks ended at \
-         the outermost frame {}, at an unreadable stack word {}, at a bad frame {}, at unsupported CFI {}",
+         stepped as leaves {}; signal frames {}; frames restored from uprobes {}; cgo calls crossed \
+         back to their goroutine's stack {}; walks ended at the outermost frame {}, at an unreadable stack word {}, at a bad frame {}, at unsupported CFI {}",
         u.get(U::CfiFrames),
         u.get(U::FramePointerFrames),
         u.get(U::NoProcess),
@@ -350,6 +350,7 @@ fn unwind_comment(counters: &Counters) -> String {
         u.get(U::LeafGuesses),
         u.get(U::SignalFrames),
         u.get(U::UprobeFrames),
+        u.get(U::GoStackSwitches),
         u.get(U::EndOfStack),
         u.get(U::BadRead),
         u.get(U::BadFrame),

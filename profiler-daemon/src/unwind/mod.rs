@@ -8,6 +8,7 @@
 //! `docs/unwinding.md` for the whole design.
 
 mod cfi;
+mod go_cgo;
 mod refused;
 mod registry;
 mod report;

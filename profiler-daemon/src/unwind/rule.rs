@@ -38,6 +38,10 @@ pub enum Rule {
     EndOfStack,
     /// CFI that no row can express.
     Unsupported(Unsupported),
+    /// A cgo call's `CALL` in Go's `runtime.asmcgocall`: the goroutine's stack is found from
+    /// the depth saved at rsp + `depth_bytes` and the `g` after it (see
+    /// [`UnwindKind::GoCgoReturn`]).
+    GoCgoReturn { depth_bytes: u16 },
 }
 
 /// `offset` as a [`Rule::Frame`] CFA offset, or `None` if no row can hold it.
@@ -74,6 +78,7 @@ impl Rule {
             Rule::SignalFrame => (UnwindKind::SignalFrame, 0, 0),
             Rule::EndOfStack => (UnwindKind::EndOfStack, 0, 0),
             Rule::Unsupported(reason) => (UnwindKind::Unsupported, reason as u16, 0),
+            Rule::GoCgoReturn { depth_bytes } => (UnwindKind::GoCgoReturn, depth_bytes / 8, 0),
         };
         UnwindRow { pc_offset, operand, rbp_cfa_words, kind: kind as u8 }
     }
@@ -94,6 +99,7 @@ impl Rule {
             UnwindKind::SignalFrame => Rule::SignalFrame,
             UnwindKind::EndOfStack => Rule::EndOfStack,
             UnwindKind::Unsupported => Rule::Unsupported(Unsupported::from_index(row.operand)?),
+            UnwindKind::GoCgoReturn => Rule::GoCgoReturn { depth_bytes: row.operand * 8 },
         })
     }
 }

@@ -13,8 +13,11 @@ use profiler_common::{
 };
 
 use super::cfi::{self, Budget, FdeAt, FdeRows, Limits, SectionError, SectionIndex};
+use super::go_cgo;
 use super::rule::{gap_row, ReasonCounts, Rule};
 use crate::elf::{Elf, ElfError, Section};
+
+mod overlay;
 
 /// Why no table could be built for a file.
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +145,9 @@ pub(crate) fn build_with(elf_bytes: &[u8], limits: Limits) -> Result<UnwindTable
     let mut ctx = UnwindContext::new();
     let read = |order: usize, at| sections[order].read(at, &mut ctx, &mut budget);
     let mut table = assemble(indexes, &elf.executable_ranges(), read)?;
+    for (range, rule) in go_cgo::cgo_call_rows(&elf) {
+        table.overlay(range, rule)?;
+    }
     table.stats.build_duration = started.elapsed();
     Ok(table)
 }
@@ -291,19 +297,19 @@ impl Encoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::unwind::rule::{CfaRegister, RbpRule, Unsupported, MAX_CFA_OFFSET};
 
-    fn rsp(offset_bytes: u32) -> Rule {
+    pub(super) fn rsp(offset_bytes: u32) -> Rule {
         Rule::Frame { register: CfaRegister::Rsp, offset_bytes, rbp: RbpRule::Unchanged }
     }
 
-    fn fde(start: u64, end: u64, rows: &[(u64, Rule)]) -> FdeRows {
+    pub(super) fn fde(start: u64, end: u64, rows: &[(u64, Rule)]) -> FdeRows {
         FdeRows { start, end, rows: rows.to_vec() }
     }
 
-    fn table(fdes: Vec<FdeRows>) -> UnwindTable {
+    pub(super) fn table(fdes: Vec<FdeRows>) -> UnwindTable {
         let index = fdes.iter().enumerate().map(|(offset, fde)| FdeAt { start: fde.start, offset }).collect();
         let section = SectionIndex { fdes: index, unparsed_fdes: 0 };
         let read = |_, at: FdeAt| Ok(fdes[at.offset].clone());
