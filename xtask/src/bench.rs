@@ -16,6 +16,8 @@
 //! across stack depths, and table sizes.
 //! `cargo xtask bench threads` (module `threads`): a thread dump's time and CPU at 10-1,000
 //! threads, and the pause it causes, next to `eu-stack`.
+//! `cargo xtask bench go` (module `go`): a Go spinner's BPF cost per sample with pprof labels
+//! on and off, and goroutine dumps at 100-100,000 goroutines next to Go's own.
 //! `cargo xtask bench memory` (module `memory`): the kernel memory of every BPF map, measured
 //! here and priced from the kernel's formula at 64 and 256 possible CPUs.
 //! `cargo xtask bench python` (module `python`): the kernel's walk of CPython frames per
@@ -38,6 +40,7 @@ mod daemon;
 mod exec;
 mod export;
 mod futex;
+mod go;
 mod heap;
 mod measure;
 mod memory;
@@ -86,6 +89,10 @@ pub enum Bench {
     /// daemon's goroutine query and `eu-stack -p`, wall and CPU time and the pause each
     /// causes.
     Threads(threads::ThreadsArgs),
+    /// A Go spinner's BPF ns per sample with and without pprof labels, and goroutine dumps of
+    /// 100, 10,000 and 100,000 goroutines (CLI, daemon, Go's own in-process): wall, CPU, the
+    /// process's longest 1 ms tick gap, our memory.
+    Go(go::GoArgs),
     /// Kernel memory of every BPF map with every profile kind on: as the kernel accounts it
     /// here, and from its formula at 64 and 256 possible CPUs, next to the 96 MiB target.
     Memory(memory::MemoryArgs),
@@ -113,6 +120,7 @@ pub fn run(bench: Bench) -> Result<ExitCode> {
         Bench::Threads(args) => threads::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Export(args) => export::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Exec(args) => exec::run(&args).map(|()| ExitCode::SUCCESS),
+        Bench::Go(args) => go::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Memory(args) => memory::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Python(args) => python::run(&args).map(|()| ExitCode::SUCCESS),
         Bench::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),

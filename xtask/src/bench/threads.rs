@@ -72,7 +72,7 @@ fn dump_all(args: &ThreadsArgs) -> Result<Vec<Row>> {
     fresh_dir(&dir)?;
     workload::catch_interrupt();
     let bin = crate::bench::cc::compile_text(&dir, WORKLOAD, WORKLOAD_C, &["-O2", "-fomit-frame-pointer", "-pthread"])?;
-    let daemon = Daemon::start(&dir)?;
+    let daemon = Daemon::start(&dir, WORKLOAD)?;
     let mut rows = Vec::new();
     for &threads in &args.sizes {
         workspace::stage(&format!(
@@ -228,19 +228,20 @@ impl Drop for Workload {
     }
 }
 
-/// `profiler run` serving thread dumps of the workload.
-struct Daemon {
+/// `profiler run` serving thread dumps of the workload (also `bench go`'s).
+pub(super) struct Daemon {
     child: Child,
     socket: PathBuf,
 }
 
 impl Daemon {
-    fn start(dir: &Path) -> Result<Daemon> {
+    /// Starts `profiler run` in `dir`, selecting the processes called `workload`.
+    pub(super) fn start(dir: &Path, workload: &str) -> Result<Daemon> {
         let socket = dir.join("profiler.sock");
         let config = dir.join("profiler.toml");
         let text = format!(
             "output_dir = {:?}\nprofiles = [\"threads\"]\n\n[socket]\npath = {socket:?}\n\n[retention]\n\
-             min_free_bytes = \"0B\"\n\n[processes]\ninclude = [{{ name = \"{WORKLOAD}\" }}]\n",
+             min_free_bytes = \"0B\"\n\n[processes]\ninclude = [{{ name = \"{workload}\" }}]\n",
             dir.join("out")
         );
         std::fs::write(&config, text).with_context(|| format!("failed to write {}", config.display()))?;
@@ -266,11 +267,21 @@ impl Daemon {
 
     /// One `goroutine?debug=1` query: its wall time and the daemon's CPU time for it.
     fn query(&self, pid: u32) -> Result<(Duration, Duration)> {
+        self.query_text(pid).map(|(wall, cpu, _)| (wall, cpu))
+    }
+
+    /// [`Daemon::query`] with the answer's text.
+    pub(super) fn query_text(&self, pid: u32) -> Result<(Duration, Duration, String)> {
         let cpu = sample::cpu_time(self.child.id())?;
         let started = Instant::now();
-        sample::get(&self.socket, &format!("/debug/pprof/goroutine?pid={pid}&debug=1"))?;
+        let text = sample::get(&self.socket, &format!("/debug/pprof/goroutine?pid={pid}&debug=1"))?;
         let wall = started.elapsed();
-        Ok((wall, sample::cpu_time(self.child.id())?.saturating_sub(cpu)))
+        Ok((wall, sample::cpu_time(self.child.id())?.saturating_sub(cpu), text))
+    }
+
+    /// The daemon's pid (for its RSS).
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

@@ -47,6 +47,71 @@ impl Remote {
         }
     }
 
+    /// The bytes of every `(addr, len)` of `ranges` (`None` for one that cannot be read),
+    /// with as few `process_vm_readv` calls as the kernel allows (up to `IOV_MAX` ranges
+    /// each): a reader of many small objects (a goroutine dump reads three per goroutine)
+    /// pays the syscall's fixed cost (the ptrace access check, the mm lookup) once per batch
+    /// instead of once per object. The kernel stops a call at the first range it cannot
+    /// read; that range is `None` and the next call starts after it.
+    pub fn read_many(&self, ranges: &[(u64, usize)]) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
+        const IOV_MAX: usize = 1024;
+        let mut out: Vec<Option<Vec<u8>>> = ranges.iter().map(|&(_, len)| Some(vec![0; len])).collect();
+        let valid = |&(addr, len): &(u64, usize)| {
+            len > 0 && len <= MAX_READ_BYTES && addr != 0 && addr.checked_add(len as u64).is_some()
+        };
+        let mut start = 0;
+        while start < ranges.len() {
+            if !valid(&ranges[start]) {
+                out[start] = if ranges[start].1 == 0 { Some(Vec::new()) } else { None };
+                start += 1;
+                continue;
+            }
+            // A run of valid ranges, at most IOV_MAX.
+            let end = (start..ranges.len().min(start + IOV_MAX))
+                .find(|&i| !valid(&ranges[i]))
+                .unwrap_or(ranges.len().min(start + IOV_MAX));
+            let local: Vec<libc::iovec> = out[start..end]
+                .iter_mut()
+                .map(|buf| {
+                    let buf = buf.as_mut().expect("not read yet");
+                    libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }
+                })
+                .collect();
+            let remote: Vec<libc::iovec> = ranges[start..end]
+                .iter()
+                .map(|&(addr, len)| libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len })
+                .collect();
+            // SAFETY: each local iovec covers one of `out`'s buffers, writable for its length
+            // and not moved while the call runs; the remote ranges are only read by the kernel.
+            let read = unsafe {
+                libc::process_vm_readv(
+                    self.pid.0 as i32,
+                    local.as_ptr(),
+                    local.len() as libc::c_ulong,
+                    remote.as_ptr(),
+                    remote.len() as libc::c_ulong,
+                    0,
+                )
+            };
+            if read < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                return Err(ReadError::Exited);
+            }
+            // The ranges wholly read, then the one the call stopped at (if any).
+            let mut left = read.max(0) as usize;
+            let mut at = start;
+            while at < end && left >= ranges[at].1 {
+                left -= ranges[at].1;
+                at += 1;
+            }
+            if at < end {
+                out[at] = None;
+                at += 1;
+            }
+            start = at;
+        }
+        Ok(out)
+    }
+
     /// `len` bytes at `addr`.
     pub fn bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, ReadError> {
         let mut buf = vec![0; len];
@@ -98,5 +163,27 @@ mod tests {
         assert_eq!(me.u64(0x10), Err(ReadError::Fault { addr: 0x10, len: 8 }));
         let gone = Remote { pid: Pid(0x7fff_fff0) };
         assert_eq!(gone.u64(&value as *const u64 as u64), Err(ReadError::Exited));
+    }
+
+    #[test]
+    fn many_ranges_read_in_batches_and_an_unreadable_one_is_none() {
+        let me = Remote { pid: Pid(std::process::id()) };
+        let words: Vec<u64> = (0..3000).collect();
+        let at = |i: usize| &words[i] as *const u64 as u64;
+        // More ranges than one call takes, an unmapped one in the middle, an empty one.
+        let mut ranges: Vec<(u64, usize)> = (0..3000).map(|i| (at(i), 8)).collect();
+        ranges[1500] = (0x10, 8);
+        ranges[2000] = (at(2000), 0);
+        let read = me.read_many(&ranges).expect("this process is alive");
+        assert_eq!(read.len(), 3000);
+        for (i, bytes) in read.iter().enumerate() {
+            match i {
+                1500 => assert_eq!(bytes, &None, "the unmapped range"),
+                2000 => assert_eq!(bytes.as_deref(), Some(&[][..])),
+                _ => assert_eq!(bytes.as_deref(), Some(&(i as u64).to_le_bytes()[..]), "range {i}"),
+            }
+        }
+        let gone = Remote { pid: Pid(0x7fff_fff0) };
+        assert_eq!(gone.read_many(&ranges[..2]), Err(ReadError::Exited));
     }
 }

@@ -23,16 +23,23 @@ use super::{
 };
 use crate::runtimes::cpython::memory::{field_u32, field_u64, field_u8, ReadError, Remote};
 
-/// Goroutines read per dump at most (Go's own profile has no cap): 100,000 read in about
-/// half a second on a test machine, and each kept costs about 0.5 KiB (its frames, its
-/// state; labels are shared and budgeted by [`labels::MAX_DUMP_BYTES`]).
-pub const MAX_GOROUTINES: usize = 100_000;
+/// Entries of `allgs` read per dump at most (Go's own profile has no cap), system and dead
+/// goroutines included: a server with 100,000 goroutines has a few more `g`s than that, which
+/// a cap of 100,000 cut (`bench go` found it). Each goroutine kept costs about 0.5 KiB (its
+/// frames, its state; labels are shared and budgeted by [`labels::MAX_DUMP_BYTES`]), so a
+/// dump holds at most about 125 MiB; 100,000 read in about half a second on a test machine.
+pub const MAX_GOROUTINES: usize = 250_000;
 /// Frames kept per goroutine: Go's goroutine profile keeps 32 (`runtime.StackRecord`).
 pub const MAX_FRAMES: usize = 32;
 /// Reads of the list per dump at most.
 const ATTEMPTS: usize = 3;
 /// Pointers of `allgs` read at once (a read is at most 1 MiB).
 const POINTERS_PER_READ: usize = 65536;
+/// Goroutines read together: their `g`s, then their stacks' first windows, then their `g`s
+/// again, each in one vectored read (`Remote::read_many`), so a dump costs three syscalls
+/// per batch instead of three per goroutine (at 100,000 goroutines the syscalls' fixed cost
+/// was two thirds of the dump). 512 stack windows are at most 2 MiB.
+const BATCH: usize = 512;
 /// Bytes of stack read at once.
 const STACK_WINDOW: u64 = 4096;
 
@@ -141,8 +148,8 @@ pub fn read_all(
         let (pointers, header) = list(remote, &reading.globals, &mut dump).map_err(|e| e.to_string())?;
         let mut round = GoDump { reread: dump.reread, left_out: dump.left_out, ..GoDump::default() };
         reading.labels = Default::default();
-        for pointer in pointers {
-            read_one(&mut reading, pointer, &mut round);
+        for batch in pointers.chunks(BATCH) {
+            read_batch(&mut reading, batch, &mut round);
         }
         round.labels_cut = reading.labels.cut;
         let again = remote.bytes(reading.globals.allgs, 16).map_err(|e| e.to_string())?;
@@ -173,45 +180,83 @@ fn list(remote: &Remote, globals: &Globals, dump: &mut GoDump) -> Result<(Vec<u6
     Ok((pointers, header))
 }
 
-/// Reads the `g` at `pointer` into `dump` (or counts why not).
-fn read_one(reading: &mut Reading, pointer: u64, dump: &mut GoDump) {
+/// Reads the goroutines at `batch` into `dump` (or counts why not): their `g`s, the first
+/// window of each parked one's stack, and their `g`s again to tell which moved meanwhile.
+fn read_batch(reading: &mut Reading, batch: &[u64], dump: &mut GoDump) {
+    let (remote, layout) = (reading.remote, reading.layout);
+    let none = || vec![None; batch.len()];
+    let ranges: Vec<(u64, usize)> = batch.iter().map(|&pointer| (pointer, layout.g_read as usize)).collect();
+    let gs = remote.read_many(&ranges).unwrap_or_else(|_| none());
+    let windows: Vec<(u64, usize)> =
+        gs.iter().map(|g| g.as_deref().map_or((0, 0), |g| saved_stack_window(layout, g))).collect();
+    let mut stacks = remote.read_many(&windows).unwrap_or_else(|_| none());
+    let mut read = Vec::with_capacity(batch.len());
+    for ((g, stack), &(base, _)) in gs.iter().zip(stacks.iter_mut()).zip(&windows) {
+        let Some(g) = g else {
+            dump.unreadable += 1;
+            read.push(None);
+            continue;
+        };
+        read.push(read_one(reading, g, (base, stack.take().unwrap_or_default()), dump));
+    }
+    let again = remote.read_many(&ranges).unwrap_or_else(|_| none());
+    for ((goroutine, g), again) in read.into_iter().zip(&gs).zip(again) {
+        let (Some(mut goroutine), Some(g)) = (goroutine, g) else { continue };
+        goroutine.moving = again.is_none_or(|again| moved(layout, g, &again));
+        dump.moving += u64::from(goroutine.moving);
+        dump.goroutines.push(goroutine);
+    }
+}
+
+/// The first window of a parked goroutine's stack, from its saved sp (where its frame
+/// pointer chain starts); `(0, 0)` for a running goroutine (its thread's stack is used).
+fn saved_stack_window(layout: &Layout, g: &[u8]) -> (u64, usize) {
+    let status = field_u32(g, layout.atomicstatus) & !layout::SCAN_BIT;
+    if status == layout::G_RUNNING || status == layout::G_SYSCALL || status == layout::G_DEAD {
+        return (0, 0);
+    }
+    let (lo, hi) = (field_u64(g, layout.stack_lo), field_u64(g, layout.stack_hi));
+    let start = field_u64(g, layout.sched_sp).max(lo);
+    match hi.checked_sub(start) {
+        Some(len) if len > 0 => (start, len.min(STACK_WINDOW) as usize),
+        _ => (0, 0),
+    }
+}
+
+/// The goroutine whose `g` is `g` (`moving` is set by the caller), or `None` for a dead,
+/// idle or system one (counted). `window` is its stack's first window, read already.
+fn read_one(reading: &mut Reading, g: &[u8], window: (u64, Vec<u8>), dump: &mut GoDump) -> Option<Goroutine> {
     let Reading { remote, layout, symbols, bias, now, threads, .. } = *reading;
     let globals = &reading.globals;
-    let Ok(g) = remote.bytes(pointer, layout.g_read as usize) else {
-        dump.unreadable += 1;
-        return;
-    };
-    let status = field_u32(&g, layout.atomicstatus) & !layout::SCAN_BIT;
-    if status == layout::G_DEAD || status == layout::G_IDLE || system(remote, layout, symbols, globals, bias, &g) {
+    let status = field_u32(g, layout.atomicstatus) & !layout::SCAN_BIT;
+    if status == layout::G_DEAD || status == layout::G_IDLE || system(remote, layout, symbols, globals, bias, g) {
         dump.system += 1;
-        return;
+        return None;
     }
     let is_code = |pc: u64| symbols.is_code(pc.wrapping_sub(bias));
-    let (mut frames, truncated, stack) = walk(remote, layout, &g, status, threads, &is_code);
-    let gopc = field_u64(&g, layout.gopc);
+    let (mut frames, truncated, stack) = walk(remote, layout, g, status, threads, &is_code, window);
+    let gopc = field_u64(g, layout.gopc);
     if gopc != 0 {
         frames.push(gopc);
     }
-    let moving = remote.bytes(pointer, layout.g_read as usize).map_or(true, |again| moved(layout, &g, &again));
-    dump.moving += u64::from(moving);
-    let labels = reading.labels.read(remote, field_u64(&g, layout.labels));
-    let waitsince = field_u64(&g, layout.waitsince) as i64;
+    let labels = reading.labels.read(remote, field_u64(g, layout.labels));
+    let waitsince = field_u64(g, layout.waitsince) as i64;
     let wait_minutes =
         if status == layout::G_WAITING && waitsince != 0 { (now - waitsince) / 60_000_000_000 } else { 0 };
-    dump.goroutines.push(Goroutine {
-        goid: field_u64(&g, layout.goid) as i64,
+    Some(Goroutine {
+        goid: field_u64(g, layout.goid) as i64,
         status,
-        state: state(layout, status, field_u8(&g, layout.waitreason)),
+        state: state(layout, status, field_u8(g, layout.waitreason)),
         wait_minutes,
-        locked_to_thread: field_u64(&g, layout.lockedm) != 0,
+        locked_to_thread: field_u64(g, layout.lockedm) != 0,
         frames,
         truncated,
         stack,
         gopc,
-        parent_goid: layout.parent_goid.map(|at| field_u64(&g, at) as i64),
+        parent_goid: layout.parent_goid.map(|at| field_u64(g, at) as i64),
         labels,
-        moving,
-    });
+        moving: false,
+    })
 }
 
 /// Go's `isSystemGoroutine(gp, false)`: started in a `runtime.` function, except
@@ -250,12 +295,14 @@ fn walk(
     status: u32,
     threads: &HashMap<u32, ThreadStack>,
     is_code: &dyn Fn(u64) -> bool,
+    (base, bytes): (u64, Vec<u8>),
 ) -> (Vec<u64>, bool, GoroutineStack) {
     let bounds = (field_u64(g, layout.stack_lo), field_u64(g, layout.stack_hi));
     if status != layout::G_RUNNING && status != layout::G_SYSCALL {
         let (pc, sp, bp) =
             (field_u64(g, layout.sched_pc), field_u64(g, layout.sched_sp), field_u64(g, layout.sched_bp));
-        let (frames, truncated) = frame_pointer_walk(remote, bounds, pc, sp, bp);
+        let window = StackWindow { base, bytes, hi: bounds.1 };
+        let (frames, truncated) = frame_pointer_walk(remote, bounds, pc, sp, bp, window);
         return (frames, truncated, GoroutineStack::Saved);
     }
     let m = field_u64(g, layout.m);
@@ -280,13 +327,19 @@ fn walk(
 
 /// Frames from `pc` by the frame-pointer chain from `bp`, every frame inside the goroutine's
 /// stack `[lo, hi)` and above the last: `[pc, [bp+8], [[bp]+8], …]`, at most [`MAX_FRAMES`].
-fn frame_pointer_walk(remote: &Remote, (lo, hi): (u64, u64), pc: u64, sp: u64, mut bp: u64) -> (Vec<u64>, bool) {
+fn frame_pointer_walk(
+    remote: &Remote,
+    (lo, hi): (u64, u64),
+    pc: u64,
+    sp: u64,
+    mut bp: u64,
+    mut window: StackWindow,
+) -> (Vec<u64>, bool) {
     let mut frames = Vec::with_capacity(8);
     if pc == 0 {
         return (frames, false);
     }
     frames.push(pc);
-    let mut window = StackWindow { base: 0, bytes: Vec::new(), hi };
     let mut floor = sp.max(lo);
     while bp >= floor && bp.saturating_add(16) <= hi && bp.is_multiple_of(8) {
         let (Some(next), Some(ret)) = (window.u64(remote, bp), window.u64(remote, bp + 8)) else { break };
@@ -319,11 +372,12 @@ fn interrupted_walk(
     is_code: &dyn Fn(u64) -> bool,
 ) -> (Vec<u64>, bool) {
     if (sp..bounds.1).contains(&bp) {
-        return frame_pointer_walk(remote, bounds, pc, sp, bp);
+        return frame_pointer_walk(remote, bounds, pc, sp, bp, StackWindow::empty(bounds.1));
     }
     match remote.u64(sp) {
         Ok(ret) if is_code(ret) => {
-            let (mut rest, truncated) = frame_pointer_walk(remote, bounds, ret, sp + 8, bp);
+            let window = StackWindow::empty(bounds.1);
+            let (mut rest, truncated) = frame_pointer_walk(remote, bounds, ret, sp + 8, bp, window);
             rest.insert(0, pc);
             rest.truncate(MAX_FRAMES);
             (rest, truncated)
@@ -340,6 +394,11 @@ struct StackWindow {
 }
 
 impl StackWindow {
+    /// A window with nothing read yet, of a stack ending at `hi`.
+    fn empty(hi: u64) -> StackWindow {
+        StackWindow { base: 0, bytes: Vec::new(), hi }
+    }
+
     fn u64(&mut self, remote: &Remote, at: u64) -> Option<u64> {
         if at < self.base || at + 8 > self.base + self.bytes.len() as u64 {
             let len = STACK_WINDOW.min(self.hi.checked_sub(at)?);
@@ -377,15 +436,16 @@ mod tests {
         stack[21] = 0x3333;
         let me = Remote { pid: Pid(std::process::id()) };
         let hi = base + 64 * 8;
-        let (frames, truncated) = frame_pointer_walk(&me, (base, hi), 0x9999, slot(2), slot(4));
+        let (frames, truncated) = frame_pointer_walk(&me, (base, hi), 0x9999, slot(2), slot(4), StackWindow::empty(hi));
         assert_eq!(frames, [0x9999, 0x1111, 0x2222, 0x3333]);
         assert!(!truncated);
         // A chain that points downwards (a loop) stops.
         stack[10] = slot(4);
-        let (frames, _) = frame_pointer_walk(&me, (base, hi), 0x9999, slot(2), slot(4));
+        let (frames, _) = frame_pointer_walk(&me, (base, hi), 0x9999, slot(2), slot(4), StackWindow::empty(hi));
         assert_eq!(frames, [0x9999, 0x1111, 0x2222]);
         // A frame pointer outside the goroutine's stack is not followed.
-        let (frames, _) = frame_pointer_walk(&me, (base, slot(8)), 0x9999, slot(2), slot(10));
+        let (frames, _) =
+            frame_pointer_walk(&me, (base, slot(8)), 0x9999, slot(2), slot(10), StackWindow::empty(slot(8)));
         assert_eq!(frames, [0x9999]);
         drop(stack);
     }
