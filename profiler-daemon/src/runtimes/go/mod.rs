@@ -106,8 +106,9 @@ pub fn read(pid: Pid, threads: &HashMap<u32, ThreadStack>) -> GoRead {
     let Some(layout) = layout::parse_version(&go.version).and_then(|(major, minor)| layout::for_version(major, minor))
     else {
         return GoRead::Fallback(format!(
-            "{}: the goroutine reader knows Go 1.19; goroutines not read, OS threads shown",
-            go.version
+            "{}: the goroutine reader knows Go {}; goroutines not read, OS threads shown",
+            go.version,
+            layout::known_versions()
         ));
     };
     let Some(symbols) = &go.symbols else {
