@@ -179,37 +179,41 @@ fn settled(records: &BTreeMap<Record, u64>) -> bool {
     })
 }
 
+/// The machine's Go, a plain build: the offsets come from the binary's DWARF.
 #[test]
 fn a_go_process_dump_is_its_goroutines_as_go_itself_sees_them() {
-    dump_is_as_go_sees_it(&Toolchain::machine());
+    dump_is_as_go_sees_it(&Toolchain::machine(), &[], "offsets from its DWARF");
 }
 
 #[test]
 fn go_1_21_dump_is_its_goroutines_as_go_itself_sees_them() {
-    dump_is_as_go_sees_it(&Toolchain::fetched("1.21"));
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.21"), &["-ldflags=-w"], "offsets from the Go 1.21 table (no DWARF)");
 }
 
 #[test]
 fn go_1_22_dump_is_its_goroutines_as_go_itself_sees_them() {
-    dump_is_as_go_sees_it(&Toolchain::fetched("1.22"));
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.22"), &["-ldflags=-w"], "offsets from the Go 1.22 table (no DWARF)");
 }
 
 #[test]
 fn go_1_23_dump_is_its_goroutines_as_go_itself_sees_them() {
-    dump_is_as_go_sees_it(&Toolchain::fetched("1.23"));
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.23"), &["-ldflags=-w"], "offsets from the Go 1.23 table (no DWARF)");
 }
 
 #[test]
 fn go_1_24_dump_is_its_goroutines_as_go_itself_sees_them() {
-    dump_is_as_go_sees_it(&Toolchain::fetched("1.24"));
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.24"), &["-ldflags=-w"], "offsets from the Go 1.24 table (no DWARF)");
 }
 
-fn dump_is_as_go_sees_it(toolchain: &Toolchain) {
+/// The fetched toolchains build with `-ldflags=-w` (symbol table, no DWARF), so their
+/// version's table is what is read (the unit tests check each table equals the DWARF of that
+/// version's binaries). `source`: what the comment must say the offsets came from.
+fn dump_is_as_go_sees_it(toolchain: &Toolchain, flags: &[&str], source: &str) {
     if !preflight() {
         return;
     }
     let scratch = TempDir::new("go-goroutines");
-    let binary = build_with(toolchain, scratch.path(), &[]);
+    let binary = build_with(toolchain, scratch.path(), flags);
     eprintln!("Go toolchain: {} ({})", toolchain.name, toolchain.go.display());
     let mut fixture = GoFixture::start(&binary, scratch.path());
     let pid = fixture.pid();
@@ -260,7 +264,10 @@ fn dump_is_as_go_sees_it(toolchain: &Toolchain) {
     }
     assert_eq!(compared, 20, "Go's own debug=2:\n{theirs2}");
 
-    // debug=0: go tool pprof reads it, labels included.
+    // debug=0: go tool pprof reads it, labels included; its comment says where the offsets
+    // came from.
+    let raw = go_pprof::raw(&pprof_file);
+    assert!(raw.contains(source), "the comment does not say `{source}`:\n{raw}");
     let traces = go_pprof::traces(&pprof_file);
     for (group, (function, _)) in expected() {
         assert!(traces.contains(function), "{function} not in go tool pprof -traces:\n{traces}");

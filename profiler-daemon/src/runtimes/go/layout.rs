@@ -19,7 +19,9 @@
 //! Go 1.25 is not here: its `gobuf` lost `ret` (every `g` field after `sched` moves 8 bytes
 //! down), and the only copies of its `runtime2.go` reachable (golang/go at 00814e7b, a 1.26
 //! development snapshot) have a reordered `waitReason` enum that could not be dated to 1.25. A
-//! version not here has no layout: the caller falls back to the OS threads and says why.
+//! version not here is read from its binary's DWARF ([`super::dwarf`], which is preferred to
+//! these tables whenever present); without DWARF it has no layout, and the caller falls back
+//! to the OS threads and says why.
 
 /// How a goroutine's pprof labels hang off `g.labels`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,10 +369,7 @@ mod tests {
         let (major, minor) = parse_version(&version).unwrap();
         let l = *for_version(major, minor)
             .unwrap_or_else(|| panic!("{} builds {version}, which has no layout", go.display()));
-        let members = dwarf::members(
-            &bytes,
-            &["runtime.g", "runtime.gobuf", "runtime.stack", "runtime.m", "runtime/pprof.labelMap"],
-        );
+        let members = super::super::dwarf::members(&bytes).unwrap().expect("DWARF");
         let get = |ty: &str, name: &str| members.get(&(ty.to_string(), name.to_string())).copied();
         let field =
             |ty: &str, name: &str| get(ty, name).unwrap_or_else(|| panic!("{version}: {ty}.{name} in the DWARF"));
@@ -403,6 +402,9 @@ mod tests {
         // From 1.24 labelMap is a struct embedding LabelSet (its `list`); before, a map type.
         let list = get("runtime/pprof.labelMap", "LabelSet").is_some();
         assert_eq!(l.labels_repr, if list { LabelsRepr::List } else { LabelsRepr::Map }, "{}", what("labels"));
+        // The reader's own DWARF reading gives the same layout.
+        let from_dwarf = super::super::dwarf::layout(&bytes, (major, minor)).unwrap().expect("DWARF");
+        assert_eq!(from_dwarf, l, "{}", what("the layout read from the DWARF"));
         let strings = run_and_read_wait_reasons(&binary, &facts);
         let _ = std::fs::remove_dir_all(&dir);
         if !l.wait_reasons.is_empty() {
@@ -461,10 +463,13 @@ mod tests {
                       func main() {\n\tpprof.Do(context.Background(), pprof.Labels(\"k\", \"v\"), func(context.Context) {\n\
                       \t\tos.Stdout.WriteString(\"ready\\n\")\n\t\tos.Stdin.Read(make([]byte, 1))\n\t})\n}\n";
         std::fs::write(dir.join("main.go"), source).expect("write main.go");
+        // The fetched toolchains' shared cache when there is one (their runtimes built once).
+        let shared = go.ancestors().find(|a| a.ends_with("go-toolchains")).map(|root| root.join("gocache"));
+        let cache = shared.unwrap_or_else(|| dir.join("cache"));
         let output = std::process::Command::new(go)
             .args(["build", "-ldflags=-compressdwarf=false", "-o", "prog", "main.go"])
             .current_dir(dir)
-            .env("GOCACHE", dir.join("cache"))
+            .env("GOCACHE", cache)
             .env("GO111MODULE", "off")
             .env("GOTOOLCHAIN", "local")
             .env("CGO_ENABLED", "0")
@@ -478,52 +483,5 @@ mod tests {
             String::from_utf8_lossy(&output.stderr)
         );
         dir.join("prog")
-    }
-
-    mod dwarf {
-        use std::collections::HashMap;
-
-        use gimli::{EndianSlice, LittleEndian};
-
-        use crate::elf::Elf;
-
-        /// `(struct, member) → offset` for the structs named `types`.
-        pub fn members(bytes: &[u8], types: &[&str]) -> HashMap<(String, String), u64> {
-            let elf = Elf::parse(bytes).unwrap();
-            let section = |id: gimli::SectionId| -> Result<EndianSlice<'_, LittleEndian>, gimli::Error> {
-                let data = elf.section(id.name()).map(|s| elf.data(&s).unwrap().into_owned()).unwrap_or_default();
-                Ok(EndianSlice::new(Box::leak(data.into_boxed_slice()), LittleEndian))
-            };
-            let dwarf = gimli::Dwarf::load(section).unwrap();
-            let mut out = HashMap::new();
-            let mut units = dwarf.units();
-            while let Some(header) = units.next().unwrap() {
-                let unit = dwarf.unit(header).unwrap();
-                let mut entries = unit.entries();
-                let mut current: Option<String> = None;
-                while let Some(entry) = entries.next_dfs().unwrap() {
-                    let depth = entry.depth();
-                    let name = entry
-                        .attr_value(gimli::DW_AT_name)
-                        .and_then(|v| dwarf.attr_string(&unit, v).ok())
-                        .map(|s| s.to_string_lossy().into_owned());
-                    if entry.tag() == gimli::DW_TAG_structure_type {
-                        current = name.filter(|n| types.contains(&n.as_str()));
-                        continue;
-                    }
-                    if depth <= 1 && entry.tag() != gimli::DW_TAG_member {
-                        current = None;
-                    }
-                    if let (Some(ty), gimli::DW_TAG_member, Some(member)) = (&current, entry.tag(), name) {
-                        if let Some(gimli::AttributeValue::Udata(offset)) =
-                            entry.attr_value(gimli::DW_AT_data_member_location)
-                        {
-                            out.insert((ty.clone(), member), offset);
-                        }
-                    }
-                }
-            }
-            out
-        }
     }
 }
