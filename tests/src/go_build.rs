@@ -5,6 +5,10 @@
 //! Builds need no module proxy and no home directory: GOPATH mode (`GO111MODULE=off`, the
 //! fixture uses the standard library only) with `GOCACHE` and `GOPATH` under the scratch
 //! directory.
+//!
+//! The Go toolchain is a [`Toolchain`]: the machine's `go` (Debian's 1.19 on the test
+//! machines), or one of [`FETCHED_VERSIONS`], which `cargo xtask setup --for-test` (run by
+//! `cargo xtask test`) fetches into `<target>/go-toolchains/go-1.2x/`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,6 +16,53 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use crate::go_pprof::INSTALL_GO;
+
+/// The Go versions the test set-up fetches (xtask/src/setup/go_toolchains.rs's list).
+pub const FETCHED_VERSIONS: [&str; 4] = ["1.21", "1.22", "1.23", "1.24"];
+
+/// A Go toolchain to build fixtures with.
+#[derive(Clone, Debug)]
+pub struct Toolchain {
+    /// `machine` or the fetched version (`1.22`), for messages.
+    pub name: String,
+    /// Its `go` command.
+    pub go: PathBuf,
+    /// A build cache kept across tests (fetched toolchains: their standard library is built
+    /// once), or `None` for a cache in each test's scratch directory.
+    cache: Option<PathBuf>,
+}
+
+impl Toolchain {
+    /// The machine's `go`, on PATH.
+    pub fn machine() -> Self {
+        Toolchain { name: "machine".into(), go: PathBuf::from("go"), cache: None }
+    }
+
+    /// A fetched toolchain (`1.21`); panics with what to run when it is not there.
+    pub fn fetched(version: &str) -> Self {
+        let root = crate::target_dir().join("go-toolchains");
+        let dir = root.join(format!("go-{version}"));
+        let go = dir.join(format!("usr/lib/go-{version}/bin/go"));
+        assert!(
+            dir.join(".complete").exists() && go.exists(),
+            "the Go {version} toolchain is not at {}: run `cargo xtask setup --for-test` (as `cargo xtask test` \
+             does), which fetches it from deb.debian.org",
+            dir.display()
+        );
+        Toolchain { name: version.to_string(), go, cache: Some(root.join("gocache")) }
+    }
+
+    /// `go` with the environment every build here uses: no module proxy, no toolchain switch.
+    pub fn command(&self, scratch: &Path) -> Command {
+        let mut cmd = Command::new(&self.go);
+        cmd.env("GO111MODULE", "off")
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOCACHE", self.cache.clone().unwrap_or_else(|| scratch.join("gocache")))
+            .env("GOPATH", scratch.join("gopath"));
+        cmd
+    }
+}
 
 /// How the fixture is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,9 +98,15 @@ impl GoBuild {
         }
     }
 
-    /// Builds the fixture into `scratch` (sources copied to a directory of their own);
-    /// returns the binary. Panics with what to do when Go is missing or the build fails.
+    /// Builds the fixture into `scratch` with the machine's Go; see [`GoBuild::build_with`].
     pub fn build(self, scratch: &Path) -> PathBuf {
+        self.build_with(&Toolchain::machine(), scratch)
+    }
+
+    /// Builds the fixture into `scratch` (sources copied to a directory of their own) with
+    /// `toolchain`; returns the binary. Panics with what to do when Go is missing or the
+    /// build fails.
+    pub fn build_with(self, toolchain: &Toolchain, scratch: &Path) -> PathBuf {
         let fixtures = crate::workspace_root().join("tests/fixtures");
         let src = scratch.join(format!("src-{}", self.comm()));
         std::fs::create_dir_all(&src).unwrap_or_else(|e| panic!("failed to create {}: {e}", src.display()));
@@ -62,19 +119,16 @@ impl GoBuild {
                 .unwrap_or_else(|e| panic!("failed to copy {name} into {}: {e}", src.display()));
         }
         let binary = scratch.join(self.comm());
-        let mut cmd = Command::new("go");
+        let mut cmd = toolchain.command(scratch);
         cmd.arg("build")
             .args(self.flags())
             .arg("-o")
             .arg(&binary)
             .arg(".")
             .current_dir(&src)
-            .env("GO111MODULE", "off")
-            .env("GOCACHE", scratch.join("gocache"))
-            .env("GOPATH", scratch.join("gopath"))
             .env("CGO_ENABLED", if self == Self::Cgo { "1" } else { "0" });
-        if Command::new("go").arg("version").output().is_err() {
-            panic!("`go` cannot be run: {INSTALL_GO}");
+        if Command::new(&toolchain.go).arg("version").output().is_err() {
+            panic!("`{}` cannot be run: {INSTALL_GO}", toolchain.go.display());
         }
         let output = crate::run::run_with_timeout(&mut cmd, BUILD_TIMEOUT);
         assert!(

@@ -4,7 +4,8 @@
 //! `main.spinD`, each group under its own pprof label): `debug=1`'s labelled records (their
 //! labels, frames and counts) equal Go's, `debug=2` has each of them with Go's id, state and
 //! creator, `go tool pprof` reads `debug=0`, and the fixture's 1 ms ticker shows it was not
-//! stopped. The daemon's `/debug/pprof/goroutine` answers the same, and its OS threads with
+//! stopped; the same with each Go toolchain the test set-up fetched (1.21-1.24: their `g`
+//! layouts, wait reasons, `created by … in goroutine N`, and 1.24's label lists). The daemon's `/debug/pprof/goroutine` answers the same, and its OS threads with
 //! `threads=os`.
 
 use std::{
@@ -18,6 +19,7 @@ use std::{
 use profiler_tests::{
     assert_success,
     daemon::{wait_for, Daemon, DaemonConfig},
+    go_build::Toolchain,
     go_pprof, preflight, run_profiler, workspace_root, TempDir,
 };
 
@@ -75,22 +77,20 @@ impl Drop for GoFixture {
 
 /// Builds the fixture into `scratch` with the machine's Go (no module proxy needed).
 fn build(scratch: &Path) -> PathBuf {
-    build_with(scratch, &[])
+    build_with(&Toolchain::machine(), scratch, &[])
 }
 
-/// Like [`build`], with extra `go build` flags.
-fn build_with(scratch: &Path, flags: &[&str]) -> PathBuf {
+/// Like [`build`], with `toolchain` and extra `go build` flags.
+fn build_with(toolchain: &Toolchain, scratch: &Path, flags: &[&str]) -> PathBuf {
     let binary = scratch.join("go_goroutines");
     let source = workspace_root().join("tests/fixtures/go_goroutines.go");
-    let output = Command::new("go")
+    let output = toolchain
+        .command(scratch)
         .arg("build")
         .args(flags)
         .arg("-o")
         .arg(&binary)
         .arg(&source)
-        .env("GOCACHE", scratch.join("gocache"))
-        .env("GO111MODULE", "off")
-        .env("GOPROXY", "off")
         .output()
         .expect("run go build (install golang-go)");
     assert!(output.status.success(), "go build: {}", String::from_utf8_lossy(&output.stderr));
@@ -179,13 +179,42 @@ fn settled(records: &BTreeMap<Record, u64>) -> bool {
     })
 }
 
+/// The machine's Go, a plain build: the offsets come from the binary's DWARF.
 #[test]
 fn a_go_process_dump_is_its_goroutines_as_go_itself_sees_them() {
+    dump_is_as_go_sees_it(&Toolchain::machine(), &[], "offsets from its DWARF");
+}
+
+#[test]
+fn go_1_21_dump_is_its_goroutines_as_go_itself_sees_them() {
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.21"), &["-ldflags=-w"], "offsets from the Go 1.21 table (no DWARF)");
+}
+
+#[test]
+fn go_1_22_dump_is_its_goroutines_as_go_itself_sees_them() {
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.22"), &["-ldflags=-w"], "offsets from the Go 1.22 table (no DWARF)");
+}
+
+#[test]
+fn go_1_23_dump_is_its_goroutines_as_go_itself_sees_them() {
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.23"), &["-ldflags=-w"], "offsets from the Go 1.23 table (no DWARF)");
+}
+
+#[test]
+fn go_1_24_dump_is_its_goroutines_as_go_itself_sees_them() {
+    dump_is_as_go_sees_it(&Toolchain::fetched("1.24"), &["-ldflags=-w"], "offsets from the Go 1.24 table (no DWARF)");
+}
+
+/// The fetched toolchains build with `-ldflags=-w` (symbol table, no DWARF), so their
+/// version's table is what is read (the unit tests check each table equals the DWARF of that
+/// version's binaries). `source`: what the comment must say the offsets came from.
+fn dump_is_as_go_sees_it(toolchain: &Toolchain, flags: &[&str], source: &str) {
     if !preflight() {
         return;
     }
     let scratch = TempDir::new("go-goroutines");
-    let binary = build(scratch.path());
+    let binary = build_with(toolchain, scratch.path(), flags);
+    eprintln!("Go toolchain: {} ({})", toolchain.name, toolchain.go.display());
     let mut fixture = GoFixture::start(&binary, scratch.path());
     let pid = fixture.pid();
 
@@ -235,7 +264,10 @@ fn a_go_process_dump_is_its_goroutines_as_go_itself_sees_them() {
     }
     assert_eq!(compared, 20, "Go's own debug=2:\n{theirs2}");
 
-    // debug=0: go tool pprof reads it, labels included.
+    // debug=0: go tool pprof reads it, labels included; its comment says where the offsets
+    // came from.
+    let raw = go_pprof::raw(&pprof_file);
+    assert!(raw.contains(source), "the comment does not say `{source}`:\n{raw}");
     let traces = go_pprof::traces(&pprof_file);
     for (group, (function, _)) in expected() {
         assert!(traces.contains(function), "{function} not in go tool pprof -traces:\n{traces}");
@@ -287,7 +319,7 @@ fn a_stripped_go_binary_falls_back_to_its_threads_and_says_why() {
         return;
     }
     let scratch = TempDir::new("go-goroutines-stripped");
-    let binary = build_with(scratch.path(), &["-ldflags=-s -w"]);
+    let binary = build_with(&Toolchain::machine(), scratch.path(), &["-ldflags=-s -w"]);
     let fixture = GoFixture::start(&binary, scratch.path());
     let file = scratch.path().join("stripped.pb.gz");
     let output = run_profiler(&["threads", &fixture.pid(), "--debug", "0", "--output", file.to_str().unwrap()]);

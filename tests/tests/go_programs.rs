@@ -11,10 +11,14 @@
 //! profile names. In the cgo build, the C function `c_spin_b` is named, and the walk goes on
 //! from it through `runtime.asmcgocall`'s stack switch to `main.hotB` and `runtime.main`.
 //! Both profiles are decoded by our decoder: nothing is symbolized from the local binary.
+//!
+//! The four builds use the machine's Go (Debian's 1.19); the `-s -w` build is also checked
+//! with each Go toolchain the test set-up fetched (1.21-1.24: the pclntab layout of 1.20 on,
+//! their inline trees and funcdata), one test each.
 
 use std::collections::BTreeMap;
 
-use profiler_tests::go_build::{GoBuild, GoProcess};
+use profiler_tests::go_build::{GoBuild, GoProcess, Toolchain};
 use profiler_tests::{assert_success, expect, preflight, run_profiler, Profile, TempDir};
 
 /// Long enough to outlast the profiler's start and its capture; its end is waited for.
@@ -54,12 +58,36 @@ fn cgo_build_names_its_c_function_and_its_go_code() {
     check(GoBuild::Cgo);
 }
 
+#[test]
+fn go_1_21_stripped_build_is_named_from_its_pclntab() {
+    check_with(&Toolchain::fetched("1.21"), GoBuild::Stripped);
+}
+
+#[test]
+fn go_1_22_stripped_build_is_named_from_its_pclntab() {
+    check_with(&Toolchain::fetched("1.22"), GoBuild::Stripped);
+}
+
+#[test]
+fn go_1_23_stripped_build_is_named_from_its_pclntab() {
+    check_with(&Toolchain::fetched("1.23"), GoBuild::Stripped);
+}
+
+#[test]
+fn go_1_24_stripped_build_is_named_from_its_pclntab() {
+    check_with(&Toolchain::fetched("1.24"), GoBuild::Stripped);
+}
+
 fn check(build: GoBuild) {
+    check_with(&Toolchain::machine(), build);
+}
+
+fn check_with(toolchain: &Toolchain, build: GoBuild) {
     if !preflight() {
         return;
     }
-    let (ours, theirs, truth) = profile(build);
-    let what = format!("{build:?}");
+    let (ours, theirs, truth) = profile(toolchain, build);
+    let what = format!("{build:?} (Go: {})", toolchain.name);
     // In the cgo build hotB's work is in C: its samples are the C function's, under hotB.
     let hot_b = if build == GoBuild::Cgo { ["main.hotB", "c_spin_b"].as_slice() } else { &["main.hotB"] };
     check_share(&ours, truth, hot_b, &format!("{what}: our profile"));
@@ -87,12 +115,12 @@ fn check(build: GoBuild) {
     }
 }
 
-/// Runs `build` of the fixture under `profiler snapshot --pid`; returns our profile, Go's
-/// own and hotA's true share of hotA + hotB.
-fn profile(build: GoBuild) -> (Profile, Profile, f64) {
+/// Runs `build` of the fixture, built by `toolchain`, under `profiler snapshot --pid`;
+/// returns our profile, Go's own and hotA's true share of hotA + hotB.
+fn profile(toolchain: &Toolchain, build: GoBuild) -> (Profile, Profile, f64) {
     let scratch = TempDir::new(build.comm());
     let out = TempDir::new(&format!("{}-out", build.comm()));
-    let binary = build.build(scratch.path());
+    let binary = build.build_with(toolchain, scratch.path());
     let go_profile = scratch.path().join("go.pprof");
     let mut go = GoProcess::spawn(&binary, FIXTURE_S, &go_profile);
     let pid = go.pid().to_string();

@@ -7,6 +7,7 @@
 //! newer nightly ships LLVM 23, which bpf-linker built for LLVM 22 cannot link.
 
 mod apt;
+mod go_toolchains;
 mod python;
 mod system;
 mod toolchain;
@@ -98,6 +99,7 @@ pub fn run(needs: Needs) -> Result<()> {
         // The test command checks formatting and lints first.
         toolchain::lint_tools(&mut report);
         python::check(&host, &mut report);
+        go_toolchains::check(&mut report);
     }
     system::mounts(&host, &mut report);
     let missing = report.missing;
@@ -111,7 +113,7 @@ pub fn run(needs: Needs) -> Result<()> {
 /// (`go` adds golang-go for the tests), then build the release binary.
 pub fn prepare(go: bool) -> anyhow::Result<()> {
     if go {
-        workspace::stage("setup (including golang-go for the end-to-end tests)");
+        workspace::stage("setup (including golang-go and Go 1.21-1.24 toolchains for the end-to-end tests)");
     } else {
         workspace::stage("setup");
     }

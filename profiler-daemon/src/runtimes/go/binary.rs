@@ -18,6 +18,9 @@ const STT_FUNC: u8 = 2;
 /// The runtime globals the reader looks up, in [`Symbols::globals`] order.
 pub const GLOBALS: [&str; 4] = ["runtime.allgs", "runtime.allglen", "runtime.fingRunning", "runtime.main"];
 
+/// The runtime's array of wait reason strings (`[...]string`, indexed by `waitReason`).
+pub const WAIT_REASON_STRINGS: &str = "runtime.waitReasonStrings";
+
 /// A Go executable, as its file says.
 #[derive(Clone, Debug)]
 pub struct GoBinary {
@@ -34,6 +37,9 @@ pub struct GoBinary {
 pub struct Symbols {
     /// File virtual addresses of [`GLOBALS`], in order.
     pub globals: [Option<u64>; GLOBALS.len()],
+    /// `runtime.waitReasonStrings`: its file virtual address and size (the version's wait
+    /// reasons, read from the process rather than from a table when present).
+    pub wait_reason_strings: Option<(u64, u64)>,
     /// Function extents `[start, end)` by start, and whether each is the runtime's own
     /// (`runtime.`: Go leaves goroutines started there out of its profile, except below).
     functions: Vec<(u64, u64, FunctionClass)>,
@@ -122,6 +128,9 @@ fn symbols(elf: &Elf) -> Result<Option<Symbols>, ElfError> {
         if let Some(i) = GLOBALS.iter().position(|g| g.as_bytes() == name) {
             found.globals[i] = Some(value);
         }
+        if name == WAIT_REASON_STRINGS.as_bytes() {
+            found.wait_reason_strings = Some((value, size));
+        }
         if entry[4] & 0xf == STT_FUNC && value != 0 {
             found.functions.push((value, value.saturating_add(size.max(1)), classify(name)));
         }
@@ -165,6 +174,7 @@ mod tests {
     fn start_functions_are_classed_as_gos_is_system_goroutine_does() {
         let symbols = Symbols {
             globals: Default::default(),
+            wait_reason_strings: None,
             functions: vec![
                 (0x100, 0x120, classify(b"main.worker")),
                 (0x200, 0x240, classify(b"runtime.bgsweep")),

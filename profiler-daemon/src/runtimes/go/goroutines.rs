@@ -40,6 +40,8 @@ const POINTERS_PER_READ: usize = 65536;
 /// per batch instead of three per goroutine (at 100,000 goroutines the syscalls' fixed cost
 /// was two thirds of the dump). 512 stack windows are at most 2 MiB.
 const BATCH: usize = 512;
+/// Bytes of a wait reason's string kept (Go's longest is 29).
+const MAX_WAIT_REASON_BYTES: u64 = 64;
 /// Bytes of stack read at once.
 const STACK_WINDOW: u64 = 4096;
 
@@ -127,6 +129,8 @@ struct Reading<'a> {
     now: i64,
     threads: &'a HashMap<u32, ThreadStack>,
     labels: labels::LabelReader,
+    /// The process's own `waitReasonStrings`, else the layout's table.
+    wait_reasons: Vec<String>,
 }
 
 /// Reads every goroutine. An error says why none could be (the process exited, the globals
@@ -141,13 +145,24 @@ pub fn read_all(
     let at = |i: usize| symbols.globals[i].map(|a| a.wrapping_add(bias));
     let allgs = at(0).ok_or_else(|| format!("the symbol table has no {}", GLOBALS[0]))?;
     let globals = Globals { allgs, fing_running: at(2) };
-    let mut reading =
-        Reading { remote, layout, symbols, globals, bias, now: monotonic_ns(), threads, labels: Default::default() };
+    let wait_reasons = wait_reasons(remote, symbols, bias)
+        .unwrap_or_else(|_| layout.wait_reasons.iter().map(|s| s.to_string()).collect());
+    let mut reading = Reading {
+        remote,
+        layout,
+        symbols,
+        globals,
+        bias,
+        now: monotonic_ns(),
+        threads,
+        labels: labels::LabelReader::new(layout.labels_repr),
+        wait_reasons,
+    };
     let mut dump = GoDump::default();
     for attempt in 1..=ATTEMPTS {
         let (pointers, header) = list(remote, &reading.globals, &mut dump).map_err(|e| e.to_string())?;
         let mut round = GoDump { reread: dump.reread, left_out: dump.left_out, ..GoDump::default() };
-        reading.labels = Default::default();
+        reading.labels = labels::LabelReader::new(layout.labels_repr);
         for batch in pointers.chunks(BATCH) {
             read_batch(&mut reading, batch, &mut round);
         }
@@ -246,7 +261,7 @@ fn read_one(reading: &mut Reading, g: &[u8], window: (u64, Vec<u8>), dump: &mut 
     Some(Goroutine {
         goid: field_u64(g, layout.goid) as i64,
         status,
-        state: state(layout, status, field_u8(g, layout.waitreason)),
+        state: state(&reading.wait_reasons, status, field_u8(g, layout.waitreason)),
         wait_minutes,
         locked_to_thread: field_u64(g, layout.lockedm) != 0,
         frames,
@@ -272,10 +287,30 @@ fn system(remote: &Remote, layout: &Layout, symbols: &Symbols, globals: &Globals
     }
 }
 
+/// The process's `runtime.waitReasonStrings` (at the symbol's address plus `bias`): the
+/// strings its Go version prints, whatever that version. An error when the symbol table has
+/// no such array or it cannot be read.
+pub fn wait_reasons(remote: &Remote, symbols: &Symbols, bias: u64) -> Result<Vec<String>, String> {
+    let (address, size) = symbols.wait_reason_strings.ok_or("no runtime.waitReasonStrings in the symbol table")?;
+    // `waitReason` is a uint8: 256 strings at most, 16 bytes each.
+    let count = (size / 16).min(256) as usize;
+    let headers = remote.bytes(address.wrapping_add(bias), count * 16).map_err(|e| e.to_string())?;
+    let mut strings = Vec::with_capacity(count);
+    for header in headers.chunks_exact(16) {
+        let (data, len) = (field_u64(header, 0), field_u64(header, 8));
+        if len > MAX_WAIT_REASON_BYTES {
+            return Err(format!("a wait reason of {len} bytes: not the array expected"));
+        }
+        let text = if len == 0 { Vec::new() } else { remote.bytes(data, len as usize).map_err(|e| e.to_string())? };
+        strings.push(String::from_utf8_lossy(&text).into_owned());
+    }
+    Ok(strings)
+}
+
 /// Go's text for a status: the wait reason of a waiting goroutine that has one.
-fn state(layout: &Layout, status: u32, reason: u8) -> String {
+fn state(wait_reasons: &[String], status: u32, reason: u8) -> String {
     if status == layout::G_WAITING && reason != 0 {
-        return layout.wait_reasons.get(usize::from(reason)).copied().unwrap_or("unknown wait reason").to_string();
+        return wait_reasons.get(usize::from(reason)).map_or("unknown wait reason", String::as_str).to_string();
     }
     layout::STATUS_STRINGS.get(status as usize).copied().unwrap_or("???").to_string()
 }
@@ -465,7 +500,8 @@ mod tests {
 
     #[test]
     fn states_read_as_go_prints_them() {
-        let l = &layout::V1_19;
+        let l: Vec<String> = layout::V1_19.wait_reasons.iter().map(|s| s.to_string()).collect();
+        let l = &l;
         assert_eq!(state(l, layout::G_WAITING, 14), "chan receive");
         assert_eq!(state(l, layout::G_WAITING, 19), "sleep");
         assert_eq!(state(l, layout::G_WAITING, 18), "semacquire");

@@ -1,13 +1,19 @@
-//! A goroutine's pprof labels, read from its `g.labels`: before Go 1.24 a pointer to a
-//! `runtime/pprof.labelMap`, a `map[string]string`, whose `hmap` and buckets are read here
-//! (`src/runtime/map.go`: the bucket is 8 top hashes, 8 keys, 8 values, an overflow pointer).
-//! Bounded: [`MAX_LABELS`] per goroutine, [`MAX_STRING_BYTES`] per key or value, buckets and
+//! A goroutine's pprof labels, read from its `g.labels`, in the representation its version's
+//! [`LabelsRepr`] says:
+//! - before Go 1.24 a pointer to a `runtime/pprof.labelMap`, a `map[string]string`, whose
+//!   `hmap` and buckets are read here (`src/runtime/map.go`: the bucket is 8 top hashes, 8
+//!   keys, 8 values, an overflow pointer);
+//! - from Go 1.24 a pointer to a `labelMap{LabelSet{list []label}}`: a slice header (data,
+//!   len, cap) of `{key, value string}` pairs, sorted by key (`src/runtime/pprof/label.go`).
+//!
+//! Bounded the same for both: [`MAX_LABELS`] per goroutine, [`MAX_STRING_BYTES`] per key or value, buckets and
 //! overflow chains by [`MAX_BUCKET_BITS`] and [`MAX_OVERFLOW`], and [`MAX_DUMP_BYTES`] of keys
 //! and values per dump, charged before they are read; what is cut is counted. Goroutines
 //! started under one `pprof.Do` share one map: [`LabelReader`] reads each map once.
 
 use std::{collections::HashMap, sync::Arc};
 
+use super::layout::LabelsRepr;
 use crate::runtimes::cpython::memory::{field_u64, field_u8, ReadError, Remote};
 
 /// A goroutine's labels, sorted by key, shared by the goroutines that share the map.
@@ -19,25 +25,29 @@ pub const MAX_DUMP_BYTES: u64 = 8 << 20;
 
 /// One dump's reading of label maps: each map once, within [`MAX_DUMP_BYTES`].
 pub struct LabelReader {
+    repr: LabelsRepr,
     by_pointer: HashMap<u64, Option<Labels>>,
     budget: u64,
     /// Labels, or parts of them, cut by the bounds (or unreadable).
     pub cut: u64,
 }
 
-impl Default for LabelReader {
-    fn default() -> Self {
-        LabelReader { by_pointer: HashMap::new(), budget: MAX_DUMP_BYTES, cut: 0 }
-    }
-}
-
 impl LabelReader {
+    /// A reader of labels laid out as `repr` says.
+    pub fn new(repr: LabelsRepr) -> Self {
+        LabelReader { repr, by_pointer: HashMap::new(), budget: MAX_DUMP_BYTES, cut: 0 }
+    }
+
     /// The labels at `labels` (`g.labels`); `None` when the goroutine has none.
     pub fn read(&mut self, remote: &Remote, labels: u64) -> Option<Labels> {
         if let Some(known) = self.by_pointer.get(&labels) {
             return known.clone();
         }
-        let read = match read_map(remote, labels, &mut self.budget, &mut self.cut) {
+        let read = match self.repr {
+            LabelsRepr::Map => read_map(remote, labels, &mut self.budget, &mut self.cut),
+            LabelsRepr::List => read_list(remote, labels, &mut self.budget, &mut self.cut),
+        };
+        let read = match read {
             Ok(pairs) => pairs.map(Labels::from),
             Err(_) => {
                 self.cut += 1;
@@ -64,6 +74,10 @@ const HMAP_BUCKETS: u64 = 16;
 const HMAP_OLDBUCKETS: u64 = 24;
 const BUCKET_SLOTS: usize = 8;
 const STRING_BYTES: u64 = 16;
+/// A slice header: data, len, cap.
+const SLICE_BYTES: usize = 24;
+/// A `runtime/pprof.label`: key and value strings.
+const LABEL_BYTES: u64 = 2 * STRING_BYTES;
 const BUCKET_KEYS: u64 = 8;
 const BUCKET_VALUES: u64 = BUCKET_KEYS + BUCKET_SLOTS as u64 * STRING_BYTES;
 const BUCKET_OVERFLOW: u64 = BUCKET_VALUES + BUCKET_SLOTS as u64 * STRING_BYTES;
@@ -107,6 +121,35 @@ pub fn read_map(
     }
     pairs.sort();
     pairs.dedup_by(|a, b| a.0 == b.0);
+    Ok(Some(pairs))
+}
+
+/// The labels at `labels` (`g.labels`) of Go 1.24 on: `None` for a nil pointer, else the
+/// slice's pairs (at most [`MAX_LABELS`], the rest counted in `cut`), sorted by key.
+pub fn read_list(
+    remote: &Remote,
+    labels: u64,
+    budget: &mut u64,
+    cut: &mut u64,
+) -> Result<Option<Vec<(String, String)>>, ReadError> {
+    if labels == 0 {
+        return Ok(None);
+    }
+    let header = remote.bytes(labels, SLICE_BYTES)?;
+    let (data, len) = (field_u64(&header, 0), field_u64(&header, 8));
+    let kept = len.min(MAX_LABELS as u64);
+    *cut += len - kept;
+    let mut pairs = Vec::with_capacity(kept as usize);
+    if kept > 0 {
+        let items = remote.bytes(data, kept as usize * LABEL_BYTES as usize)?;
+        for at in (0..kept).map(|i| i * LABEL_BYTES) {
+            let key = string(remote, &items, at, budget, cut)?;
+            let value = string(remote, &items, at + STRING_BYTES, budget, cut)?;
+            pairs.push((key, value));
+        }
+    }
+    // Sorted by Go already; sorted again so a torn read cannot give an unsorted set.
+    pairs.sort();
     Ok(Some(pairs))
 }
 
@@ -233,9 +276,46 @@ mod tests {
         assert_eq!((cut, small), (3, 0));
 
         // A shared map is read once per dump.
-        let mut reader = LabelReader::default();
+        let mut reader = LabelReader::new(LabelsRepr::Map);
         let first = reader.read(&me, pointer).unwrap();
         let again = reader.read(&me, pointer).unwrap();
         assert!(Arc::ptr_eq(&first, &again));
+    }
+
+    /// A `labelMap{LabelSet{list []label}}` as Go 1.24 lays it out, in this process's memory.
+    fn fake_list(pairs: &[(&'static str, &'static str)]) -> (Vec<[u64; 4]>, [u64; 3]) {
+        let items: Vec<[u64; 4]> =
+            pairs.iter().map(|(k, v)| [k.as_ptr() as u64, k.len() as u64, v.as_ptr() as u64, v.len() as u64]).collect();
+        let header = [items.as_ptr() as u64, items.len() as u64, items.len() as u64];
+        (items, header)
+    }
+
+    #[test]
+    fn a_label_list_reads_back_bounded_and_counted() {
+        let me = Remote { pid: Pid(std::process::id()) };
+        let (items, header) = fake_list(&[("handler", "checkout"), ("region", "eu")]);
+        let pointer = header.as_ptr() as u64;
+        let (mut cut, mut budget) = (0, MAX_DUMP_BYTES);
+        let pairs = read_list(&me, pointer, &mut budget, &mut cut).unwrap().unwrap();
+        assert_eq!(pairs, [("handler".to_string(), "checkout".to_string()), ("region".into(), "eu".into())]);
+        assert_eq!((cut, budget), (0, MAX_DUMP_BYTES - 23));
+        assert_eq!(read_list(&me, 0, &mut budget, &mut cut).unwrap(), None, "a nil pointer is no labels");
+
+        // More than MAX_LABELS: the rest counted; a budget short of a string cuts and counts.
+        let many: Vec<(&'static str, &'static str)> = (0..MAX_LABELS + 3).map(|_| ("k", "v")).collect();
+        let (many_items, many_header) = fake_list(&many);
+        let (mut cut, mut budget) = (0, MAX_DUMP_BYTES);
+        let pairs = read_list(&me, many_header.as_ptr() as u64, &mut budget, &mut cut).unwrap().unwrap();
+        assert_eq!((pairs.len(), cut), (MAX_LABELS, 3));
+        let (mut cut, mut small) = (0, 9);
+        let pairs = read_list(&me, pointer, &mut small, &mut cut).unwrap().unwrap();
+        assert_eq!(pairs, [(String::new(), String::new()), ("handler".to_string(), "ch".to_string())]);
+        assert_eq!((cut, small), (3, 0));
+
+        // The reader of a 1.24 process reads lists, each once.
+        let mut reader = LabelReader::new(LabelsRepr::List);
+        let first = reader.read(&me, pointer).unwrap();
+        assert!(Arc::ptr_eq(&first, &reader.read(&me, pointer).unwrap()));
+        drop((items, many_items));
     }
 }

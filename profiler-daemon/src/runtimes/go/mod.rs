@@ -6,7 +6,8 @@
 //!
 //! - [`binary`]: that the executable is Go (`.go.buildinfo`), its version, and the runtime's
 //!   globals (`runtime.allgs`, …) from the ELF symbol table;
-//! - [`layout`]: the offsets of `g`'s fields per Go version;
+//! - [`layout`]: the offsets of `g`'s fields per Go version, and [`dwarf`]: the same from the
+//!   binary's own DWARF, preferred when it has one;
 //! - [`goroutines`]: every `g` of `runtime.allgs`, read with `process_vm_readv` (the CPython
 //!   reader's [`Remote`]), its stack walked by frame pointers from its saved `sched`, its
 //!   labels from its label map.
@@ -15,6 +16,7 @@
 //! [`GoRead::Fallback`] with the reason, and its dump stays one of OS threads.
 
 pub mod binary;
+pub mod dwarf;
 pub mod goroutines;
 pub mod labels;
 pub mod layout;
@@ -40,6 +42,8 @@ pub enum GoRead {
 pub struct GoDump {
     /// `go1.19.8`.
     pub version: String,
+    /// Where the offsets came from: `its DWARF` or `the Go 1.x table`.
+    pub layout_source: String,
     /// Goroutines shown, by `runtime.allgs` order.
     pub goroutines: Vec<Goroutine>,
     /// Goroutines Go's own profile leaves out too: dead or idle ones, and the runtime's own
@@ -64,13 +68,15 @@ impl GoDump {
     /// One line for the profile's comment.
     pub fn describe(&self) -> String {
         format!(
-            "Go {}: {} goroutines read from runtime.allgs with process_vm_readv in {:.1} ms (not stopped); \
+            "Go {}: {} goroutines read from runtime.allgs with process_vm_readv in {:.1} ms (not stopped; \
+             offsets from {}); \
              left out as Go's own profile does: {} dead, idle or runtime goroutines; skipped: {} unreadable, \
              {} over the cap of {}; list read again because it changed {} times; {} goroutines moved while \
              read; {} labels cut; OS threads: ?threads=os",
             self.version,
             self.goroutines.len(),
             self.duration.as_secs_f64() * 1e3,
+            self.layout_source,
             self.system,
             self.unreadable,
             self.left_out,
@@ -103,12 +109,34 @@ pub fn read(pid: Pid, threads: &HashMap<u32, ThreadStack>) -> GoRead {
         Ok(None) => return GoRead::NotGo,
         Err(err) => return GoRead::Fallback(format!("Go executable whose build facts could not be read: {err}")),
     };
-    let Some(layout) = layout::parse_version(&go.version).and_then(|(major, minor)| layout::for_version(major, minor))
-    else {
-        return GoRead::Fallback(format!(
-            "{}: the goroutine reader knows Go 1.19; goroutines not read, OS threads shown",
-            go.version
-        ));
+    let version = layout::parse_version(&go.version);
+    let table = version.and_then(|(major, minor)| layout::for_version(major, minor));
+    let (layout, layout_source) = match (version.map(|v| dwarf::layout(mapped.bytes(), v)), table) {
+        (Some(Ok(Some(found))), _) => (found, "its DWARF".to_string()),
+        (read, Some(table)) => {
+            let (major, minor) = version.unwrap_or_default();
+            let why = match read {
+                Some(Err(why)) => format!("DWARF unusable: {why}"),
+                _ => "no DWARF".to_string(),
+            };
+            (*table, format!("the Go {major}.{minor} table ({why})"))
+        }
+        (Some(Err(why)), None) => {
+            return GoRead::Fallback(format!(
+                "{}: the goroutine reader has no table for this version (it knows Go {}) and {why}; \
+                 goroutines not read, OS threads shown",
+                go.version,
+                layout::known_versions()
+            ))
+        }
+        (_, None) => {
+            return GoRead::Fallback(format!(
+                "{}: the goroutine reader knows Go {} (and others from their DWARF, which this binary \
+                 lacks); goroutines not read, OS threads shown",
+                go.version,
+                layout::known_versions()
+            ))
+        }
     };
     let Some(symbols) = &go.symbols else {
         return GoRead::Fallback(format!(
@@ -122,11 +150,12 @@ pub fn read(pid: Pid, threads: &HashMap<u32, ThreadStack>) -> GoRead {
         None => return GoRead::Fallback(format!("{}: the executable's load address was not found", go.version)),
     };
     let remote = Remote { pid };
-    let mut dump = match goroutines::read_all(&remote, layout, symbols, bias, threads) {
+    let mut dump = match goroutines::read_all(&remote, &layout, symbols, bias, threads) {
         Ok(dump) => dump,
         Err(why) => return GoRead::Fallback(format!("{}: goroutines not read: {why}; OS threads shown", go.version)),
     };
     dump.version = go.version;
+    dump.layout_source = layout_source;
     dump.duration = started.elapsed();
     GoRead::Read(dump)
 }
