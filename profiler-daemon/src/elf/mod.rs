@@ -160,10 +160,50 @@ fn gnu_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     None
 }
 
-/// Whether the ELF file `bytes` names a separate debug file (`.gnu_debuglink` or
-/// `.gnu_debugaltlink`), which a symbolizer would look for by path.
-pub(crate) fn links_debug_file(bytes: &[u8]) -> bool {
-    Elf::parse(bytes).is_ok_and(|elf| elf.section(".gnu_debuglink").or(elf.section(".gnu_debugaltlink")).is_some())
+/// The GNU build id of an ELF file from its program headers or, in a separate debug file
+/// whose program headers may point at nothing, its `.note.gnu.build-id` section.
+pub fn build_id_any(bytes: &[u8]) -> Option<String> {
+    build_id(bytes).or_else(|| {
+        let elf = Elf::parse(bytes).ok()?;
+        let notes = elf.data(&elf.section(".note.gnu.build-id")?).ok()?;
+        gnu_build_id(&notes).map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+    })
+}
+
+/// The virtual address (in the file's own layout) of the byte at `file_offset`, from the
+/// `PT_LOAD` segment that maps it.
+pub fn file_offset_to_vaddr(segments: &[LoadSegment], file_offset: u64) -> Option<u64> {
+    let segment =
+        segments.iter().find(|s| file_offset >= s.file_offset && file_offset - s.file_offset < s.file_size.max(1))?;
+    Some(file_offset - segment.file_offset + segment.vaddr)
+}
+
+/// A file's `.gnu_debuglink`: the debug file's name (no directory) and the CRC-32 of its
+/// whole contents. `None` without one, or with a name that is empty, holds a `/` or is `.`
+/// or `..` (a name must not lead out of the directories it is looked for in).
+pub fn debug_link(bytes: &[u8]) -> Option<(String, u32)> {
+    let elf = Elf::parse(bytes).ok()?;
+    let data = elf.data(&elf.section(".gnu_debuglink")?).ok()?;
+    let len = data.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&data[..len]).ok()?;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    let crc_at = (len + 1).checked_add(3)? & !3;
+    let crc = u32_at(&data, crc_at).ok()?;
+    Some((name.to_string(), crc))
+}
+
+/// Whether the ELF file `bytes` has a section called `name` with contents in the file.
+pub fn has_section(bytes: &[u8], name: &str) -> bool {
+    Elf::parse(bytes).is_ok_and(|elf| elf.section(name).is_some())
+}
+
+/// The raw (not inflated) contents of the section `name` of `bytes`, if it has one.
+pub fn raw_section<'a>(bytes: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let elf = Elf::parse(bytes).ok()?;
+    let section = elf.section(name)?;
+    file_range(bytes, section.offset, section.size).ok()
 }
 
 /// The section header table of one ELF file.

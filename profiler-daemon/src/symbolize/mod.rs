@@ -15,8 +15,10 @@
 //! own frames need names, not source lines.
 
 pub mod budget;
+mod debug_file;
 mod elf;
 mod go;
+mod minidebug;
 mod perf_map;
 
 use std::{collections::HashMap, ffi::OsStr, path::Path};
@@ -49,6 +51,48 @@ pub struct Frame {
     /// Bytes from the start of the function the address is in (for an inlined frame, of
     /// the function it was inlined into, as Go's texts print it).
     pub offset: u64,
+}
+
+/// Where a frame's name came from, counted per profile (its comment) and in `/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NameSource {
+    /// The mapped file's own symbol tables (or its own DWARF).
+    #[default]
+    SymbolTable,
+    /// A separate debug file (`/usr/lib/debug`, by build id or debug link).
+    DebugFile,
+    /// The file's MiniDebugInfo (`.gnu_debugdata`).
+    MiniDebugInfo,
+    /// A JIT's perf map.
+    PerfMap,
+    /// A Go binary's pclntab.
+    GoPclntab,
+    /// Nothing: the frame is `file+0xoffset`.
+    Unnamed,
+}
+
+impl NameSource {
+    /// Every source, in the order the counts are shown.
+    pub const ALL: [NameSource; 6] = [
+        NameSource::SymbolTable,
+        NameSource::DebugFile,
+        NameSource::MiniDebugInfo,
+        NameSource::PerfMap,
+        NameSource::GoPclntab,
+        NameSource::Unnamed,
+    ];
+
+    /// Its name in the comment and in `/status`.
+    pub fn label(self) -> &'static str {
+        match self {
+            NameSource::SymbolTable => "symbol table",
+            NameSource::DebugFile => "debug file",
+            NameSource::MiniDebugInfo => "MiniDebugInfo",
+            NameSource::PerfMap => "perf map",
+            NameSource::GoPclntab => "Go pclntab",
+            NameSource::Unnamed => "unnamed",
+        }
+    }
 }
 
 /// Symbols of one address: frames innermost first (an inlined callee before its caller); the
