@@ -116,6 +116,9 @@ pub struct Symbolizer {
     /// Perf map reads refused since start (not a regular file, not the process's, too
     /// large, over the budget, stalled).
     pub perf_maps_refused: u64,
+    /// Frame names by source since start, as [`crate::resolve`] counted them per profile
+    /// (indexed by [`NameSource`] as `usize`), for `/status`.
+    pub names_by_source: [u64; NameSource::ALL.len()],
     /// The resident-memory budget checked after each file read, when set
     /// ([`Symbolizer::set_files_budget`]).
     files_budget: Option<FilesBudget>,
@@ -143,6 +146,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             perf_map_bytes: 0,
             perf_maps_refused: 0,
+            names_by_source: [0; NameSource::ALL.len()],
             files_budget: None,
         }
     }
