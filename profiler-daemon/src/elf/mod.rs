@@ -295,7 +295,13 @@ pub fn debug_info_bytes(bytes: &[u8]) -> Result<u64, ElfError> {
 /// declare more than `cap` bytes, those whose stream holds more than `cap` whatever they
 /// declare (found by inflating into nothing, at most `cap` + 1 bytes), and those compressed
 /// in a way other than zlib (which such a reader fails on, losing the file's symbols too).
-pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(String, String)>, ElfError> {
+/// With `trust_declared` (a file only root can have written) the streams are not inflated
+/// to be counted: that would inflate every section once more than the reader does.
+pub fn unreadable_compressed_sections(
+    bytes: &[u8],
+    cap: u64,
+    trust_declared: bool,
+) -> Result<Vec<(String, String)>, ElfError> {
     let elf = Elf::parse(bytes)?;
     let mut refused = Vec::new();
     for section in elf.sections.iter().filter(|s| s.flags & SHF_COMPRESSED != 0 && s.kind != SHT_NOBITS) {
@@ -303,7 +309,7 @@ pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(Str
         let why = match u32_at(raw, 0)? {
             ELFCOMPRESS_ZLIB => {
                 let declared = u64_at(raw, 8)?;
-                let size = if declared > cap { declared } else { inflated_size(raw, cap)? };
+                let size = if declared > cap || trust_declared { declared } else { inflated_size(raw, cap)? };
                 (size > cap).then(|| format!("inflates to {size} bytes, over the {cap}-byte cap"))
             }
             kind => Some(format!("is compressed with type {kind}, not zlib")),
@@ -468,7 +474,8 @@ pub(crate) mod tests {
         let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         zlib.write_all(&vec![0u8; 1 << 20]).unwrap();
         let stream = zlib.finish().unwrap();
-        let refused = |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap).unwrap();
+        let refused =
+            |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap, false).unwrap();
         assert_eq!(refused(&compressed(1 << 20, &stream), 1 << 20), vec![]);
         let over = |size: u64, cap: u64| {
             vec![(".debug_x".to_string(), format!("inflates to {size} bytes, over the {cap}-byte cap"))]
@@ -476,6 +483,10 @@ pub(crate) mod tests {
         assert_eq!(refused(&compressed(1 << 30, &stream), 1 << 20), over(1 << 30, 1 << 20));
         // Declares 1 KiB, holds 1 MiB: a reader trusting the stream would inflate it all.
         assert_eq!(refused(&compressed(1024, &stream), 4096), over(4097, 4096));
+        // A file only root can have written is judged by what it declares, not inflated.
+        let trusted = |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap, true);
+        assert_eq!(trusted(&compressed(1024, &stream), 4096).unwrap(), vec![]);
+        assert_eq!(trusted(&compressed(1 << 30, &stream), 1 << 20).unwrap(), over(1 << 30, 1 << 20));
         // Not zlib (here: zeros where the header is): the reader would fail on the file.
         let mut unknown = compressed(1024, &stream);
         unknown[..4].copy_from_slice(&0u32.to_le_bytes());

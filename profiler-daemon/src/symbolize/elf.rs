@@ -147,9 +147,12 @@ impl FileSymbols {
         if let Some(found) = debug_file::find(&debug_file::root_of(pid), &wanted) {
             tracing::debug!(path, debug_file = found.path, found_by = ?found.found_by, "separate debug file found");
             let described = format!("{path} (debug file {})", found.path);
-            self.no_debug_info = MappedFile::map(&found.file)
-                .ok()
-                .and_then(|debug_bytes| debug_info_refusal(debug_bytes.bytes(), &described, max_debug_info));
+            self.no_debug_info = MappedFile::map(&found.file).ok().and_then(|debug_bytes| {
+                // A distribution's debug file (libc6-dbg's) has compressed sections:
+                // counting them would inflate them all once more than blazesym does.
+                let trusted = found.file.metadata().is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
+                debug_info_refusal(debug_bytes.bytes(), &described, max_debug_info, trusted)
+            });
             self.debug_syms = self.no_debug_info.is_none();
             self.source = NameSource::DebugFile;
             self.debug = Some(found);
@@ -168,7 +171,7 @@ impl FileSymbols {
         }
         // Only the file's own DWARF: without it blazesym would look for the debug file
         // itself (by host paths, with a CRC), which was just done.
-        self.no_debug_info = debug_info_refusal(bytes, path, max_debug_info);
+        self.no_debug_info = debug_info_refusal(bytes, path, max_debug_info, false);
         self.debug_syms = self.no_debug_info.is_none() && has_section(bytes, ".debug_info");
     }
 
@@ -352,9 +355,10 @@ impl ElfFiles {
 /// declare (or hold) gigabytes, or use a compression it cannot read (and then names
 /// nothing). Such a file is named from its symbol table, and so is one with more DWARF than
 /// `max_debug_info`, when set.
-fn debug_info_refusal(bytes: &[u8], path: &str, max_debug_info: Option<u64>) -> Option<String> {
+/// A file only root can have written (`trusted`) is judged by the sizes its sections declare.
+fn debug_info_refusal(bytes: &[u8], path: &str, max_debug_info: Option<u64>, trusted: bool) -> Option<String> {
     // A section past the inflate cap first: it is the reason that names the section.
-    if let Some((name, why)) = unreadable_compressed_sections(bytes, MAX_INFLATED_BYTES).ok()?.first() {
+    if let Some((name, why)) = unreadable_compressed_sections(bytes, MAX_INFLATED_BYTES, trusted).ok()?.first() {
         return Some(format!(
             "{path}: compressed section {name} {why}: named from its symbol table, without source lines"
         ));
