@@ -53,13 +53,25 @@ pub enum Refused {
 /// runs its driver, whatever the flags. The file may still grow afterwards: read it with
 /// `take(cap + 1)`.
 pub fn open_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<File, Refused> {
+    open_checked(&format!("/proc/{pid}/root"), path, Some(owners), cap)
+}
+
+/// Opens `path` inside the root `root` (`/proc/PID/root`, or `/` for the host's) for
+/// reading, if it is a regular file of at most `cap` bytes, whoever owns it, with the same
+/// checks as [`open_owned`] otherwise: for files found by a name another file gives (a
+/// separate debug file), which are checked by their contents (build id, CRC) instead.
+pub fn open_regular_in(root: &str, path: &Path, cap: u64) -> Result<File, Refused> {
+    open_checked(root, path, None, cap)
+}
+
+fn open_checked(root: &str, path: &Path, owners: Option<&[u32]>, cap: u64) -> Result<File, Refused> {
     // A `File` only to `fstat` it: an `O_PATH` descriptor can do no more.
-    let handle = File::from(open_path_in_root(pid, path).map_err(Refused::Open)?);
+    let handle = File::from(open_path_in_root(root, path).map_err(Refused::Open)?);
     let meta = handle.metadata().map_err(Refused::Read)?;
     if !meta.file_type().is_file() {
         return Err(Refused::NotRegular { kind: kind(meta.mode()) });
     }
-    if !owners.contains(&meta.uid()) {
+    if owners.is_some_and(|owners| !owners.contains(&meta.uid())) {
         return Err(Refused::WrongOwner { owner: meta.uid() });
     }
     if meta.size() > cap {
@@ -92,10 +104,11 @@ fn read_owned(pid: Pid, path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>
     Ok(bytes)
 }
 
-/// A path descriptor (`O_PATH`) of `path` inside `/proc/PID/root`, never following a link
-/// out of it, a magic link, or a link at the last component (which it then names itself).
-fn open_path_in_root(pid: Pid, path: &Path) -> io::Result<OwnedFd> {
-    let root = CString::new(format!("/proc/{pid}/root")).expect("no NUL in a /proc path");
+/// A path descriptor (`O_PATH`) of `path` inside `root` (`/proc/PID/root`), never following
+/// a link out of it, a magic link, or a link at the last component (which it then names
+/// itself).
+fn open_path_in_root(root: &str, path: &Path) -> io::Result<OwnedFd> {
+    let root = CString::new(root).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the root"))?;
     // SAFETY: a valid NUL-terminated path; the result is checked.
     let dir = unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
     if dir < 0 {

@@ -67,6 +67,9 @@ pub struct Status {
     pub evicted_rows_folded: u64,
     /// JIT perf map reads refused (not a regular file, not the process's owner's, too large).
     pub perf_maps_refused: u64,
+    /// Frame names by where they came from, summed over every naming of a process's samples
+    /// (distinct addresses each time: each profile, and each process named as it exits), in [`crate::symbolize::NameSource::ALL`]'s order.
+    pub names_by_source: [u64; crate::symbolize::NameSource::ALL.len()],
     /// What the socket server refused, by reason ([`crate::control::Refusals::read`]).
     pub front: [(&'static str, u64); 4],
     /// Profile captures (`seconds=`) refused for being over their uid's share.
@@ -109,6 +112,10 @@ pub fn render(s: &Status, full: bool) -> serde_json::Value {
         "export": export_status(&s.exports),
         "refused": refused_status(s),
         "stalled": stalled_status(s),
+        "frame_names_by_source": crate::symbolize::NameSource::ALL
+            .iter()
+            .map(|source| (source.label().replace(' ', "_"), json!(s.names_by_source[*source as usize])))
+            .collect::<serde_json::Map<_, _>>(),
         "last_error": s.last_error,
     });
     if full {

@@ -162,10 +162,50 @@ fn gnu_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     None
 }
 
-/// Whether the ELF file `bytes` names a separate debug file (`.gnu_debuglink` or
-/// `.gnu_debugaltlink`), which a symbolizer would look for by path.
-pub(crate) fn links_debug_file(bytes: &[u8]) -> bool {
-    Elf::parse(bytes).is_ok_and(|elf| elf.section(".gnu_debuglink").or(elf.section(".gnu_debugaltlink")).is_some())
+/// The GNU build id of an ELF file from its program headers or, in a separate debug file
+/// whose program headers may point at nothing, its `.note.gnu.build-id` section.
+pub fn build_id_any(bytes: &[u8]) -> Option<String> {
+    build_id(bytes).or_else(|| {
+        let elf = Elf::parse(bytes).ok()?;
+        let notes = elf.data(&elf.section(".note.gnu.build-id")?).ok()?;
+        gnu_build_id(&notes).map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+    })
+}
+
+/// The virtual address (in the file's own layout) of the byte at `file_offset`, from the
+/// `PT_LOAD` segment that maps it.
+pub fn file_offset_to_vaddr(segments: &[LoadSegment], file_offset: u64) -> Option<u64> {
+    let segment =
+        segments.iter().find(|s| file_offset >= s.file_offset && file_offset - s.file_offset < s.file_size.max(1))?;
+    Some(file_offset - segment.file_offset + segment.vaddr)
+}
+
+/// A file's `.gnu_debuglink`: the debug file's name (no directory) and the CRC-32 of its
+/// whole contents. `None` without one, or with a name that is empty, holds a `/` or is `.`
+/// or `..` (a name must not lead out of the directories it is looked for in).
+pub fn debug_link(bytes: &[u8]) -> Option<(String, u32)> {
+    let elf = Elf::parse(bytes).ok()?;
+    let data = elf.data(&elf.section(".gnu_debuglink")?).ok()?;
+    let len = data.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&data[..len]).ok()?;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    let crc_at = (len + 1).checked_add(3)? & !3;
+    let crc = u32_at(&data, crc_at).ok()?;
+    Some((name.to_string(), crc))
+}
+
+/// Whether the ELF file `bytes` has a section called `name` with contents in the file.
+pub fn has_section(bytes: &[u8], name: &str) -> bool {
+    Elf::parse(bytes).is_ok_and(|elf| elf.section(name).is_some())
+}
+
+/// The raw (not inflated) contents of the section `name` of `bytes`, if it has one.
+pub fn raw_section<'a>(bytes: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let elf = Elf::parse(bytes).ok()?;
+    let section = elf.section(name)?;
+    file_range(bytes, section.offset, section.size).ok()
 }
 
 /// The section header table of one ELF file.
@@ -290,7 +330,13 @@ pub fn debug_info_bytes(bytes: &[u8]) -> Result<u64, ElfError> {
 /// declare more than `cap` bytes, those whose stream holds more than `cap` whatever they
 /// declare (found by inflating into nothing, at most `cap` + 1 bytes), and those compressed
 /// in a way other than zlib (which such a reader fails on, losing the file's symbols too).
-pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(String, String)>, ElfError> {
+/// With `trust_declared` (a file only root can have written) the streams are not inflated
+/// to be counted: that would inflate every section once more than the reader does.
+pub fn unreadable_compressed_sections(
+    bytes: &[u8],
+    cap: u64,
+    trust_declared: bool,
+) -> Result<Vec<(String, String)>, ElfError> {
     let elf = Elf::parse(bytes)?;
     let mut refused = Vec::new();
     for section in elf.sections.iter().filter(|s| s.flags & SHF_COMPRESSED != 0 && s.kind != SHT_NOBITS) {
@@ -298,7 +344,7 @@ pub fn unreadable_compressed_sections(bytes: &[u8], cap: u64) -> Result<Vec<(Str
         let why = match u32_at(raw, 0)? {
             ELFCOMPRESS_ZLIB => {
                 let declared = u64_at(raw, 8)?;
-                let size = if declared > cap { declared } else { inflated_size(raw, cap)? };
+                let size = if declared > cap || trust_declared { declared } else { inflated_size(raw, cap)? };
                 (size > cap).then(|| format!("inflates to {size} bytes, over the {cap}-byte cap"))
             }
             kind => Some(format!("is compressed with type {kind}, not zlib")),
@@ -464,7 +510,8 @@ pub(crate) mod tests {
         let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         zlib.write_all(&vec![0u8; 1 << 20]).unwrap();
         let stream = zlib.finish().unwrap();
-        let refused = |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap).unwrap();
+        let refused =
+            |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap, false).unwrap();
         assert_eq!(refused(&compressed(1 << 20, &stream), 1 << 20), vec![]);
         let over = |size: u64, cap: u64| {
             vec![(".debug_x".to_string(), format!("inflates to {size} bytes, over the {cap}-byte cap"))]
@@ -472,6 +519,10 @@ pub(crate) mod tests {
         assert_eq!(refused(&compressed(1 << 30, &stream), 1 << 20), over(1 << 30, 1 << 20));
         // Declares 1 KiB, holds 1 MiB: a reader trusting the stream would inflate it all.
         assert_eq!(refused(&compressed(1024, &stream), 4096), over(4097, 4096));
+        // A file only root can have written is judged by what it declares, not inflated.
+        let trusted = |raw: &[u8], cap| unreadable_compressed_sections(&elf_with_compressed_section(raw), cap, true);
+        assert_eq!(trusted(&compressed(1024, &stream), 4096).unwrap(), vec![]);
+        assert_eq!(trusted(&compressed(1 << 30, &stream), 1 << 20).unwrap(), over(1 << 30, 1 << 20));
         // Not zlib (here: zeros where the header is): the reader would fail on the file.
         let mut unknown = compressed(1024, &stream);
         unknown[..4].copy_from_slice(&0u32.to_le_bytes());

@@ -90,6 +90,9 @@ fn encode_profile(resolved: &ResolvedProfile, shape: &Shape, meta: &ProfileMeta)
         "frames: {} distinct addresses, {} without symbol, {} outside known mappings; {} samples whose stack was lost",
         f.locations, f.unsymbolized, f.unmapped, f.missing_stacks
     ));
+    if f.by_source.iter().any(|&n| n > 0) {
+        b.add_comment(&format!("frame names by source (distinct addresses): {}", f.sources_line()));
+    }
     if f.evicted > 0 {
         b.add_comment(&format!(
             "{} samples (rows) without their stacks: since-start history whose stacks the daemon's table no \
@@ -192,6 +195,7 @@ mod tests {
                 missing_stacks: 0,
                 over_share: 0,
                 evicted: 0,
+                by_source: Default::default(),
             },
             refused: Vec::new(),
             notes: Vec::new(),

@@ -17,7 +17,7 @@ use crate::{
     ids::{Pid, StackId},
     procs::MapEntry,
     runtimes::{NamedStacks, Readers, RuntimeFrame},
-    symbolize::{Frames, Symbolizer},
+    symbolize::{Frames, NameSource, Symbolizer},
 };
 use interpreted::merge;
 
@@ -126,6 +126,18 @@ pub struct FrameStats {
     /// Samples (rows) of since-start totals whose stacks the daemon's table no longer held
     /// (evicted as history, or refused while full), folded together (kept without stacks).
     pub evicted: u64,
+    /// Addresses in files and JIT code by where their names came from (indexed by
+    /// [`NameSource`] as `usize`; kernel addresses are not counted).
+    pub by_source: [u64; NameSource::ALL.len()],
+}
+
+impl FrameStats {
+    /// The per-source counts as the comment and `/status` show them.
+    pub fn sources_line(&self) -> String {
+        let parts: Vec<String> =
+            NameSource::ALL.iter().map(|s| format!("{} {}", s.label(), self.by_source[*s as usize])).collect();
+        parts.join(", ")
+    }
 }
 
 /// Why a file the process controls (an executable, a library, its JIT perf map) was not
@@ -319,17 +331,29 @@ impl LocationTable {
             .map(|&(_, address)| LocationInfo { address, mapping: None, frames: Vec::new() })
             .collect();
         let mut mappings = Vec::new();
+        let mut by_source = [0u64; NameSource::ALL.len()];
+        let mut unsymbolized = 0;
         for (site, members) in by_site {
             let addrs: Vec<u64> = members.iter().map(|&i| self.sites[i].1).collect();
-            let (mapping, frames) = match site {
+            let (mapping, mut frames) = match site {
                 Site::Kernel => (Some(kernel_mapping(&addrs)), sym.kernel(&addrs)),
-                Site::User(m) => user_site(owner, &maps[m], &addrs, sym, &mut refused),
+                Site::User(m) => {
+                    let (mapping, frames, sources) = user_site(owner, &maps[m], &addrs, sym, &mut refused);
+                    for source in sources {
+                        by_source[source as usize] += 1;
+                    }
+                    (mapping, frames)
+                }
                 Site::Unmapped => (None, vec![Vec::new(); addrs.len()]),
             };
+            unsymbolized += frames.iter().filter(|f| f.is_empty()).count() as u64 * u64::from(mapping.is_some());
             let mapping_idx = mapping.map(|mut mapping| {
                 mapping.has_functions = frames.iter().any(|f| !f.is_empty());
                 mapping.has_lines = frames.iter().flatten().any(|f| f.line != 0);
                 mapping.has_inline_frames = frames.iter().any(|f| f.len() > 1);
+                if let Site::User(m) = site {
+                    name_by_offset(&maps[m], &addrs, &mut frames);
+                }
                 mappings.push(mapping);
                 mappings.len() - 1
             });
@@ -340,13 +364,17 @@ impl LocationTable {
         }
         let stats = FrameStats {
             locations: locations.len() as u64,
-            unsymbolized: locations.iter().filter(|l| l.mapping.is_some() && l.frames.is_empty()).count() as u64,
+            unsymbolized,
             unmapped: locations.iter().filter(|l| l.mapping.is_none()).count() as u64,
             missing_stacks: 0,
             over_share: 0,
             evicted: 0,
+            by_source,
         };
         refused.dedup();
+        for (total, n) in sym.names_by_source.iter_mut().zip(by_source) {
+            *total += n;
+        }
         (mappings, locations, stats, refused)
     }
 }
@@ -387,21 +415,42 @@ impl Owner<'_> {
     }
 }
 
+/// Names the addresses of a file mapping that nothing named `file+0xOFFSET` (the file's
+/// base name and the file offset), as the file's build id and that offset are what a backend
+/// or a reader needs to name them later; the mapping keeps `has_functions` false when none
+/// was really named.
+fn name_by_offset(map: &MapEntry, addrs: &[u64], frames: &mut [Frames]) {
+    if !map.is_file() {
+        return;
+    }
+    let base = map.path.rsplit('/').next().unwrap_or(&map.path).trim_end_matches(" (deleted)");
+    for (&addr, frames) in addrs.iter().zip(frames.iter_mut()).filter(|(_, f)| f.is_empty()) {
+        frames.push(crate::symbolize::Frame {
+            function: format!("{base}+{:#x}", map.file_offset(addr)),
+            file: None,
+            line: 0,
+            offset: 0,
+        });
+    }
+}
+
 fn user_site(
     owner: Owner<'_>,
     map: &MapEntry,
     addrs: &[u64],
     sym: &mut Symbolizer,
     refused: &mut Vec<Refusal>,
-) -> (Option<MappingInfo>, Vec<Frames>) {
+) -> (Option<MappingInfo>, Vec<Frames>, Vec<NameSource>) {
     let unnamed = || vec![Vec::new(); addrs.len()];
     let mut build_id = None;
+    let mut sources = None;
     let frames = if map.is_file() {
         let offsets: Vec<u64> = addrs.iter().map(|&a| map.file_offset(a)).collect();
         match sym.elf(owner.pid, map, &offsets) {
             Ok(answer) => {
                 refused.extend(answer.note);
                 build_id = answer.build_id;
+                sources = Some(answer.sources);
                 answer.frames
             }
             Err(stall) => {
@@ -431,7 +480,11 @@ fn user_site(
         has_lines: false,
         has_inline_frames: false,
     };
-    (Some(mapping), frames)
+    let sources = sources.unwrap_or_else(|| {
+        let named = if map.is_file() { NameSource::SymbolTable } else { NameSource::PerfMap };
+        frames.iter().map(|f| if f.is_empty() { NameSource::Unnamed } else { named }).collect()
+    });
+    (Some(mapping), frames, sources)
 }
 
 #[cfg(test)]

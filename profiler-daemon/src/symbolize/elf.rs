@@ -17,13 +17,20 @@
 //! memory back once it has been idle a while ([`ElfFiles::close_idle`]), and the files of the
 //! programs running now are not parsed again for it.
 //!
+//! Names come from the file's separate debug file when one is found ([`super::debug_file`]:
+//! by build id, then by debug link, inside the process's root), else from the file itself:
+//! its DWARF, its symbol tables, or its MiniDebugInfo ([`super::minidebug`]). A debug file is
+//! given to blazesym directly, with the addresses the mapped file's segments give the
+//! offsets: blazesym parses the debug file only, never the mapped one, and does no lookup
+//! of its own (no CRC of a file found by build id, no host path for a container's file).
+//!
 //! A Go binary is named from its pclntab first ([`super::go`]): Go's own names, lines and
 //! inlined calls, also when it is stripped. What its table does not cover (the C code of a
 //! cgo build) goes to blazesym.
 
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
     time::{Duration, Instant},
 };
 
@@ -32,9 +39,17 @@ use blazesym::symbolize::{
     Input, Symbolizer as Blaze,
 };
 
-use super::{collect, go::GoTable, new_blaze, Frames};
+use super::{
+    collect,
+    debug_file::{self, DebugFile, Wanted},
+    go::GoTable,
+    minidebug, new_blaze, Frames, NameSource,
+};
 use crate::{
-    elf::{debug_info_bytes, links_debug_file, unreadable_compressed_sections, MappedFile, MAX_INFLATED_BYTES},
+    elf::{
+        build_id_any, debug_info_bytes, debug_link, file_offset_to_vaddr, has_section, load_segments, raw_section,
+        unreadable_compressed_sections, LoadSegment, MappedFile, MAX_INFLATED_BYTES,
+    },
     ids::Pid,
     offload::Charger,
     opened::{self, OpenedFile},
@@ -55,6 +70,8 @@ pub struct ElfRequest {
 #[derive(Clone, Debug, Default)]
 pub struct ElfAnswer {
     pub frames: Vec<Frames>,
+    /// Where each offset's name came from ([`NameSource::Unnamed`] when nothing named it).
+    pub sources: Vec<NameSource>,
     pub build_id: Option<String>,
     pub note: Option<String>,
 }
@@ -68,12 +85,21 @@ struct FileSymbols {
     /// (size, mtime) when last opened: a file rewritten in place is read afresh.
     version: (u64, i64),
     frames: HashMap<u64, Frames>,
+    /// Where each name found came from.
+    sources: HashMap<u64, NameSource>,
     build_id: Option<String>,
     /// Why its debug info is not read, when it is not.
     no_debug_info: Option<String>,
-    /// Its separate debug file is not looked for: a file root does not own that names one
-    /// (blazesym looks for it by the mapped path, a path its owner controls).
-    no_debug_link: bool,
+    /// Its separate debug file, when one was found: blazesym parses it instead of the file.
+    debug: Option<DebugFile>,
+    /// The file's `PT_LOAD` segments, which turn its offsets into the debug file's addresses.
+    segments: Vec<LoadSegment>,
+    /// Whether blazesym reads DWARF (the debug file's, or the file's own).
+    debug_syms: bool,
+    /// Where blazesym's names for this file come from.
+    source: NameSource,
+    /// Why blazesym is not given the file at all (a MiniDebugInfo it must not inflate).
+    unreadable: Option<String>,
     /// Whether `no_debug_info` was decided.
     checked: bool,
     /// The file open and parsed, with when it was last asked for addresses not yet found
@@ -100,6 +126,92 @@ enum GoFile {
 }
 
 impl FileSymbols {
+    /// Reads what the file says about its names, once per version: its build id, its debug
+    /// file (found, opened and checked), its MiniDebugInfo, and whether its DWARF may be read.
+    fn prepare(&mut self, opened: &OpenedFile, pid: Pid, path: &str, own_exe: bool, max_debug_info: Option<u64>) {
+        let Ok(mapped) = MappedFile::map(opened.file()) else { return };
+        let bytes = mapped.bytes();
+        self.build_id = build_id_any(bytes);
+        if own_exe {
+            return;
+        }
+        self.segments = load_segments(bytes).unwrap_or_default();
+        let link = debug_link(bytes);
+        let identity = opened.file().metadata().map_or((0, 0), |m| (m.dev(), m.ino()));
+        let wanted = Wanted {
+            build_id: self.build_id.as_deref(),
+            link: link.as_ref().map(|(name, crc)| (name.as_str(), *crc)),
+            mapped_path: path,
+            identity,
+        };
+        if let Some(found) = debug_file::find(&debug_file::root_of(pid), &wanted) {
+            tracing::debug!(path, debug_file = found.path, found_by = ?found.found_by, "separate debug file found");
+            let described = format!("{path} (debug file {})", found.path);
+            self.no_debug_info = MappedFile::map(&found.file).ok().and_then(|debug_bytes| {
+                // A distribution's debug file (libc6-dbg's) has compressed sections:
+                // counting them would inflate them all once more than blazesym does.
+                let trusted = found.file.metadata().is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
+                debug_info_refusal(debug_bytes.bytes(), &described, max_debug_info, trusted)
+            });
+            self.debug_syms = self.no_debug_info.is_none();
+            self.source = NameSource::DebugFile;
+            self.debug = Some(found);
+            return;
+        }
+        if !has_section(bytes, ".symtab") {
+            if let Some(section) = raw_section(bytes, ".gnu_debugdata") {
+                match minidebug::check(section, minidebug::MAX_MINIDEBUG_BYTES) {
+                    Ok(_) => self.source = NameSource::MiniDebugInfo,
+                    Err(why) => {
+                        self.unreadable = Some(format!("{path}: {why}: its functions are not named"));
+                        return;
+                    }
+                }
+            }
+        }
+        // Only the file's own DWARF: without it blazesym would look for the debug file
+        // itself (by host paths, with a CRC), which was just done.
+        self.no_debug_info = debug_info_refusal(bytes, path, max_debug_info, false);
+        self.debug_syms = self.no_debug_info.is_none() && has_section(bytes, ".debug_info");
+    }
+
+    /// Names the offsets of `todo` with blazesym, from the debug file when there is one
+    /// (by the addresses the file's segments give them), else from the file.
+    fn name_with_blazesym(&mut self, opened: OpenedFile, todo: &[u64]) {
+        if self.unreadable.is_some() {
+            for &offset in todo {
+                self.frames.insert(offset, Vec::new());
+            }
+            return;
+        }
+        // A parser kept from before parses the descriptor it was made with (the same
+        // file: the version matched).
+        let (blaze, used, parsed) = self.parser.get_or_insert_with(|| (new_blaze(), Instant::now(), opened));
+        *used = Instant::now();
+        let found: Vec<Frames> = match &self.debug {
+            Some(debug) => {
+                let mut elf = Elf::new(format!("/proc/self/fd/{}", debug.file.as_raw_fd()));
+                elf.debug_syms = self.debug_syms;
+                let addrs: Vec<Option<u64>> =
+                    todo.iter().map(|&offset| file_offset_to_vaddr(&self.segments, offset)).collect();
+                let known: Vec<u64> = addrs.iter().flatten().copied().collect();
+                let results = blaze.symbolize(&Source::Elf(elf), Input::VirtOffset(&known));
+                let mut named = collect(results, known.len()).into_iter();
+                addrs.iter().map(|addr| addr.and_then(|_| named.next()).unwrap_or_default()).collect()
+            }
+            None => {
+                let mut elf = Elf::new(parsed.fd_path());
+                elf.debug_syms = self.debug_syms;
+                collect(blaze.symbolize(&Source::Elf(elf), Input::FileOffset(todo)), todo.len())
+            }
+        };
+        for (&offset, frames) in todo.iter().zip(found) {
+            let source = if frames.is_empty() { NameSource::Unnamed } else { self.source };
+            self.sources.insert(offset, source);
+            self.frames.insert(offset, frames);
+        }
+    }
+
     /// Names the offsets of `todo` its pclntab names, if it is a Go binary (read on first
     /// use); returns the rest, for blazesym.
     fn name_from_go(&mut self, opened: &OpenedFile, path: &str, todo: Vec<u64>) -> Vec<u64> {
@@ -125,11 +237,12 @@ impl FileSymbols {
         }
         let GoFile::Open(table, used) = &mut self.go else { return todo };
         *used = Instant::now();
-        let frames = &mut self.frames;
+        let (frames, sources) = (&mut self.frames, &mut self.sources);
         todo.into_iter()
             .filter(|&offset| match table.frames(offset) {
                 Some(found) => {
                     frames.insert(offset, found);
+                    sources.insert(offset, NameSource::GoPclntab);
                     false
                 }
                 None => true,
@@ -175,32 +288,24 @@ impl ElfFiles {
         if let Some(opened) = opened {
             if !file.checked {
                 file.checked = true;
-                file.no_debug_info =
-                    if own_exe { None } else { debug_info_refusal(&opened, &map.path, self.max_debug_info) };
-                file.no_debug_link = !owned_by_root(&opened) && names_debug_file(&opened);
-                file.build_id = super::build_id(&opened.fd_path());
+                file.prepare(&opened, request.pid, &map.path, own_exe, self.max_debug_info);
             }
             let todo = file.name_from_go(&opened, &map.path, todo);
             if !todo.is_empty() {
-                let debug_syms = !own_exe && file.no_debug_info.is_none() && !file.no_debug_link;
-                // A parser kept from before parses the descriptor it was made with (the same
-                // file: the version matched).
-                let (blaze, used, parsed) = file.parser.get_or_insert_with(|| (new_blaze(), Instant::now(), opened));
-                *used = Instant::now();
-                let mut elf = Elf::new(parsed.fd_path());
-                elf.debug_syms = debug_syms;
-                let results = blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&todo));
-                for (offset, frames) in todo.iter().zip(collect(results, todo.len())) {
-                    file.frames.insert(*offset, frames);
-                }
+                file.name_with_blazesym(opened, &todo);
             }
             // A Go binary's lines come from its pclntab: its DWARF refused takes none away
             // (but from the C code of a cgo build).
             let debug_note = file.no_debug_info.clone().filter(|_| !file.go_named);
-            note = note.or_else(|| file.go_note.clone()).or(debug_note);
+            note = note.or_else(|| file.unreadable.clone()).or_else(|| file.go_note.clone()).or(debug_note);
         }
         ElfAnswer {
             frames: request.offsets.iter().map(|off| file.frames.get(off).cloned().unwrap_or_default()).collect(),
+            sources: request
+                .offsets
+                .iter()
+                .map(|off| file.sources.get(off).copied().unwrap_or(NameSource::Unnamed))
+                .collect(),
             build_id: file.build_id.clone(),
             note,
         }
@@ -245,30 +350,21 @@ impl ElfFiles {
     }
 }
 
-fn owned_by_root(opened: &OpenedFile) -> bool {
-    opened.file().metadata().is_ok_and(|m| m.uid() == 0)
-}
-
-/// Whether `opened` names a separate debug file (see [`FileSymbols::no_debug_link`]).
-fn names_debug_file(opened: &OpenedFile) -> bool {
-    MappedFile::map(opened.file()).is_ok_and(|mapped| links_debug_file(mapped.bytes()))
-}
-
-/// Why the debug info of `opened` (mapped at `path`) must not be read, if it must not:
+/// Why the debug info of the ELF file `bytes` (named `path`) must not be read, if it must not:
 /// blazesym inflates a compressed debug section whole, and a file any user can write may
 /// declare (or hold) gigabytes, or use a compression it cannot read (and then names
 /// nothing). Such a file is named from its symbol table, and so is one with more DWARF than
 /// `max_debug_info`, when set.
-fn debug_info_refusal(opened: &OpenedFile, path: &str, max_debug_info: Option<u64>) -> Option<String> {
-    let mapped = MappedFile::map(opened.file()).ok()?;
+/// A file only root can have written (`trusted`) is judged by the sizes its sections declare.
+fn debug_info_refusal(bytes: &[u8], path: &str, max_debug_info: Option<u64>, trusted: bool) -> Option<String> {
     // A section past the inflate cap first: it is the reason that names the section.
-    if let Some((name, why)) = unreadable_compressed_sections(mapped.bytes(), MAX_INFLATED_BYTES).ok()?.first() {
+    if let Some((name, why)) = unreadable_compressed_sections(bytes, MAX_INFLATED_BYTES, trusted).ok()?.first() {
         return Some(format!(
             "{path}: compressed section {name} {why}: named from its symbol table, without source lines"
         ));
     }
     let cap = max_debug_info?;
-    let bytes = debug_info_bytes(mapped.bytes()).ok()?;
+    let bytes = debug_info_bytes(bytes).ok()?;
     (bytes > cap).then(|| {
         format!(
             "{path}: {} MiB of debug info, over the {} MiB one file may use here: named from its symbol table, \

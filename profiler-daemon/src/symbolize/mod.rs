@@ -15,8 +15,10 @@
 //! own frames need names, not source lines.
 
 pub mod budget;
+mod debug_file;
 mod elf;
 mod go;
+mod minidebug;
 mod perf_map;
 
 use std::{collections::HashMap, ffi::OsStr, path::Path};
@@ -51,6 +53,48 @@ pub struct Frame {
     pub offset: u64,
 }
 
+/// Where a frame's name came from, counted per profile (its comment) and in `/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NameSource {
+    /// The mapped file's own symbol tables (or its own DWARF).
+    #[default]
+    SymbolTable,
+    /// A separate debug file (`/usr/lib/debug`, by build id or debug link).
+    DebugFile,
+    /// The file's MiniDebugInfo (`.gnu_debugdata`).
+    MiniDebugInfo,
+    /// A JIT's perf map.
+    PerfMap,
+    /// A Go binary's pclntab.
+    GoPclntab,
+    /// Nothing: the frame is `file+0xoffset`.
+    Unnamed,
+}
+
+impl NameSource {
+    /// Every source, in the order the counts are shown.
+    pub const ALL: [NameSource; 6] = [
+        NameSource::SymbolTable,
+        NameSource::DebugFile,
+        NameSource::MiniDebugInfo,
+        NameSource::PerfMap,
+        NameSource::GoPclntab,
+        NameSource::Unnamed,
+    ];
+
+    /// Its name in the comment and in `/status`.
+    pub fn label(self) -> &'static str {
+        match self {
+            NameSource::SymbolTable => "symbol table",
+            NameSource::DebugFile => "debug file",
+            NameSource::MiniDebugInfo => "MiniDebugInfo",
+            NameSource::PerfMap => "perf map",
+            NameSource::GoPclntab => "Go pclntab",
+            NameSource::Unnamed => "unnamed",
+        }
+    }
+}
+
 /// Symbols of one address: frames innermost first (an inlined callee before its caller); the
 /// last frame is the function the address belongs to. Empty when unknown.
 pub type Frames = Vec<Frame>;
@@ -72,6 +116,9 @@ pub struct Symbolizer {
     /// Perf map reads refused since start (not a regular file, not the process's, too
     /// large, over the budget, stalled).
     pub perf_maps_refused: u64,
+    /// Frame names by source since start, as [`crate::resolve`] counted them per profile
+    /// (indexed by [`NameSource`] as `usize`), for `/status`.
+    pub names_by_source: [u64; NameSource::ALL.len()],
     /// The resident-memory budget checked after each file read, when set
     /// ([`Symbolizer::set_files_budget`]).
     files_budget: Option<FilesBudget>,
@@ -99,6 +146,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             perf_map_bytes: 0,
             perf_maps_refused: 0,
+            names_by_source: [0; NameSource::ALL.len()],
             files_budget: None,
         }
     }

@@ -107,6 +107,11 @@ fn planted_perf_maps_are_refused_and_a_real_one_is_read() {
     let named = profile.fraction_where("samples", |s| s.leaf_is("jit_spin"));
     assert!(named > 0.5, "nobody's own perf map named {named:.2} of the samples: {:?}", profile.function_names());
     assert!(!profile.comments.iter().any(|c| c.contains("file not fully read")), "{:?}", profile.comments);
+    // Counted by source, in the profile and in /status.
+    let by_source = profile.comments.iter().find(|c| c.starts_with("frame names by source")).unwrap();
+    assert!(!by_source.contains("perf map 0,"), "{by_source}");
+    assert!(daemon.status_u64("/frame_names_by_source/perf_map") > 0, "{:#}", daemon.status());
+    assert!(daemon.status_u64("/frame_names_by_source/symbol_table") > 0, "{:#}", daemon.status());
 }
 
 /// Puts something at a path.

@@ -440,6 +440,7 @@ impl Collector {
             threads_folded: self.threads_folded,
             evicted_rows_folded: self.evicted_rows_folded,
             perf_maps_refused: self.sym.symbols.perf_maps_refused,
+            names_by_source: self.sym.symbols.names_by_source,
             front: self.front.read(),
             windows_over_uid_share: self.windows_over_uid_share,
             truncated_pages: crate::sigbus::recovered(),
