@@ -16,6 +16,7 @@
 
 pub mod binary;
 pub mod goroutines;
+pub mod kernel;
 pub mod labels;
 pub mod layout;
 pub mod profile;

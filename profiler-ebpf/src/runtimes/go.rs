@@ -1,0 +1,306 @@
+//! Go's pprof labels at a sample: for a thread of a process listed in `GO_PROCESSES`, read
+//! the current goroutine (`g`, which Go keeps in the thread's TLS: at `fsbase + offset`), its
+//! `g.labels`, and the labels there (a `map[string]string` before Go 1.24, a sorted list
+//! from 1.24), into this CPU's scratch entry; store the set in `GO_LABELS` under its hash (in
+//! the set's half of the keys, as stacks are), and give the sample that hash.
+//!
+//! It is one global function ([`profiler_go_labels`]), called by the sampling program after
+//! its stacks and not from inside their walk: the walk's call chain already uses most of the
+//! 512 bytes of BPF stack, and a global function is verified once, whatever its callers'
+//! paths. Its scratch lives in a per-CPU map, not on the stack.
+//!
+//! Bounds (see `profiler_common::runtimes::go`): [`GO_MAX_LABELS`] labels, keys and values
+//! cut at their lengths, [`MAX_BUCKET_READS`] bucket reads of a map (its buckets and their
+//! overflow chains); what is left out is marked in the entry. The read is of the sampled
+//! thread's own memory in its own context; a fault gives `LABELS_UNREADABLE`.
+
+#![allow(non_upper_case_globals)]
+
+use core::{ffi::c_void, ptr};
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_probe_read_user as read_raw,
+    },
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+    Global,
+};
+use profiler_common::{
+    runtimes::go::{
+        maps::{GO_LABELS_MAX_ENTRIES, GO_PROCESSES_MAX_ENTRIES},
+        GoLabels, GoProcess, GO_LABELS_LIST, GO_LABELS_WORDS, GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GO_MAX_LABELS,
+        LABELS_CUT_BYTES, LABELS_CUT_COUNT, LABELS_MAP_FULL, LABELS_UNREADABLE, NO_LABELS,
+    },
+    stack::{finish_hash, hash_frame, hash_start, set_key},
+};
+
+use crate::maps::{Scratch, SCRATCH_SLOTS, STACK_HASH_KEY};
+
+/// `task_struct.thread.fsbase`'s offset (set at load from the kernel's BTF; 0: unknown, and
+/// no labels are read).
+#[unsafe(no_mangle)]
+pub static TASK_FSBASE: Global<u32> = Global::new(0);
+
+#[map]
+pub static GO_PROCESSES: HashMap<u32, GoProcess> = HashMap::with_max_entries(GO_PROCESSES_MAX_ENTRIES, 0);
+
+#[map]
+pub static GO_LABELS: HashMap<u64, GoLabels> =
+    HashMap::with_max_entries(GO_LABELS_MAX_ENTRIES, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+#[map]
+pub static GO_LABEL_SCRATCH: PerCpuArray<LabelRead> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+
+/// Bucket reads of a label map at most (buckets and overflow buckets together): a map of
+/// up to 8 labels is one bucket.
+const MAX_BUCKET_READS: u32 = 4;
+/// A map bucket of `map[string]string`: 8 top hashes, 8 keys, 8 values (strings: pointer and
+/// length), an overflow pointer (`src/runtime/map.go`, `bmap`).
+const BUCKET_WORDS: usize = 1 + 8 * 2 + 8 * 2 + 1;
+/// `hmap.B`, `hmap.buckets`, `hmap.oldbuckets` (`src/runtime/map.go`, `hmap`; `count` is at 0).
+const HMAP_B: usize = 9;
+const HMAP_BUCKETS_WORD: usize = 2;
+const HMAP_OLDBUCKETS_WORD: usize = 3;
+/// Top hashes below this mark an empty or evacuated slot (`minTopHash`).
+const MIN_TOP_HASH: u64 = 5;
+/// A list element (Go 1.24's `label`: key and value strings).
+const LIST_LABEL_WORDS: usize = 4;
+
+/// The read's scratch, per CPU and [`Scratch`] slot.
+#[repr(C)]
+pub struct LabelRead {
+    /// The bucket (or the list's elements) read.
+    bucket: [u64; BUCKET_WORDS],
+    /// Found labels' strings: key pointer, key length, value pointer, value length each.
+    strings: [u64; GO_MAX_LABELS * LIST_LABEL_WORDS],
+    labels: GoLabels,
+}
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Option<u64> {
+    // SAFETY: a fault-safe read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// Fault-safe copy of `len` bytes (at most `N`) of user memory at `from` into `to`.
+#[inline(always)]
+fn read_bytes<const N: usize>(to: &mut [u8; N], from: u64, len: u64) -> bool {
+    let len = if len > N as u64 { N as u32 } else { len as u32 };
+    // SAFETY: `to` is `N` bytes of map memory and `len <= N`.
+    unsafe { read_raw(to.as_mut_ptr().cast(), len, from as *const c_void) == 0 }
+}
+
+/// Forgets process `tgid` at its exec: the new image, if Go, registers anew.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    // SAFETY: only checks for presence.
+    if unsafe { GO_PROCESSES.get(&tgid) }.is_some() {
+        let _ = GO_PROCESSES.remove(&tgid);
+    }
+}
+
+/// The label hash of the current thread's goroutine (see [`profiler_go_labels`]) if process
+/// `tgid` is a registered Go process, else `NO_LABELS` at the cost of one lookup.
+#[inline(always)]
+pub fn labels(set: u32, slot: Scratch, tgid: u32) -> u64 {
+    // SAFETY: only checks for presence.
+    if unsafe { GO_PROCESSES.get(&tgid) }.is_none() {
+        return NO_LABELS;
+    }
+    profiler_go_labels(set, slot as u32, tgid)
+}
+
+/// Reads the labels of the goroutine on the current thread of Go process `tgid` and stores
+/// them in map set `set`'s half of `GO_LABELS`. Returns their hash (even, set bit clear), or
+/// `NO_LABELS` (none), `LABELS_UNREADABLE` or `LABELS_MAP_FULL`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_go_labels(set: u32, slot: u32, tgid: u32) -> u64 {
+    // SAFETY: the entry is copied out at once.
+    let Some(process) = (unsafe { GO_PROCESSES.get(&tgid) }).copied() else { return NO_LABELS };
+    let Some(read) = GO_LABEL_SCRATCH.get_ptr_mut(slot) else { return NO_LABELS };
+    // SAFETY: this CPU's scratch for the caller's context (see `Scratch`).
+    let read = unsafe { &mut *read };
+    let Some(pointer) = label_pointer(&process) else { return LABELS_UNREADABLE };
+    if pointer == 0 {
+        return NO_LABELS;
+    }
+    clear(&mut read.labels);
+    let found = if process.labels_form == GO_LABELS_LIST { list(read, pointer) } else { map(read, pointer) };
+    let Some(found) = found else { return LABELS_UNREADABLE };
+    if found == 0 {
+        return NO_LABELS;
+    }
+    copy_strings(read, found);
+    let hash = hash_labels(&read.labels);
+    // SAFETY: the value is this CPU's scratch entry, map memory.
+    match GO_LABELS.insert(&set_key(hash, set), &read.labels, BPF_NOEXIST as u64) {
+        Ok(()) => hash,
+        // Already stored by an earlier sample with the same labels.
+        Err(err) if err == -17 => hash,
+        Err(_) => LABELS_MAP_FULL,
+    }
+}
+
+/// `*g.labels` of the thread's current `g`: `Some(0)` when it has no labels (or the thread
+/// no goroutine: a thread of C code in a cgo process).
+#[inline(always)]
+fn label_pointer(process: &GoProcess) -> Option<u64> {
+    let offset = TASK_FSBASE.load();
+    if offset == 0 {
+        return Some(0);
+    }
+    // SAFETY: a plain helper; the task is read only through fault-safe reads.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: a fault-safe read of kernel memory.
+    let fsbase = unsafe { bpf_probe_read_kernel((task + u64::from(offset)) as *const u64) }.ok()?;
+    if fsbase == 0 {
+        return Some(0);
+    }
+    let g = read_u64(fsbase.wrapping_add(process.g_tls_offset as u64))?;
+    if g == 0 {
+        return Some(0);
+    }
+    let labels = read_u64(g + u64::from(process.labels_offset))?;
+    if labels == 0 {
+        return Some(0);
+    }
+    // `g.labels` points at the `labelMap` (a map header pointer, or the list's struct).
+    read_u64(labels)
+}
+
+/// Zeroes the entry word by word (no `memset` call in a BPF program): unused labels hash as
+/// zeros.
+#[inline(always)]
+fn clear(labels: &mut GoLabels) {
+    let words = (labels as *mut GoLabels).cast::<u64>();
+    for i in 0..GO_LABELS_WORDS {
+        // SAFETY: within the entry, 8-aligned (its size is a multiple of 8).
+        unsafe { ptr::write_volatile(words.add(i), 0) };
+    }
+}
+
+/// The strings of a Go 1.24+ `labelMap{list []label}` at `list` (its slice header):
+/// labels found, into `read.strings`.
+#[inline(always)]
+fn list(read: &mut LabelRead, list: u64) -> Option<u32> {
+    let len = read_u64(list + 8)?;
+    if len == 0 {
+        return Some(0);
+    }
+    let n = if len > GO_MAX_LABELS as u64 {
+        read.labels.cut |= LABELS_CUT_COUNT;
+        GO_MAX_LABELS as u32
+    } else {
+        len as u32
+    };
+    let bytes = n * (LIST_LABEL_WORDS as u32 * 8);
+    // SAFETY: `strings` is 8 labels' words of map memory; `bytes` is at most that.
+    let ok = unsafe { read_raw(read.strings.as_mut_ptr().cast(), bytes, list as *const c_void) } == 0;
+    ok.then_some(n)
+}
+
+/// The strings of a `map[string]string` whose `hmap` is at `hmap`: its buckets and their
+/// overflow chains, in order, up to [`MAX_BUCKET_READS`] reads; labels found, into
+/// `read.strings`.
+#[inline(always)]
+fn map(read: &mut LabelRead, hmap: u64) -> Option<u32> {
+    // SAFETY: a fault-safe read of user memory.
+    let header = unsafe { bpf_probe_read_user(hmap as *const [u64; 4]) }.ok()?;
+    if header[0] == 0 {
+        return Some(0);
+    }
+    if header[HMAP_OLDBUCKETS_WORD] != 0 {
+        // Growing: some labels are still in the old buckets (not for a map of 8 or fewer).
+        read.labels.cut |= LABELS_CUT_COUNT;
+    }
+    let bits = (header[1] >> ((HMAP_B - 8) * 8)) & 0xff;
+    let buckets = header[HMAP_BUCKETS_WORD];
+    let bucket_count = 1u64 << (bits & 31);
+    let mut found = 0u32;
+    let (mut index, mut at) = (0u64, buckets);
+    for _ in 0..MAX_BUCKET_READS {
+        // SAFETY: `bucket` is a bucket's words of map memory.
+        let ok =
+            unsafe { read_raw(read.bucket.as_mut_ptr().cast(), (BUCKET_WORDS * 8) as u32, at as *const c_void) == 0 };
+        if !ok {
+            return None;
+        }
+        found = take_slots(read, found);
+        let overflow = read.bucket[BUCKET_WORDS - 1];
+        if overflow != 0 {
+            at = overflow;
+        } else {
+            index += 1;
+            if index >= bucket_count {
+                return Some(found);
+            }
+            at = buckets + index * (BUCKET_WORDS as u64 * 8);
+        }
+    }
+    read.labels.cut |= LABELS_CUT_COUNT;
+    Some(found)
+}
+
+/// Takes the full slots of the bucket read into `read.strings` after the `found` already
+/// there; the new count.
+#[inline(always)]
+fn take_slots(read: &mut LabelRead, mut found: u32) -> u32 {
+    let tophash = read.bucket[0];
+    for slot in 0..8usize {
+        if (tophash >> (slot * 8)) & 0xff < MIN_TOP_HASH {
+            continue;
+        }
+        if found as usize >= GO_MAX_LABELS {
+            read.labels.cut |= LABELS_CUT_COUNT;
+            break;
+        }
+        let to = (found as usize & (GO_MAX_LABELS - 1)) * LIST_LABEL_WORDS;
+        read.strings[to] = read.bucket[1 + 2 * slot];
+        read.strings[to + 1] = read.bucket[2 + 2 * slot];
+        read.strings[to + 2] = read.bucket[17 + 2 * slot];
+        read.strings[to + 3] = read.bucket[18 + 2 * slot];
+        found += 1;
+    }
+    found
+}
+
+/// Copies the `found` labels' bytes into the entry, cut at their bounds.
+#[inline(always)]
+fn copy_strings(read: &mut LabelRead, found: u32) {
+    let found = if found as usize > GO_MAX_LABELS { GO_MAX_LABELS as u32 } else { found };
+    for i in 0..GO_MAX_LABELS {
+        if i as u32 >= found {
+            break;
+        }
+        let at = i * LIST_LABEL_WORDS;
+        let (key, key_len, value, value_len) =
+            (read.strings[at], read.strings[at + 1], read.strings[at + 2], read.strings[at + 3]);
+        if key_len > GO_LABEL_KEY_BYTES as u64 || value_len > GO_LABEL_VALUE_BYTES as u64 {
+            read.labels.cut |= LABELS_CUT_BYTES;
+        }
+        let label = &mut read.labels.labels[i];
+        // A string that cannot be read stays empty (its length 0).
+        if read_bytes(&mut label.key, key, key_len) {
+            label.key_len = key_len.min(GO_LABEL_KEY_BYTES as u64) as u32;
+        }
+        if read_bytes(&mut label.value, value, value_len) {
+            label.value_len = value_len.min(GO_LABEL_VALUE_BYTES as u64) as u32;
+        }
+        read.labels.len = i as u32 + 1;
+    }
+}
+
+/// The entry's hash under the load's key, word by word (even, never `NO_LABELS`).
+#[inline(always)]
+fn hash_labels(labels: &GoLabels) -> u64 {
+    let words = (labels as *const GoLabels).cast::<u64>();
+    let mut hash = hash_start(STACK_HASH_KEY.load());
+    for i in 0..GO_LABELS_WORDS {
+        // SAFETY: within the entry, 8-aligned.
+        hash = hash_frame(hash, unsafe { ptr::read_volatile(words.add(i)) });
+    }
+    finish_hash(hash, GO_LABELS_WORDS as u32)
+}
