@@ -4,10 +4,12 @@
 //! from 1.24), into this CPU's scratch entry; store the set in `GO_LABELS` under its hash (in
 //! the set's half of the keys, as stacks are), and give the sample that hash.
 //!
-//! It is one global function ([`profiler_go_labels`]), called by the sampling program after
-//! its stacks and not from inside their walk: the walk's call chain already uses most of the
-//! 512 bytes of BPF stack, and a global function is verified once, whatever its callers'
-//! paths. Its scratch lives in a per-CPU map, not on the stack.
+//! It is two global functions ([`profiler_go_read_labels`], [`profiler_go_store_labels`]),
+//! called by the sampling program after its stacks and not from inside their walk: the
+//! walk's call chain already uses most of the 512 bytes of BPF stack, and a global function
+//! is verified once, whatever its callers' paths. Their scratch lives in a per-CPU map, not
+//! on the stack, and the count of labels found is kept there too, so that the verifier sees
+//! one unknown number rather than following each count on its own path.
 //!
 //! Bounds (see `profiler_common::runtimes::go`): [`GO_MAX_LABELS`] labels, keys and values
 //! cut at their lengths, [`MAX_BUCKET_READS`] bucket reads of a map (its buckets and their
@@ -75,6 +77,8 @@ pub struct LabelRead {
     bucket: [u64; BUCKET_WORDS],
     /// Found labels' strings: key pointer, key length, value pointer, value length each.
     strings: [u64; GO_MAX_LABELS * LIST_LABEL_WORDS],
+    /// Labels in `strings`.
+    found: u64,
     labels: GoLabels,
 }
 
@@ -101,41 +105,69 @@ pub fn forget(tgid: u32) {
     }
 }
 
-/// The label hash of the current thread's goroutine (see [`profiler_go_labels`]) if process
-/// `tgid` is a registered Go process, else `NO_LABELS` at the cost of one lookup.
+/// The label hash of the current thread's goroutine (see [`profiler_go_read_labels`] and
+/// [`profiler_go_store_labels`]) if process `tgid` is a registered Go process, else
+/// `NO_LABELS` at the cost of one lookup.
 #[inline(always)]
 pub fn labels(set: u32, slot: Scratch, tgid: u32) -> u64 {
     // SAFETY: only checks for presence.
     if unsafe { GO_PROCESSES.get(&tgid) }.is_none() {
         return NO_LABELS;
     }
-    profiler_go_labels(set, slot as u32, tgid)
+    match profiler_go_read_labels(slot as u32, tgid) {
+        READ_FOUND => profiler_go_store_labels(set, slot as u32),
+        READ_UNREADABLE => LABELS_UNREADABLE,
+        _ => NO_LABELS,
+    }
 }
 
-/// Reads the labels of the goroutine on the current thread of Go process `tgid` and stores
-/// them in map set `set`'s half of `GO_LABELS`. Returns their hash (even, set bit clear), or
-/// `NO_LABELS` (none), `LABELS_UNREADABLE` or `LABELS_MAP_FULL`.
+/// [`profiler_go_read_labels`]: the goroutine has no labels (or the thread no goroutine).
+const READ_NONE: u32 = 0;
+/// [`profiler_go_read_labels`]: a read faulted.
+const READ_UNREADABLE: u32 = 1;
+/// [`profiler_go_read_labels`]: labels found, their strings in the scratch entry.
+const READ_FOUND: u32 = 2;
+
+/// Finds the labels of the goroutine on the current thread of Go process `tgid`: their
+/// strings' addresses and lengths into this CPU's scratch entry for `slot`, with their
+/// number. One of `READ_*`. A global function, verified once: its result is one unknown
+/// number to the caller, so the store after it is verified once too, not once per count.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn profiler_go_labels(set: u32, slot: u32, tgid: u32) -> u64 {
+pub extern "C" fn profiler_go_read_labels(slot: u32, tgid: u32) -> u32 {
     // SAFETY: the entry is copied out at once.
-    let Some(process) = (unsafe { GO_PROCESSES.get(&tgid) }).copied() else { return NO_LABELS };
+    let Some(process) = (unsafe { GO_PROCESSES.get(&tgid) }).copied() else { return READ_NONE };
+    let Some(read) = GO_LABEL_SCRATCH.get_ptr_mut(slot) else { return READ_NONE };
+    // SAFETY: this CPU's scratch for the caller's context (see `Scratch`).
+    let read = unsafe { &mut *read };
+    let Some(pointer) = label_pointer(&process) else { return READ_UNREADABLE };
+    if pointer == 0 {
+        return READ_NONE;
+    }
+    clear(&mut read.labels);
+    set_found(read, 0);
+    let ok = if process.labels_form == GO_LABELS_LIST { list(read, pointer) } else { map(read, pointer) };
+    if !ok {
+        return READ_UNREADABLE;
+    }
+    if found(read) == 0 {
+        READ_NONE
+    } else {
+        READ_FOUND
+    }
+}
+
+/// Copies the strings [`profiler_go_read_labels`] found into the entry, and stores it in map
+/// set `set`'s half of `GO_LABELS` (once: an entry already there is left). Returns its
+/// hash (even, the set bit clear), or `LABELS_MAP_FULL`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profiler_go_store_labels(set: u32, slot: u32) -> u64 {
     let Some(read) = GO_LABEL_SCRATCH.get_ptr_mut(slot) else { return NO_LABELS };
     // SAFETY: this CPU's scratch for the caller's context (see `Scratch`).
     let read = unsafe { &mut *read };
-    let Some(pointer) = label_pointer(&process) else { return LABELS_UNREADABLE };
-    if pointer == 0 {
-        return NO_LABELS;
-    }
-    clear(&mut read.labels);
-    let found = if process.labels_form == GO_LABELS_LIST { list(read, pointer) } else { map(read, pointer) };
-    let Some(found) = found else { return LABELS_UNREADABLE };
-    if found == 0 {
-        return NO_LABELS;
-    }
-    copy_strings(read, found);
+    copy_strings(read);
     let hash = hash_labels(&read.labels);
-    // SAFETY: the value is this CPU's scratch entry, map memory.
     match GO_LABELS.insert(&set_key(hash, set), &read.labels, BPF_NOEXIST as u64) {
         Ok(()) => hash,
         // Already stored by an earlier sample with the same labels.
@@ -144,7 +176,21 @@ pub extern "C" fn profiler_go_labels(set: u32, slot: u32, tgid: u32) -> u64 {
     }
 }
 
-/// `*g.labels` of the thread's current `g`: `Some(0)` when it has no labels (or the thread
+/// The number of labels found so far, read from map memory: to the verifier an unknown
+/// number, so that the walk's paths do not multiply by every count they could have.
+#[inline(always)]
+fn found(read: &LabelRead) -> u64 {
+    // SAFETY: a read of map memory.
+    unsafe { ptr::read_volatile(&read.found) }
+}
+
+#[inline(always)]
+fn set_found(read: &mut LabelRead, found: u64) {
+    // SAFETY: a write of map memory.
+    unsafe { ptr::write_volatile(&mut read.found, found) };
+}
+
+/// `g.labels` of the thread's current `g`: `Some(0)` when it has no labels (or the thread
 /// no goroutine: a thread of C code in a cgo process).
 #[inline(always)]
 fn label_pointer(process: &GoProcess) -> Option<u64> {
@@ -163,12 +209,8 @@ fn label_pointer(process: &GoProcess) -> Option<u64> {
     if g == 0 {
         return Some(0);
     }
-    let labels = read_u64(g + u64::from(process.labels_offset))?;
-    if labels == 0 {
-        return Some(0);
-    }
     // `g.labels` points at the `labelMap` (a map header pointer, or the list's struct).
-    read_u64(labels)
+    read_u64(g + u64::from(process.labels_offset))
 }
 
 /// Zeroes the entry word by word (no `memset` call in a BPF program): unused labels hash as
@@ -182,13 +224,13 @@ fn clear(labels: &mut GoLabels) {
     }
 }
 
-/// The strings of a Go 1.24+ `labelMap{list []label}` at `list` (its slice header):
-/// labels found, into `read.strings`.
+/// The strings of a Go 1.24+ `labelMap{list []label}` at `list` (its slice header first):
+/// labels found, into `read.strings`. False when a read faulted.
 #[inline(always)]
-fn list(read: &mut LabelRead, list: u64) -> Option<u32> {
-    let len = read_u64(list + 8)?;
+fn list(read: &mut LabelRead, list: u64) -> bool {
+    let (Some(start), Some(len)) = (read_u64(list), read_u64(list + 8)) else { return false };
     if len == 0 {
-        return Some(0);
+        return true;
     }
     let n = if len > GO_MAX_LABELS as u64 {
         read.labels.cut |= LABELS_CUT_COUNT;
@@ -198,19 +240,24 @@ fn list(read: &mut LabelRead, list: u64) -> Option<u32> {
     };
     let bytes = n * (LIST_LABEL_WORDS as u32 * 8);
     // SAFETY: `strings` is 8 labels' words of map memory; `bytes` is at most that.
-    let ok = unsafe { read_raw(read.strings.as_mut_ptr().cast(), bytes, list as *const c_void) } == 0;
-    ok.then_some(n)
+    let ok = unsafe { read_raw(read.strings.as_mut_ptr().cast(), bytes, start as *const c_void) } == 0;
+    set_found(read, if ok { u64::from(n) } else { 0 });
+    ok
 }
 
-/// The strings of a `map[string]string` whose `hmap` is at `hmap`: its buckets and their
-/// overflow chains, in order, up to [`MAX_BUCKET_READS`] reads; labels found, into
-/// `read.strings`.
+/// The strings of a `map[string]string` `labelMap` at `labels` (a pointer to its `hmap`): its
+/// buckets and their overflow chains, in order, up to [`MAX_BUCKET_READS`] reads; labels
+/// found, into `read.strings`. False when a read faulted.
 #[inline(always)]
-fn map(read: &mut LabelRead, hmap: u64) -> Option<u32> {
+fn map(read: &mut LabelRead, labels: u64) -> bool {
+    let Some(hmap) = read_u64(labels) else { return false };
+    if hmap == 0 {
+        return true;
+    }
     // SAFETY: a fault-safe read of user memory.
-    let header = unsafe { bpf_probe_read_user(hmap as *const [u64; 4]) }.ok()?;
+    let Ok(header) = (unsafe { bpf_probe_read_user(hmap as *const [u64; 4]) }) else { return false };
     if header[0] == 0 {
-        return Some(0);
+        return true;
     }
     if header[HMAP_OLDBUCKETS_WORD] != 0 {
         // Growing: some labels are still in the old buckets (not for a map of 8 or fewer).
@@ -219,40 +266,39 @@ fn map(read: &mut LabelRead, hmap: u64) -> Option<u32> {
     let bits = (header[1] >> ((HMAP_B - 8) * 8)) & 0xff;
     let buckets = header[HMAP_BUCKETS_WORD];
     let bucket_count = 1u64 << (bits & 31);
-    let mut found = 0u32;
     let (mut index, mut at) = (0u64, buckets);
     for _ in 0..MAX_BUCKET_READS {
         // SAFETY: `bucket` is a bucket's words of map memory.
         let ok =
             unsafe { read_raw(read.bucket.as_mut_ptr().cast(), (BUCKET_WORDS * 8) as u32, at as *const c_void) == 0 };
         if !ok {
-            return None;
+            return false;
         }
-        found = take_slots(read, found);
+        take_slots(read);
         let overflow = read.bucket[BUCKET_WORDS - 1];
         if overflow != 0 {
             at = overflow;
         } else {
             index += 1;
             if index >= bucket_count {
-                return Some(found);
+                return true;
             }
             at = buckets + index * (BUCKET_WORDS as u64 * 8);
         }
     }
     read.labels.cut |= LABELS_CUT_COUNT;
-    Some(found)
+    true
 }
 
-/// Takes the full slots of the bucket read into `read.strings` after the `found` already
-/// there; the new count.
+/// Takes the full slots of the bucket read into `read.strings` after those found already.
 #[inline(always)]
-fn take_slots(read: &mut LabelRead, mut found: u32) -> u32 {
+fn take_slots(read: &mut LabelRead) {
     let tophash = read.bucket[0];
     for slot in 0..8usize {
         if (tophash >> (slot * 8)) & 0xff < MIN_TOP_HASH {
             continue;
         }
+        let found = found(read);
         if found as usize >= GO_MAX_LABELS {
             read.labels.cut |= LABELS_CUT_COUNT;
             break;
@@ -262,17 +308,16 @@ fn take_slots(read: &mut LabelRead, mut found: u32) -> u32 {
         read.strings[to + 1] = read.bucket[2 + 2 * slot];
         read.strings[to + 2] = read.bucket[17 + 2 * slot];
         read.strings[to + 3] = read.bucket[18 + 2 * slot];
-        found += 1;
+        set_found(read, found + 1);
     }
-    found
 }
 
-/// Copies the `found` labels' bytes into the entry, cut at their bounds.
+/// Copies the found labels' bytes into the entry, cut at their bounds.
 #[inline(always)]
-fn copy_strings(read: &mut LabelRead, found: u32) {
-    let found = if found as usize > GO_MAX_LABELS { GO_MAX_LABELS as u32 } else { found };
+fn copy_strings(read: &mut LabelRead) {
+    let found = found(read);
     for i in 0..GO_MAX_LABELS {
-        if i as u32 >= found {
+        if i as u64 >= found {
             break;
         }
         let at = i * LIST_LABEL_WORDS;
