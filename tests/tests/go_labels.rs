@@ -17,10 +17,13 @@ use profiler_tests::go_build::{GoLabelsBuild, GoProcess};
 use profiler_tests::go_text::raw_samples;
 use profiler_tests::{assert_success, expect, go_pprof, preflight, run_profiler, Profile, TempDir};
 
-/// Long enough to outlast the profiler's start and its capture; its end is waited for.
-const FIXTURE_S: u32 = 9;
-const CAPTURE_S: &str = "5s";
-const FREQUENCY_HZ: &str = "199";
+/// Long enough to outlast the profiler's start and its capture; its end is waited for. Go's
+/// own profile samples at 100 Hz for the whole run: on a machine whose cores are shared,
+/// the workers get a fraction of one, and 14 s keep its sample count (about 500-1,000) above
+/// the 280 that make 3.5σ at most 10 points; ours at 499 Hz for 8 s, 3.5σ about 3 points.
+const FIXTURE_S: u32 = 14;
+const CAPTURE_S: &str = "8s";
+const FREQUENCY_HZ: &str = "499";
 /// Samples in `main.spin` that may lack the labels (none should: a worker runs it only on
 /// its own goroutine, which has them from its creation).
 const MAX_UNLABELLED_SPIN: f64 = 0.01;

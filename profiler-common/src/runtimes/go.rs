@@ -97,7 +97,7 @@ pub struct GoLabels {
 pub const GO_LABELS_WORDS: usize = core::mem::size_of::<GoLabels>() / 8;
 
 const _: () = assert!(core::mem::size_of::<GoLabels>() == 8 + GO_MAX_LABELS * 104);
-const _: () = assert!(core::mem::size_of::<GoLabels>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<GoLabels>().is_multiple_of(8));
 
 impl GoLabels {
     /// The labels, as (key, value) bytes.

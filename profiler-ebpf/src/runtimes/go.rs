@@ -55,6 +55,9 @@ pub static GO_LABELS: HashMap<u64, GoLabels> =
 #[map]
 pub static GO_LABEL_SCRATCH: PerCpuArray<LabelRead> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
+/// `-EEXIST`: the insert found the entry there already.
+const EEXIST: i64 = -17;
+
 /// Bucket reads of a label map at most (buckets and overflow buckets together): a map of
 /// up to 8 labels is one bucket.
 const MAX_BUCKET_READS: u32 = 4;
@@ -171,7 +174,7 @@ pub extern "C" fn profiler_go_store_labels(set: u32, slot: u32) -> u64 {
     match GO_LABELS.insert(&set_key(hash, set), &read.labels, BPF_NOEXIST as u64) {
         Ok(()) => hash,
         // Already stored by an earlier sample with the same labels.
-        Err(err) if err == -17 => hash,
+        Err(err) if i64::from(err) == EEXIST => hash,
         Err(_) => LABELS_MAP_FULL,
     }
 }

@@ -24,7 +24,8 @@ use super::{binary, layout};
 pub fn entry(bytes: &[u8]) -> Result<Option<GoProcess>, String> {
     let go = match binary::read(bytes) {
         Ok(Some(go)) => go,
-        Ok(None) => return Ok(None),
+        // Not an ELF file the reader can parse: not one it could read labels of either.
+        Ok(None) | Err(binary::BinaryError::Elf(_)) => return Ok(None),
         Err(err) => return Err(format!("Go executable whose build facts could not be read: {err}")),
     };
     let (major, minor) =

@@ -104,9 +104,6 @@ pub struct Unwinder {
     /// until the registry has room for that many (building one can take a second).
     no_room: HashMap<FileKey, u32>,
     processes: HashMap<Pid, Registered>,
-    /// Go label entries of executables, by (device, inode): each read once (`None`: not Go,
-    /// or a Go whose labels cannot be read).
-    go_binaries: HashMap<(Device, u64), Option<GoProcess>>,
     stats: UnwinderStats,
     /// A large table was built since the heap was last trimmed.
     trim_pending: bool,
@@ -134,7 +131,6 @@ impl Unwinder {
             refused,
             no_room: HashMap::new(),
             processes: HashMap::new(),
-            go_binaries: HashMap::new(),
             stats: UnwinderStats::default(),
             trim_pending: false,
             tables_loaded: 0,

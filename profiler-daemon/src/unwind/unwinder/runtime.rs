@@ -73,10 +73,6 @@ impl Unwinder {
     }
 }
 
-/// Executables remembered as Go or not at most (a busy machine runs many; the map is
-/// emptied when full, and they are read again).
-const MAX_GO_BINARIES: usize = 4_096;
-
 impl Unwinder {
     /// Gives the sampling program `pid`'s Go label entry if its executable is a Go binary
     /// whose labels it can read (`given`: the entry it has already). Returns the entry it has.
@@ -104,26 +100,11 @@ impl Unwinder {
         }
     }
 
-    /// The Go label entry of `pid`'s executable (its lowest file mapping), read once per
-    /// file on an offload worker.
+    /// The Go label entry of `pid`'s executable (its lowest file mapping), from the file's
+    /// facts read with its unwind table's (no read of its own).
     fn find_go(&mut self, pid: Pid, maps: &[MapEntry]) -> Option<GoProcess> {
         let exe = maps.iter().filter(|m| !m.unmapped && m.is_file()).min_by_key(|m| m.start)?;
-        let identity = (exe.device, exe.inode);
-        if let Some(known) = self.go_binaries.get(&identity) {
-            return *known;
-        }
-        let owned = exe.clone();
-        let read = self
-            .offload
-            .call(&format!("Go executable of pid {pid}"), Charge::path(pid), move |state| {
-                let charger = state.charger();
-                let Some(file) = opened::open_on_worker(&charger, pid, &owned) else { return Ok(None) };
-                let mapped = crate::elf::MappedFile::map(file.file()).map_err(|err| err.to_string())?;
-                runtimes::go::kernel::entry(mapped.bytes())
-            })
-            .map_err(|stall| stall.to_string())
-            .and_then(|read| read);
-        let entry = match read {
+        match self.file_info(pid, exe)?.go {
             Ok(entry) => entry,
             Err(why) => {
                 tracing::debug!(%pid, reason = %why, "no Go labels on this process's samples");
@@ -131,12 +112,7 @@ impl Unwinder {
                 self.stats.go_labels.unsupported_reason = Some(why);
                 None
             }
-        };
-        if self.go_binaries.len() >= MAX_GO_BINARIES {
-            self.go_binaries.clear();
         }
-        self.go_binaries.insert(identity, entry);
-        entry
     }
 
     /// Deletes `pid`'s Go label entry, if it was given one.
