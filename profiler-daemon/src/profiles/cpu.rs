@@ -225,4 +225,46 @@ mod tests {
         let s = samples.iter().find(|s| s.labels[0].1 == LabelValue::Num(10, None)).unwrap();
         assert_eq!(s.values, [6, 60_000_000], "count, and count × the 10 ms period");
     }
+
+    /// A Go sample's label set rides on its pprof sample as string labels; one whose set
+    /// the batch lacks is counted lost and kept without labels, and cuts are counted.
+    #[test]
+    fn go_labels_become_the_samples_string_labels() {
+        let sample = |labels| RawCpuSample {
+            pid: Pid(10),
+            tid: Tid(11),
+            comm: "w".into(),
+            user_stack: StackId(7),
+            kernel_stack: StackId::NONE,
+            labels: LabelsId(labels),
+            count: 2,
+        };
+        let set = RawLabels {
+            pairs: vec![("handler".into(), "a".into()), ("pool".into(), "spinners".into())],
+            cut_labels: false,
+            cut_bytes: true,
+        };
+        let mut batch = Batch { cpu: vec![sample(8), sample(12), sample(0)], ..Batch::default() };
+        batch.labels.insert(LabelsId(8), set);
+        let mut counts = Counts::default();
+        count(&batch, &mut counts);
+        let cpu = &counts.process(Pid(10)).unwrap().cpu;
+        assert_eq!((cpu.labels_cut, cpu.labels_lost, cpu.total), (2, 2, 6));
+        let settings = Settings {
+            frequency_hz: 100,
+            heap_sample_bytes: 1,
+            offcpu_rate_ns: 1,
+            offcpu_sample_every: 1,
+            block_rate_ns: 1,
+            mutex_fraction: 1,
+        };
+        let samples = samples(cpu, &settings);
+        assert_eq!(samples.len(), 2, "the lost set's samples join the unlabelled ones");
+        let labelled = samples.iter().find(|s| s.labels.len() == 4).expect("a labelled sample");
+        assert_eq!(labelled.labels[2], ("handler", LabelValue::Str("a".into())));
+        assert_eq!(labelled.labels[3], ("pool", LabelValue::Str("spinners".into())));
+        assert_eq!(labelled.values[0], 2);
+        let plain = samples.iter().find(|s| s.labels.len() == 2).expect("an unlabelled sample");
+        assert_eq!(plain.values[0], 4);
+    }
 }
