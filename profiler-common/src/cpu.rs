@@ -16,9 +16,12 @@ pub struct CpuSampleKey {
     pub kernel_stack: u64,
     /// The thread's `comm`, NUL-padded.
     pub comm: [u8; 16],
+    /// The goroutine's pprof labels (a Go process): the hash of their entry in `GO_LABELS`,
+    /// or one of `runtimes::go`'s `NO_LABELS`, `LABELS_UNREADABLE`, `LABELS_MAP_FULL`.
+    pub labels: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<CpuSampleKey>() == 40);
+const _: () = assert!(core::mem::size_of::<CpuSampleKey>() == 48);
 
 /// Indices into the `CPU_COUNTERS` per-CPU array.
 #[repr(u32)]
@@ -43,11 +46,17 @@ pub enum CpuCounter {
     /// samples, but counted so that the ticks the program ran for add up (see the daemon's
     /// `CpuCounters::ticks_missed`).
     NotSampled = 7,
+    /// Samples of a Go process whose goroutine had pprof labels, read and stored.
+    GoLabels = 8,
+    /// Samples of a Go process whose goroutine's labels could not be read (a fault).
+    GoLabelsUnreadable = 9,
+    /// Samples whose label set was not stored: the labels map was full.
+    GoLabelsMapFull = 10,
 }
 
 impl CpuCounter {
     /// Number of counters (the length of the `CPU_COUNTERS` array).
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 11;
     /// All counters, in index order.
     pub const ALL: [CpuCounter; Self::COUNT as usize] = [
         CpuCounter::Samples,
@@ -58,6 +67,9 @@ impl CpuCounter {
         CpuCounter::UserStackTruncated,
         CpuCounter::CgroupFiltered,
         CpuCounter::NotSampled,
+        CpuCounter::GoLabels,
+        CpuCounter::GoLabelsUnreadable,
+        CpuCounter::GoLabelsMapFull,
     ];
 }
 

@@ -57,6 +57,9 @@ pub mod globals {
     pub const HEAP_SAMPLE_BYTES: &str = "HEAP_SAMPLE_BYTES";
     /// [`crate::TaskOffsets`]: where the thread-dump iterator reads `task_struct` fields.
     pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
+    /// `u32`: the offset of `task_struct.thread.fsbase` (the thread's TLS base, where Go
+    /// finds its current `g`), from the kernel's BTF; 0 when unknown (no Go labels are read).
+    pub const TASK_FSBASE: &str = "TASK_FSBASE";
     /// `u64`: a random key drawn at each load that every stack hash starts from
     /// ([`crate::stack::hash_start`]), so no process can craft stacks whose ids collide.
     pub const STACK_HASH_KEY: &str = "STACK_HASH_KEY";

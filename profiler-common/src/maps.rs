@@ -362,10 +362,10 @@ pub const OFFCPU_MAYBE_PENDING_SLOTS: u32 = 1 << crate::offcpu::MAYBE_PENDING_SL
 /// Every map of the object, by name (besides the compiler's data sections that hold the
 /// load-time globals and constants, which userspace reaches through [`crate::globals`]):
 /// the core's and every runtime's ([`crate::runtimes::MAPS`]).
-pub const ALL: [&str; 57] = join(CORE, crate::runtimes::MAPS);
+pub const ALL: [&str; 60] = join(CORE, crate::runtimes::MAPS);
 
 /// `a` then `b`, in a constant.
-const fn join<const A: usize, const B: usize, const N: usize>(
+pub(crate) const fn join<const A: usize, const B: usize, const N: usize>(
     a: [&'static str; A],
     b: [&'static str; B],
 ) -> [&'static str; N] {

@@ -1,5 +1,6 @@
 //! On-CPU sampling: a perf_event program on the CPU clock of every online CPU. Each sample is
-//! counted under (process, thread, user stack, kernel stack) in the active map set.
+//! counted under (process, thread, user stack, kernel stack, and for a Go process the
+//! goroutine's pprof labels) in the active map set.
 #![allow(non_upper_case_globals)]
 
 use aya_ebpf::{
@@ -8,13 +9,18 @@ use aya_ebpf::{
     programs::PerfEventContext,
     EbpfContext,
 };
-use profiler_common::{maps::CPU_COUNTS_MAX_ENTRIES, CpuCounter, CpuSampleKey, NO_STACK};
+use profiler_common::{
+    maps::CPU_COUNTS_MAX_ENTRIES,
+    runtimes::go::{LABELS_MAP_FULL, LABELS_UNREADABLE, NO_LABELS},
+    CpuCounter, CpuSampleKey, NO_STACK,
+};
 
 use crate::{
     maps::{
         active_set, add_or_insert_in_set, bump, cgroup_wanted, current_comm, current_task, wanted, Scratch,
         COUNTS_MAP_FLAGS,
     },
+    runtimes::go,
     stack::{capture_kernel, capture_user, StackError},
 };
 
@@ -70,7 +76,15 @@ fn try_cpu_sample(ctx: &PerfEventContext) -> Result<(), ()> {
         stack_or_count(capture_kernel(ctx.as_ptr(), set, Scratch::Interrupt, tgid), CpuCounter::KernelStackFailed)
     };
 
-    let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: current_comm() };
+    // After the stacks, not inside their walk: the walk's calls use most of the BPF stack.
+    let labels = go::labels(set, Scratch::Interrupt, tgid);
+    match labels {
+        NO_LABELS => {}
+        LABELS_UNREADABLE => count(CpuCounter::GoLabelsUnreadable),
+        LABELS_MAP_FULL => count(CpuCounter::GoLabelsMapFull),
+        _ => count(CpuCounter::GoLabels),
+    }
+    let key = CpuSampleKey { tgid, tid, user_stack, kernel_stack, comm: current_comm(), labels };
     if !add_or_insert_in_set(set, &CPU_COUNTS_0, &CPU_COUNTS_1, &key, &1) {
         count(CpuCounter::CountsMapFull);
         return Err(());

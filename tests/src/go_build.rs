@@ -1,6 +1,8 @@
 //! The Go fixture `tests/fixtures/go_split.go` built the ways Go programs are shipped (plain,
-//! `-ldflags=-s -w`, `-buildmode=pie`, and with cgo, its `go_split_cgo.go` beside it), into a
-//! test's scratch directory, and run behind a guard that kills and reaps it on drop.
+//! `-ldflags=-s -w`, `-buildmode=pie`, and with cgo, its `go_split_cgo.go` beside it), and the
+//! labels fixture `go_labels.go` (static, and cgo linked externally), into a test's scratch
+//! directory, and run behind a guard that kills and reaps it on drop (both take the same
+//! arguments and print the same lines).
 //!
 //! Builds need no module proxy and no home directory: GOPATH mode (`GO111MODULE=off`, the
 //! fixture uses the standard library only) with `GOCACHE` and `GOPATH` under the scratch
@@ -107,38 +109,80 @@ impl GoBuild {
     /// `toolchain`; returns the binary. Panics with what to do when Go is missing or the
     /// build fails.
     pub fn build_with(self, toolchain: &Toolchain, scratch: &Path) -> PathBuf {
-        let fixtures = crate::workspace_root().join("tests/fixtures");
-        let src = scratch.join(format!("src-{}", self.comm()));
-        std::fs::create_dir_all(&src).unwrap_or_else(|e| panic!("failed to create {}: {e}", src.display()));
         let mut sources = vec!["go_split.go"];
         if self == Self::Cgo {
             sources.push("go_split_cgo.go");
         }
-        for name in sources {
-            std::fs::copy(fixtures.join(name), src.join(name))
-                .unwrap_or_else(|e| panic!("failed to copy {name} into {}: {e}", src.display()));
-        }
-        let binary = scratch.join(self.comm());
-        let mut cmd = toolchain.command(scratch);
-        cmd.arg("build")
-            .args(self.flags())
-            .arg("-o")
-            .arg(&binary)
-            .arg(".")
-            .current_dir(&src)
-            .env("CGO_ENABLED", if self == Self::Cgo { "1" } else { "0" });
-        if Command::new(&toolchain.go).arg("version").output().is_err() {
-            panic!("`{}` cannot be run: {INSTALL_GO}", toolchain.go.display());
-        }
-        let output = crate::run::run_with_timeout(&mut cmd, BUILD_TIMEOUT);
-        assert!(
-            output.status.success(),
-            "{cmd:?} failed ({}):\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        binary
+        go_build(toolchain, scratch, self.comm(), &sources, self.flags(), self == Self::Cgo)
     }
+}
+
+/// How the labels fixture (`tests/fixtures/go_labels.go`) is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoLabelsBuild {
+    /// Static, internally linked: no TLS segment, Go sets the thread pointer itself.
+    Plain,
+    /// cgo, linked externally, with C thread-local data beside `runtime.tlsg`
+    /// (`go_labels_cgo.go`): `g` is not at Go's usual -8 from the thread pointer.
+    Cgo,
+}
+
+impl GoLabelsBuild {
+    /// The binary's name, which is the process's `comm`.
+    pub fn comm(self) -> &'static str {
+        match self {
+            Self::Plain => "golabels-plain",
+            Self::Cgo => "golabels-cgo",
+        }
+    }
+
+    /// Builds the fixture into `scratch`; returns the binary.
+    pub fn build(self, scratch: &Path) -> PathBuf {
+        match self {
+            Self::Plain => go_build(&Toolchain::machine(), scratch, self.comm(), &["go_labels.go"], &[], false),
+            Self::Cgo => go_build(
+                &Toolchain::machine(),
+                scratch,
+                self.comm(),
+                &["go_labels.go", "go_labels_cgo.go"],
+                &["-ldflags=-linkmode=external"],
+                true,
+            ),
+        }
+    }
+}
+
+/// `go build FLAGS` with `toolchain` of the fixtures `sources` (copied to a directory of
+/// their own in `scratch`) into `scratch/NAME`; returns the binary. Panics with what to do
+/// when Go is missing or the build fails.
+fn go_build(toolchain: &Toolchain, scratch: &Path, name: &str, sources: &[&str], flags: &[&str], cgo: bool) -> PathBuf {
+    let fixtures = crate::workspace_root().join("tests/fixtures");
+    let src = scratch.join(format!("src-{name}"));
+    std::fs::create_dir_all(&src).unwrap_or_else(|e| panic!("failed to create {}: {e}", src.display()));
+    for source in sources {
+        std::fs::copy(fixtures.join(source), src.join(source))
+            .unwrap_or_else(|e| panic!("failed to copy {source} into {}: {e}", src.display()));
+    }
+    let binary = scratch.join(name);
+    let mut cmd = toolchain.command(scratch);
+    cmd.arg("build")
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(".")
+        .current_dir(&src)
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" });
+    if Command::new(&toolchain.go).arg("version").output().is_err() {
+        panic!("`{}` cannot be run: {INSTALL_GO}", toolchain.go.display());
+    }
+    let output = crate::run::run_with_timeout(&mut cmd, BUILD_TIMEOUT);
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    binary
 }
 
 /// The running fixture, killed and reaped on drop.

@@ -4,9 +4,10 @@
 //! all runtimes are, [`crate::maps::ALL`] collects from [`MAPS`].
 
 pub mod cpython;
+pub mod go;
 
-/// Every runtime's maps.
-pub const MAPS: [&str; 3] = cpython::maps::ALL;
+/// Every runtime's maps: CPython's walker's, then Go's label reader's.
+pub const MAPS: [&str; 6] = crate::maps::join(cpython::maps::ALL, go::maps::ALL);
 
 /// Every runtime's counter map and how many counters it has, by interpreted
 /// [`crate::FrameKind`] (`FrameKind::Python`, 1, first).

@@ -274,6 +274,7 @@ mod tests {
             comm: format!("p{}", pid.0 & 0xff),
             user_stack: StackId(7),
             kernel_stack: StackId::NONE,
+            labels: crate::ebpf::LabelsId::NONE,
             count: 3,
         }
     }

@@ -391,6 +391,16 @@ fn unwind_status(s: &Status) -> serde_json::Value {
     for (key, value) in crate::runtimes::status(&t.runtimes, &s.counters.runtimes) {
         unwinding[key] = value;
     }
+    let (g, cpu) = (&t.go_labels, s.counters.cpu);
+    unwinding["go_labels"] = json!({
+        "processes": g.processes,
+        "map_full": g.map_full,
+        "unsupported": g.unsupported,
+        "last_unsupported_reason": g.unsupported_reason,
+        "samples_with_labels": cpu.go_labels,
+        "unreadable": cpu.go_labels_unreadable,
+        "labels_map_full": cpu.go_labels_map_full,
+    });
     unwinding
 }
 

@@ -159,6 +159,12 @@ pub fn task_offsets(types: &Types) -> Result<TaskOffsets, BtfError> {
     })
 }
 
+/// The offset of `task_struct.thread.fsbase`: a thread's TLS base, where Go keeps its
+/// current goroutine (the label read of Go processes).
+pub fn fsbase_offset(types: &Types) -> Result<u32, BtfError> {
+    Ok(types.offset("task_struct", "thread")? + types.offset("thread_struct", "fsbase")?)
+}
+
 /// Where the kernel keeps what its uprobes moved (see [`UprobeOffsets`]); an error when
 /// this kernel lacks one of the fields (no uprobes).
 pub fn uprobe_offsets(types: &Types) -> Result<UprobeOffsets, BtfError> {

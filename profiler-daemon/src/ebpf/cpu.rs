@@ -36,6 +36,12 @@ pub struct CpuCounters {
     pub ticks_missed: u64,
     /// Ticks due on all CPUs since the clock was attached (0 before).
     pub ticks_due: u64,
+    /// Samples of Go processes whose goroutine had pprof labels, read.
+    pub go_labels: u64,
+    /// Samples of Go processes whose goroutine's labels could not be read (no labels).
+    pub go_labels_unreadable: u64,
+    /// Samples whose labels were read but not stored, the labels map full (no labels).
+    pub go_labels_map_full: u64,
 }
 
 /// The CPU clock as attached: since when, on how many CPUs, and its period (the kernel
@@ -64,6 +70,8 @@ pub struct RawCpuSample {
     pub comm: String,
     pub user_stack: StackId,
     pub kernel_stack: StackId,
+    /// The goroutine's pprof labels (a Go process's sample; see [`super::LabelsId`]).
+    pub labels: super::LabelsId,
     pub count: u64,
 }
 
@@ -113,6 +121,9 @@ pub(super) fn counters(ebpf: &Ebpf, clock: Option<Clock>) -> Result<CpuCounters>
         not_sampled: get(CpuCounter::NotSampled),
         ticks_missed: ticks_due.saturating_sub(ran),
         ticks_due,
+        go_labels: get(CpuCounter::GoLabels),
+        go_labels_unreadable: get(CpuCounter::GoLabelsUnreadable),
+        go_labels_map_full: get(CpuCounter::GoLabelsMapFull),
     })
 }
 
@@ -130,6 +141,7 @@ fn raw_sample(key: &CpuSampleKey, count: u64) -> RawCpuSample {
         comm: String::from_utf8_lossy(&key.comm[..comm_len]).into_owned(),
         user_stack: StackId(key.user_stack),
         kernel_stack: StackId(key.kernel_stack),
+        labels: super::LabelsId(key.labels),
         count,
     }
 }

@@ -23,6 +23,7 @@ use profiler_common::{
 use super::{
     cpu::{self, RawCpuSample},
     futex::{self, RawWaitTotals},
+    go_labels::{self, LabelsId, RawLabels},
     heap::{self, RawHeapTotals},
     map_error, map_mut,
     offcpu::{self, RawOffCpu},
@@ -46,6 +47,8 @@ pub struct Batch {
     pub offcpu: Vec<RawOffCpu>,
     /// Stack → frames (leaf first).
     pub stacks: StdHashMap<StackId, Vec<u64>>,
+    /// Go goroutines' label sets named by the samples (see [`LabelsId`]).
+    pub labels: StdHashMap<LabelsId, RawLabels>,
     /// Samples the kernel refused a new stack, by process, because the process or its uid
     /// held its share of the set's stack table (see `profiler_common::share`).
     pub over_share: Vec<(Pid, u64)>,
@@ -63,13 +66,14 @@ pub(super) fn drain_set(ebpf: &mut Ebpf, set: u32) -> Result<Batch> {
     let offcpu = offcpu::drain(ebpf, set)?;
     // Stacks last: every count above names a stack already in the set.
     let stacks = drain_stacks(ebpf, set as u32)?;
+    let labels = go_labels::drain(ebpf, set as u32)?;
     // Emptied with its stack map: each set's shares start again at its next second.
     let over_share = super::drain_counts::<ShareKey, ShareUse>(ebpf, SHARES[set])?
         .into_iter()
         .filter(|(key, used)| key & SHARE_UID == 0 && used.refused > 0)
         .map(|(key, used)| (Pid(key as u32), used.refused))
         .collect();
-    Ok(Batch { cpu, heap, block, mutex, threadcreate, offcpu, stacks, over_share })
+    Ok(Batch { cpu, heap, block, mutex, threadcreate, offcpu, stacks, labels, over_share })
 }
 
 /// Reads and deletes set `set`'s entries of the stack map, which the kernel meanwhile fills

@@ -20,7 +20,7 @@ impl Session {
         let stats = config.enable_stats.then(enable_run_time_stats).transpose()?;
         let filter: u8 = (!config.pids.is_empty()).into();
         let (pidns_dev, pidns_ino) = config.pid_namespace.map_or((0u64, 0u64), |ns| (ns.dev, ns.ino));
-        let (task_offsets, uprobes) = kernel_offsets(config.thread_dumps)?;
+        let (task_offsets, uprobes, fsbase) = kernel_offsets(config.thread_dumps)?;
         let stack_key = random_key()?;
         // The per-CPU caches keep to a fixed budget: fewer entries per CPU on a host with many.
         let cpus = aya::util::nr_cpus()
@@ -41,6 +41,7 @@ impl Session {
             .override_global(globals::PIDNS_INO, &pidns_ino, true)
             .override_global(globals::TASK_OFFSETS, &task_offsets, true)
             .override_global(globals::UPROBE_OFFSETS, &uprobes, true)
+            .override_global(globals::TASK_FSBASE, &fsbase, true)
             .override_global(globals::STACK_HASH_KEY, &stack_key, true)
             .override_global(globals::STACK_SHARE_CAPS, &config.share_caps, true)
             .map_max_entries(maps::HEAP_LIVE, config.heap_max_live)
@@ -123,16 +124,22 @@ fn random_key() -> Result<u64> {
 /// The `task_struct` and `struct pid` layout of the running kernel (needed only for thread
 /// dumps, whose walk cannot run without it) and where it keeps what its uprobes moved, from
 /// one parse of its BTF: the parse holds every struct of the kernel in memory while it lasts.
-fn kernel_offsets(thread_dumps: bool) -> Result<(TaskOffsets, UprobeOffsets)> {
+/// Also where a task's TLS base is (0 when unknown: Go processes' samples then carry no
+/// labels, and the log says so).
+fn kernel_offsets(thread_dumps: bool) -> Result<(TaskOffsets, UprobeOffsets, u32)> {
     let types = match btf::Types::vmlinux() {
         Ok(types) => types,
         Err(err) if thread_dumps => return Err(Error::TaskLayout(err)),
-        Err(err) => return Ok((TaskOffsets::default(), no_uprobe_offsets(err))),
+        Err(err) => return Ok((TaskOffsets::default(), no_uprobe_offsets(err), 0)),
     };
     let task =
         if thread_dumps { btf::task_offsets(&types).map_err(Error::TaskLayout)? } else { TaskOffsets::default() };
     let uprobes = btf::uprobe_offsets(&types).unwrap_or_else(no_uprobe_offsets);
-    Ok((task, uprobes))
+    let fsbase = btf::fsbase_offset(&types).unwrap_or_else(|err| {
+        tracing::info!("Go processes' samples will carry no pprof labels: {err}");
+        0
+    });
+    Ok((task, uprobes, fsbase))
 }
 
 /// All 0, when the kernel's BTF lacks what its uprobes moved: walks show the `[uprobes]`

@@ -114,6 +114,31 @@ pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, ElfError> {
     Ok(segments)
 }
 
+const PT_TLS: u32 = 7;
+
+/// The `PT_TLS` program header's memory size and alignment (the thread-local block of the
+/// executable), if the file has one.
+pub fn tls_segment(bytes: &[u8]) -> Result<Option<(u64, u64)>, ElfError> {
+    if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
+        return Err(ElfError::NotElf);
+    }
+    let phoff = u64_at(bytes, 0x20)?;
+    let entry_len = usize::from(u16_at(bytes, 0x36)?);
+    let count = u64::from(u16_at(bytes, 0x38)?);
+    if entry_len < PROGRAM_HEADER_LEN {
+        return Err(ElfError::Truncated);
+    }
+    for index in 0..count {
+        let start =
+            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(ElfError::Truncated)?;
+        let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
+        if u32_at(header, 0)? == PT_TLS {
+            return Ok(Some((u64_at(header, 40)?, u64_at(header, 48)?)));
+        }
+    }
+    Ok(None)
+}
+
 const PT_NOTE: u32 = 4;
 const NT_GNU_BUILD_ID: u32 = 3;
 

@@ -16,8 +16,8 @@ use crate::{
     },
 };
 
-/// Distinct pprof label keys kept over the daemon's life: labels are keyed by `&'static str`
-/// here, so a key is interned once and kept; past the cap, new keys are dropped.
+/// Distinct pprof label keys kept over the daemon's life (of goroutine dumps and CPU samples
+/// alike): labels are keyed by `&'static str` here, so a key is interned once and kept; past the cap, new keys are dropped.
 const MAX_LABEL_KEYS: usize = 4096;
 static KEYS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
@@ -62,7 +62,7 @@ fn sample(g: &Goroutine, user_stack: StackId) -> StackSample {
 }
 
 /// `key` as a `&'static str`, interned; `None` past [`MAX_LABEL_KEYS`].
-fn intern(key: &str) -> Option<&'static str> {
+pub(super) fn intern(key: &str) -> Option<&'static str> {
     let mut keys = KEYS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(&known) = keys.iter().find(|&&k| k == key) {
         return Some(known);

@@ -276,7 +276,7 @@ impl ProfileKind {
         counts: &ProcessCounts,
     ) -> Vec<String> {
         match self {
-            Self::Cpu => cpu::comments(context, counters),
+            Self::Cpu => cpu::comments(context, counters, &counts.cpu),
             Self::Heap => heap::comments(context, counters, settings),
             Self::Block => block::comments(context, counters, settings),
             Self::Mutex => mutex::comments(context, counters, settings),
@@ -382,6 +382,7 @@ mod tests {
                 comm: "c".into(),
                 user_stack: StackId(10),
                 kernel_stack: StackId(12),
+                labels: crate::ebpf::LabelsId::NONE,
                 count: 1,
             }],
             heap: vec![RawHeapTotals { pid: Pid(3), stack: StackId(14), size: 8, count: 1, bytes: 8 }],

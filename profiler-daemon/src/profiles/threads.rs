@@ -323,6 +323,7 @@ mod tests {
                     comm: "busy".into(),
                     user_stack: user,
                     kernel_stack: StackId::NONE,
+                    labels: crate::ebpf::LabelsId::NONE,
                     count,
                 })
                 .to_vec(),

@@ -15,8 +15,12 @@ const MAX_SYMBOLS: usize = 2_000_000;
 const SYMBOL_LEN: usize = 24;
 const STT_FUNC: u8 = 2;
 
-/// The runtime globals the reader looks up, in [`Symbols::globals`] order.
-pub const GLOBALS: [&str; 4] = ["runtime.allgs", "runtime.allglen", "runtime.fingRunning", "runtime.main"];
+/// The runtime globals the reader looks up, in [`Symbols::globals`] order. `runtime.tlsg`
+/// is a thread-local symbol: its value is its offset in the TLS block (see `kernel.rs`).
+pub const GLOBALS: [&str; 5] =
+    ["runtime.allgs", "runtime.allglen", "runtime.fingRunning", "runtime.main", "runtime.tlsg"];
+/// [`GLOBALS`]' index of `runtime.tlsg`.
+pub const TLSG: usize = 4;
 
 /// The runtime's array of wait reason strings (`[...]string`, indexed by `waitReason`).
 pub const WAIT_REASON_STRINGS: &str = "runtime.waitReasonStrings";

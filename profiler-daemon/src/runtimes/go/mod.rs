@@ -1,13 +1,17 @@
 //! The Go runtime, read from outside: a Go process's goroutines, what
-//! `pprof.Lookup("goroutine")` answers inside it, for its thread dump. Unlike CPython's,
-//! this reader has no kernel walker (Go code keeps frame pointers, which the native walk
-//! already follows), so it is no [`super::Runtime`] variant: its one hook is the thread
-//! dump's ([`crate::thread_dump::DumpJob`] calls [`read`] after walking the threads).
+//! `pprof.Lookup("goroutine")` answers inside it, for its thread dump; and what the CPU
+//! program needs to read the running goroutine's pprof labels at each sample ([`kernel`]).
+//! Unlike CPython's, this reader has no kernel walker (Go code keeps frame pointers, which the
+//! native walk already follows), so it is no [`super::Runtime`] variant: its hooks are the
+//! thread dump's ([`crate::thread_dump::DumpJob`] calls [`read`] after walking the threads)
+//! and the unwinder's registration (a Go executable's [`kernel::entry`], read with its
+//! unwind table's facts, given to `GO_PROCESSES`).
 //!
 //! - [`binary`]: that the executable is Go (`.go.buildinfo`), its version, and the runtime's
 //!   globals (`runtime.allgs`, …) from the ELF symbol table;
 //! - [`layout`]: the offsets of `g`'s fields per Go version, and [`dwarf`]: the same from the
 //!   binary's own DWARF, preferred when it has one;
+//! - [`kernel`]: the label read's entry (`g`'s place in the thread's TLS, `g.labels`);
 //! - [`goroutines`]: every `g` of `runtime.allgs`, read with `process_vm_readv` (the CPython
 //!   reader's [`Remote`]), its stack walked by frame pointers from its saved `sched`, its
 //!   labels from its label map.
@@ -18,6 +22,7 @@
 pub mod binary;
 pub mod dwarf;
 pub mod goroutines;
+pub mod kernel;
 pub mod labels;
 pub mod layout;
 pub mod profile;

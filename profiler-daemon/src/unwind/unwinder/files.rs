@@ -8,6 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use profiler_common::runtimes::go::GoProcess;
+
 use super::{FileKey, Unwinder};
 use crate::{
     elf::{self, load_segments, LoadSegment, MappedFile},
@@ -29,6 +31,9 @@ const RECENT_STATS_KEPT: usize = 4096;
 pub(super) struct FileInfo {
     pub(super) key: FileKey,
     pub(super) segments: Vec<LoadSegment>,
+    /// For a Go executable, where the sampling program reads its goroutines' labels (see
+    /// `runtimes::go::kernel`), or why it cannot; `Ok(None)` for any other file.
+    pub(super) go: Result<Option<GoProcess>, String>,
 }
 
 impl Unwinder {
@@ -43,7 +48,7 @@ impl Unwinder {
             }
             let bytes = read_vdso(pid, entry)?;
             let segments = load_segments(&bytes).ok()?;
-            let info = FileInfo { key: format!("vdso:{}", hash_bytes(&bytes)), segments };
+            let info = FileInfo { key: format!("vdso:{}", hash_bytes(&bytes)), segments, go: Ok(None) };
             self.vdso.insert(len, info.clone());
             return Some(info);
         }
@@ -146,7 +151,10 @@ pub(super) fn open_file_info(opened: &OpenedFile) -> Option<FileInfo> {
         Some(id) if meta.uid() == 0 => format!("build-id:{id}"),
         _ => format!("file:{}:{}:{}:{}", meta.dev(), meta.ino(), meta.size(), opened.version().1),
     };
-    Some(FileInfo { key, segments })
+    // Read with the rest of the file's facts, on the same mapping: the executable of a
+    // process is read once, and never again on a file system that stopped answering.
+    let go = crate::runtimes::go::kernel::entry(mapped.bytes());
+    Some(FileInfo { key, segments, go })
 }
 
 /// The vDSO image, read from the process's memory.

@@ -27,6 +27,7 @@ use std::{
 
 use profiler_common::{
     maps::unwind_table_slots,
+    runtimes::go::GoProcess,
     unwind::{MAX_PROCESS_MAPPINGS, NO_TABLE, SHARD_ROWS},
     UnwindMapping, UnwindProcess,
 };
@@ -73,6 +74,8 @@ struct Registered {
     map: UnwindMap,
     /// What a runtime's walker was given of the process (see [`crate::runtimes`]), if any.
     runtime: Option<Walked>,
+    /// Where the sampling program reads a Go process's goroutine labels, if it was given.
+    go: Option<GoProcess>,
 }
 
 /// Tables held loaded for a walk in userspace ([`Unwinder::hold`]); give them back with
@@ -209,6 +212,7 @@ impl Unwinder {
                 self.release(&old.keys);
                 session.remove_unwind_process(*pid, old.map);
                 self.forget_runtime(session, *pid, &old);
+                self.forget_go(session, *pid, &old);
             }
         }
     }
@@ -282,8 +286,12 @@ impl Unwinder {
             Some(found) => self.give_runtime(session, pid, found)?,
             None => None,
         };
+        let given = self.processes.get(&pid).and_then(|o| o.go);
+        let go = self.give_go(session, pid, maps, given)?;
         // Released after the new references are taken, so shared tables stay loaded.
-        if let Some(old) = self.processes.insert(pid, Registered { keys, version, written, written_ns, map, runtime }) {
+        if let Some(old) =
+            self.processes.insert(pid, Registered { keys, version, written, written_ns, map, runtime, go })
+        {
             self.release(&old.keys);
         }
         Ok(())
@@ -297,6 +305,7 @@ impl Unwinder {
         for pid in pids {
             if let Some(registered) = self.processes.get_mut(&pid) {
                 registered.runtime = None;
+                registered.go = None;
             }
         }
     }
@@ -342,7 +351,11 @@ impl Unwinder {
             }
             None => None,
         };
-        if let Some(old) = self.processes.insert(child, Registered { keys, version, written, written_ns, map, runtime })
+        // A forked Go process is not Go's way (it forks only to exec): its child gets no
+        // labels until it registers with its own mappings.
+        let go = None;
+        if let Some(old) =
+            self.processes.insert(child, Registered { keys, version, written, written_ns, map, runtime, go })
         {
             self.release(&old.keys);
             if let (Some(old), None) = (old.runtime, runtime) {

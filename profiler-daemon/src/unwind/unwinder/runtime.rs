@@ -1,5 +1,8 @@
 //! What the runtimes' walkers (see [`crate::runtimes`]) are given of a registered process:
-//! its interpreter found from its mappings, written for the kernel walker, and forgotten.
+//! its interpreter found from its mappings, written for the kernel walker, and forgotten;
+//! and for a Go executable, where the sampling program reads its goroutines' labels.
+
+use profiler_common::runtimes::go::GoProcess;
 
 use super::{Registered, Unwinder};
 use crate::{
@@ -66,6 +69,59 @@ impl Unwinder {
         if let Err(err) = walked.forget(session, pid) {
             let runtime = walked.runtime();
             tracing::warn!(%pid, ?runtime, error = %err, "could not remove a process from a runtime walker's map");
+        }
+    }
+}
+
+impl Unwinder {
+    /// Gives the sampling program `pid`'s Go label entry if its executable is a Go binary
+    /// whose labels it can read (`given`: the entry it has already). Returns the entry it has.
+    pub(super) fn give_go(
+        &mut self,
+        session: &mut Session,
+        pid: Pid,
+        maps: &[MapEntry],
+        given: Option<GoProcess>,
+    ) -> Result<Option<GoProcess>> {
+        let found = self.find_go(pid, maps);
+        if found == given {
+            return Ok(given);
+        }
+        match found {
+            Some(entry) if session.set_go_process(pid, Some(&entry))? => Ok(Some(entry)),
+            Some(_) => {
+                self.stats.go_labels.map_full += 1;
+                Ok(None)
+            }
+            None => {
+                session.set_go_process(pid, None)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The Go label entry of `pid`'s executable (its lowest file mapping), from the file's
+    /// facts read with its unwind table's (no read of its own).
+    fn find_go(&mut self, pid: Pid, maps: &[MapEntry]) -> Option<GoProcess> {
+        let exe = maps.iter().filter(|m| !m.unmapped && m.is_file()).min_by_key(|m| m.start)?;
+        match self.file_info(pid, exe)?.go {
+            Ok(entry) => entry,
+            Err(why) => {
+                tracing::debug!(%pid, reason = %why, "no Go labels on this process's samples");
+                self.stats.go_labels.unsupported += 1;
+                self.stats.go_labels.unsupported_reason = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Deletes `pid`'s Go label entry, if it was given one.
+    pub(super) fn forget_go(&mut self, session: &mut Session, pid: Pid, old: &Registered) {
+        if old.go.is_none() {
+            return;
+        }
+        if let Err(err) = session.set_go_process(pid, None) {
+            tracing::warn!(%pid, error = %err, "could not remove a process from the Go labels map");
         }
     }
 }

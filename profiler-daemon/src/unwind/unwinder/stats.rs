@@ -38,6 +38,9 @@ pub struct UnwinderStats {
     pub stalled_files: u64,
     /// Processes given to the runtimes' walkers (see [`crate::runtimes`]), by runtime.
     pub runtimes: RegistrationStats,
+    /// Go processes given to the sampling program's label read (`processes` is filled in by
+    /// [`Unwinder::stats`]).
+    pub go_labels: crate::runtimes::Registrations,
     /// Bytes of row memory in use, and the budget.
     pub table_bytes: u64,
     pub budget_bytes: u64,
@@ -63,6 +66,7 @@ impl Unwinder {
             stats.runtimes.of_mut(runtime).processes =
                 self.processes.values().filter(|r| r.runtime.is_some_and(|w| w.runtime() == runtime)).count() as u64;
         }
+        stats.go_labels.processes = self.processes.values().filter(|r| r.go.is_some()).count() as u64;
         stats.evictions = self.registry.evictions;
         (stats.table_bytes, stats.budget_bytes) = self.registry.usage();
         stats.tables = self
