@@ -136,12 +136,17 @@ impl GoLabelsBuild {
         }
     }
 
-    /// Builds the fixture into `scratch`; returns the binary.
+    /// Builds the fixture into `scratch` with the machine's Go; returns the binary.
     pub fn build(self, scratch: &Path) -> PathBuf {
+        self.build_with(&Toolchain::machine(), scratch)
+    }
+
+    /// Builds the fixture into `scratch` with `toolchain`; returns the binary.
+    pub fn build_with(self, toolchain: &Toolchain, scratch: &Path) -> PathBuf {
         match self {
-            Self::Plain => go_build(&Toolchain::machine(), scratch, self.comm(), &["go_labels.go"], &[], false),
+            Self::Plain => go_build(toolchain, scratch, self.comm(), &["go_labels.go"], &[], false),
             Self::Cgo => go_build(
-                &Toolchain::machine(),
+                toolchain,
                 scratch,
                 self.comm(),
                 &["go_labels.go", "go_labels_cgo.go"],

@@ -10,10 +10,11 @@
 //! of the truth; every sample in the workers' `main.spin` must carry both labels. Built two
 //! ways: static (Go sets the thread pointer itself, `g` at -8 from it) and cgo linked
 //! externally with C thread-locals (`g` at -48: found from the ELF file's TLS segment and
-//! `runtime.tlsg`).
+//! `runtime.tlsg`); and static with the fetched Go 1.21 (`g` moved) and 1.24 (the labels
+//! are a sorted list, not a map).
 
 use profiler_tests::fixture::{Fixture, FixtureKind};
-use profiler_tests::go_build::{GoLabelsBuild, GoProcess};
+use profiler_tests::go_build::{GoLabelsBuild, GoProcess, Toolchain};
 use profiler_tests::go_text::raw_samples;
 use profiler_tests::{assert_success, expect, go_pprof, preflight, run_profiler, Profile, TempDir};
 
@@ -38,14 +39,30 @@ fn cgo_external_build_labels_split_75_25() {
     check(GoLabelsBuild::Cgo);
 }
 
+/// Go 1.24 keeps a goroutine's labels as a sorted list, not a map: the kernel's other read.
+#[test]
+fn go_1_24_labels_list_split_75_25() {
+    check_with(&Toolchain::fetched("1.24"), GoLabelsBuild::Plain);
+}
+
+/// Go 1.21 moved `g.labels` (and most of `g`) from 1.19's place.
+#[test]
+fn go_1_21_labels_split_75_25() {
+    check_with(&Toolchain::fetched("1.21"), GoLabelsBuild::Plain);
+}
+
 fn check(build: GoLabelsBuild) {
+    check_with(&Toolchain::machine(), build);
+}
+
+fn check_with(toolchain: &Toolchain, build: GoLabelsBuild) {
     if !preflight() {
         return;
     }
-    let what = format!("{build:?}");
+    let what = format!("{build:?} (Go: {})", toolchain.name);
     let scratch = TempDir::new(build.comm());
     let out = TempDir::new(&format!("{}-out", build.comm()));
-    let binary = build.build(scratch.path());
+    let binary = build.build_with(toolchain, scratch.path());
     let go_profile = scratch.path().join("go.pprof");
     let mut go = GoProcess::spawn(&binary, FIXTURE_S, &go_profile);
     // A C process sampled in the same capture: its samples must carry no Go labels.
