@@ -86,22 +86,30 @@ const PT_LOAD: u32 = 1;
 const PF_X: u32 = 1;
 const PROGRAM_HEADER_LEN: usize = 56;
 
-/// The `PT_LOAD` segments of an ELF file, from its program header table.
-pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, ElfError> {
+/// The program headers of an ELF file (each [`PROGRAM_HEADER_LEN`] bytes), in order.
+fn program_headers(bytes: &[u8]) -> Result<Vec<&[u8]>, ElfError> {
     if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
         return Err(ElfError::NotElf);
     }
     let phoff = u64_at(bytes, 0x20)?;
-    let entry_len = usize::from(u16_at(bytes, 0x36)?);
+    let entry_len = u64::from(u16_at(bytes, 0x36)?);
     let count = u64::from(u16_at(bytes, 0x38)?);
-    if entry_len < PROGRAM_HEADER_LEN {
+    if entry_len < PROGRAM_HEADER_LEN as u64 {
         return Err(ElfError::Truncated);
     }
+    (0..count)
+        .map(|index| {
+            let start =
+                index.checked_mul(entry_len).and_then(|off| off.checked_add(phoff)).ok_or(ElfError::Truncated)?;
+            file_range(bytes, start, PROGRAM_HEADER_LEN as u64)
+        })
+        .collect()
+}
+
+/// The `PT_LOAD` segments of an ELF file, from its program header table.
+pub fn load_segments(bytes: &[u8]) -> Result<Vec<LoadSegment>, ElfError> {
     let mut segments = Vec::new();
-    for index in 0..count {
-        let start =
-            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(ElfError::Truncated)?;
-        let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
+    for header in program_headers(bytes)? {
         if u32_at(header, 0)? == PT_LOAD {
             segments.push(LoadSegment {
                 file_offset: u64_at(header, 8)?,
@@ -119,19 +127,7 @@ const PT_TLS: u32 = 7;
 /// The `PT_TLS` program header's memory size and alignment (the thread-local block of the
 /// executable), if the file has one.
 pub fn tls_segment(bytes: &[u8]) -> Result<Option<(u64, u64)>, ElfError> {
-    if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
-        return Err(ElfError::NotElf);
-    }
-    let phoff = u64_at(bytes, 0x20)?;
-    let entry_len = usize::from(u16_at(bytes, 0x36)?);
-    let count = u64::from(u16_at(bytes, 0x38)?);
-    if entry_len < PROGRAM_HEADER_LEN {
-        return Err(ElfError::Truncated);
-    }
-    for index in 0..count {
-        let start =
-            index.checked_mul(entry_len as u64).and_then(|off| off.checked_add(phoff)).ok_or(ElfError::Truncated)?;
-        let header = file_range(bytes, start, PROGRAM_HEADER_LEN as u64)?;
+    for header in program_headers(bytes)? {
         if u32_at(header, 0)? == PT_TLS {
             return Ok(Some((u64_at(header, 40)?, u64_at(header, 48)?)));
         }
@@ -145,18 +141,7 @@ const NT_GNU_BUILD_ID: u32 = 3;
 /// The GNU build id of an ELF file, as lowercase hex, from its `PT_NOTE` segments (present in
 /// every loaded image, even one stripped of its section headers).
 pub fn build_id(bytes: &[u8]) -> Option<String> {
-    if bytes.len() < 64 || &bytes[..4] != ELF_MAGIC || bytes[4] != ELFCLASS64 || bytes[5] != ELFDATA2LSB {
-        return None;
-    }
-    let phoff = u64_at(bytes, 0x20).ok()?;
-    let entry_len = u64::from(u16_at(bytes, 0x36).ok()?);
-    let count = u64::from(u16_at(bytes, 0x38).ok()?);
-    if entry_len < PROGRAM_HEADER_LEN as u64 {
-        return None;
-    }
-    for index in 0..count {
-        let header =
-            file_range(bytes, phoff.checked_add(index.checked_mul(entry_len)?)?, PROGRAM_HEADER_LEN as u64).ok()?;
+    for header in program_headers(bytes).ok()? {
         if u32_at(header, 0).ok()? != PT_NOTE {
             continue;
         }
