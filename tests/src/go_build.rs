@@ -76,6 +76,8 @@ pub enum GoBuild {
     Pie,
     /// cgo on, with `go_split_cgo.go`: main.hotB's work is the C function `c_spin_b`.
     Cgo,
+    /// The cgo build with `-ldflags=-s -w`: its C function, and asmcgocall, have no symbol.
+    CgoStripped,
 }
 
 /// A `go build` gets this long (a cold cache compiles runtime/cgo).
@@ -89,13 +91,19 @@ impl GoBuild {
             Self::Stripped => "gosplit-strip",
             Self::Pie => "gosplit-pie",
             Self::Cgo => "gosplit-cgo",
+            Self::CgoStripped => "gosplit-cgo-s",
         }
+    }
+
+    /// Whether C code is linked in (`go_split_cgo.go`).
+    pub fn is_cgo(self) -> bool {
+        matches!(self, Self::Cgo | Self::CgoStripped)
     }
 
     fn flags(self) -> &'static [&'static str] {
         match self {
             Self::Plain | Self::Cgo => &[],
-            Self::Stripped => &["-ldflags=-s -w"],
+            Self::Stripped | Self::CgoStripped => &["-ldflags=-s -w"],
             Self::Pie => &["-buildmode=pie"],
         }
     }
@@ -110,10 +118,10 @@ impl GoBuild {
     /// build fails.
     pub fn build_with(self, toolchain: &Toolchain, scratch: &Path) -> PathBuf {
         let mut sources = vec!["go_split.go"];
-        if self == Self::Cgo {
+        if self.is_cgo() {
             sources.push("go_split_cgo.go");
         }
-        go_build(toolchain, scratch, self.comm(), &sources, self.flags(), self == Self::Cgo)
+        go_build(toolchain, scratch, self.comm(), &sources, self.flags(), self.is_cgo())
     }
 }
 

@@ -58,6 +58,15 @@ fn cgo_build_names_its_c_function_and_its_go_code() {
     check(GoBuild::Cgo);
 }
 
+/// The cgo build with `-s -w`: no symbol table names asmcgocall, so the walk finds its cgo
+/// calls by the pclntab; the C function is still named, from the dynamic symbols cgo
+/// exports it by. The chain through asmcgocall back to `main.hotB` must hold as in the
+/// plain cgo build.
+#[test]
+fn stripped_cgo_build_walks_from_its_c_code_to_its_go_caller() {
+    check(GoBuild::CgoStripped);
+}
+
 #[test]
 fn go_1_21_stripped_build_is_named_from_its_pclntab() {
     check_with(&Toolchain::fetched("1.21"), GoBuild::Stripped);
@@ -89,16 +98,15 @@ fn check_with(toolchain: &Toolchain, build: GoBuild) {
     let (ours, theirs, truth) = profile(toolchain, build);
     let what = format!("{build:?} (Go: {})", toolchain.name);
     // In the cgo build hotB's work is in C: its samples are the C function's, under hotB.
-    let hot_b = if build == GoBuild::Cgo { ["main.hotB", "c_spin_b"].as_slice() } else { &["main.hotB"] };
+    let hot_b = if build.is_cgo() { ["main.hotB", "c_spin_b"].as_slice() } else { &["main.hotB"] };
     check_share(&ours, truth, hot_b, &format!("{what}: our profile"));
     check_share(&theirs, truth, &["main.hotB"], &format!("{what}: Go's own profile"));
     check_chain(&ours, &["main.hotA", "main.dispatch", "main.main", "runtime.main"], &what);
     check_inlined(&ours, &format!("{what}: our profile"));
     check_inlined(&theirs, &format!("{what}: Go's own profile"));
-    let functions: Vec<&str> =
-        FIXTURE_FUNCTIONS.into_iter().filter(|f| build != GoBuild::Cgo || *f != "main.hotB").collect();
+    let functions: Vec<&str> = FIXTURE_FUNCTIONS.into_iter().filter(|f| !build.is_cgo() || *f != "main.hotB").collect();
     check_lines(&ours, &theirs, &functions, &what);
-    if build == GoBuild::Cgo {
+    if build.is_cgo() {
         let total = ours.total("samples");
         let in_c = ours.value_where("samples", |s| s.contains("c_spin_b"));
         assert!(in_c * 10 >= total, "{what}: only {in_c} of {total} samples in c_spin_b");

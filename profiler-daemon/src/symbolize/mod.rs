@@ -36,7 +36,7 @@ use blazesym::{
 pub use budget::{resident_bytes, FilesBudget};
 pub use elf::ElfAnswer;
 use elf::{ElfFiles, ElfRequest};
-pub use go::{buildinfo_version, BUILDINFO_MAGIC};
+pub use go::{buildinfo_version, functions_named as go_functions_named, BUILDINFO_MAGIC};
 pub use perf_map::{perf_map_line, PERF_MAP_BUDGET_BYTES, PERF_MAP_MAX_BYTES};
 
 /// One function frame at an address. A location with inlined calls has several frames.

@@ -9,7 +9,8 @@
 //! walk up from the C function arrives, and where no CFI describes the frame: the table gets
 //! a [`Rule::GoCgoReturn`] row over each such `CALL` instead, with the offset found in the
 //! code rather than assumed, so a Go release that moves the words still walks (or, if the
-//! code no longer reads as expected, stops at asmcgocall as before).
+//! code no longer reads as expected, stops at asmcgocall as before). A `-s -w` build has no
+//! symbol table: asmcgocall is found by its pclntab name instead.
 
 use std::ops::Range;
 
@@ -26,16 +27,21 @@ const CALL_RAX: [u8; 2] = [0xff, 0xd0];
 /// How far before the `CALL` the depth's store may be: it is a few moves before.
 const STORE_WINDOW: usize = 24;
 
-/// The cgo `CALL` instructions of the Go executable `elf` (one with a `.go.buildinfo`) and
-/// the row each gets; empty for any other file, or a Go file without a symbol table.
-pub(crate) fn cgo_call_rows(elf: &Elf<'_>) -> Vec<(Range<u64>, Rule)> {
+/// The cgo `CALL` instructions of the Go executable `elf` (one with a `.go.buildinfo`),
+/// whose bytes are `bytes`, and the row each gets; empty for any other file. asmcgocall is
+/// found by the symbol table, or in a binary without one (`-s`) by the pclntab, which names
+/// the ABI wrapper and the assembly alike.
+pub(crate) fn cgo_call_rows(elf: &Elf<'_>, bytes: &[u8]) -> Vec<(Range<u64>, Rule)> {
     if elf.section(".go.buildinfo").is_none() {
         return Vec::new();
     }
+    let mut ranges: Vec<Range<u64>> = ASMCGOCALL.iter().filter_map(|name| elf.symbol(name)).collect();
+    if ranges.is_empty() {
+        ranges = crate::symbolize::go_functions_named(bytes, ASMCGOCALL[1]);
+    }
     let mut rows = Vec::new();
-    for name in ASMCGOCALL {
-        let Some(range) = elf.symbol(name) else { continue };
-        if range.end - range.start > MAX_FUNCTION_BYTES {
+    for range in ranges {
+        if range.end <= range.start || range.end - range.start > MAX_FUNCTION_BYTES {
             continue;
         }
         let Some(code) = elf.code(range.clone()) else { continue };

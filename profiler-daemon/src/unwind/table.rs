@@ -145,7 +145,7 @@ pub(crate) fn build_with(elf_bytes: &[u8], limits: Limits) -> Result<UnwindTable
     let mut ctx = UnwindContext::new();
     let read = |order: usize, at| sections[order].read(at, &mut ctx, &mut budget);
     let mut table = assemble(indexes, &elf.executable_ranges(), read)?;
-    for (range, rule) in go_cgo::cgo_call_rows(&elf) {
+    for (range, rule) in go_cgo::cgo_call_rows(&elf, elf_bytes) {
         table.overlay(range, rule)?;
     }
     table.stats.build_duration = started.elapsed();

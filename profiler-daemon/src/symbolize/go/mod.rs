@@ -77,16 +77,8 @@ impl GoTable {
         let bytes = mapped.bytes();
         let Ok(elf) = Elf::parse(bytes) else { return Ok(None) };
         let segments = load_segments(bytes)?;
-        let section = [".gopclntab", ".data.rel.ro.gopclntab"].iter().find_map(|name| elf.section(name));
         let info = elf.section(".go.buildinfo").and_then(|s| range_of(&segments, s.address_range(), bytes.len()));
-        let table = match section {
-            Some(section) => {
-                range_of(&segments, section.address_range(), bytes.len()).ok_or(GoError::Truncated("the pclntab"))?
-            }
-            None if info.is_some() => search_table(bytes, &segments).ok_or(GoError::NoTable)?,
-            None => return Ok(None),
-        };
-        let header = header::parse(&bytes[table.clone()])?;
+        let Some((table, header)) = locate(bytes, &elf, &segments)? else { return Ok(None) };
         let read = |address: u64, len: u64| {
             let start = file_offset(&segments, address)?;
             bytes.get(usize::try_from(start).ok()?..usize::try_from(start.checked_add(len)?).ok()?)
@@ -119,6 +111,31 @@ impl GoTable {
     pub fn expands_inlined_calls(&self) -> bool {
         self.header.layout == Layout::Go116 || self.gofunc.is_some()
     }
+}
+
+/// The pclntab of the ELF file `bytes` (its file range and header): by its section, else,
+/// in a file with `.go.buildinfo`, by searching the loaded bytes; `Ok(None)` for no Go file.
+fn locate(bytes: &[u8], elf: &Elf<'_>, segments: &[LoadSegment]) -> Result<Option<(Range<usize>, Header)>, GoError> {
+    let section = [".gopclntab", ".data.rel.ro.gopclntab"].iter().find_map(|name| elf.section(name));
+    let table = match section {
+        Some(section) => {
+            range_of(segments, section.address_range(), bytes.len()).ok_or(GoError::Truncated("the pclntab"))?
+        }
+        None if elf.section(".go.buildinfo").is_some() => search_table(bytes, segments).ok_or(GoError::NoTable)?,
+        None => return Ok(None),
+    };
+    let header = header::parse(&bytes[table.clone()])?;
+    Ok(Some((table, header)))
+}
+
+/// The address ranges (the file's own layout) of the functions the pclntab of the Go file
+/// `bytes` calls `name`, for a reader that needs a function of a binary without a symbol
+/// table (`-s`); empty for no Go file or no such function.
+pub fn functions_named(bytes: &[u8], name: &str) -> Vec<Range<u64>> {
+    let Ok(elf) = Elf::parse(bytes) else { return Vec::new() };
+    let Ok(segments) = load_segments(bytes) else { return Vec::new() };
+    let Ok(Some((table, header))) = locate(bytes, &elf, &segments) else { return Vec::new() };
+    Table { bytes: &bytes[table], header }.functions_named(name)
 }
 
 /// The file bytes of the address range `range`, if one segment holds all of it in the file.

@@ -59,6 +59,18 @@ impl Table<'_> {
         self.func(low)
     }
 
+    /// The address ranges of the functions called `name` (an ABI wrapper and its assembly
+    /// share one), from each entry to the next function's. Reads every name: for a lookup
+    /// once per file.
+    pub fn functions_named(&self, name: &str) -> Vec<std::ops::Range<u64>> {
+        (0..self.header.nfunc)
+            .filter_map(|index| {
+                let func = self.func(index)?;
+                (self.func_name(&func)? == name).then_some(func.entry..self.entry_of(index + 1)?)
+            })
+            .collect()
+    }
+
     /// The entry address of functab entry `index`.
     fn entry_of(&self, index: u64) -> Option<u64> {
         let at = self.header.pcln.checked_add(index.checked_mul(self.header.layout.functab_entry())?)?;
