@@ -10,6 +10,7 @@
 
 use profiler_common::maps::*;
 use profiler_common::runtimes::cpython::maps::{PYTHON_PROCESSES, PYTHON_STATE};
+use profiler_common::runtimes::go::maps::{GO_LABELS, GO_PROCESSES};
 
 use super::kernel::Shape;
 
@@ -52,7 +53,7 @@ const THREADS: &str = "threads blocked (fixed)";
 const FIXED: &str = "fixed";
 
 /// Every map but the per-CPU counters and scratch, whose type says it.
-const DECIDED: [(&str, &str); 45] = [
+const DECIDED: [(&str, &str); 47] = [
     (ROW_CACHE, "CPUs, budget"),
     (STORED_STACKS, "CPUs, budget"),
     (PYTHON_STATE, "CPUs"),
@@ -80,6 +81,8 @@ const DECIDED: [(&str, &str); 45] = [
     (REGISTER_ASKED, PROCESSES),
     (TARGET_PIDS, "processes (--pid list)"),
     (PYTHON_PROCESSES, PROCESSES),
+    (GO_PROCESSES, PROCESSES),
+    (GO_LABELS, "label sets (both sets)"),
     (UNWIND_EXECS, "execs a second"),
     (CGROUP_FILTER, "cgroups selected"),
     (FUTEX_PENDING, THREADS),
@@ -102,21 +105,48 @@ const DECIDED: [(&str, &str); 45] = [
 
 #[cfg(test)]
 mod tests {
+    use profiler_common::runtimes::cpython::maps::PYTHON_COUNTERS;
+    use profiler_common::runtimes::go::maps::GO_LABEL_SCRATCH;
+
     use super::*;
 
     fn shape(map_type: u32, flags: u32) -> Shape {
         Shape { map_type, key_size: 4, value_size: 8, max_entries: 16, flags }
     }
 
-    /// A map added without a decision on what it may grow with fails here.
+    /// The per-CPU maps of the object (`PerCpuArray`/`PerCpuHashMap` in `profiler-ebpf`),
+    /// whose type decides what they grow with.
+    const PER_CPU: [&str; 18] = [
+        CPU_COUNTERS,
+        FUTEX_COUNTERS,
+        FUTEX_RANDOM,
+        GO_LABEL_SCRATCH,
+        HEAP_COUNTDOWN,
+        HEAP_COUNTERS,
+        KERNEL_SCRATCH,
+        OFFCPU_COUNTERS,
+        PYTHON_COUNTERS,
+        PYTHON_STATE,
+        ROW_CACHE,
+        STACK_SCRATCH,
+        STACK_WINDOW,
+        STORED_STACKS,
+        THREAD_COUNTERS,
+        THREAD_RECORD,
+        UNWIND_COUNTERS,
+        UNWIND_STATE,
+    ];
+
+    /// A map added without a decision on what it may grow with fails here: every map of the
+    /// object is per-CPU or decided (a hash or array map the table lacks is "not decided").
     #[test]
     fn every_map_of_the_object_has_a_decision() {
         let percpu = shape(6, 0);
         let hash = shape(1, 0);
         for full in ALL {
             let kernel_name = &full[..full.len().min(15)];
-            let shape = if scales_with(kernel_name, &hash) == "not decided" { percpu } else { hash };
-            assert_ne!(scales_with(kernel_name, &shape), "not decided", "{full}");
+            let shape = if PER_CPU.contains(&full) { percpu } else { hash };
+            assert_ne!(scales_with(kernel_name, &shape), "not decided", "{full}: decide what it scales with");
         }
         assert_eq!(scales_with("SOMETHING_NEW", &hash), "not decided");
     }
