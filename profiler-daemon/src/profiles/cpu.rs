@@ -211,19 +211,21 @@ mod tests {
         sightings(&batch, &mut seen);
         assert_eq!(seen[0].main_thread_name, Some("t10"));
         assert_eq!(seen[1].main_thread_name, None, "not the main thread");
-        let samples = samples(
-            cpu,
-            &Settings {
-                frequency_hz: 100,
-                heap_sample_bytes: 1,
-                offcpu_rate_ns: 1,
-                offcpu_sample_every: 1,
-                block_rate_ns: 1,
-                mutex_fraction: 1,
-            },
-        );
+        let samples = samples(cpu, &settings());
         let s = samples.iter().find(|s| s.labels[0].1 == LabelValue::Num(10, None)).unwrap();
         assert_eq!(s.values, [6, 60_000_000], "count, and count × the 10 ms period");
+    }
+
+    /// At 100 Hz; the other kinds' settings do not matter to CPU samples.
+    fn settings() -> Settings {
+        Settings {
+            frequency_hz: 100,
+            heap_sample_bytes: 1,
+            offcpu_rate_ns: 1,
+            offcpu_sample_every: 1,
+            block_rate_ns: 1,
+            mutex_fraction: 1,
+        }
     }
 
     /// A Go sample's label set rides on its pprof sample as string labels; one whose set
@@ -250,15 +252,7 @@ mod tests {
         count(&batch, &mut counts);
         let cpu = &counts.process(Pid(10)).unwrap().cpu;
         assert_eq!((cpu.labels_cut, cpu.labels_lost, cpu.total), (2, 2, 6));
-        let settings = Settings {
-            frequency_hz: 100,
-            heap_sample_bytes: 1,
-            offcpu_rate_ns: 1,
-            offcpu_sample_every: 1,
-            block_rate_ns: 1,
-            mutex_fraction: 1,
-        };
-        let samples = samples(cpu, &settings);
+        let samples = samples(cpu, &settings());
         assert_eq!(samples.len(), 2, "the lost set's samples join the unlabelled ones");
         let labelled = samples.iter().find(|s| s.labels.len() == 4).expect("a labelled sample");
         assert_eq!(labelled.labels[2], ("handler", LabelValue::Str("a".into())));
